@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kvbridge needs, only those that are missing.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config clang-format libucx-dev ucx-utils nlohmann-json3-dev
+      libcpp-httplib-dev libcli11-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev
+      libbenchmark-dev pybind11-dev python3-dev python3-pytest python3-numpy etcd-server
+      etcd-client iproute2 procps)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs every test: ctest in the normal build, then again under ASan+UBSan.
+set -euo pipefail
+build=${1:-build}
+asan=${2:-build-asan}
+here=$(cd "$(dirname "$0")/.." && pwd)
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$here/tests/lsan.supp:print_suppressions=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+echo "== tests ($build)"
+ctest --test-dir "$build" --output-on-failure --timeout 300
+echo "== tests under AddressSanitizer + UndefinedBehaviorSanitizer ($asan)"
+ctest --test-dir "$asan" --output-on-failure --timeout 600

@@ -1,0 +1,124 @@
+// The transport interface: the narrow waist between the page-transfer engine
+// and the wires (UCX, same-host shared memory, in-process loopback).
+//
+// Model: "write these byte ranges from my registered regions into the peer's
+// registered regions, tell me when they are visible", "send this control
+// message", "tell me when a peer fails".
+//
+// Identity: a transport has an opaque Address() blob. Connect(blob) returns a
+// PeerId for *outgoing* traffic to that peer. Connections are one-directional:
+// a peer that wants to answer connects back with our Address(). Messages carry
+// no transport-level sender; the layers above put the sender in the payload.
+//
+// Ordering guarantee: a message passed to SendMessage(peer) is delivered to
+// the peer's MessageHandler only after every write batch posted earlier to the
+// same peer has completed and its bytes are visible in the target memory.
+// Messages to one peer are delivered in the order they were sent.
+//
+// Threading and progress: every method is thread-safe. Each transport owns
+// the threads that progress it; callers never have to "progress" anything.
+// WriteCallback, MessageHandler and PeerFailureHandler run on a transport
+// thread: they must not block for long; they may call PostWrites and
+// SendMessage. Set the handlers before the first Connect.
+//
+// Failure: when a peer dies or becomes unreachable the PeerFailureHandler is
+// called once for that PeerId with a Status (usually kUnavailable) naming the
+// peer; every pending batch to it completes with that Status; later calls for
+// that PeerId fail with kUnavailable without touching memory.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvbridge/memory.h"
+#include "kvbridge/status.h"
+
+namespace kvbridge::internal {
+
+using PeerId = uint64_t;          // 0 is never a valid peer
+using RegionId = uint64_t;        // a local registered region
+using RemoteRegionId = uint64_t;  // a peer's region imported on a connection
+
+// How bytes reach a peer's memory. Chosen per peer (and per imported region)
+// at ImportRegion time, logged, and reported by the benchmarks.
+enum class DataPath {
+  kLoopback,           // in-process memcpy (tests)
+  kSharedMemory,       // peer region is a mapped memfd: memcpy, one-sided
+  kCrossMemoryAttach,  // process_vm_writev into the peer, one-sided
+  kUcxRendezvous,      // UCX active message, rendezvous for large blocks
+  kUcxPut,             // UCX one-sided put (real RMA lane)
+};
+std::string_view DataPathName(DataPath path);
+
+struct RegisteredRegion {
+  RegionId id = 0;
+  // Self-describing, checksummed blob a peer passes to ImportRegion. Carries
+  // the base address, length, memory kind, and whatever each path needs
+  // (UCX packed rkey, shared segment, owner pid).
+  std::string remote_key;
+};
+
+// One contiguous write. Offsets are relative to the region bases.
+struct WriteOp {
+  RegionId local_region = 0;
+  uint64_t local_offset = 0;
+  RemoteRegionId remote_region = 0;
+  uint64_t remote_offset = 0;
+  uint64_t length = 0;
+};
+
+using WriteCallback = std::function<void(const Status&)>;
+using MessageHandler = std::function<void(std::string_view payload)>;
+using PeerFailureHandler = std::function<void(PeerId peer, const Status& why)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Short name for logs: "ucx", "loopback", "fault(ucx)".
+  virtual std::string_view Name() const = 0;
+  // Opaque blob peers pass to Connect.
+  virtual const std::string& Address() const = 0;
+
+  virtual void SetMessageHandler(MessageHandler handler) = 0;
+  virtual void SetPeerFailureHandler(PeerFailureHandler handler) = 0;
+
+  // Registers application memory (not copied, not owned). The caller keeps
+  // it alive until DeregisterMemory. Errors: InvalidArgument (null/empty).
+  virtual Result<RegisteredRegion> RegisterMemory(void* addr, size_t length, MemoryKind kind) = 0;
+  // NotFound for an unknown id.
+  virtual Status DeregisterMemory(RegionId id) = 0;
+
+  // Connects to a peer's Address(). Blocks until the connection exists (not
+  // until the peer answers). A second Connect to the same address returns a
+  // new PeerId (a restarted peer must never reuse a stale endpoint).
+  // Errors: InvalidArgument (garbled blob), Unavailable.
+  virtual Result<PeerId> Connect(std::string_view peer_address) = 0;
+  // Imports a peer's region once; the remote key is unpacked and cached.
+  // Errors: InvalidArgument (garbled or foreign blob), Unavailable, NotFound
+  // (unknown peer).
+  virtual Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) = 0;
+  // Path of the most recently imported region of `peer`.
+  virtual Result<DataPath> PathTo(PeerId peer) const = 0;
+
+  // Posts a batch of writes. Every op is validated first (regions known,
+  // ranges inside them); on any invalid op the call returns InvalidArgument,
+  // writes nothing and does not call `done`. Otherwise `done` is called
+  // exactly once, with OK when every byte is visible at the target, or the
+  // error that stopped the batch.
+  virtual Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) = 0;
+
+  // Sends a control message (see the ordering guarantee above). Returns
+  // Unavailable for a failed peer, NotFound for an unknown one. Delivery is
+  // asynchronous; a message to a peer that dies may be lost.
+  virtual Status SendMessage(PeerId peer, std::string payload) = 0;
+
+  // Closes the connection; pending batches complete with Aborted.
+  virtual void Disconnect(PeerId peer) = 0;
+};
+
+}  // namespace kvbridge::internal

@@ -1,0 +1,20 @@
+// The `kvbridge` command: demo, bench, bootstrap, status, explain.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <functional>
+
+#include "bench/bench.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvbridge: KV-cache transfer between prefill and decode workers"};
+  app.set_version_flag("--version", std::string("kvbridge ") + KVB_VERSION);
+  app.require_subcommand(0, 1);
+  std::function<int()> run;
+  kvbridge::bench::AddBenchCommands(app, run);
+  CLI11_PARSE(app, argc, argv);
+  if (!run) {
+    std::fputs(app.help().c_str(), stdout);
+    return app.get_subcommands().empty() ? 0 : 2;
+  }
+  return run();
+}
