@@ -1,0 +1,32 @@
+// UCX transport factory. No UCX type leaves src/transport/ucx.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "kvbridge/status.h"
+#include "transport/transport.h"
+
+namespace kvbridge::internal {
+
+struct UcxTransportOptions {
+  // UCX_TLS for this context ("" = UCX default, e.g. "tcp" to force TCP).
+  std::string tls;
+  // Enable UCX's shared-memory transports together with peer error handling
+  // (UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING).
+  bool shm_error_handling = true;
+  // Use the same-host paths (shared segment, cross-memory attach) for peers
+  // on this host. When false every write goes through UCX.
+  bool same_host_paths = true;
+  // Keepalive interval for peer failure detection on idle endpoints.
+  std::chrono::milliseconds keepalive_interval{200};
+  // Blocks at least this large are sent with rendezvous; smaller ones eager.
+  size_t rndv_threshold = 64 * 1024;
+  // Name used in logs ("prefill tp1").
+  std::string name = "ucx";
+};
+
+Result<std::unique_ptr<Transport>> CreateUcxTransport(const UcxTransportOptions& options);
+
+}  // namespace kvbridge::internal
