@@ -1,0 +1,137 @@
+// Transfer planning: which bytes of which prefill buffer go where in decode.
+//
+// Pure functions, no I/O. The engine turns CopyRuns into transport WriteOps.
+//
+// Memory model (sglang's): every KV buffer holds pages of `item_len` bytes;
+// page p of a buffer starts at p * item_len. Inside a page, tokens are major,
+// then heads, then head dim: token t, head h starts at
+//   (t * kv_heads + h) * head_bytes,   head_bytes = item_len / (page_size * kv_heads).
+// MHA: kv buffers are K of layers [start_layer, end_layer) then V of the same
+// layers (2 * num_layers buffers). MLA: one buffer per layer, heads are not
+// split (kv_heads is 1 and every tp rank holds the same data).
+// Aux buffers: one row of item_len per aux index. State buffers: one slot of
+// item_len per state index.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvbridge/status.h"
+
+namespace kvbridge::internal {
+
+struct BufferSpan {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint64_t item_len = 0;
+};
+
+// One rank's KV memory and shape, as exchanged in the handshake.
+struct RankLayout {
+  bool is_mla = false;
+  int page_size = 1;
+  std::string dtype;
+  int tp_size = 1;
+  int tp_rank = 0;
+  int total_kv_heads = 1;  // of the model
+  int kv_heads = 1;        // held by this rank (MLA: 1)
+  int start_layer = 0;     // layers [start_layer, end_layer) are in `kv`
+  int end_layer = 0;
+  std::vector<BufferSpan> kv;
+  std::vector<BufferSpan> aux;
+  std::vector<BufferSpan> state;
+};
+
+// Internal consistency of one layout: sizes positive, kv.size() equals
+// num_layers (MLA) or 2 * num_layers (MHA), every kv item_len divisible by
+// page_size * kv_heads, kv_heads equal to what tp_size/total_kv_heads give
+// (HeadsOfRank), buffers at least one item long. FailedPrecondition naming the
+// field and value.
+Status CheckLayout(const RankLayout& layout);
+
+// Whether prefill can write into decode: same is_mla, page_size, dtype,
+// total_kv_heads, bytes per head per token, aux and state counts and item
+// lengths; overlapping layer ranges where decode holds every prefill layer.
+// FailedPrecondition naming both values, e.g.
+// "page size mismatch: prefill 16, decode 32".
+Status CheckCompatible(const RankLayout& prefill, const RankLayout& decode);
+
+// The heads [first, first + count) of the model that tp rank `rank` of
+// `tp_size` holds. When tp_size > total_heads, heads are replicated: rank r
+// holds the single head r * total_heads / tp_size.
+struct HeadRange {
+  int first = 0;
+  int count = 0;
+};
+HeadRange HeadsOfRank(int total_heads, int tp_size, int rank);
+
+// One (prefill rank -> decode rank) flow: `num_heads` heads starting at
+// `src_head` within the prefill rank's heads land at `dst_head` within the
+// decode rank's heads. MLA flows always carry the whole page (num_heads 1).
+struct HeadSlice {
+  int prefill_rank = 0;
+  int decode_rank = 0;
+  int src_head = 0;
+  int dst_head = 0;
+  int num_heads = 0;
+};
+
+// Every flow between a prefill instance of `prefill_tp` ranks and a decode
+// instance of `decode_tp` ranks. Each head a decode rank holds comes from
+// exactly one prefill rank (with replication, decode rank d picks among the
+// candidates by d % candidates; MLA: decode rank d reads prefill rank
+// d % prefill_tp). Adjacent heads from the same prefill rank form one slice.
+// InvalidArgument for sizes < 1 or total_heads < 1.
+Result<std::vector<HeadSlice>> ComputeFlows(int prefill_tp, int decode_tp, int total_heads,
+                                            bool is_mla);
+// The flows into decode rank `decode_rank` / out of prefill rank
+// `prefill_rank` (a prefill rank with none is a "dummy": it sends nothing and
+// still concludes with Success).
+std::vector<HeadSlice> FlowsToDecode(std::span<const HeadSlice> flows, int decode_rank);
+std::vector<HeadSlice> FlowsFromPrefill(std::span<const HeadSlice> flows, int prefill_rank);
+
+enum class BufferClass : uint8_t { kKv = 0, kAux = 1, kState = 2 };
+
+// One contiguous copy: `length` bytes at src buffer `src_buffer` + src_offset
+// to dst buffer `dst_buffer` + dst_offset (indices into the layouts' lists of
+// that class; offsets from the buffer base).
+struct CopyRun {
+  BufferClass cls = BufferClass::kKv;
+  uint32_t src_buffer = 0;
+  uint64_t src_offset = 0;
+  uint32_t dst_buffer = 0;
+  uint64_t dst_offset = 0;
+  uint64_t length = 0;
+
+  friend bool operator==(const CopyRun&, const CopyRun&) = default;
+};
+
+// The copies that move `src_pages[i]` of prefill into `dst_pages[i]` of decode
+// for every layer both hold, restricted to `slice`. Runs of consecutive pages
+// on both sides coalesce into one run per buffer when the slice covers whole
+// pages on both sides; otherwise each (page, token) gives one run of
+// num_heads * head_bytes (consecutive tokens still coalesce when contiguous on
+// both sides). Errors: InvalidArgument when the lists differ in length or an
+// index is negative or past the buffer (naming the index and the bound);
+// FailedPrecondition when the layouts are incompatible.
+Result<std::vector<CopyRun>> PlanKvPages(const RankLayout& prefill, const RankLayout& decode,
+                                         const HeadSlice& slice, std::span<const int32_t> src_pages,
+                                         std::span<const int32_t> dst_pages);
+
+// Aux: row `src_index` of every aux buffer to row `dst_index`.
+Result<std::vector<CopyRun>> PlanAux(const RankLayout& prefill, const RankLayout& decode,
+                                     int64_t src_index, int64_t dst_index);
+
+// State: slot src_slots[i] of every state buffer to dst_slots[i].
+Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayout& decode,
+                                       std::span<const int32_t> src_slots,
+                                       std::span<const int32_t> dst_slots);
+
+// Validates page indices against a layout's kv buffers: each in
+// [0, min over kv buffers of length / item_len), and (when `unique`) no
+// duplicates. InvalidArgument naming the first bad value and its position.
+Status CheckPageIndices(const RankLayout& layout, std::span<const int32_t> pages, bool unique);
+
+}  // namespace kvbridge::internal
