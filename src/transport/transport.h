@@ -117,6 +117,14 @@ class Transport {
   // asynchronous; a message to a peer that dies may be lost.
   virtual Status SendMessage(PeerId peer, std::string payload) = 0;
 
+  // Like SendMessage but without the ordering guarantee: sent at once, not
+  // queued behind earlier writes or messages to the peer. For liveness
+  // traffic (heartbeats) that must not wait behind bulk data. The default
+  // falls back to SendMessage.
+  virtual Status SendUrgentMessage(PeerId peer, std::string payload) {
+    return SendMessage(peer, std::move(payload));
+  }
+
   // Closes the connection; pending batches complete with Aborted.
   virtual void Disconnect(PeerId peer) = 0;
 };
