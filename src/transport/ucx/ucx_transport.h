@@ -23,6 +23,9 @@ struct UcxTransportOptions {
   std::chrono::milliseconds keepalive_interval{200};
   // Blocks at least this large are sent with rendezvous; smaller ones eager.
   size_t rndv_threshold = 64 * 1024;
+  // Cross-host writes with ucp_put_nbx + flush instead of active messages
+  // (for hosts with a real RMA lane). Also set by KVBRIDGE_UCX_PATH=put.
+  bool force_put = false;
   // Name used in logs ("prefill tp1").
   std::string name = "ucx";
 };

@@ -1,0 +1,394 @@
+// The data path of UcxTransport: batches, control messages, active-message
+// handlers, peer failure and disconnect. See ucx_transport_impl.h for the
+// ordering and failure contract.
+#include <cstring>
+
+#include "common/log.h"
+#include "transport/ucx/ucx_transport_impl.h"
+
+namespace kvbridge::internal::ucx {
+namespace {
+
+void SendDone(void* request, ucs_status_t status, void* user_data) {
+  auto* batch = static_cast<Batch*>(user_data);
+  batch->peer->transport->OnPartDone(batch, status);
+  ucp_request_free(request);
+}
+
+void FlushDone(void* request, ucs_status_t status, void* user_data) {
+  SendDone(request, status, user_data);
+}
+
+struct MessageSend {
+  std::string payload;
+  std::shared_ptr<Peer> peer;
+};
+
+void MessageDone(void* request, ucs_status_t status, void* user_data) {
+  std::unique_ptr<MessageSend> msg(static_cast<MessageSend*>(user_data));
+  if (status != UCS_OK && status != UCS_ERR_CANCELED) {
+    msg->peer->transport->OnEpError(msg->peer.get(), status);
+  }
+  ucp_request_free(request);
+}
+
+bool InRange(uint64_t offset, uint64_t length, uint64_t size) {
+  return length > 0 && offset <= size && length <= size - offset;
+}
+
+}  // namespace
+
+Status UcxTransport::PostWrites(PeerId peer_id, std::vector<WriteOp> ops, WriteCallback done) {
+  std::vector<ResolvedOp> resolved;
+  resolved.reserve(ops.size());
+  std::shared_ptr<Peer> peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer = FindPeerLocked(peer_id);
+    if (!peer) return NotFoundError("PostWrites: unknown peer " + std::to_string(peer_id));
+    if (peer->dead) return UnavailableError(peer->terminal.message());
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const WriteOp& op = ops[i];
+      auto local = regions_.find(op.local_region);
+      auto remote = peer->regions.find(op.remote_region);
+      std::string bad;
+      if (local == regions_.end()) {
+        bad = "unknown local region " + std::to_string(op.local_region);
+      } else if (!InRange(op.local_offset, op.length, local->second->length)) {
+        bad = "local range [" + std::to_string(op.local_offset) + ", +" +
+              std::to_string(op.length) + ") outside region of " +
+              std::to_string(local->second->length) + " bytes";
+      } else if (remote == peer->regions.end()) {
+        bad = "remote region " + std::to_string(op.remote_region) + " not imported from " +
+              peer->name;
+      } else if (!InRange(op.remote_offset, op.length, remote->second->blob.length)) {
+        bad = "remote range [" + std::to_string(op.remote_offset) + ", +" +
+              std::to_string(op.length) + ") outside region of " +
+              std::to_string(remote->second->blob.length) + " bytes";
+      }
+      if (!bad.empty()) {
+        return InvalidArgumentError("PostWrites to " + peer->name + ": op " + std::to_string(i) +
+                                    ": " + bad + "; nothing written");
+      }
+      resolved.push_back(ResolvedOp{local->second->addr + op.local_offset, op.length,
+                                    local->second->mem.get(), remote->second, op.remote_offset});
+    }
+  }
+  Post([this, peer, resolved = std::move(resolved), done = std::move(done)]() mutable {
+    StartBatch(peer, std::move(resolved), std::move(done));
+  });
+  return Status::Ok();
+}
+
+void UcxTransport::StartBatch(const std::shared_ptr<Peer>& peer, std::vector<ResolvedOp> ops,
+                              WriteCallback done) {
+  auto owned = std::make_unique<Batch>();
+  Batch* batch = owned.get();
+  batch->peer = peer;
+  batch->seq = peer->next_batch_seq++;
+  batch->done = std::move(done);
+  batch->outstanding = 1;  // held until every part has been started
+  peer->inflight[batch->seq] = std::move(owned);
+  ++active_batches_;
+  if (!peer->dead) {
+    std::vector<ResolvedOp> ucx_ops, local_ops;
+    for (auto& op : ops) {
+      bool same_host = op.region->path == DataPath::kSharedMemory ||
+                       op.region->path == DataPath::kCrossMemoryAttach;
+      (same_host ? local_ops : ucx_ops).push_back(std::move(op));
+    }
+    if (!ucx_ops.empty()) StartUcxOps(batch, ucx_ops);
+    if (!local_ops.empty()) StartSameHostOps(batch, std::move(local_ops));
+  }
+  FinishPart(batch);
+}
+
+void UcxTransport::StartUcxOps(Batch* batch, const std::vector<ResolvedOp>& ops) {
+  Peer& peer = *batch->peer;
+  ucp_ep_h ep = peer.ep.get();
+  bool any_put = false;
+  batch->headers.reserve(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const ResolvedOp& op = ops[i];
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = SendDone;
+    p.user_data = batch;
+    p.memh = op.local_memh;
+    ucs_status_ptr_t req;
+    if (op.region->path == DataPath::kUcxPut) {
+      any_put = true;
+      p.flags = 0;
+      req = ucp_put_nbx(ep, op.src, op.length, op.region->blob.base + op.remote_offset,
+                        op.region->rkey.get(), &p);
+    } else {
+      batch->headers.push_back(DataHeader{op.region->blob.region_id, op.remote_offset, op.length});
+      // The last AM goes rendezvous so that its completion proves that the
+      // target has consumed every earlier (eager) AM of the batch.
+      bool rndv = op.length >= options_.rndv_threshold || i + 1 == ops.size();
+      p.flags = rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
+      req = ucp_am_send_nbx(ep, kAmData, &batch->headers.back(), sizeof(DataHeader), op.src,
+                            op.length, &p);
+    }
+    if (UCS_PTR_IS_ERR(req)) {
+      ++batch->outstanding;
+      OnPartDone(batch, UCS_PTR_STATUS(req));
+      return;
+    }
+    if (req != nullptr) ++batch->outstanding;
+  }
+  if (any_put) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = FlushDone;
+    p.user_data = batch;
+    ucs_status_ptr_t req = ucp_ep_flush_nbx(ep, &p);
+    if (UCS_PTR_IS_ERR(req)) {
+      ++batch->outstanding;
+      OnPartDone(batch, UCS_PTR_STATUS(req));
+    } else if (req != nullptr) {
+      ++batch->outstanding;
+    }
+  }
+}
+
+void UcxTransport::StartSameHostOps(Batch* batch, std::vector<ResolvedOp> ops) {
+  ++batch->outstanding;
+  std::shared_ptr<Peer> peer = batch->peer;
+  uint64_t seq = batch->seq;
+  PostToWriter([this, peer, seq, ops = std::move(ops)] {
+    Status st;
+    std::vector<CmaSegment> cma;
+    for (const auto& op : ops) {
+      if (peer->dead) break;  // pending work of a failed peer is not done
+      ImportedRegion& r = *op.region;
+      if (r.path == DataPath::kSharedMemory) {
+        std::memcpy(r.segment->data() + r.blob.segment->offset + op.remote_offset, op.src,
+                    op.length);
+      } else {
+        cma.push_back(CmaSegment{op.src, r.blob.base + op.remote_offset, op.length});
+      }
+    }
+    if (!cma.empty() && !peer->dead) st = CrossMemoryWrite(peer->host.pid, cma);
+    Post([this, peer, seq, st] {
+      auto it = peer->inflight.find(seq);
+      if (it == peer->inflight.end()) return;
+      Batch* b = it->second.get();
+      if (!st.ok()) {
+        if (st.code() == StatusCode::kUnavailable) {
+          MarkPeerFailed(peer.get(),
+                         UnavailableError("peer " + peer->name +
+                                          " failed: cross-memory write: " + st.message()));
+        } else if (b->error.ok()) {
+          b->error = st.WithContext("write to " + peer->name);
+        }
+      }
+      FinishPart(b);
+    });
+  });
+}
+
+void UcxTransport::OnPartDone(Batch* batch, ucs_status_t status) {
+  if (status != UCS_OK) {
+    Peer* peer = batch->peer.get();
+    if (batch->error.ok()) batch->error = FromUcs(status, "write to " + peer->name);
+    // A request that failed for any reason but cancellation (our own close)
+    // or the target's refusal means the endpoint is broken.
+    if (status != UCS_ERR_CANCELED && status != UCS_ERR_INVALID_PARAM) {
+      OnEpError(peer, status);
+    }
+  }
+  FinishPart(batch);
+}
+
+void UcxTransport::FinishPart(Batch* batch) {
+  if (--batch->outstanding > 0) return;
+  std::shared_ptr<Peer> peer = batch->peer;
+  auto it = peer->inflight.find(batch->seq);
+  std::unique_ptr<Batch> owned = std::move(it->second);
+  peer->inflight.erase(it);
+  --active_batches_;
+  Status st = peer->dead ? peer->terminal : owned->error;
+  if (!st.ok())
+    KVB_LOG_DEBUG("ucx transport {}: batch to {}: {}", options_.name, peer->name, st.ToString());
+  if (owned->done) owned->done(st);
+  FlushMessages(peer);
+}
+
+Status UcxTransport::SendMessage(PeerId peer_id, std::string payload) {
+  std::shared_ptr<Peer> peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer = FindPeerLocked(peer_id);
+    if (!peer) return NotFoundError("SendMessage: unknown peer " + std::to_string(peer_id));
+    if (peer->dead) return UnavailableError(peer->terminal.message());
+  }
+  Post([this, peer, payload = std::move(payload)]() mutable {
+    if (peer->dead) return;
+    peer->messages.push_back(Peer::PendingMessage{peer->next_batch_seq - 1, std::move(payload)});
+    FlushMessages(peer);
+  });
+  return Status::Ok();
+}
+
+Status UcxTransport::SendUrgentMessage(PeerId peer_id, std::string payload) {
+  std::shared_ptr<Peer> peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer = FindPeerLocked(peer_id);
+    if (!peer) return NotFoundError("SendUrgentMessage: unknown peer " + std::to_string(peer_id));
+    if (peer->dead) return UnavailableError(peer->terminal.message());
+  }
+  Post([this, peer, payload = std::move(payload)]() mutable {
+    if (!peer->dead) SendNow(peer, std::move(payload));
+  });
+  return Status::Ok();
+}
+
+void UcxTransport::FlushMessages(const std::shared_ptr<Peer>& peer) {
+  while (!peer->dead && !peer->messages.empty()) {
+    auto& front = peer->messages.front();
+    if (!peer->inflight.empty() && peer->inflight.begin()->first <= front.after_seq) return;
+    std::string payload = std::move(front.payload);
+    peer->messages.pop_front();
+    SendNow(peer, std::move(payload));
+  }
+}
+
+void UcxTransport::SendNow(const std::shared_ptr<Peer>& peer_ptr, std::string payload) {
+  Peer& peer = *peer_ptr;
+  auto msg = std::make_unique<MessageSend>();
+  msg->payload = std::move(payload);
+  msg->peer = peer_ptr;
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = MessageDone;
+  p.user_data = msg.get();
+  // Eager keeps messages in order with each other and with eager data.
+  p.flags = UCP_AM_SEND_FLAG_EAGER;
+  ucs_status_ptr_t req = ucp_am_send_nbx(peer.ep.get(), kAmMessage, nullptr, 0, msg->payload.data(),
+                                         msg->payload.size(), &p);
+  if (UCS_PTR_IS_PTR(req)) {
+    msg.release();  // MessageDone owns it now
+  } else if (UCS_PTR_IS_ERR(req)) {
+    OnEpError(&peer, UCS_PTR_STATUS(req));
+  }
+}
+
+ucs_status_t UcxTransport::OnDataAm(const void* header, size_t header_length, void* data,
+                                    size_t length, const ucp_am_recv_param_t* param) {
+  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  DataHeader h;
+  uint8_t* dst = nullptr;
+  ucp_mem_h memh = nullptr;
+  std::string bad;
+  if (header_length != sizeof(DataHeader)) {
+    bad = "header of " + std::to_string(header_length) + " bytes";
+  } else {
+    std::memcpy(&h, header, sizeof(h));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(h.region_id);
+    if (it == regions_.end()) {
+      bad = "unknown region " + std::to_string(h.region_id);
+    } else if (h.length != length || !InRange(h.offset, h.length, it->second->length)) {
+      bad = "range [" + std::to_string(h.offset) + ", +" + std::to_string(length) +
+            ") outside region " + std::to_string(h.region_id);
+    } else {
+      dst = it->second->addr + h.offset;
+      memh = it->second->mem.get();
+    }
+  }
+  if (!bad.empty()) {
+    KVB_LOG_ERROR("ucx transport {}: rejected incoming write: {}", options_.name, bad);
+    return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+  }
+  if (!rndv) {
+    std::memcpy(dst, data, length);
+    return UCS_OK;
+  }
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+  p.memh = memh;
+  ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_.get(), data, dst, length, &p);
+  if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);  // completes on its own
+  if (UCS_PTR_IS_ERR(req)) {
+    KVB_LOG_ERROR("ucx transport {}: receive of {} bytes failed: {}", options_.name, length,
+                  ucs_status_string(UCS_PTR_STATUS(req)));
+  }
+  return UCS_INPROGRESS;
+}
+
+ucs_status_t UcxTransport::OnMessageAm(void* data, size_t length) {
+  MessageHandler handler;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    handler = message_handler_;
+  }
+  if (handler) handler(std::string_view(static_cast<const char*>(data), length));
+  return UCS_OK;
+}
+
+void UcxTransport::OnEpError(Peer* peer, ucs_status_t status) {
+  if (peer->dead) return;
+  MarkPeerFailed(
+      peer, UnavailableError("peer " + peer->name + " failed: UCX " + ucs_status_string(status)));
+}
+
+void UcxTransport::MarkPeerFailed(Peer* peer, const Status& why) {
+  PeerFailureHandler handler;
+  std::shared_ptr<Peer> self;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (peer->dead) return;
+    peer->failed = true;
+    peer->terminal = why;
+    peer->dead = true;
+    handler = failure_handler_;
+    self = FindPeerLocked(peer->id);
+  }
+  KVB_LOG_ERROR("ucx transport {}: {}", options_.name, why.ToString());
+  peer->messages.clear();
+  // Closing from inside a UCX callback is not allowed: defer; the force
+  // close makes UCX complete every outstanding request of the endpoint.
+  if (self) Post([this, self] { ClosePeer(self, /*force=*/true); });
+  if (handler) handler(peer->id, why);
+}
+
+void UcxTransport::Disconnect(PeerId peer_id) {
+  std::shared_ptr<Peer> peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer = FindPeerLocked(peer_id);
+    if (!peer) return;
+    peers_.erase(peer_id);
+    if (!peer->dead) {
+      peer->terminal = AbortedError("disconnected from " + peer->name);
+      peer->dead = true;
+    }
+  }
+  KVB_LOG_INFO("ucx transport {}: disconnecting from {}", options_.name, peer->name);
+  Post([this, peer] { ClosePeer(peer, peer->failed); });
+}
+
+void UcxTransport::ClosePeer(const std::shared_ptr<Peer>& peer, bool force) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!peer->dead) {
+      peer->terminal = AbortedError("transport shut down; peer " + peer->name);
+      peer->dead = true;
+    }
+    for (auto& [id, region] : peer->regions) region->rkey.reset();
+  }
+  peer->messages.clear();
+  ucp_ep_h ep = peer->ep.Release();
+  if (ep == nullptr) return;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &p);
+  if (UCS_PTR_IS_PTR(req)) closing_.push_back(Closing{req, peer});
+}
+
+}  // namespace kvbridge::internal::ucx

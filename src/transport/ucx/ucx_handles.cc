@@ -1,0 +1,94 @@
+#include "transport/ucx/ucx_handles.h"
+
+#include <string>
+
+namespace kvbridge::internal::ucx {
+
+Status FromUcs(ucs_status_t status, std::string_view what) {
+  std::string msg = "UCX " + std::string(what) + ": " + ucs_status_string(status);
+  switch (status) {
+    case UCS_OK:
+      return Status::Ok();
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR:
+      return InvalidArgumentError(std::move(msg));
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_NO_RESOURCE:
+    case UCS_ERR_EXCEEDS_LIMIT:
+      return ResourceExhaustedError(std::move(msg));
+    case UCS_ERR_UNSUPPORTED:
+    case UCS_ERR_NOT_IMPLEMENTED:
+      return UnimplementedError(std::move(msg));
+    case UCS_ERR_CANCELED:
+      return AbortedError(std::move(msg));
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_IO_ERROR:
+    case UCS_ERR_NO_DEVICE:
+      return UnavailableError(std::move(msg));
+    default:
+      return InternalError(std::move(msg));
+  }
+}
+
+void ReleaseContext(ucp_context_h h) { ucp_cleanup(h); }
+void ReleaseWorker(ucp_worker_h h) { ucp_worker_destroy(h); }
+void ReleaseRkey(ucp_rkey_h h) { ucp_rkey_destroy(h); }
+void ReleaseConfig(ucp_config_t* h) { ucp_config_release(h); }
+
+UcpMem& UcpMem::operator=(UcpMem&& o) noexcept {
+  if (this != &o) {
+    reset();
+    ctx_ = std::exchange(o.ctx_, nullptr);
+    memh_ = std::exchange(o.memh_, nullptr);
+  }
+  return *this;
+}
+
+void UcpMem::reset() {
+  if (memh_ != nullptr) ucp_mem_unmap(ctx_, std::exchange(memh_, nullptr));
+  ctx_ = nullptr;
+}
+
+Result<std::string> UcpMem::PackRkey() const {
+  void* buf = nullptr;
+  size_t size = 0;
+  ucs_status_t st = ucp_rkey_pack(ctx_, memh_, &buf, &size);
+  if (st != UCS_OK) return FromUcs(st, "rkey pack");
+  std::string out(static_cast<const char*>(buf), size);
+  ucp_rkey_buffer_release(buf);
+  return out;
+}
+
+UcpEp& UcpEp::operator=(UcpEp&& o) noexcept {
+  if (this != &o) {
+    UcpEp dying(std::move(*this));
+    ep_ = std::exchange(o.ep_, nullptr);
+  }
+  return *this;
+}
+
+UcpEp::~UcpEp() {
+  if (ep_ == nullptr) return;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t req = ucp_ep_close_nbx(ep_, &param);
+  if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+}
+
+Result<std::string> WorkerAddress(ucp_worker_h worker) {
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  ucs_status_t st = ucp_worker_get_address(worker, &addr, &len);
+  if (st != UCS_OK) return FromUcs(st, "worker address");
+  std::string out(reinterpret_cast<const char*>(addr), len);
+  ucp_worker_release_address(worker, addr);
+  return out;
+}
+
+}  // namespace kvbridge::internal::ucx

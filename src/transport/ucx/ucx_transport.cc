@@ -1,0 +1,473 @@
+// Lifecycle, threads, registration, connection and import. The data path
+// (batches, messages, active-message handlers, failure) is in ucx_datapath.cc.
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <future>
+
+#include "common/log.h"
+#include "transport/ucx/ucx_transport_impl.h"
+
+namespace kvbridge::internal {
+
+Result<std::unique_ptr<Transport>> CreateUcxTransport(const UcxTransportOptions& options) {
+  return ucx::UcxTransport::Create(options);
+}
+
+namespace ucx {
+namespace {
+
+void EpErrorCallback(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* peer = static_cast<Peer*>(arg);
+  peer->transport->OnEpError(peer, status);
+}
+
+ucs_status_t DataAmCallback(void* arg, const void* header, size_t header_length, void* data,
+                            size_t length, const ucp_am_recv_param_t* param) {
+  return static_cast<UcxTransport*>(arg)->OnDataAm(header, header_length, data, length, param);
+}
+
+ucs_status_t MessageAmCallback(void* arg, const void*, size_t, void* data, size_t length,
+                               const ucp_am_recv_param_t*) {
+  return static_cast<UcxTransport*>(arg)->OnMessageAm(data, length);
+}
+
+Status SetAmHandler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void* arg) {
+  ucp_am_handler_param_t p{};
+  p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                 UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  p.id = id;
+  p.flags = UCP_AM_FLAG_WHOLE_MSG;
+  p.cb = cb;
+  p.arg = arg;
+  return FromUcs(ucp_worker_set_am_recv_handler(worker, &p), "set AM handler");
+}
+
+}  // namespace
+
+UcxTransport::UcxTransport(const UcxTransportOptions& options) : options_(options) {
+  const char* env = std::getenv("KVBRIDGE_UCX_PATH");
+  force_put_ = options.force_put || (env != nullptr && std::string_view(env) == "put");
+}
+
+Result<std::unique_ptr<Transport>> UcxTransport::Create(const UcxTransportOptions& options) {
+  std::unique_ptr<UcxTransport> t(new UcxTransport(options));
+  Status st = t->Init();
+  if (!st.ok()) {
+    KVB_LOG_ERROR("ucx transport {}: {}", options.name, st.ToString());
+    return st;
+  }
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+Status UcxTransport::Init() {
+  const bool shm_tls = options_.tls.empty() || options_.tls.find("shm") != std::string::npos ||
+                       options_.tls.find("posix") != std::string::npos ||
+                       options_.tls.find("sysv") != std::string::npos ||
+                       options_.tls.find("all") != std::string::npos;
+  if (options_.shm_error_handling && shm_tls) {
+    // UCT transport settings are read from the environment when interfaces
+    // open; overwrite=0 keeps an explicit user choice.
+    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+  }
+  ucp_config_t* raw_config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &raw_config);
+  if (s != UCS_OK) return FromUcs(s, "config read");
+  UcpConfig config(raw_config);
+  auto modify = [&](const char* name, const std::string& value) -> Status {
+    return FromUcs(ucp_config_modify(config.get(), name, value.c_str()),
+                   std::string("config ") + name + "=" + value);
+  };
+  if (!options_.tls.empty()) RETURN_IF_ERROR(modify("TLS", options_.tls));
+  RETURN_IF_ERROR(
+      modify("KEEPALIVE_INTERVAL", std::to_string(options_.keepalive_interval.count()) + "ms"));
+  // The ordering argument in ucx_transport_impl.h relies on one eager lane.
+  RETURN_IF_ERROR(modify("MAX_EAGER_LANES", "1"));
+
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.name = options_.name.c_str();
+  ucp_context_h ctx = nullptr;
+  s = ucp_init(&params, config.get(), &ctx);
+  if (s != UCS_OK) return FromUcs(s, "init");
+  context_ = UcpContext(ctx);
+
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread uses it
+  ucp_worker_h worker = nullptr;
+  s = ucp_worker_create(context_.get(), &wp, &worker);
+  if (s != UCS_OK) return FromUcs(s, "worker create");
+  worker_ = UcpWorker(worker);
+  if (ucp_worker_get_efd(worker_.get(), &worker_efd_) != UCS_OK) worker_efd_ = -1;
+  RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmData, DataAmCallback, this));
+  RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmMessage, MessageAmCallback, this));
+
+  ASSIGN_OR_RETURN(std::string worker_address, WorkerAddress(worker_.get()));
+  address_ = EncodeAddress(AddressBlob{ThisHost(), std::move(worker_address)});
+
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return ResourceExhaustedError("eventfd failed");
+  progress_thread_ = std::thread([this] { ProgressLoop(); });
+  progress_id_ = progress_thread_.get_id();
+  writer_thread_ = std::thread([this] { WriterLoop(); });
+  KVB_LOG_INFO("ucx transport {}: up (tls={}, same_host_paths={}, keepalive={}ms, wakeup={})",
+               options_.name, options_.tls.empty() ? "default" : options_.tls,
+               options_.same_host_paths, options_.keepalive_interval.count(), worker_efd_ >= 0);
+  return Status::Ok();
+}
+
+UcxTransport::~UcxTransport() {
+  if (progress_thread_.joinable()) {
+    RunSync([this] {
+      std::vector<std::shared_ptr<Peer>> peers;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto& [id, peer] : peers_) peers.push_back(peer);
+        peers_.clear();
+      }
+      for (auto& peer : peers) ClosePeer(peer, peer->failed);
+    });
+    stopping_ = true;
+    Post([] {});
+    progress_thread_.join();
+  }
+  if (writer_thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(writer_mu_);
+      writer_stop_ = true;
+    }
+    writer_cv_.notify_all();
+    writer_thread_.join();
+  }
+  // Writer completions posted after the progress thread stopped: their
+  // batches belong to closed peers and complete with Aborted here.
+  RunCommands();
+  for (auto& c : closing_) ucp_request_free(c.request);
+  closing_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    regions_.clear();  // ucp_mem_unmap before the context goes
+  }
+  worker_.reset();
+  context_.reset();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void UcxTransport::Post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_.push_back(std::move(fn));
+  }
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
+}
+
+void UcxTransport::RunSync(const std::function<void()>& fn) {
+  if (OnProgressThread()) {
+    fn();
+    return;
+  }
+  std::promise<void> done;
+  Post([&] {
+    fn();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+bool UcxTransport::RunCommands() {
+  std::deque<std::function<void()>> cmds;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cmds.swap(commands_);
+  }
+  for (auto& cmd : cmds) cmd();
+  return !cmds.empty();
+}
+
+void UcxTransport::ProgressLoop() {
+  using Clock = std::chrono::steady_clock;
+  // Keepalive and close timeouts need the worker progressed now and then.
+  const int idle_ms =
+      static_cast<int>(std::clamp<int64_t>(options_.keepalive_interval.count() / 2, 1, 100));
+  std::optional<Clock::time_point> stop_deadline;
+  for (;;) {
+    bool did = RunCommands();
+    did |= ucp_worker_progress(worker_.get()) != 0;
+    PollClosing();
+    if (stopping_) {
+      if (!stop_deadline) stop_deadline = Clock::now() + std::chrono::seconds(3);
+      bool busy = !closing_.empty() || active_batches_ > 0;
+      if (!busy || Clock::now() > *stop_deadline) break;
+      continue;
+    }
+    if (did) continue;
+    if (worker_efd_ >= 0 && ucp_worker_arm(worker_.get()) == UCS_ERR_BUSY) continue;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!commands_.empty()) continue;
+    }
+    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {worker_efd_, POLLIN, 0}};
+    poll(fds, worker_efd_ >= 0 ? 2 : 1, worker_efd_ >= 0 ? idle_ms : 1);
+    uint64_t drained;
+    [[maybe_unused]] ssize_t n = read(wake_fd_, &drained, sizeof(drained));
+  }
+  progress_done_ = true;
+}
+
+void UcxTransport::PollClosing() {
+  for (size_t i = 0; i < closing_.size();) {
+    if (ucp_request_check_status(closing_[i].request) != UCS_INPROGRESS) {
+      ucp_request_free(closing_[i].request);
+      closing_[i] = std::move(closing_.back());
+      closing_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+void UcxTransport::WriterLoop() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(writer_mu_);
+      writer_cv_.wait(lock, [&] { return writer_stop_ || !writer_jobs_.empty(); });
+      if (writer_jobs_.empty()) return;
+      job = std::move(writer_jobs_.front());
+      writer_jobs_.pop_front();
+    }
+    job();
+  }
+}
+
+void UcxTransport::PostToWriter(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(writer_mu_);
+    writer_jobs_.push_back(std::move(fn));
+  }
+  writer_cv_.notify_one();
+}
+
+void UcxTransport::SetMessageHandler(MessageHandler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  message_handler_ = std::move(handler);
+}
+
+void UcxTransport::SetPeerFailureHandler(PeerFailureHandler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failure_handler_ = std::move(handler);
+}
+
+Result<RegisteredRegion> UcxTransport::RegisterMemory(void* addr, size_t length, MemoryKind kind) {
+  if (addr == nullptr || length == 0) {
+    return InvalidArgumentError("RegisterMemory: null address or zero length");
+  }
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                  UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+  mp.address = addr;
+  mp.length = length;
+  mp.memory_type = kind == MemoryKind::kVram ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+  auto region = std::make_unique<LocalRegion>();
+  region->addr = static_cast<uint8_t*>(addr);
+  region->length = length;
+  region->kind = kind;
+  Status st;
+  std::string packed;
+  RunSync([&] {
+    ucp_mem_h memh = nullptr;
+    ucs_status_t s = ucp_mem_map(context_.get(), &mp, &memh);
+    if (s != UCS_OK) {
+      st = FromUcs(s, std::string("mem map of ") + std::string(MemoryKindName(kind)) + " memory (" +
+                          std::to_string(length) + " bytes)");
+      if (kind == MemoryKind::kVram) {
+        st = UnimplementedError("VRAM registration needs UCX with CUDA support: " + st.message());
+      }
+      return;
+    }
+    region->mem = UcpMem(context_.get(), memh);
+    auto rkey = region->mem.PackRkey();
+    if (!rkey.ok()) {
+      st = rkey.status();
+      return;
+    }
+    packed = std::move(*rkey);
+  });
+  if (!st.ok()) {
+    KVB_LOG_ERROR("ucx transport {}: RegisterMemory: {}", options_.name, st.ToString());
+    return st;
+  }
+  RemoteKeyBlob blob;
+  blob.owner = ThisHost();
+  blob.base = reinterpret_cast<uint64_t>(addr);
+  blob.length = length;
+  blob.kind = kind;
+  blob.packed_rkey = std::move(packed);
+  if (kind == MemoryKind::kDram) blob.segment = FindSharedSegment(addr, length);
+  RegisteredRegion out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out.id = blob.region_id = next_region_id_++;
+    regions_[out.id] = std::move(region);
+  }
+  out.remote_key = EncodeRemoteKey(blob);
+  return out;
+}
+
+Status UcxTransport::DeregisterMemory(RegionId id) {
+  std::unique_ptr<LocalRegion> region;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(id);
+    if (it == regions_.end())
+      return NotFoundError("DeregisterMemory: unknown region " + std::to_string(id));
+    region = std::move(it->second);
+    regions_.erase(it);
+  }
+  RunSync([&] { region.reset(); });  // ucp_mem_unmap on the progress thread
+  return Status::Ok();
+}
+
+std::shared_ptr<Peer> UcxTransport::FindPeerLocked(PeerId id) const {
+  auto it = peers_.find(id);
+  return it == peers_.end() ? nullptr : it->second;
+}
+
+Result<PeerId> UcxTransport::Connect(std::string_view peer_address) {
+  ASSIGN_OR_RETURN(AddressBlob blob, DecodeAddress(peer_address));
+  auto peer = std::make_shared<Peer>();
+  peer->host = blob.host;
+  peer->name = "host " + blob.host.host + " pid " + std::to_string(blob.host.pid);
+  peer->transport = this;
+  Status st;
+  RunSync([&] {
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(blob.worker_address.data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = EpErrorCallback;
+    ep.err_handler.arg = peer.get();
+    ucp_ep_h handle = nullptr;
+    ucs_status_t s = ucp_ep_create(worker_.get(), &ep, &handle);
+    if (s != UCS_OK) {
+      st = FromUcs(s, "connect to " + peer->name);
+      if (st.code() != StatusCode::kInvalidArgument) st = UnavailableError(st.message());
+      return;
+    }
+    peer->ep = UcpEp(handle);
+  });
+  if (!st.ok()) {
+    KVB_LOG_ERROR("ucx transport {}: {}", options_.name, st.ToString());
+    return st;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer->id = next_peer_id_++;
+    peers_[peer->id] = peer;
+  }
+  KVB_LOG_INFO("ucx transport {}: connected to peer {} ({}) as peer id {}", options_.name,
+               peer->name, SameHost(peer->host, ThisHost()) ? "same host" : "remote host",
+               peer->id);
+  return peer->id;
+}
+
+DataPath UcxTransport::ChoosePath(const Peer& peer, ImportedRegion& region) const {
+  const RemoteKeyBlob& b = region.blob;
+  const DataPath ucx_path = force_put_ ? DataPath::kUcxPut : DataPath::kUcxRendezvous;
+  const char* why = "remote host";
+  if (b.kind == MemoryKind::kVram) {
+    why = "VRAM region";
+  } else if (!options_.same_host_paths) {
+    why = "same-host paths disabled";
+  } else if (SameHost(peer.host, ThisHost())) {
+    if (b.segment) {
+      auto mapped = MappedPeerSegment::Map(*b.segment);
+      if (mapped.ok()) {
+        region.segment = std::move(*mapped);
+        return DataPath::kSharedMemory;
+      }
+      KVB_LOG_WARN("ucx transport {}: cannot map shared segment of peer {}: {}", options_.name,
+                   peer.name, mapped.status().ToString());
+    }
+    Status probe = ProbeCrossMemoryAttach(b.owner.pid, b.base);
+    if (probe.ok()) return DataPath::kCrossMemoryAttach;
+    KVB_LOG_WARN("ucx transport {}: cross-memory attach to peer {} unavailable: {}", options_.name,
+                 peer.name, probe.ToString());
+    why = "same host, no shared segment or cross-memory attach";
+  }
+  KVB_LOG_INFO("ucx transport {}: UCX path for peer {} ({})", options_.name, peer.name, why);
+  return ucx_path;
+}
+
+Result<RemoteRegionId> UcxTransport::ImportRegion(PeerId peer_id, std::string_view remote_key) {
+  ASSIGN_OR_RETURN(RemoteKeyBlob blob, DecodeRemoteKey(remote_key));
+  std::shared_ptr<Peer> peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer = FindPeerLocked(peer_id);
+    if (!peer) return NotFoundError("ImportRegion: unknown peer " + std::to_string(peer_id));
+    if (peer->dead) return UnavailableError(peer->terminal.message());
+  }
+  if (blob.owner.pid != peer->host.pid || blob.owner.host != peer->host.host ||
+      blob.owner.boot_id != peer->host.boot_id) {
+    return InvalidArgumentError("ImportRegion: remote key of host " + blob.owner.host + " pid " +
+                                std::to_string(blob.owner.pid) + " is foreign to peer " +
+                                peer->name);
+  }
+  if (blob.segment && blob.segment->pid != blob.owner.pid) {
+    return InvalidArgumentError("ImportRegion: shared segment owner differs from region owner");
+  }
+  auto region = std::make_shared<ImportedRegion>();
+  region->blob = std::move(blob);
+  region->path = ChoosePath(*peer, *region);
+  Status st;
+  RunSync([&] {
+    if (!peer->ep.get()) {
+      st = UnavailableError("ImportRegion: peer " + peer->name + " is closed");
+      return;
+    }
+    ucp_rkey_h rkey = nullptr;
+    ucs_status_t s = ucp_ep_rkey_unpack(peer->ep.get(), region->blob.packed_rkey.data(), &rkey);
+    if (s != UCS_OK) {
+      st = InvalidArgumentError("ImportRegion: cannot unpack remote key of peer " + peer->name +
+                                ": " + ucs_status_string(s));
+      return;
+    }
+    region->rkey = UcpRkey(rkey);
+  });
+  if (!st.ok()) {
+    KVB_LOG_ERROR("ucx transport {}: {}", options_.name, st.ToString());
+    return st;
+  }
+  RemoteRegionId id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (peer->dead) return UnavailableError(peer->terminal.message());
+    id = next_remote_id_++;
+    peer->regions[id] = region;
+    peer->last_path = region->path;
+  }
+  KVB_LOG_INFO("ucx transport {}: peer {} region {} ({} bytes at {:#x}) -> path {}", options_.name,
+               peer->name, region->blob.region_id, region->blob.length, region->blob.base,
+               DataPathName(region->path));
+  return id;
+}
+
+Result<DataPath> UcxTransport::PathTo(PeerId peer_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto peer = FindPeerLocked(peer_id);
+  if (!peer) return NotFoundError("PathTo: unknown peer " + std::to_string(peer_id));
+  if (!peer->last_path) return NotFoundError("PathTo: no region imported from " + peer->name);
+  return *peer->last_path;
+}
+
+}  // namespace ucx
+}  // namespace kvbridge::internal

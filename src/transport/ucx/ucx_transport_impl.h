@@ -1,0 +1,227 @@
+// UcxTransport: the Transport over UCX plus the same-host fast paths.
+//
+// Threads. One UCX context (RMA + AM + WAKEUP) and one worker, owned by a
+// progress thread that makes every UCX call. Other threads hand it closures
+// through a mutex-protected queue and wake it with an eventfd; when idle it
+// sleeps in poll() on that eventfd and the worker's event fd (armed), waking
+// at least every keepalive interval so UCX keepalive runs. Blocking calls
+// (RegisterMemory, Connect, ImportRegion, ...) wait for their closure; made
+// on the progress thread itself (from a callback) they run inline. PostWrites
+// and SendMessage only validate and enqueue, so callbacks may call them.
+// Same-host writes (memcpy into a mapped peer segment, process_vm_writev)
+// run on a separate writer thread so they never stall UCX progress.
+//
+// Paths, chosen per imported region at ImportRegion and logged at info:
+// same host and options.same_host_paths: kSharedMemory when the region is
+// AllocateSharedBuffer memory whose segment we can map, else
+// kCrossMemoryAttach when process_vm_writev into the owner works, else UCX.
+// UCX: kUcxRendezvous (active messages: a DataHeader {region, offset,
+// length} plus payload; blocks >= rndv_threshold use rendezvous and the
+// target receives them straight into its region with ucp_am_recv_data_nbx,
+// smaller ones are eager and copied in the callback; the target validates
+// every header against its registered regions and never writes outside
+// them), or kUcxPut (ucp_put_nbx + ucp_ep_flush_nbx; options.force_put or
+// KVBRIDGE_UCX_PATH=put) for hosts with a real RMA lane.
+//
+// Ordering, precisely. (1) A batch is complete when all its parts are:
+// same-host parts when the writer thread has finished its memcpy /
+// process_vm_writev (the bytes are then in the target's pages: one-sided);
+// UCX put parts when ucp_ep_flush_nbx issued after the puts completes (remote
+// completion); UCX AM parts when every ucp_am_send_nbx completed. The last AM
+// of each batch is always sent with UCP_AM_SEND_FLAG_RNDV: a rendezvous send
+// completes only after the target has run its receive callback for it and
+// received its data, and eager AMs on the endpoint's single AM lane
+// (UCX_MAX_EAGER_LANES=1) are delivered in order before it, so completion
+// means every byte of the batch is in the target region. (2) SendMessage
+// records the sequence number of the last batch posted to that peer; the
+// message is held in a per-peer FIFO and sent (eager AM on the same
+// endpoint) only once every batch up to that number has completed. Messages
+// leave the FIFO in order and eager AMs on one lane arrive in order, so
+// messages are delivered in order and after the writes they follow.
+//
+// Failure. The endpoint's error callback (UCP_ERR_HANDLING_MODE_PEER, with
+// keepalive), a failed UCX request, or ESRCH from process_vm_writev marks the
+// peer failed once: Status Unavailable naming the peer's host and pid and the
+// UCX status string; the PeerFailureHandler runs once; the endpoint is force-
+// closed so UCX completes its outstanding requests; every batch pending then
+// completes with that Status; queued messages are dropped. Disconnect closes
+// the endpoint (flush close; force for failed peers) and pending batches
+// complete with Aborted.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/shm/shm.h"
+#include "transport/transport.h"
+#include "transport/ucx/ucx_blobs.h"
+#include "transport/ucx/ucx_handles.h"
+#include "transport/ucx/ucx_transport.h"
+
+namespace kvbridge::internal::ucx {
+
+// Active message ids.
+constexpr unsigned kAmData = 11;
+constexpr unsigned kAmMessage = 12;
+
+struct LocalRegion {
+  uint8_t* addr = nullptr;
+  size_t length = 0;
+  MemoryKind kind = MemoryKind::kDram;
+  UcpMem mem;
+};
+
+struct ImportedRegion {
+  RemoteKeyBlob blob;
+  DataPath path = DataPath::kUcxRendezvous;
+  UcpRkey rkey;                              // progress thread only
+  std::optional<MappedPeerSegment> segment;  // kSharedMemory
+};
+
+struct Batch;
+
+struct Peer {
+  PeerId id = 0;
+  HostIdentity host;
+  std::string name;  // "host <h> pid <p>" for logs and errors
+  class UcxTransport* transport = nullptr;
+
+  // Guarded by UcxTransport::mu_.
+  std::map<RemoteRegionId, std::shared_ptr<ImportedRegion>> regions;
+  std::optional<DataPath> last_path;
+  bool failed = false;
+  // Set once, before `dead` becomes true: the Status of every later batch.
+  Status terminal;
+  std::atomic<bool> dead{false};  // failed or disconnected; read by the writer
+
+  // Progress thread only.
+  UcpEp ep;
+  uint64_t next_batch_seq = 1;
+  std::map<uint64_t, std::unique_ptr<Batch>> inflight;
+  struct PendingMessage {
+    uint64_t after_seq;
+    std::string payload;
+  };
+  std::deque<PendingMessage> messages;
+};
+
+// One resolved write: source pointer and the place it goes.
+struct ResolvedOp {
+  const uint8_t* src = nullptr;
+  uint64_t length = 0;
+  ucp_mem_h local_memh = nullptr;
+  std::shared_ptr<ImportedRegion> region;
+  uint64_t remote_offset = 0;
+};
+
+struct Batch {
+  std::shared_ptr<Peer> peer;
+  uint64_t seq = 0;
+  int outstanding = 0;
+  Status error;
+  WriteCallback done;
+  std::vector<DataHeader> headers;  // stable storage for AM headers
+};
+
+class UcxTransport final : public Transport {
+ public:
+  static Result<std::unique_ptr<Transport>> Create(const UcxTransportOptions& options);
+  ~UcxTransport() override;
+
+  std::string_view Name() const override { return "ucx"; }
+  const std::string& Address() const override { return address_; }
+  void SetMessageHandler(MessageHandler handler) override;
+  void SetPeerFailureHandler(PeerFailureHandler handler) override;
+  Result<RegisteredRegion> RegisterMemory(void* addr, size_t length, MemoryKind kind) override;
+  Status DeregisterMemory(RegionId id) override;
+  Result<PeerId> Connect(std::string_view peer_address) override;
+  Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) override;
+  Result<DataPath> PathTo(PeerId peer) const override;
+  Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override;
+  Status SendMessage(PeerId peer, std::string payload) override;
+  Status SendUrgentMessage(PeerId peer, std::string payload) override;
+  void Disconnect(PeerId peer) override;
+
+  // Called from UCX callbacks (progress thread).
+  void OnPartDone(Batch* batch, ucs_status_t status);
+  void OnEpError(Peer* peer, ucs_status_t status);
+  ucs_status_t OnDataAm(const void* header, size_t header_length, void* data, size_t length,
+                        const ucp_am_recv_param_t* param);
+  ucs_status_t OnMessageAm(void* data, size_t length);
+
+ private:
+  explicit UcxTransport(const UcxTransportOptions& options);
+  Status Init();
+
+  // Queues `fn` for the progress thread.
+  void Post(std::function<void()> fn);
+  // Runs `fn` on the progress thread and waits (inline when already there).
+  void RunSync(const std::function<void()>& fn);
+  bool OnProgressThread() const { return std::this_thread::get_id() == progress_id_; }
+  void ProgressLoop();
+  bool RunCommands();
+  void PollClosing();
+  void WriterLoop();
+  void PostToWriter(std::function<void()> fn);
+
+  // Progress thread.
+  void StartBatch(const std::shared_ptr<Peer>& peer, std::vector<ResolvedOp> ops,
+                  WriteCallback done);
+  void StartUcxOps(Batch* batch, const std::vector<ResolvedOp>& ops);
+  void StartSameHostOps(Batch* batch, std::vector<ResolvedOp> ops);
+  void FinishPart(Batch* batch);
+  void FlushMessages(const std::shared_ptr<Peer>& peer);
+  void SendNow(const std::shared_ptr<Peer>& peer, std::string payload);
+  void MarkPeerFailed(Peer* peer, const Status& why);
+  void ClosePeer(const std::shared_ptr<Peer>& peer, bool force);
+  std::shared_ptr<Peer> FindPeerLocked(PeerId id) const;
+  DataPath ChoosePath(const Peer& peer, ImportedRegion& region) const;
+
+  const UcxTransportOptions options_;
+  bool force_put_ = false;
+  UcpContext context_;
+  UcpWorker worker_;
+  std::string address_;
+  int wake_fd_ = -1;
+  int worker_efd_ = -1;  // -1: no wakeup support, poll with a short timeout
+  std::thread progress_thread_;
+  std::thread::id progress_id_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> progress_done_{false};
+
+  mutable std::mutex mu_;
+  std::deque<std::function<void()>> commands_;                // GUARDED_BY(mu_)
+  std::map<RegionId, std::unique_ptr<LocalRegion>> regions_;  // GUARDED_BY(mu_)
+  std::map<PeerId, std::shared_ptr<Peer>> peers_;             // GUARDED_BY(mu_)
+  RegionId next_region_id_ = 1;                               // GUARDED_BY(mu_)
+  PeerId next_peer_id_ = 1;                                   // GUARDED_BY(mu_)
+  RemoteRegionId next_remote_id_ = 1;                         // GUARDED_BY(mu_)
+  MessageHandler message_handler_;                            // GUARDED_BY(mu_)
+  PeerFailureHandler failure_handler_;                        // GUARDED_BY(mu_)
+
+  // Progress thread only: endpoint close requests in flight.
+  struct Closing {
+    void* request;
+    std::shared_ptr<Peer> peer;
+  };
+  std::vector<Closing> closing_;
+  int active_batches_ = 0;  // progress thread only
+
+  std::mutex writer_mu_;
+  std::condition_variable writer_cv_;
+  std::deque<std::function<void()>> writer_jobs_;  // GUARDED_BY(writer_mu_)
+  bool writer_stop_ = false;                       // GUARDED_BY(writer_mu_)
+  std::thread writer_thread_;
+};
+
+}  // namespace kvbridge::internal::ucx
