@@ -1,0 +1,74 @@
+#include "transport/ucx/ucx_blobs.h"
+
+#include <gtest/gtest.h>
+
+namespace kvbridge::internal::ucx {
+namespace {
+
+RemoteKeyBlob SampleKey(bool with_segment) {
+  RemoteKeyBlob b;
+  b.owner = HostIdentity{"host-a", "boot-1", 1234};
+  b.region_id = 7;
+  b.base = 0x7f0000001000;
+  b.length = 1 << 20;
+  b.kind = MemoryKind::kDram;
+  b.packed_rkey = std::string("\x01\x02\x00\x03packed", 10);
+  if (with_segment) b.segment = SharedSegmentRef{1234, 9, 4096, 2 << 20};
+  return b;
+}
+
+TEST(UcxBlobsTest, AddressRoundTrips) {
+  AddressBlob in{HostIdentity{"h", "b", 42}, std::string("\0worker\xff", 8)};
+  auto out = DecodeAddress(EncodeAddress(in));
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->host.host, "h");
+  EXPECT_EQ(out->host.boot_id, "b");
+  EXPECT_EQ(out->host.pid, 42);
+  EXPECT_EQ(out->worker_address, in.worker_address);
+}
+
+TEST(UcxBlobsTest, RemoteKeyRoundTripsWithAndWithoutSegment) {
+  for (bool seg : {false, true}) {
+    RemoteKeyBlob in = SampleKey(seg);
+    auto out = DecodeRemoteKey(EncodeRemoteKey(in));
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    EXPECT_EQ(out->owner.pid, 1234);
+    EXPECT_EQ(out->region_id, 7u);
+    EXPECT_EQ(out->base, in.base);
+    EXPECT_EQ(out->length, in.length);
+    EXPECT_EQ(out->packed_rkey, in.packed_rkey);
+    ASSERT_EQ(out->segment.has_value(), seg);
+    if (seg) {
+      EXPECT_EQ(out->segment->fd, 9);
+      EXPECT_EQ(out->segment->offset, 4096u);
+    }
+  }
+}
+
+TEST(UcxBlobsTest, EveryFlippedByteOrTruncationIsInvalidArgument) {
+  const std::string key = EncodeRemoteKey(SampleKey(true));
+  const std::string addr = EncodeAddress(AddressBlob{HostIdentity{"h", "b", 1}, "addr"});
+  for (size_t i = 0; i < key.size(); ++i) {
+    std::string bad = key;
+    bad[i] ^= 0x20;
+    EXPECT_EQ(DecodeRemoteKey(bad).status().code(), StatusCode::kInvalidArgument) << i;
+    EXPECT_EQ(DecodeRemoteKey(key.substr(0, i)).status().code(), StatusCode::kInvalidArgument);
+  }
+  for (size_t i = 0; i < addr.size(); ++i) {
+    std::string bad = addr;
+    bad[i] ^= 0x01;
+    EXPECT_EQ(DecodeAddress(bad).status().code(), StatusCode::kInvalidArgument) << i;
+  }
+  // A remote key is not an address and vice versa.
+  EXPECT_EQ(DecodeAddress(key).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeRemoteKey(addr).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(UcxBlobsTest, SegmentMustContainTheRegion) {
+  RemoteKeyBlob b = SampleKey(true);
+  b.segment->offset = (2 << 20) - 4096;  // region of 1 MiB does not fit
+  EXPECT_EQ(DecodeRemoteKey(EncodeRemoteKey(b)).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvbridge::internal::ucx
