@@ -1,0 +1,150 @@
+// Fault-injecting wrapper: any Transport, plus controls a test flips to make
+// writes fail, stall or arrive late, messages vanish, or a peer die.
+//
+// Without faults it is transparent: calls go straight to the inner transport
+// on the caller's thread. With faults it keeps transport.h's contract:
+//   - Every batch is validated first (local region and range, remote region
+//     imported on that peer): InvalidArgument, nothing written, no callback.
+//     The remote *range* is checked by the inner transport, which for a held,
+//     delayed or failed batch only sees it later: an op past the end of a
+//     remote region then completes `done` with InvalidArgument instead.
+//   - Per-peer order holds: while a batch to a peer is held or delayed, later
+//     batches and messages to that peer queue behind it, so a message is never
+//     delivered before the writes posted earlier.
+//   - When PostWrites/SendMessage return non-OK, `done` is never called;
+//     otherwise exactly once, on a transport thread (this wrapper's worker or
+//     the inner transport's), never the caller's.
+// Faults decided at post time: FailWrites, DelayWrites, HoldWrites and
+// DropMessages apply to batches/messages posted while they are set.
+//
+// Thread safety: all methods (including the controls) are thread-safe. The
+// inner transport must not hold its locks while running callbacks.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace kvbridge::internal {
+
+// What the wrapper did, for assertions.
+struct FaultCounters {
+  uint64_t batches_forwarded = 0;   // handed to the inner transport
+  uint64_t batches_failed = 0;      // completed with a FailWrites status, nothing written
+  uint64_t batches_held = 0;        // posted while HoldWrites was on
+  uint64_t batches_delayed = 0;     // posted while DelayWrites was on
+  uint64_t batches_vanished = 0;    // completed with a VanishPeer status
+  uint64_t messages_forwarded = 0;  // handed to the inner transport
+  uint64_t messages_dropped = 0;    // by DropMessages, or queued to a peer that died
+  uint64_t peers_vanished = 0;
+};
+
+class FaultTransport final : public Transport {
+ public:
+  // FailWrites target meaning "every peer" (0 is never a valid PeerId).
+  static constexpr PeerId kAllPeers = 0;
+
+  // Preconditions: inner is not null. Takes over the inner failure handler.
+  explicit FaultTransport(std::unique_ptr<Transport> inner);
+  // Held and queued batches complete with Aborted, then the inner transport
+  // is destroyed (its own pending batches complete as it decides).
+  ~FaultTransport() override;
+
+  // --- Transport ---
+  std::string_view Name() const override { return name_; }
+  const std::string& Address() const override { return inner_->Address(); }
+  void SetMessageHandler(MessageHandler handler) override;
+  void SetPeerFailureHandler(PeerFailureHandler handler) override;
+  Result<RegisteredRegion> RegisterMemory(void* addr, size_t length, MemoryKind kind) override;
+  Status DeregisterMemory(RegionId id) override;
+  Result<PeerId> Connect(std::string_view peer_address) override;
+  Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) override;
+  Result<DataPath> PathTo(PeerId peer) const override;
+  Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override;
+  Status SendMessage(PeerId peer, std::string payload) override;
+  void Disconnect(PeerId peer) override;
+
+  // --- Controls ---
+  // Batches to `peer` (or kAllPeers) complete with `why` and write nothing.
+  // An OK `why` clears that setting. A per-peer setting wins over kAllPeers.
+  void FailWrites(PeerId peer, Status why);
+  // Batches are handed to the inner transport `delay` after they are posted.
+  // Zero turns it off (batches already delayed keep their time).
+  void DelayWrites(std::chrono::milliseconds delay);
+  // Batches are held: neither written nor completed until ReleaseHeldWrites.
+  void HoldWrites();
+  // Turns holding off and sends every held batch on, in order.
+  void ReleaseHeldWrites();
+  // Number of batches held right now.
+  size_t HeldBatches() const;
+  // Messages are accepted (OK) and discarded.
+  void DropMessages(bool drop);
+  // Treats `peer` as dead: the failure handler is called once with
+  // Unavailable naming it; queued batches complete with that Status, batches
+  // already in the inner transport complete with it when the inner finishes
+  // them; later calls for `peer` return Unavailable. Unknown peers: no-op.
+  void VanishPeer(PeerId peer);
+  FaultCounters counters() const;
+  Transport& inner() { return *inner_; }
+
+ private:
+  struct Item {
+    bool is_batch = true;
+    std::vector<WriteOp> ops;
+    WriteCallback done;
+    std::string payload;
+    Status fail;  // injected failure (batches)
+    bool held = false;
+    std::chrono::steady_clock::time_point not_before;
+  };
+  struct PeerInfo {
+    bool failed = false;
+    bool vanished = false;
+    Status failure;
+    std::deque<Item> queue;  // waiting behind a held or delayed batch
+  };
+  using Task = std::function<void()>;
+
+  Status ValidateLocked(PeerId peer, const std::vector<WriteOp>& ops) const;
+  Result<PeerInfo*> OpenPeerLocked(PeerId peer);
+  WriteCallback Wrap(PeerId peer, WriteCallback done);
+  // Moves a failed/closed peer's queue to tasks_ completing with `why`.
+  void FailQueueLocked(PeerInfo& info, const Status& why);
+  void OnInnerFailure(PeerId peer, const Status& why);
+  void Run();
+  // Forwards every ready queue head. Worker only.
+  void Pump();
+  bool HeadReadyLocked(const Item& item, std::chrono::steady_clock::time_point now) const;
+
+  std::unique_ptr<Transport> inner_;
+  const std::string name_;
+
+  // Serialises hand-offs to the inner transport so per-peer order holds.
+  // Lock order: forward_mu_ before mu_. No user callback runs under either.
+  std::mutex forward_mu_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  PeerFailureHandler on_failure_;            // guarded by mu_
+  std::map<PeerId, PeerInfo> peers_;         // guarded by mu_
+  std::map<RegionId, uint64_t> regions_;     // guarded by mu_: length
+  std::map<RemoteRegionId, PeerId> remote_;  // guarded by mu_
+  std::map<PeerId, Status> fail_;            // guarded by mu_ (kAllPeers too)
+  std::chrono::milliseconds delay_{0};       // guarded by mu_
+  bool hold_ = false;                        // guarded by mu_
+  bool drop_messages_ = false;               // guarded by mu_
+  FaultCounters counters_;                   // guarded by mu_
+  std::deque<Task> tasks_;                   // guarded by mu_: run by the worker
+  bool stopping_ = false;                    // guarded by mu_
+  std::thread worker_;
+};
+
+}  // namespace kvbridge::internal
