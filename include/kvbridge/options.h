@@ -1,0 +1,98 @@
+// Options of a KVManager: the memory it moves (sglang's KVArgs), where the
+// rank sits in its instance, and the knobs of bootstrap, liveness and
+// deadlines. Plain structs with defaulted fields; validated by
+// KVManager::Create (InvalidArgument naming the field).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvbridge/memory.h"
+
+namespace kvbridge {
+
+enum class Role {
+  kPrefill,
+  kDecode,
+  kBootstrap,  // the bootstrap registry (only as a failure origin)
+};
+std::string_view RoleName(Role role);  // "prefill" / "decode" / "bootstrap"
+
+// sglang's KVArgs. Pointers are integers because that is how frameworks pass
+// them (tensor.data_ptr()). Each buffer is `len` bytes of `item_len`-byte
+// slots: KV pages, aux rows, state slots.
+struct KVArgs {
+  int engine_rank = 0;
+  // MHA: K buffers of layers [start, end) then V buffers of the same layers.
+  // MLA: one buffer per layer.
+  std::vector<uint64_t> kv_data_ptrs;
+  std::vector<uint64_t> kv_data_lens;
+  std::vector<uint64_t> kv_item_lens;
+  std::vector<uint64_t> aux_data_ptrs;
+  std::vector<uint64_t> aux_data_lens;
+  std::vector<uint64_t> aux_item_lens;
+  std::vector<uint64_t> state_data_ptrs;
+  std::vector<uint64_t> state_data_lens;
+  std::vector<uint64_t> state_item_lens;
+  int page_size = 1;            // tokens per page
+  int kv_head_num = 1;          // kv heads held by this rank (MLA: 1)
+  int total_kv_head_num = 1;    // kv heads of the model
+  int prefill_start_layer = 0;  // first layer in kv buffers
+  int prefill_end_layer = -1;   // one past the last; -1 = derived from kv buffers
+  MemoryKind memory_kind = MemoryKind::kDram;
+  std::string dtype = "bfloat16";  // compared between prefill and decode
+};
+
+// Where this rank sits. tp is the attention tp of sglang.
+struct ParallelLayout {
+  int tp_size = 1;
+  int tp_rank = 0;
+  int dp_size = 1;
+  int dp_rank = 0;
+  int pp_size = 1;
+  int pp_rank = 0;
+  int cp_size = 1;
+  int cp_rank = 0;
+};
+
+// Which wire carries bytes to peers on this host.
+enum class SameHostPath {
+  kAuto,  // shared segment when the pool came from AllocateSharedBuffer, else
+          // cross-memory attach, else UCX (the choice is logged)
+  kUcx,   // always UCX
+};
+
+struct ManagerOptions {
+  Role role = Role::kPrefill;
+  KVArgs args;
+  ParallelLayout parallel;
+  bool is_mla = false;
+
+  // Bootstrap server "host:port". Prefill rank 0 starts an embedded server on
+  // that port when `start_bootstrap_server` and none answers there.
+  std::string bootstrap_addr = "127.0.0.1:8998";
+  bool start_bootstrap_server = true;
+  // Host other ranks use to reach this one (registered with bootstrap).
+  std::string advertise_host = "127.0.0.1";
+
+  // Transport.
+  std::string ucx_tls;  // "" = UCX default; "tcp" forces TCP
+  SameHostPath same_host_path = SameHostPath::kAuto;
+
+  // Liveness: a peer silent for heartbeat_interval * heartbeat_misses is
+  // unresponsive. Defaults detect a dead or stopped peer within 1 s.
+  std::chrono::milliseconds heartbeat_interval{100};
+  int heartbeat_misses = 5;
+
+  // Phase deadlines (a request that sits longer in a phase fails, naming it).
+  std::chrono::milliseconds bootstrap_timeout{30000};
+  std::chrono::milliseconds waiting_timeout{30000};   // for metadata / input
+  std::chrono::milliseconds transfer_timeout{10000};  // a posted chunk
+
+  // Prometheus metrics over HTTP on this port (0 = off).
+  int metrics_port = 0;
+};
+
+}  // namespace kvbridge

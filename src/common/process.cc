@@ -1,0 +1,49 @@
+#include "common/process.h"
+
+#include <cerrno>
+#include <csignal>
+#include <fstream>
+#include <sstream>
+
+namespace kvbridge::internal {
+
+ProcessState GetProcessState(int pid) {
+  if (pid <= 0) return ProcessState::kUnknown;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  if (!in) {
+    if (kill(pid, 0) != 0 && errno == ESRCH) return ProcessState::kExited;
+    return ProcessState::kUnknown;
+  }
+  std::string line;
+  std::getline(in, line);
+  // The state follows the parenthesised command name, which may hold spaces.
+  size_t close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return ProcessState::kUnknown;
+  switch (line[close + 2]) {
+    case 'Z':
+    case 'X':
+    case 'x':
+      return ProcessState::kExited;
+    case 'T':
+    case 't':
+      return ProcessState::kStopped;
+    default:
+      return ProcessState::kRunning;
+  }
+}
+
+std::string DescribeProcessState(ProcessState state) {
+  switch (state) {
+    case ProcessState::kRunning:
+      return "running";
+    case ProcessState::kStopped:
+      return "stopped (SIGSTOP or a debugger)";
+    case ProcessState::kExited:
+      return "process exited";
+    case ProcessState::kUnknown:
+      return "state unknown";
+  }
+  return "state unknown";
+}
+
+}  // namespace kvbridge::internal

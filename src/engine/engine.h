@@ -1,0 +1,77 @@
+// TransferEngine: turns planned copies into transport write batches.
+//
+// One engine per manager. Runs of a chunk (already planned and validated by
+// the caller, see plan.h) are mapped onto the registered regions, split into
+// batches of at most `max_batch_ops` writes, posted on the transport from the
+// engine's own thread, and followed by a notification message that the
+// transport delivers only after the writes are visible. `done` runs once per
+// chunk, on a transport thread, with the first error of any batch.
+//
+// Thread safety: all methods are thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/plan.h"
+#include "transport/transport.h"
+
+namespace kvbridge::internal {
+
+struct RegionSet {
+  std::vector<RegionId> kv, aux, state;
+};
+struct RemoteRegionSet {
+  std::vector<RemoteRegionId> kv, aux, state;
+};
+
+// Status of a chunk and the payload bytes it carried.
+using ChunkCallback = std::function<void(const Status&, uint64_t bytes, uint64_t ops)>;
+
+class TransferEngine {
+ public:
+  TransferEngine(Transport& transport, RegionSet local, size_t max_batch_ops = 1024);
+  ~TransferEngine();  // drains queued jobs (their callbacks get Aborted), joins
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+
+  // Queues a chunk for `peer`. `runs` index the buffers of the local and
+  // remote region sets; `notify` (may be empty) is sent after the writes.
+  // `done` is always called exactly once.
+  void PostChunk(PeerId peer, RemoteRegionSet remote, std::vector<CopyRun> runs, std::string notify,
+                 ChunkCallback done);
+
+  // Maps runs to write ops. InvalidArgument when a run names a buffer the
+  // sets do not have. Exposed for tests.
+  static Result<std::vector<WriteOp>> ToWriteOps(const RegionSet& local,
+                                                 const RemoteRegionSet& remote,
+                                                 const std::vector<CopyRun>& runs);
+
+ private:
+  struct Job {
+    PeerId peer;
+    RemoteRegionSet remote;
+    std::vector<CopyRun> runs;
+    std::string notify;
+    ChunkCallback done;
+  };
+  void Loop();
+  void Run(Job job);
+
+  Transport& transport_;
+  const RegionSet local_;
+  const size_t max_batch_ops_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace kvbridge::internal
