@@ -190,6 +190,21 @@ Status FaultTransport::SendMessage(PeerId peer, std::string payload) {
   return Status::Ok();
 }
 
+Status FaultTransport::SendUrgentMessage(PeerId peer, std::string payload) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(OpenPeerLocked(peer).status());
+    if (drop_urgent_) {
+      ++counters_.urgent_dropped;
+      return Status::Ok();
+    }
+  }
+  RETURN_IF_ERROR(inner_->SendUrgentMessage(peer, std::move(payload)));
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counters_.urgent_forwarded;
+  return Status::Ok();
+}
+
 void FaultTransport::Disconnect(PeerId peer) {
   std::lock_guard<std::mutex> forward_lock(forward_mu_);
   {
@@ -303,6 +318,11 @@ void FaultTransport::VanishPeer(PeerId peer) {
   for (Item& item : it->second.queue) counters_.batches_vanished += item.is_batch ? 1 : 0;
   FailQueueLocked(it->second, why);
   cv_.notify_all();
+}
+
+void FaultTransport::DropUrgentMessages(bool drop) {
+  std::lock_guard<std::mutex> lock(mu_);
+  drop_urgent_ = drop;
 }
 
 FaultCounters FaultTransport::counters() const {

@@ -45,6 +45,8 @@ struct FaultCounters {
   uint64_t batches_vanished = 0;    // completed with a VanishPeer status
   uint64_t messages_forwarded = 0;  // handed to the inner transport
   uint64_t messages_dropped = 0;    // by DropMessages, or queued to a peer that died
+  uint64_t urgent_forwarded = 0;    // SendUrgentMessage handed to the inner transport
+  uint64_t urgent_dropped = 0;      // by DropUrgentMessages
   uint64_t peers_vanished = 0;
 };
 
@@ -71,6 +73,9 @@ class FaultTransport final : public Transport {
   Result<DataPath> PathTo(PeerId peer) const override;
   Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override;
   Status SendMessage(PeerId peer, std::string payload) override;
+  // Never queued behind held or delayed batches (heartbeats must flow while a
+  // transfer stalls); dropped only by DropUrgentMessages.
+  Status SendUrgentMessage(PeerId peer, std::string payload) override;
   void Disconnect(PeerId peer) override;
 
   // --- Controls ---
@@ -86,8 +91,11 @@ class FaultTransport final : public Transport {
   void ReleaseHeldWrites();
   // Number of batches held right now.
   size_t HeldBatches() const;
-  // Messages are accepted (OK) and discarded.
+  // Ordered messages (SendMessage) are accepted (OK) and discarded.
   void DropMessages(bool drop);
+  // Urgent messages (heartbeats) are accepted (OK) and discarded: the peer
+  // looks unresponsive while its data path still works.
+  void DropUrgentMessages(bool drop);
   // Treats `peer` as dead: the failure handler is called once with
   // Unavailable naming it; queued batches complete with that Status, batches
   // already in the inner transport complete with it when the inner finishes
@@ -141,6 +149,7 @@ class FaultTransport final : public Transport {
   std::chrono::milliseconds delay_{0};       // guarded by mu_
   bool hold_ = false;                        // guarded by mu_
   bool drop_messages_ = false;               // guarded by mu_
+  bool drop_urgent_ = false;                 // guarded by mu_
   FaultCounters counters_;                   // guarded by mu_
   std::deque<Task> tasks_;                   // guarded by mu_: run by the worker
   bool stopping_ = false;                    // guarded by mu_

@@ -313,6 +313,28 @@ TEST(FaultTransportTest, HeldBatchBlocksLaterMessagesToItsPeerOnly) {
   EXPECT_EQ(h.f->counters().batches_forwarded, 2u);
 }
 
+TEST(FaultTransportTest, UrgentMessagesFlowWhileWritesAreHeld) {
+  Harness h;
+  h.f->HoldWrites();
+  Completions done;
+  ASSERT_TRUE(h.f->PostWrites(h.peer, {h.Op(0, 64)}, done.Callback()).ok());
+  ASSERT_TRUE(h.f->SendMessage(h.peer, "ordered").ok());
+  ASSERT_TRUE(h.f->SendUrgentMessage(h.peer, "beat").ok());
+  auto got = h.inbox.WaitFor("beat");
+  ASSERT_EQ(got.size(), 1u);  // "ordered" still waits behind the held batch
+  EXPECT_FALSE(got[0].second);
+  h.f->DropUrgentMessages(true);
+  ASSERT_TRUE(h.f->SendUrgentMessage(h.peer, "lost beat").ok());
+  h.f->ReleaseHeldWrites();
+  got = h.inbox.WaitFor("ordered");
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(got[1].second);
+  EXPECT_EQ(h.f->counters().urgent_forwarded, 1u);
+  EXPECT_EQ(h.f->counters().urgent_dropped, 1u);
+  h.f->VanishPeer(h.peer);
+  EXPECT_EQ(h.f->SendUrgentMessage(h.peer, "x").code(), StatusCode::kUnavailable);
+}
+
 TEST(FaultTransportTest, VanishFailsHeldBatchesOnceAndLaterCalls) {
   Harness h;
   h.f->HoldWrites();

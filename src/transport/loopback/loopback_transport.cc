@@ -211,10 +211,11 @@ struct Endpoint {
     return Status::Ok();
   }
 
-  void DeliverMessage(const std::shared_ptr<Peer>& peer, std::string payload) {
-    if (!PeerGate(*peer).ok()) return;  // a message to a failed or closed peer is lost
-    Endpoint* target = peer->target.get();
-    bool queued = !target->gone && target->Enqueue([target, payload = std::move(payload)] {
+  // Queues `payload` for the target's MessageHandler; false when the target
+  // is gone (the message is lost).
+  static bool DeliverToTarget(const Peer& peer, std::string payload) {
+    Endpoint* target = peer.target.get();
+    return !target->gone && target->Enqueue([target, payload = std::move(payload)] {
       MessageHandler handler;
       {
         std::lock_guard<std::mutex> lock(target->mu);
@@ -223,7 +224,11 @@ struct Endpoint {
       }
       if (handler) handler(payload);
     });
-    if (!queued) FailPeer(peer, GoneStatus(*peer));
+  }
+
+  void DeliverMessage(const std::shared_ptr<Peer>& peer, std::string payload) {
+    if (!PeerGate(*peer).ok()) return;  // a message to a failed or closed peer is lost
+    if (!DeliverToTarget(*peer, std::move(payload))) FailPeer(peer, GoneStatus(*peer));
   }
 };
 
@@ -329,6 +334,7 @@ class LoopbackTransport final : public Transport {
   Result<DataPath> PathTo(PeerId peer) const override;
   Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override;
   Status SendMessage(PeerId peer, std::string payload) override;
+  Status SendUrgentMessage(PeerId peer, std::string payload) override;
   void Disconnect(PeerId peer) override;
 
  private:
@@ -574,6 +580,17 @@ Status LoopbackTransport::SendMessage(PeerId peer_id, std::string payload) {
     ep->DeliverMessage(peer, std::move(payload));
   });
   if (!queued) return FailedPreconditionError("loopback '" + ep_->name + "' is shutting down");
+  return Status::Ok();
+}
+
+Status LoopbackTransport::SendUrgentMessage(PeerId peer_id, std::string payload) {
+  std::shared_ptr<Peer> peer;
+  {
+    std::lock_guard<std::mutex> lock(ep_->mu);
+    ASSIGN_OR_RETURN(peer, OpenPeerLocked(peer_id));
+  }
+  // Straight onto the target's queue: not behind our own pending batches.
+  ep_->DeliverToTarget(*peer, std::move(payload));
   return Status::Ok();
 }
 

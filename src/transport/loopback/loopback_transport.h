@@ -17,6 +17,8 @@
 //     pending batches to it complete with that same Status, later calls for
 //     that PeerId return Unavailable. No write lands in a destroyed
 //     transport's regions, or in a region after DeregisterMemory returned.
+//   - SendUrgentMessage skips the sender's queue: it reaches the target
+//     without waiting for earlier batches (and may overtake them).
 //   - Disconnect: pending batches complete with Aborted, queued messages are
 //     dropped, the PeerId becomes unknown (NotFound).
 //   - Destroying a transport completes its own pending batches with Aborted

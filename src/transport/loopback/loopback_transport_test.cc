@@ -381,6 +381,37 @@ TEST_F(LoopbackTest, MessagesArriveInOrderAfterEarlierWrites) {
   EXPECT_EQ(a_->SendMessage(4242, "x").code(), StatusCode::kNotFound);
 }
 
+TEST_F(LoopbackTest, UrgentMessageOvertakesPendingBatches) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> got;
+  b_->SetMessageHandler([&](std::string_view payload) {
+    std::lock_guard<std::mutex> lock(mu);
+    got.emplace_back(payload);
+    cv.notify_all();
+  });
+  auto gate = BlockSenderWorker();  // the batch and the ordered message wait
+  Completions done;
+  ASSERT_TRUE(a_->PostWrites(peer_, {Op(0, 0, 64)}, done.Callback()).ok());
+  ASSERT_TRUE(a_->SendMessage(peer_, "ordered").ok());
+  ASSERT_TRUE(a_->SendUrgentMessage(peer_, "beat").ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return !got.empty(); });
+    EXPECT_EQ(got, std::vector<std::string>{"beat"});
+  }
+  EXPECT_EQ(done.Count(), 0u);
+  gate->Open();
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return got.size() == 2; });
+    EXPECT_EQ(got[1], "ordered");
+  }
+  EXPECT_EQ(a_->SendUrgentMessage(999, "x").code(), StatusCode::kNotFound);
+  b_.reset();
+  EXPECT_EQ(a_->SendUrgentMessage(peer_, "x").code(), StatusCode::kUnavailable);
+}
+
 TEST_F(LoopbackTest, DestroyedPeerFailsPendingBatchesAndLaterCalls) {
   auto second = a_->Connect(b_->Address());  // a second PeerId to the same target
   ASSERT_TRUE(second.ok());
