@@ -60,10 +60,14 @@ Status CheckCompatible(const RankLayout& prefill, const RankLayout& decode);
 
 // The heads [first, first + count) of the model that tp rank `rank` of
 // `tp_size` holds. When tp_size > total_heads, heads are replicated: rank r
-// holds the single head r * total_heads / tp_size.
+// holds the single head r * total_heads / tp_size. Otherwise rank r holds
+// [r * total / tp, (r + 1) * total / tp): sglang's equal split when tp
+// divides total, a balanced split when not. {0, 0} for out-of-range input.
 struct HeadRange {
   int first = 0;
   int count = 0;
+
+  friend bool operator==(const HeadRange&, const HeadRange&) = default;
 };
 HeadRange HeadsOfRank(int total_heads, int tp_size, int rank);
 
@@ -76,6 +80,8 @@ struct HeadSlice {
   int src_head = 0;
   int dst_head = 0;
   int num_heads = 0;
+
+  friend bool operator==(const HeadSlice&, const HeadSlice&) = default;
 };
 
 // Every flow between a prefill instance of `prefill_tp` ranks and a decode
@@ -114,17 +120,25 @@ struct CopyRun {
 // pages on both sides; otherwise each (page, token) gives one run of
 // num_heads * head_bytes (consecutive tokens still coalesce when contiguous on
 // both sides). Errors: InvalidArgument when the lists differ in length or an
-// index is negative or past the buffer (naming the index and the bound);
-// FailedPrecondition when the layouts are incompatible.
+// index is negative or past the buffer (naming the index and the bound), or
+// when `slice` is not for these two ranks (tp_rank), its heads are out of
+// range, or it would put a model head under another model head;
+// FailedPrecondition when the layouts are incompatible. Duplicate pages are
+// not rejected here: the caller checks them once per request with
+// CheckPageIndices(..., unique=true).
 Result<std::vector<CopyRun>> PlanKvPages(const RankLayout& prefill, const RankLayout& decode,
                                          const HeadSlice& slice, std::span<const int32_t> src_pages,
                                          std::span<const int32_t> dst_pages);
 
-// Aux: row `src_index` of every aux buffer to row `dst_index`.
+// Aux: row `src_index` of every aux buffer to row `dst_index`. InvalidArgument
+// for an index outside either side's rows; no runs (and no index check) when
+// the model has no aux buffers.
 Result<std::vector<CopyRun>> PlanAux(const RankLayout& prefill, const RankLayout& decode,
                                      int64_t src_index, int64_t dst_index);
 
-// State: slot src_slots[i] of every state buffer to dst_slots[i].
+// State: slot src_slots[i] of every state buffer to dst_slots[i], consecutive
+// slots coalesced. InvalidArgument for lists of different lengths or a slot
+// outside either side's slots; no runs when the model has no state buffers.
 Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayout& decode,
                                        std::span<const int32_t> src_slots,
                                        std::span<const int32_t> dst_slots);

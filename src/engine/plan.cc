@@ -1,0 +1,244 @@
+// Layout checks, head ownership and TP flows. Copy-run planning is in
+// plan_runs.cc.
+//
+// These functions are pure and do not log: the caller (the connector) knows
+// the room and the peer, logs the error once with that context, and passes
+// the Status up.
+#include "engine/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+namespace kvbridge::internal {
+namespace {
+
+int NumLayers(const RankLayout& l) { return l.end_layer - l.start_layer; }
+
+Status CheckBuffers(const std::vector<BufferSpan>& buffers, const char* what) {
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const BufferSpan& b = buffers[i];
+    if (b.item_len == 0) return FailedPreconditionError(fmt::format("{}[{}] item_len 0", what, i));
+    if (b.length < b.item_len) {
+      return FailedPreconditionError(fmt::format(
+          "{}[{}] length {} shorter than one item of {} bytes", what, i, b.length, b.item_len));
+    }
+  }
+  return Status::Ok();
+}
+
+// Buffers of one class must agree item by item: the receiver lays rows and
+// slots out exactly as the sender does.
+Status CheckSameItems(const std::vector<BufferSpan>& p, const std::vector<BufferSpan>& d,
+                      const char* what) {
+  if (p.size() != d.size()) {
+    return FailedPreconditionError(
+        fmt::format("{} buffer count mismatch: prefill {}, decode {}", what, p.size(), d.size()));
+  }
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i].item_len != d[i].item_len) {
+      return FailedPreconditionError(fmt::format("{}[{}] item_len mismatch: prefill {}, decode {}",
+                                                 what, i, p[i].item_len, d[i].item_len));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckLayout(const RankLayout& l) {
+  if (l.page_size < 1) return FailedPreconditionError(fmt::format("page_size {} < 1", l.page_size));
+  if (l.tp_size < 1) return FailedPreconditionError(fmt::format("tp_size {} < 1", l.tp_size));
+  if (l.tp_rank < 0 || l.tp_rank >= l.tp_size) {
+    return FailedPreconditionError(
+        fmt::format("tp_rank {} out of range [0, {})", l.tp_rank, l.tp_size));
+  }
+  if (l.total_kv_heads < 1) {
+    return FailedPreconditionError(fmt::format("total_kv_heads {} < 1", l.total_kv_heads));
+  }
+  if (l.start_layer < 0) {
+    return FailedPreconditionError(fmt::format("start_layer {} < 0", l.start_layer));
+  }
+  if (l.end_layer <= l.start_layer) {
+    return FailedPreconditionError(fmt::format("layer range [{}, {}) is empty: end_layer {} <= {}",
+                                               l.start_layer, l.end_layer, l.end_layer,
+                                               l.start_layer));
+  }
+  const int expected_heads =
+      l.is_mla ? 1 : HeadsOfRank(l.total_kv_heads, l.tp_size, l.tp_rank).count;
+  if (l.kv_heads != expected_heads) {
+    return FailedPreconditionError(
+        l.is_mla ? fmt::format("kv_heads {} for MLA, expected 1", l.kv_heads)
+                 : fmt::format("kv_heads {} for tp rank {} of {} with {} total kv heads, "
+                               "expected {}",
+                               l.kv_heads, l.tp_rank, l.tp_size, l.total_kv_heads, expected_heads));
+  }
+  const size_t expected_buffers = static_cast<size_t>(NumLayers(l)) * (l.is_mla ? 1 : 2);
+  if (l.kv.size() != expected_buffers) {
+    return FailedPreconditionError(fmt::format(
+        "kv buffer count {} for {} layers [{}, {}) ({}), expected {}", l.kv.size(), NumLayers(l),
+        l.start_layer, l.end_layer, l.is_mla ? "MLA" : "MHA K and V", expected_buffers));
+  }
+  RETURN_IF_ERROR(CheckBuffers(l.kv, "kv"));
+  const uint64_t per_page = static_cast<uint64_t>(l.page_size) * static_cast<uint64_t>(l.kv_heads);
+  for (size_t i = 0; i < l.kv.size(); ++i) {
+    if (l.kv[i].item_len % per_page != 0) {
+      return FailedPreconditionError(
+          fmt::format("kv[{}] item_len {} not divisible by page_size {} * kv_heads {}", i,
+                      l.kv[i].item_len, l.page_size, l.kv_heads));
+    }
+  }
+  RETURN_IF_ERROR(CheckBuffers(l.aux, "aux"));
+  RETURN_IF_ERROR(CheckBuffers(l.state, "state"));
+  return Status::Ok();
+}
+
+Status CheckCompatible(const RankLayout& prefill, const RankLayout& decode) {
+  RETURN_IF_ERROR(CheckLayout(prefill).WithContext("prefill layout"));
+  RETURN_IF_ERROR(CheckLayout(decode).WithContext("decode layout"));
+  auto mismatch = [](const char* what, const auto& p, const auto& d) {
+    return FailedPreconditionError(fmt::format("{} mismatch: prefill {}, decode {}", what, p, d));
+  };
+  if (prefill.is_mla != decode.is_mla) return mismatch("is_mla", prefill.is_mla, decode.is_mla);
+  if (prefill.page_size != decode.page_size) {
+    return mismatch("page size", prefill.page_size, decode.page_size);
+  }
+  if (prefill.dtype != decode.dtype) {
+    return mismatch("dtype", fmt::format("'{}'", prefill.dtype), fmt::format("'{}'", decode.dtype));
+  }
+  if (prefill.total_kv_heads != decode.total_kv_heads) {
+    return mismatch("total kv heads", prefill.total_kv_heads, decode.total_kv_heads);
+  }
+  if (prefill.start_layer < decode.start_layer || prefill.end_layer > decode.end_layer) {
+    return mismatch("layer range", fmt::format("[{}, {})", prefill.start_layer, prefill.end_layer),
+                    fmt::format("[{}, {}) (decode must hold every prefill layer)",
+                                decode.start_layer, decode.end_layer));
+  }
+  // Bytes per head per token, compared for every buffer prefill sends.
+  const int np = NumLayers(prefill);
+  const int nd = NumLayers(decode);
+  const int offset = prefill.start_layer - decode.start_layer;
+  const int halves = prefill.is_mla ? 1 : 2;
+  for (int half = 0; half < halves; ++half) {
+    for (int i = 0; i < np; ++i) {
+      const BufferSpan& p = prefill.kv[half * np + i];
+      const BufferSpan& d = decode.kv[half * nd + i + offset];
+      const uint64_t p_bytes = p.item_len / (uint64_t(prefill.page_size) * prefill.kv_heads);
+      const uint64_t d_bytes = d.item_len / (uint64_t(decode.page_size) * decode.kv_heads);
+      if (p_bytes != d_bytes) {
+        const char* kind = prefill.is_mla ? "" : (half == 0 ? " (K)" : " (V)");
+        return FailedPreconditionError(
+            fmt::format("bytes per head per token mismatch for layer {}{}: prefill {}, decode {}",
+                        prefill.start_layer + i, kind, p_bytes, d_bytes));
+      }
+    }
+  }
+  RETURN_IF_ERROR(CheckSameItems(prefill.aux, decode.aux, "aux"));
+  RETURN_IF_ERROR(CheckSameItems(prefill.state, decode.state, "state"));
+  return Status::Ok();
+}
+
+HeadRange HeadsOfRank(int total_heads, int tp_size, int rank) {
+  if (total_heads < 1 || tp_size < 1 || rank < 0 || rank >= tp_size) return {};
+  // 64-bit products: rank * total_heads cannot overflow for any int inputs.
+  const int64_t t = total_heads;
+  const int first = static_cast<int>(rank * t / tp_size);
+  if (tp_size >= total_heads) return {first, 1};  // replicated (or exactly one each)
+  // sglang requires total_heads % tp_size == 0 here; the balanced split is
+  // the same in that case and stays well defined otherwise.
+  const int end = static_cast<int>((rank + 1) * t / tp_size);
+  return {first, end - first};
+}
+
+Result<std::vector<HeadSlice>> ComputeFlows(int prefill_tp, int decode_tp, int total_heads,
+                                            bool is_mla) {
+  if (prefill_tp < 1 || decode_tp < 1 || total_heads < 1) {
+    return InvalidArgumentError(
+        fmt::format("bad flow shape: prefill_tp {}, decode_tp {}, total_heads {} (each must be "
+                    ">= 1)",
+                    prefill_tp, decode_tp, total_heads));
+  }
+  std::vector<HeadSlice> flows;
+  if (is_mla) {
+    flows.reserve(decode_tp);
+    for (int d = 0; d < decode_tp; ++d) flows.push_back({d % prefill_tp, d, 0, 0, 1});
+    return flows;
+  }
+  // owners[h]: the prefill ranks holding global head h, ascending.
+  std::vector<std::vector<int>> owners(total_heads);
+  std::vector<HeadRange> prefill_heads(prefill_tp);
+  for (int p = 0; p < prefill_tp; ++p) {
+    prefill_heads[p] = HeadsOfRank(total_heads, prefill_tp, p);
+    for (int k = 0; k < prefill_heads[p].count; ++k)
+      owners[prefill_heads[p].first + k].push_back(p);
+  }
+  for (int d = 0; d < decode_tp; ++d) {
+    const HeadRange mine = HeadsOfRank(total_heads, decode_tp, d);
+    for (int k = 0; k < mine.count; ++k) {
+      const int head = mine.first + k;
+      const std::vector<int>& candidates = owners[head];
+      const int p = candidates[d % candidates.size()];
+      const int src = head - prefill_heads[p].first;
+      HeadSlice* last = flows.empty() ? nullptr : &flows.back();
+      if (last != nullptr && last->decode_rank == d && last->prefill_rank == p &&
+          last->src_head + last->num_heads == src && last->dst_head + last->num_heads == k) {
+        ++last->num_heads;
+      } else {
+        flows.push_back({p, d, src, k, 1});
+      }
+    }
+  }
+  return flows;
+}
+
+std::vector<HeadSlice> FlowsToDecode(std::span<const HeadSlice> flows, int decode_rank) {
+  std::vector<HeadSlice> out;
+  for (const HeadSlice& f : flows) {
+    if (f.decode_rank == decode_rank) out.push_back(f);
+  }
+  return out;
+}
+
+std::vector<HeadSlice> FlowsFromPrefill(std::span<const HeadSlice> flows, int prefill_rank) {
+  std::vector<HeadSlice> out;
+  for (const HeadSlice& f : flows) {
+    if (f.prefill_rank == prefill_rank) out.push_back(f);
+  }
+  return out;
+}
+
+Status CheckPageIndices(const RankLayout& layout, std::span<const int32_t> pages, bool unique) {
+  uint64_t bound = layout.kv.empty() ? 0 : UINT64_MAX;
+  for (const BufferSpan& b : layout.kv) {
+    bound = std::min(bound, b.item_len == 0 ? 0 : b.length / b.item_len);
+  }
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (pages[i] < 0 || static_cast<uint64_t>(pages[i]) >= bound) {
+      return InvalidArgumentError(
+          fmt::format("page index {} at position {} out of range [0, {})", pages[i], i, bound));
+    }
+  }
+  if (!unique || pages.size() < 2) return Status::Ok();
+  // Sort (value, position) so the error names the earliest repeated position,
+  // whatever the value.
+  std::vector<std::pair<int32_t, size_t>> sorted(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) sorted[i] = {pages[i], i};
+  std::sort(sorted.begin(), sorted.end());
+  size_t bad = pages.size();
+  size_t first_of_bad = 0;
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i].first == sorted[i - 1].first && sorted[i].second < bad) {
+      bad = sorted[i].second;
+      // The first occurrence is the smallest position of this value.
+      size_t j = i - 1;
+      while (j > 0 && sorted[j - 1].first == sorted[i].first) --j;
+      first_of_bad = sorted[j].second;
+    }
+  }
+  if (bad == pages.size()) return Status::Ok();
+  return InvalidArgumentError(fmt::format("duplicate page index {} at position {} (first at {})",
+                                          pages[bad], bad, first_of_bad));
+}
+
+}  // namespace kvbridge::internal

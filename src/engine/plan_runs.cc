@@ -1,0 +1,180 @@
+// Copy-run planning: page lists (and aux rows, state slots) to CopyRuns.
+//
+// The point is the number of runs: every run becomes one transport write, and
+// one write per (layer, page, head) is what makes today's connectors slow.
+// Runs are emitted in order and each is merged into the previous one whenever
+// both sides continue exactly where it ended, so consecutive pages (and, for
+// head slices, consecutive tokens) collapse without a separate pass.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "engine/plan.h"
+
+namespace kvbridge::internal {
+namespace {
+
+// Appends `run`, extending the previous run instead when `run` continues it
+// on both sides.
+void Append(std::vector<CopyRun>& runs, const CopyRun& run) {
+  if (!runs.empty()) {
+    CopyRun& last = runs.back();
+    if (last.cls == run.cls && last.src_buffer == run.src_buffer &&
+        last.dst_buffer == run.dst_buffer && last.src_offset + last.length == run.src_offset &&
+        last.dst_offset + last.length == run.dst_offset) {
+      last.length += run.length;
+      return;
+    }
+  }
+  runs.push_back(run);
+}
+
+// Items every buffer of `buffers` can hold (0 when there are none).
+uint64_t ItemCapacity(const std::vector<BufferSpan>& buffers) {
+  uint64_t bound = buffers.empty() ? 0 : UINT64_MAX;
+  for (const BufferSpan& b : buffers) bound = std::min(bound, b.length / b.item_len);
+  return bound;
+}
+
+// `position` < 0: a single index, not an element of a list.
+Status CheckIndex(int64_t index, uint64_t bound, const char* what, int64_t position = -1) {
+  if (index >= 0 && static_cast<uint64_t>(index) < bound) return Status::Ok();
+  if (position < 0) {
+    return InvalidArgumentError(fmt::format("{} {} out of range [0, {})", what, index, bound));
+  }
+  return InvalidArgumentError(
+      fmt::format("{} {} at position {} out of range [0, {})", what, index, position, bound));
+}
+
+Status CheckSlice(const RankLayout& prefill, const RankLayout& decode, const HeadSlice& s) {
+  if (s.prefill_rank != prefill.tp_rank || s.decode_rank != decode.tp_rank) {
+    return InvalidArgumentError(fmt::format(
+        "slice is for prefill rank {} -> decode rank {}, layouts are prefill rank {} -> decode "
+        "rank {}",
+        s.prefill_rank, s.decode_rank, prefill.tp_rank, decode.tp_rank));
+  }
+  if (s.num_heads < 1) {
+    return InvalidArgumentError(fmt::format("slice num_heads {} < 1", s.num_heads));
+  }
+  if (s.src_head < 0 || s.src_head + s.num_heads > prefill.kv_heads) {
+    return InvalidArgumentError(fmt::format("slice source heads [{}, {}) out of range [0, {})",
+                                            s.src_head, s.src_head + s.num_heads,
+                                            prefill.kv_heads));
+  }
+  if (s.dst_head < 0 || s.dst_head + s.num_heads > decode.kv_heads) {
+    return InvalidArgumentError(fmt::format("slice destination heads [{}, {}) out of range [0, {})",
+                                            s.dst_head, s.dst_head + s.num_heads, decode.kv_heads));
+  }
+  if (prefill.is_mla) return Status::Ok();  // one replicated "head", checked above
+  // A slice that is in range but shifted would silently put head h's cache
+  // under head h'; decode would then produce gibberish, not an error.
+  const int src_global =
+      HeadsOfRank(prefill.total_kv_heads, prefill.tp_size, prefill.tp_rank).first + s.src_head;
+  const int dst_global =
+      HeadsOfRank(decode.total_kv_heads, decode.tp_size, decode.tp_rank).first + s.dst_head;
+  if (src_global != dst_global) {
+    return InvalidArgumentError(fmt::format(
+        "slice maps model head {} of prefill to model head {} of decode", src_global, dst_global));
+  }
+  return Status::Ok();
+}
+
+Status CheckSameLength(size_t src, size_t dst, const char* what) {
+  if (src == dst) return Status::Ok();
+  return InvalidArgumentError(
+      fmt::format("{} list length mismatch: source {}, destination {}", what, src, dst));
+}
+
+}  // namespace
+
+Result<std::vector<CopyRun>> PlanKvPages(const RankLayout& prefill, const RankLayout& decode,
+                                         const HeadSlice& slice, std::span<const int32_t> src_pages,
+                                         std::span<const int32_t> dst_pages) {
+  RETURN_IF_ERROR(CheckCompatible(prefill, decode));
+  RETURN_IF_ERROR(CheckSameLength(src_pages.size(), dst_pages.size(), "page"));
+  RETURN_IF_ERROR(CheckSlice(prefill, decode, slice));
+  RETURN_IF_ERROR(CheckPageIndices(prefill, src_pages, /*unique=*/false).WithContext("source"));
+  RETURN_IF_ERROR(CheckPageIndices(decode, dst_pages, /*unique=*/false).WithContext("destination"));
+
+  const int np = prefill.end_layer - prefill.start_layer;
+  const int nd = decode.end_layer - decode.start_layer;
+  const int layer_offset = prefill.start_layer - decode.start_layer;
+  const int halves = prefill.is_mla ? 1 : 2;
+  const uint64_t page_size = static_cast<uint64_t>(prefill.page_size);
+  const uint64_t src_heads = static_cast<uint64_t>(prefill.kv_heads);
+  const uint64_t dst_heads = static_cast<uint64_t>(decode.kv_heads);
+  const uint64_t n = static_cast<uint64_t>(slice.num_heads);
+  // Whole pages on both sides: a page is one contiguous block on each side.
+  const bool whole = n == src_heads && n == dst_heads;
+
+  std::vector<CopyRun> runs;
+  for (int half = 0; half < halves; ++half) {
+    for (int i = 0; i < np; ++i) {
+      const uint32_t sb = static_cast<uint32_t>(half * np + i);
+      const uint32_t db = static_cast<uint32_t>(half * nd + i + layer_offset);
+      const uint64_t src_item = prefill.kv[sb].item_len;
+      const uint64_t dst_item = decode.kv[db].item_len;
+      const uint64_t head_bytes = src_item / (page_size * src_heads);
+      for (size_t k = 0; k < src_pages.size(); ++k) {
+        const uint64_t src_page = static_cast<uint64_t>(src_pages[k]) * src_item;
+        const uint64_t dst_page = static_cast<uint64_t>(dst_pages[k]) * dst_item;
+        if (whole) {
+          Append(runs, {BufferClass::kKv, sb, src_page, db, dst_page, src_item});
+          continue;
+        }
+        for (uint64_t t = 0; t < page_size; ++t) {
+          const uint64_t src_off = src_page + (t * src_heads + slice.src_head) * head_bytes;
+          const uint64_t dst_off = dst_page + (t * dst_heads + slice.dst_head) * head_bytes;
+          Append(runs, {BufferClass::kKv, sb, src_off, db, dst_off, n * head_bytes});
+        }
+      }
+    }
+  }
+  return runs;
+}
+
+Result<std::vector<CopyRun>> PlanAux(const RankLayout& prefill, const RankLayout& decode,
+                                     int64_t src_index, int64_t dst_index) {
+  RETURN_IF_ERROR(CheckCompatible(prefill, decode));
+  std::vector<CopyRun> runs;
+  // A model without aux buffers has nothing to send; the index is moot.
+  if (prefill.aux.empty()) return runs;
+  RETURN_IF_ERROR(CheckIndex(src_index, ItemCapacity(prefill.aux), "source aux index"));
+  RETURN_IF_ERROR(CheckIndex(dst_index, ItemCapacity(decode.aux), "destination aux index"));
+  runs.reserve(prefill.aux.size());
+  for (size_t b = 0; b < prefill.aux.size(); ++b) {
+    const uint64_t item = prefill.aux[b].item_len;
+    runs.push_back({BufferClass::kAux, static_cast<uint32_t>(b),
+                    static_cast<uint64_t>(src_index) * item, static_cast<uint32_t>(b),
+                    static_cast<uint64_t>(dst_index) * item, item});
+  }
+  return runs;
+}
+
+Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayout& decode,
+                                       std::span<const int32_t> src_slots,
+                                       std::span<const int32_t> dst_slots) {
+  RETURN_IF_ERROR(CheckCompatible(prefill, decode));
+  RETURN_IF_ERROR(CheckSameLength(src_slots.size(), dst_slots.size(), "state slot"));
+  std::vector<CopyRun> runs;
+  // A model without state buffers (not hybrid) has nothing to send.
+  if (prefill.state.empty()) return runs;
+  const uint64_t src_bound = ItemCapacity(prefill.state);
+  const uint64_t dst_bound = ItemCapacity(decode.state);
+  for (size_t i = 0; i < src_slots.size(); ++i) {
+    const auto pos = static_cast<int64_t>(i);
+    RETURN_IF_ERROR(CheckIndex(src_slots[i], src_bound, "source state slot", pos));
+    RETURN_IF_ERROR(CheckIndex(dst_slots[i], dst_bound, "destination state slot", pos));
+  }
+  for (size_t b = 0; b < prefill.state.size(); ++b) {
+    const uint64_t item = prefill.state[b].item_len;
+    for (size_t i = 0; i < src_slots.size(); ++i) {
+      Append(runs, {BufferClass::kState, static_cast<uint32_t>(b),
+                    static_cast<uint64_t>(src_slots[i]) * item, static_cast<uint32_t>(b),
+                    static_cast<uint64_t>(dst_slots[i]) * item, item});
+    }
+  }
+  return runs;
+}
+
+}  // namespace kvbridge::internal
