@@ -343,6 +343,33 @@ TEST_P(TransportTest, PeerKilledDuringWritesFailsEveryPendingBatchWithUnavailabl
   EXPECT_EQ(transport_->SendMessage(peer_id_, "x").code(), StatusCode::kUnavailable);
 }
 
+TEST_P(TransportTest, DisconnectCompletesPendingBatchesWithAborted) {
+  ImportPeerRegion();
+  // A second import of the same key reuses the cached one.
+  auto again = transport_->ImportRegion(peer_id_, peer_rkey_);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, remote_);
+  std::mt19937_64 rng(11);
+  Completions done;
+  constexpr uint64_t kBatch = 16 * kMiB;
+  for (uint64_t off = 0; off < 8 * kBatch; off += kBatch) {
+    ASSERT_TRUE(
+        transport_->PostWrites(peer_id_, MixedOps(off, off + kBatch, rng), done.Callback()).ok());
+  }
+  transport_->Disconnect(peer_id_);
+  ASSERT_TRUE(done.WaitPendingAtMost(0, Clock::now() + 10s));
+  size_t aborted = 0;
+  for (const Status& st : done.statuses()) {
+    if (st.ok()) continue;
+    EXPECT_EQ(st.code(), StatusCode::kAborted) << st.ToString();
+    ++aborted;
+  }
+  EXPECT_GE(aborted, 1u);
+  EXPECT_EQ(transport_->PostWrites(peer_id_, {}, nullptr).code(), StatusCode::kNotFound);
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  EXPECT_TRUE(failures_.empty());
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, TransportTest, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 

@@ -209,7 +209,11 @@ void UcxTransport::FinishPart(Batch* batch) {
   std::unique_ptr<Batch> owned = std::move(it->second);
   peer->inflight.erase(it);
   --active_batches_;
-  Status st = peer->dead ? peer->terminal : owned->error;
+  Status st = owned->error;
+  if (peer->dead) {
+    std::lock_guard<std::mutex> lock(mu_);  // Disconnect sets `terminal` on a user thread
+    st = peer->terminal;
+  }
   if (!st.ok())
     KVB_LOG_DEBUG("ucx transport {}: batch to {}: {}", options_.name, peer->name, st.ToString());
   if (owned->done) owned->done(st);

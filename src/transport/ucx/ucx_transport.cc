@@ -415,6 +415,13 @@ Result<RemoteRegionId> UcxTransport::ImportRegion(PeerId peer_id, std::string_vi
     peer = FindPeerLocked(peer_id);
     if (!peer) return NotFoundError("ImportRegion: unknown peer " + std::to_string(peer_id));
     if (peer->dead) return UnavailableError(peer->terminal.message());
+    // One import (one unpacked rkey) per (endpoint, region): reuse it.
+    for (const auto& [id, r] : peer->regions) {
+      if (r->blob.region_id == blob.region_id && r->blob.base == blob.base &&
+          r->blob.length == blob.length && r->blob.owner.pid == blob.owner.pid) {
+        return id;
+      }
+    }
   }
   if (blob.owner.pid != peer->host.pid || blob.owner.host != peer->host.host ||
       blob.owner.boot_id != peer->host.boot_id) {
