@@ -166,14 +166,13 @@ std::string FailureRecord::Message() const {
   std::string verb(CauseVerb(*this));
   std::string what = detail.empty() ? verb : fmt::format("{} ({})", verb, detail);
   std::string ago;
-  if (last_sign_of_life.time_since_epoch().count() != 0 &&
+  const bool self_detected = detected_by.SameRank(origin) && detected_by.pid == origin.pid;
+  if (!self_detected && last_sign_of_life.time_since_epoch().count() != 0 &&
       detected_at.time_since_epoch().count() != 0) {
     double s = std::chrono::duration<double>(detected_at - last_sign_of_life).count();
     ago = fmt::format(" (last sign of life {:.1f} s before detection)", std::max(0.0, s));
   }
-  std::string by = detected_by.SameRank(origin) && detected_by.pid == origin.pid
-                       ? std::string("itself")
-                       : detected_by.ShortName();
+  std::string by = self_detected ? std::string("itself") : detected_by.ShortName();
   return fmt::format("room {}: {} {}{} during {}; detected by {} via {}; {}.", room, who, what, ago,
                      PhaseName(phase), by, mechanism.empty() ? "unknown" : mechanism,
                      hint.empty() ? std::string(FailureHint(cause)) : hint);
