@@ -1,0 +1,99 @@
+#include "control/json_fields.h"
+
+#include <limits>
+
+namespace kvbridge::internal {
+
+std::string DumpJson(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+Status JsonFields::Error(std::string_view message) const {
+  return InvalidArgumentError(what_ + ": " + std::string(message));
+}
+
+Status JsonFields::RequireObject() const {
+  if (j_.is_object()) return Status::Ok();
+  return Error(std::string("expected a JSON object, got ") + j_.type_name());
+}
+
+Result<const nlohmann::json*> JsonFields::Get(const char* name) const {
+  RETURN_IF_ERROR(RequireObject());
+  auto it = j_.find(name);
+  if (it == j_.end()) return Error(std::string("missing field '") + name + "'");
+  return &*it;
+}
+
+Status JsonFields::WrongType(const char* name, std::string_view want,
+                             const nlohmann::json& v) const {
+  return Error(std::string("field '") + name + "' must be " + std::string(want) + ", got " +
+               v.type_name());
+}
+
+Status JsonFields::Int(const char* name, int64_t min, int64_t max, int64_t* out) const {
+  ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
+  if (!v->is_number_integer()) return WrongType(name, "an integer", *v);
+  bool in_range;
+  int64_t value = 0;
+  if (v->is_number_unsigned()) {
+    uint64_t u = v->get<uint64_t>();
+    in_range = u <= static_cast<uint64_t>(max);
+    value = in_range ? static_cast<int64_t>(u) : max;
+  } else {
+    value = v->get<int64_t>();
+    in_range = value >= min && value <= max;
+  }
+  if (!in_range) {
+    return Error(std::string("field '") + name + "' = " + DumpJson(*v) + " out of range [" +
+                 std::to_string(min) + ", " + std::to_string(max) + "]");
+  }
+  *out = value;
+  return Status::Ok();
+}
+
+Status JsonFields::Int(const char* name, int min, int max, int* out) const {
+  int64_t v = 0;
+  RETURN_IF_ERROR(Int(name, int64_t{min}, int64_t{max}, &v));
+  *out = static_cast<int>(v);
+  return Status::Ok();
+}
+
+Status JsonFields::Uint64(const char* name, uint64_t* out) const {
+  ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
+  if (!v->is_number_integer()) return WrongType(name, "a non-negative integer", *v);
+  if (!v->is_number_unsigned() && v->get<int64_t>() < 0) {
+    return Error(std::string("field '") + name + "' = " + DumpJson(*v) + " must be >= 0");
+  }
+  *out = v->get<uint64_t>();
+  return Status::Ok();
+}
+
+Status JsonFields::String(const char* name, std::string* out) const {
+  ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
+  if (!v->is_string()) return WrongType(name, "a string", *v);
+  *out = v->get<std::string>();
+  return Status::Ok();
+}
+
+Status JsonFields::Bool(const char* name, bool* out) const {
+  ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
+  if (!v->is_boolean()) return WrongType(name, "a boolean", *v);
+  *out = v->get<bool>();
+  return Status::Ok();
+}
+
+Status JsonFields::Object(const char* name, nlohmann::json* out) const {
+  ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
+  if (!v->is_object()) return WrongType(name, "an object", *v);
+  *out = *v;
+  return Status::Ok();
+}
+
+Status JsonFields::Array(const char* name, const nlohmann::json** out) const {
+  ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
+  if (!v->is_array()) return WrongType(name, "an array", *v);
+  *out = v;
+  return Status::Ok();
+}
+
+}  // namespace kvbridge::internal

@@ -1,0 +1,267 @@
+// JSON forms of the registry's value types (registry.h).
+#include <algorithm>
+#include <cctype>
+#include <limits>
+
+#include "common/base64.h"
+#include "control/json_fields.h"
+#include "control/registry.h"
+
+namespace kvbridge::internal {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kMaxInt = std::numeric_limits<int>::max();
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+Status SizeAndRank(const char* size_name, int size, const char* rank_name, int rank) {
+  if (size < 1) {
+    return InvalidArgumentError(std::string("rank record: ") + size_name + " = " +
+                                std::to_string(size) + " must be >= 1");
+  }
+  if (rank < 0 || rank >= size) {
+    return InvalidArgumentError(std::string("rank record: ") + rank_name + " = " +
+                                std::to_string(rank) + " out of range [0, " + std::to_string(size) +
+                                ")");
+  }
+  return Status::Ok();
+}
+
+Status NonEmpty(const char* name, const std::string& value) {
+  if (!value.empty()) return Status::Ok();
+  return InvalidArgumentError(std::string("rank record: ") + name + " must not be empty");
+}
+
+}  // namespace
+
+std::string_view RankRoleName(RankRole role) {
+  return role == RankRole::kPrefill ? "prefill" : "decode";
+}
+
+Result<RankRole> ParseRankRole(std::string_view name) {
+  std::string lower = Lower(name);
+  if (lower == "prefill") return RankRole::kPrefill;
+  if (lower == "decode") return RankRole::kDecode;
+  return InvalidArgumentError("role '" + std::string(name) + "' is neither prefill nor decode");
+}
+
+std::string RankKey::ToString() const {
+  return "dp" + std::to_string(dp) + " cp" + std::to_string(cp) + " tp" + std::to_string(tp) +
+         " pp" + std::to_string(pp);
+}
+
+std::string RankRecord::Describe() const {
+  return std::string(RankRoleName(role)) + " " + key().ToString() + " (host " + host + ", pid " +
+         std::to_string(pid) + ", incarnation " + std::to_string(incarnation) + ")";
+}
+
+Status RankRecord::Validate() const {
+  RETURN_IF_ERROR(SizeAndRank("attn_tp_size", attn_tp_size, "attn_tp_rank", attn_tp_rank));
+  RETURN_IF_ERROR(SizeAndRank("attn_cp_size", attn_cp_size, "attn_cp_rank", attn_cp_rank));
+  RETURN_IF_ERROR(SizeAndRank("attn_dp_size", attn_dp_size, "attn_dp_rank", attn_dp_rank));
+  RETURN_IF_ERROR(SizeAndRank("pp_size", pp_size, "pp_rank", pp_rank));
+  int64_t ranks = int64_t{attn_tp_size} * attn_cp_size;
+  ranks = std::min<int64_t>(ranks, kMaxRanksPerInstance + 1) * attn_dp_size;
+  ranks = std::min<int64_t>(ranks, kMaxRanksPerInstance + 1) * pp_size;
+  if (ranks > kMaxRanksPerInstance) {
+    return InvalidArgumentError(
+        "rank record: attn_tp_size * attn_cp_size * attn_dp_size * pp_size"
+        " exceeds " +
+        std::to_string(kMaxRanksPerInstance) + " ranks");
+  }
+  RETURN_IF_ERROR(NonEmpty("rank_ip", rank_ip));
+  if (rank_port < 0 || rank_port > 65535) {
+    return InvalidArgumentError("rank record: rank_port = " + std::to_string(rank_port) +
+                                " out of range [0, 65535]");
+  }
+  if (page_size < 1) {
+    return InvalidArgumentError("rank record: page_size = " + std::to_string(page_size) +
+                                " must be >= 1");
+  }
+  RETURN_IF_ERROR(NonEmpty("kv_cache_dtype", kv_cache_dtype));
+  RETURN_IF_ERROR(NonEmpty("host", host));
+  if (pid <= 0) {
+    return InvalidArgumentError("rank record: pid = " + std::to_string(pid) + " must be > 0");
+  }
+  if (incarnation == 0) return InvalidArgumentError("rank record: incarnation must be non-zero");
+  if (!layout.is_object()) {
+    return InvalidArgumentError(std::string("rank record: layout must be an object, got ") +
+                                layout.type_name());
+  }
+  return Status::Ok();
+}
+
+json RankRecord::ToJson() const {
+  return json{{"role", RankRoleName(role)},
+              {"attn_tp_size", attn_tp_size},
+              {"attn_tp_rank", attn_tp_rank},
+              {"attn_cp_size", attn_cp_size},
+              {"attn_cp_rank", attn_cp_rank},
+              {"attn_dp_size", attn_dp_size},
+              {"attn_dp_rank", attn_dp_rank},
+              {"pp_size", pp_size},
+              {"pp_rank", pp_rank},
+              {"rank_ip", rank_ip},
+              {"rank_port", rank_port},
+              {"page_size", page_size},
+              {"kv_cache_dtype", kv_cache_dtype},
+              {"host", host},
+              {"pid", pid},
+              {"incarnation", incarnation},
+              {"transport_address", Base64Encode(transport_address)},
+              {"layout", layout}};
+}
+
+Result<RankRecord> RankRecord::FromJson(const json& j) {
+  JsonFields f(j, "rank record");
+  RankRecord r;
+  std::string role;
+  RETURN_IF_ERROR(f.String("role", &role));
+  Result<RankRole> parsed_role = ParseRankRole(role);
+  if (!parsed_role.ok()) return parsed_role.status().WithContext("rank record: field 'role'");
+  r.role = *parsed_role;
+  RETURN_IF_ERROR(f.Int("attn_tp_size", 1, kMaxInt, &r.attn_tp_size));
+  RETURN_IF_ERROR(f.Int("attn_tp_rank", 0, kMaxInt, &r.attn_tp_rank));
+  RETURN_IF_ERROR(f.Int("attn_cp_size", 1, kMaxInt, &r.attn_cp_size));
+  RETURN_IF_ERROR(f.Int("attn_cp_rank", 0, kMaxInt, &r.attn_cp_rank));
+  RETURN_IF_ERROR(f.Int("attn_dp_size", 1, kMaxInt, &r.attn_dp_size));
+  RETURN_IF_ERROR(f.Int("attn_dp_rank", 0, kMaxInt, &r.attn_dp_rank));
+  RETURN_IF_ERROR(f.Int("pp_size", 1, kMaxInt, &r.pp_size));
+  RETURN_IF_ERROR(f.Int("pp_rank", 0, kMaxInt, &r.pp_rank));
+  RETURN_IF_ERROR(f.String("rank_ip", &r.rank_ip));
+  RETURN_IF_ERROR(f.Int("rank_port", 0, 65535, &r.rank_port));
+  RETURN_IF_ERROR(f.Int("page_size", 1, kMaxInt, &r.page_size));
+  RETURN_IF_ERROR(f.String("kv_cache_dtype", &r.kv_cache_dtype));
+  RETURN_IF_ERROR(f.String("host", &r.host));
+  RETURN_IF_ERROR(f.Int("pid", int64_t{1}, std::numeric_limits<int64_t>::max(), &r.pid));
+  RETURN_IF_ERROR(f.Uint64("incarnation", &r.incarnation));
+  if (f.Has("transport_address")) {
+    std::string encoded;
+    RETURN_IF_ERROR(f.String("transport_address", &encoded));
+    Result<std::string> decoded = Base64Decode(encoded);
+    if (!decoded.ok()) {
+      return decoded.status().WithContext("rank record: field 'transport_address'");
+    }
+    r.transport_address = std::move(decoded).value();
+  }
+  if (f.Has("layout")) RETURN_IF_ERROR(f.Object("layout", &r.layout));
+  RETURN_IF_ERROR(r.Validate());
+  return r;
+}
+
+json ParallelInfo::ToJson() const {
+  return json{{"attn_tp_size", attn_tp_size},
+              {"attn_cp_size", attn_cp_size},
+              {"attn_dp_size", attn_dp_size},
+              {"pp_size", pp_size},
+              {"page_size", page_size},
+              {"kv_cache_dtype", kv_cache_dtype},
+              {"ranks_registered", ranks_registered},
+              {"ranks_expected", ranks_expected}};
+}
+
+Result<ParallelInfo> ParallelInfo::FromJson(const json& j) {
+  JsonFields f(j, "parallel info");
+  ParallelInfo p;
+  RETURN_IF_ERROR(f.Int("attn_tp_size", 1, kMaxInt, &p.attn_tp_size));
+  RETURN_IF_ERROR(f.Int("attn_cp_size", 1, kMaxInt, &p.attn_cp_size));
+  RETURN_IF_ERROR(f.Int("attn_dp_size", 1, kMaxInt, &p.attn_dp_size));
+  RETURN_IF_ERROR(f.Int("pp_size", 1, kMaxInt, &p.pp_size));
+  RETURN_IF_ERROR(f.Int("page_size", 1, kMaxInt, &p.page_size));
+  RETURN_IF_ERROR(f.String("kv_cache_dtype", &p.kv_cache_dtype));
+  RETURN_IF_ERROR(f.Int("ranks_registered", 0, kMaxInt, &p.ranks_registered));
+  RETURN_IF_ERROR(f.Int("ranks_expected", 1, kMaxInt, &p.ranks_expected));
+  return p;
+}
+
+std::string_view LivenessName(Liveness state) {
+  switch (state) {
+    case Liveness::kAlive:
+      return "alive";
+    case Liveness::kUnresponsive:
+      return "unresponsive";
+    case Liveness::kDead:
+      return "dead";
+  }
+  return "unknown";
+}
+
+Result<Liveness> ParseLiveness(std::string_view name) {
+  for (Liveness s : {Liveness::kAlive, Liveness::kUnresponsive, Liveness::kDead}) {
+    if (name == LivenessName(s)) return s;
+  }
+  return InvalidArgumentError("liveness state '" + std::string(name) + "' is unknown");
+}
+
+json RankStatus::ToJson() const {
+  return json{{"record", record.ToJson()},
+              {"age_ms", age.count()},
+              {"state", LivenessName(state)},
+              {"restarts", restarts},
+              {"dead_by_seq", dead_by_seq}};
+}
+
+Result<RankStatus> RankStatus::FromJson(const json& j) {
+  JsonFields f(j, "rank status");
+  RankStatus s;
+  json record;
+  RETURN_IF_ERROR(f.Object("record", &record));
+  ASSIGN_OR_RETURN(s.record, RankRecord::FromJson(record));
+  int64_t age_ms = 0;
+  RETURN_IF_ERROR(f.Int("age_ms", int64_t{0}, std::numeric_limits<int64_t>::max(), &age_ms));
+  s.age = std::chrono::milliseconds(age_ms);
+  std::string state;
+  RETURN_IF_ERROR(f.String("state", &state));
+  Result<Liveness> parsed = ParseLiveness(state);
+  if (!parsed.ok()) return parsed.status().WithContext("rank status: field 'state'");
+  s.state = *parsed;
+  RETURN_IF_ERROR(f.Uint64("restarts", &s.restarts));
+  RETURN_IF_ERROR(f.Uint64("dead_by_seq", &s.dead_by_seq));
+  return s;
+}
+
+json FailureBatch::ToJson() const {
+  return json{{"records", records}, {"latest_seq", latest_seq}, {"truncated", truncated}};
+}
+
+Result<FailureBatch> FailureBatch::FromJson(const json& j) {
+  JsonFields f(j, "failure batch");
+  FailureBatch b;
+  const json* records = nullptr;
+  RETURN_IF_ERROR(f.Array("records", &records));
+  for (const json& r : *records) {
+    if (!r.is_object()) return f.Error("every entry of 'records' must be an object");
+    b.records.push_back(r);
+  }
+  RETURN_IF_ERROR(f.Uint64("latest_seq", &b.latest_seq));
+  RETURN_IF_ERROR(f.Bool("truncated", &b.truncated));
+  return b;
+}
+
+Status ValidateRegistryOptions(const RegistryOptions& o) {
+  if (o.unresponsive_after.count() <= 0) {
+    return InvalidArgumentError("registry options: unresponsive_after must be > 0");
+  }
+  if (o.dead_after < o.unresponsive_after) {
+    return InvalidArgumentError("registry options: dead_after (" +
+                                std::to_string(o.dead_after.count()) +
+                                " ms) must be >= unresponsive_after (" +
+                                std::to_string(o.unresponsive_after.count()) + " ms)");
+  }
+  if (o.forget_decode_after < o.dead_after) {
+    return InvalidArgumentError("registry options: forget_decode_after must be >= dead_after");
+  }
+  if (o.max_failure_records == 0) {
+    return InvalidArgumentError("registry options: max_failure_records must be >= 1");
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvbridge::internal

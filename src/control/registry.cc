@@ -1,0 +1,334 @@
+#include "control/registry.h"
+
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "common/log.h"
+#include "control/json_fields.h"
+
+namespace kvbridge::internal {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// The fields every prefill rank of one instance must agree on.
+struct InstanceLayout {
+  const RankRecord& r;
+  Status Compare(const RankRecord& n) const {
+    auto conflict = [&](const char* field, const std::string& mine, const std::string& theirs) {
+      return FailedPreconditionError(n.Describe() + " registers " + field + " " + theirs +
+                                     ", but the prefill ranks already registered have " + field +
+                                     " " + mine);
+    };
+    auto num = [](int v) { return std::to_string(v); };
+    if (n.attn_tp_size != r.attn_tp_size) {
+      return conflict("attn_tp_size", num(r.attn_tp_size), num(n.attn_tp_size));
+    }
+    if (n.attn_cp_size != r.attn_cp_size) {
+      return conflict("attn_cp_size", num(r.attn_cp_size), num(n.attn_cp_size));
+    }
+    if (n.attn_dp_size != r.attn_dp_size) {
+      return conflict("attn_dp_size", num(r.attn_dp_size), num(n.attn_dp_size));
+    }
+    if (n.pp_size != r.pp_size) return conflict("pp_size", num(r.pp_size), num(n.pp_size));
+    if (n.page_size != r.page_size) {
+      return conflict("page_size", num(r.page_size), num(n.page_size));
+    }
+    if (n.kv_cache_dtype != r.kv_cache_dtype) {
+      return conflict("kv_cache_dtype", r.kv_cache_dtype, n.kv_cache_dtype);
+    }
+    return Status::Ok();
+  }
+};
+
+int ExpectedRanks(const RankRecord& r) {
+  return r.attn_tp_size * r.attn_cp_size * r.attn_dp_size * r.pp_size;
+}
+
+// The rank a failure record's "origin" names, when it names one.
+struct Origin {
+  RankRole role;
+  RankKey key;
+  std::optional<uint64_t> incarnation;
+};
+
+Result<std::optional<Origin>> ParseOrigin(const json& record) {
+  auto it = record.find("origin");
+  if (it == record.end()) return std::optional<Origin>();
+  JsonFields f(*it, "failure record origin");
+  RETURN_IF_ERROR(f.RequireObject());
+  Origin o;
+  int* const fields[] = {&o.key.dp, &o.key.cp, &o.key.tp, &o.key.pp};
+  const char* const names[] = {"dp", "cp", "tp", "pp"};
+  bool complete = true;
+  for (int i = 0; i < 4; ++i) {
+    if (f.Has(names[i])) {
+      RETURN_IF_ERROR(f.Int(names[i], 0, static_cast<int>(kMaxRanksPerInstance), fields[i]));
+    } else if (i != 1) {  // cp may be omitted (0)
+      complete = false;
+    }
+  }
+  if (f.Has("incarnation")) {
+    uint64_t inc = 0;
+    RETURN_IF_ERROR(f.Uint64("incarnation", &inc));
+    o.incarnation = inc;
+  }
+  std::string role;
+  if (f.Has("role")) RETURN_IF_ERROR(f.String("role", &role));
+  // An origin outside the rank table (e.g. the registry itself) is stored
+  // but marks no rank.
+  Result<RankRole> parsed = ParseRankRole(role);
+  if (!parsed.ok() || !complete) return std::optional<Origin>();
+  o.role = *parsed;
+  return std::optional<Origin>(o);
+}
+
+class MemoryRegistry final : public Registry {
+ public:
+  explicit MemoryRegistry(RegistryOptions options) : options_(std::move(options)) {
+    if (!options_.clock) options_.clock = [] { return Clock::now(); };
+  }
+
+  Status Register(const RankRecord& record) override {
+    RETURN_IF_ERROR(record.Validate());
+    std::lock_guard<std::mutex> lock(mu_);
+    const Clock::time_point now = options_.clock();
+    ForgetSilentDecodeRanks(now);
+    if (record.role == RankRole::kDecode) return RegisterDecode(record, now);
+    RETURN_IF_ERROR(CheckPrefillLayout(record, now));
+    auto [it, inserted] = prefill_.try_emplace(record.key());
+    Entry& e = it->second;
+    if (!inserted) {
+      if (e.record.incarnation == record.incarnation) {
+        RETURN_IF_ERROR(CheckNotFenced(e));
+      } else {
+        ++e.restarts;
+        e.dead_by_seq = 0;
+        KVB_LOG_INFO("registry: {} replaces incarnation {} (restart {})", record.Describe(),
+                     e.record.incarnation, e.restarts);
+      }
+    } else {
+      KVB_LOG_INFO("registry: {} registered ({} of {} prefill ranks)", record.Describe(),
+                   prefill_.size(), ExpectedRanks(record));
+    }
+    e.record = record;
+    e.last_seen = now;
+    return Status::Ok();
+  }
+
+  Result<RankRecord> GetRank(int dp, int cp, int tp, int pp) const override {
+    if (dp < 0 || cp < 0 || tp < 0 || pp < 0) {
+      return InvalidArgumentError("prefill rank " + RankKey{dp, cp, tp, pp}.ToString() +
+                                  " has a negative rank");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (prefill_.empty()) return UnavailableError("no prefill rank registered yet");
+    const RankRecord& ref = prefill_.begin()->second.record;
+    if (dp >= ref.attn_dp_size || cp >= ref.attn_cp_size || tp >= ref.attn_tp_size ||
+        pp >= ref.pp_size) {
+      return NotFoundError(
+          "prefill rank " + RankKey{dp, cp, tp, pp}.ToString() +
+          " is outside the prefill layout (attn_dp_size " + std::to_string(ref.attn_dp_size) +
+          ", attn_cp_size " + std::to_string(ref.attn_cp_size) + ", attn_tp_size " +
+          std::to_string(ref.attn_tp_size) + ", pp_size " + std::to_string(ref.pp_size) + ")");
+    }
+    if (static_cast<int>(prefill_.size()) < ExpectedRanks(ref)) {
+      return UnavailableError(std::to_string(prefill_.size()) + " of " +
+                              std::to_string(ExpectedRanks(ref)) + " prefill ranks registered");
+    }
+    return prefill_.at(RankKey{dp, cp, tp, pp}).record;
+  }
+
+  Result<ParallelInfo> GetParallelInfo() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (prefill_.empty()) return UnavailableError("no prefill rank registered yet");
+    const RankRecord& ref = prefill_.begin()->second.record;
+    ParallelInfo info;
+    info.attn_tp_size = ref.attn_tp_size;
+    info.attn_cp_size = ref.attn_cp_size;
+    info.attn_dp_size = ref.attn_dp_size;
+    info.pp_size = ref.pp_size;
+    info.page_size = ref.page_size;
+    info.kv_cache_dtype = ref.kv_cache_dtype;
+    info.ranks_registered = static_cast<int>(prefill_.size());
+    info.ranks_expected = ExpectedRanks(ref);
+    return info;
+  }
+
+  Status Heartbeat(RankRole role, int dp, int cp, int tp, int pp, uint64_t incarnation) override {
+    const RankKey key{dp, cp, tp, pp};
+    std::lock_guard<std::mutex> lock(mu_);
+    const Clock::time_point now = options_.clock();
+    ForgetSilentDecodeRanks(now);
+    Entry* e = nullptr;
+    if (role == RankRole::kPrefill) {
+      auto it = prefill_.find(key);
+      if (it != prefill_.end()) e = &it->second;
+    } else {
+      auto it = decode_.find({key, incarnation});
+      if (it != decode_.end()) e = &it->second;
+    }
+    if (e == nullptr) {
+      return NotFoundError("heartbeat from unregistered " + std::string(RankRoleName(role)) +
+                           " rank " + key.ToString() + " (incarnation " +
+                           std::to_string(incarnation) + ")");
+    }
+    if (e->record.incarnation != incarnation) {
+      return FailedPreconditionError("heartbeat from prefill rank " + key.ToString() +
+                                     " incarnation " + std::to_string(incarnation) +
+                                     ", but the position is now held by incarnation " +
+                                     std::to_string(e->record.incarnation));
+    }
+    RETURN_IF_ERROR(CheckNotFenced(*e));
+    e->last_seen = now;
+    return Status::Ok();
+  }
+
+  Result<std::vector<RankStatus>> ListRanks() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Clock::time_point now = options_.clock();
+    std::vector<RankStatus> out;
+    out.reserve(prefill_.size() + decode_.size());
+    for (const auto& [key, e] : prefill_) out.push_back(StatusOf(e, now));
+    for (const auto& [key, e] : decode_) {
+      if (now - e.last_seen <= options_.forget_decode_after) out.push_back(StatusOf(e, now));
+    }
+    return out;
+  }
+
+  Result<uint64_t> Publish(json record) override {
+    JsonFields f(record, "failure record");
+    RETURN_IF_ERROR(f.RequireObject());
+    ASSIGN_OR_RETURN(std::optional<Origin> origin, ParseOrigin(record));
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t seq = ++latest_seq_;
+    record["seq"] = seq;
+    std::string marked = origin ? MarkDead(*origin, seq) : std::string();
+    KVB_LOG_WARN("registry: failure record seq {}{}: {}", seq, marked, DumpJson(record));
+    failures_.emplace_back(seq, std::move(record));
+    while (failures_.size() > options_.max_failure_records) failures_.pop_front();
+    return seq;
+  }
+
+  Result<FailureBatch> FailuresSince(uint64_t since) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    FailureBatch batch;
+    batch.latest_seq = latest_seq_;
+    // Sequence numbers are dense, so a gap between `since` and the oldest
+    // kept record means records the caller never saw were dropped.
+    const uint64_t oldest = failures_.empty() ? latest_seq_ + 1 : failures_.front().first;
+    batch.truncated = since + 1 < oldest && since < latest_seq_;
+    for (const auto& [seq, record] : failures_) {
+      if (seq > since) batch.records.push_back(record);
+    }
+    return batch;
+  }
+
+ private:
+  struct Entry {
+    RankRecord record;
+    Clock::time_point last_seen;
+    uint64_t restarts = 0;
+    uint64_t dead_by_seq = 0;
+  };
+
+  RankStatus StatusOf(const Entry& e, Clock::time_point now) const {
+    RankStatus s;
+    s.record = e.record;
+    s.age = std::max(std::chrono::milliseconds(0),
+                     std::chrono::duration_cast<std::chrono::milliseconds>(now - e.last_seen));
+    s.restarts = e.restarts;
+    s.dead_by_seq = e.dead_by_seq;
+    if (e.dead_by_seq != 0 || now - e.last_seen > options_.dead_after) {
+      s.state = Liveness::kDead;
+    } else if (now - e.last_seen > options_.unresponsive_after) {
+      s.state = Liveness::kUnresponsive;
+    }
+    return s;
+  }
+
+  static Status CheckNotFenced(const Entry& e) {
+    if (e.dead_by_seq == 0) return Status::Ok();
+    return FailedPreconditionError(e.record.Describe() + " was declared dead by failure record " +
+                                   std::to_string(e.dead_by_seq) +
+                                   "; a restarted process must register a new incarnation");
+  }
+
+  // Requires mu_. Rejects a layout that differs from the live prefill ranks;
+  // when none is live, a different layout starts a fresh instance.
+  Status CheckPrefillLayout(const RankRecord& record, Clock::time_point now) {
+    const RankRecord* live = nullptr;
+    for (const auto& [key, e] : prefill_) {
+      bool replaced = key == record.key() && e.record.incarnation != record.incarnation;
+      if (!replaced && StatusOf(e, now).state != Liveness::kDead) {
+        live = &e.record;
+        break;
+      }
+    }
+    if (live != nullptr) return InstanceLayout{*live}.Compare(record);
+    if (!prefill_.empty() &&
+        !InstanceLayout{prefill_.begin()->second.record}.Compare(record).ok()) {
+      KVB_LOG_WARN(
+          "registry: every prefill rank is dead and {} brings a new layout; "
+          "forgetting the {} old prefill ranks",
+          record.Describe(), prefill_.size());
+      prefill_.clear();
+    }
+    return Status::Ok();
+  }
+
+  // Requires mu_.
+  Status RegisterDecode(const RankRecord& record, Clock::time_point now) {
+    auto [it, inserted] = decode_.try_emplace({record.key(), record.incarnation});
+    if (!inserted) RETURN_IF_ERROR(CheckNotFenced(it->second));
+    if (inserted) KVB_LOG_INFO("registry: {} registered", record.Describe());
+    it->second.record = record;
+    it->second.last_seen = now;
+    return Status::Ok();
+  }
+
+  // Requires mu_.
+  void ForgetSilentDecodeRanks(Clock::time_point now) {
+    std::erase_if(decode_, [&](const auto& kv) {
+      return now - kv.second.last_seen > options_.forget_decode_after;
+    });
+  }
+
+  // Requires mu_. Returns " (marks ...)" for the log line, or "".
+  std::string MarkDead(const Origin& o, uint64_t seq) {
+    std::string marked;
+    auto mark = [&](Entry& e) {
+      if (o.incarnation && *o.incarnation != e.record.incarnation) return;  // a stale report
+      if (e.dead_by_seq == 0) e.dead_by_seq = seq;
+      marked += (marked.empty() ? " (marks " : ", ") + e.record.Describe() + " dead";
+    };
+    if (o.role == RankRole::kPrefill) {
+      auto it = prefill_.find(o.key);
+      if (it != prefill_.end()) mark(it->second);
+    } else {
+      for (auto& [key, e] : decode_) {
+        if (key.first == o.key) mark(e);
+      }
+    }
+    return marked.empty() ? marked : marked + ")";
+  }
+
+  RegistryOptions options_;
+  mutable std::mutex mu_;
+  std::map<RankKey, Entry> prefill_;                      // guarded by mu_
+  std::map<std::pair<RankKey, uint64_t>, Entry> decode_;  // guarded by mu_
+  std::deque<std::pair<uint64_t, json>> failures_;        // guarded by mu_
+  uint64_t latest_seq_ = 0;                               // guarded by mu_
+};
+
+}  // namespace
+
+std::unique_ptr<Registry> CreateMemoryRegistry(RegistryOptions options) {
+  return std::make_unique<MemoryRegistry>(std::move(options));
+}
+
+}  // namespace kvbridge::internal

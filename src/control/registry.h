@@ -1,0 +1,192 @@
+// The bootstrap registry: who is in a prefill instance, who is alive, and
+// which failures have been seen. Pure logic, no HTTP: BootstrapServer serves
+// it, a later etcd-backed implementation can replace the in-memory one.
+//
+// Scope: one registry serves one prefill instance (sglang runs one bootstrap
+// server per prefill instance) and any number of decode instances. Prefill
+// ranks are keyed by their position (dp, cp, tp, pp); a position is held by
+// one process at a time, and a new incarnation at a position replaces the old
+// one (a restarted rank). Decode ranks are listed for the status table only;
+// several decode instances may share positions, so decode records are keyed by
+// (position, incarnation) and forgotten after `forget_decode_after` of silence.
+//
+// Liveness: a rank's last sign of life is its registration or its latest
+// heartbeat. State: dead when a failure record named it (sticky for that
+// incarnation: a fenced process must re-register with a new incarnation) or
+// silent for more than dead_after; unresponsive when silent for more than
+// unresponsive_after; alive otherwise.
+//
+// Thread safety: every method of Registry may be called concurrently.
+#pragma once
+
+#include <chrono>
+#include <compare>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvbridge/status.h"
+
+namespace kvbridge::internal {
+
+enum class RankRole { kPrefill, kDecode };
+std::string_view RankRoleName(RankRole role);  // "prefill" / "decode"
+// Accepts "prefill"/"decode" in any letter case (sglang sends "Prefill").
+Result<RankRole> ParseRankRole(std::string_view name);
+
+// A rank's position in its instance (attention dp/cp/tp rank and pp rank).
+struct RankKey {
+  int dp = 0;
+  int cp = 0;
+  int tp = 0;
+  int pp = 0;
+  auto operator<=>(const RankKey&) const = default;
+  std::string ToString() const;  // "dp0 cp0 tp1 pp0"
+};
+
+// Upper bound on attn_tp * attn_cp * attn_dp * pp of one instance.
+inline constexpr int64_t kMaxRanksPerInstance = 65536;
+
+// What a rank registers (PUT /route). Field names follow sglang.
+struct RankRecord {
+  RankRole role = RankRole::kPrefill;
+  int attn_tp_size = 1;
+  int attn_tp_rank = 0;
+  int attn_cp_size = 1;
+  int attn_cp_rank = 0;
+  int attn_dp_size = 1;
+  int attn_dp_rank = 0;
+  int pp_size = 1;
+  int pp_rank = 0;
+  std::string rank_ip;                               // non-empty
+  int rank_port = 0;                                 // 0..65535; 0 = no side-channel port
+  int page_size = 0;                                 // tokens per page, >= 1
+  std::string kv_cache_dtype;                        // e.g. "bfloat16", non-empty
+  std::string host;                                  // host name of the process, non-empty
+  int64_t pid = 0;                                   // > 0
+  uint64_t incarnation = 0;                          // non-zero, new for every process start
+  std::string transport_address;                     // binary; base64 in JSON; may be empty
+  nlohmann::json layout = nlohmann::json::object();  // opaque, filled by the connector
+
+  RankKey key() const { return {attn_dp_rank, attn_cp_rank, attn_tp_rank, pp_rank}; }
+  // "prefill dp0 cp0 tp1 pp0 (host a, pid 12, incarnation 7)".
+  std::string Describe() const;
+
+  // InvalidArgument naming the first bad field and its value.
+  Status Validate() const;
+  nlohmann::json ToJson() const;
+  // Requires every field but transport_address and layout; ignores unknown
+  // fields. InvalidArgument naming the field that is missing, mistyped or
+  // out of range.
+  static Result<RankRecord> FromJson(const nlohmann::json& j);
+};
+
+// The prefill instance's parallel layout (GET /route with all ranks -1).
+struct ParallelInfo {
+  int attn_tp_size = 0;
+  int attn_cp_size = 0;
+  int attn_dp_size = 0;
+  int pp_size = 0;
+  int page_size = 0;
+  std::string kv_cache_dtype;
+  int ranks_registered = 0;
+  int ranks_expected = 0;  // product of the four sizes
+
+  bool complete() const { return ranks_registered == ranks_expected; }
+  nlohmann::json ToJson() const;
+  static Result<ParallelInfo> FromJson(const nlohmann::json& j);
+};
+
+enum class Liveness { kAlive, kUnresponsive, kDead };
+std::string_view LivenessName(Liveness state);  // "alive" / "unresponsive" / "dead"
+Result<Liveness> ParseLiveness(std::string_view name);
+
+// One row of the liveness table (GET /ranks).
+struct RankStatus {
+  RankRecord record;
+  std::chrono::milliseconds age{0};  // since the last heartbeat or registration
+  Liveness state = Liveness::kAlive;
+  uint64_t restarts = 0;     // replaced incarnations at this prefill position
+  uint64_t dead_by_seq = 0;  // failure record that declared it dead; 0 = none
+
+  nlohmann::json ToJson() const;
+  static Result<RankStatus> FromJson(const nlohmann::json& j);
+};
+
+// Failure records newer than a sequence number (GET /failures?since=N).
+struct FailureBatch {
+  std::vector<nlohmann::json> records;  // oldest first, each with "seq"
+  uint64_t latest_seq = 0;              // highest seq ever assigned; 0 = none yet
+  bool truncated = false;               // records after `since` were dropped (retention limit)
+
+  nlohmann::json ToJson() const;
+  static Result<FailureBatch> FromJson(const nlohmann::json& j);
+};
+
+struct RegistryOptions {
+  // A rank silent this long is unresponsive.
+  std::chrono::milliseconds unresponsive_after{1000};
+  // A rank silent this long is dead. Must be >= unresponsive_after.
+  std::chrono::milliseconds dead_after{10000};
+  // Decode records silent this long are dropped from the table.
+  std::chrono::milliseconds forget_decode_after{std::chrono::minutes(10)};
+  // Failure records kept; older ones are dropped (FailureBatch::truncated).
+  size_t max_failure_records = 1024;
+  // Time source; null = std::chrono::steady_clock::now. Tests inject one.
+  std::function<std::chrono::steady_clock::time_point()> clock;
+};
+
+// InvalidArgument naming the bad option.
+Status ValidateRegistryOptions(const RegistryOptions& options);
+
+class Registry {
+ public:
+  virtual ~Registry() = default;
+
+  // Adds or replaces a rank's record. The record must be valid
+  // (InvalidArgument). A prefill record whose attn_tp/cp/dp/pp size, page
+  // size or dtype differs from the live prefill ranks already registered
+  // -> FailedPrecondition naming both values (once every registered prefill
+  // rank is dead, a new layout starts a fresh instance). Re-registering a
+  // prefill position with a new incarnation replaces the record and counts a
+  // restart; with the same incarnation after a failure record declared it
+  // dead -> FailedPrecondition.
+  virtual Status Register(const RankRecord& record) = 0;
+
+  // One prefill rank's record. Unavailable while no prefill rank or not every
+  // prefill rank is registered ("N of M prefill ranks registered"); NotFound
+  // for a position outside the registered sizes; InvalidArgument for a
+  // negative rank.
+  virtual Result<RankRecord> GetRank(int dp, int cp, int tp, int pp) const = 0;
+
+  // The prefill parallel layout, as soon as one prefill rank registered (see
+  // ranks_registered / ranks_expected); Unavailable before that.
+  virtual Result<ParallelInfo> GetParallelInfo() const = 0;
+
+  // Records a sign of life. NotFound when no such rank is registered;
+  // FailedPrecondition when the position is held by another incarnation or
+  // this incarnation was declared dead (the caller is fenced).
+  virtual Status Heartbeat(RankRole role, int dp, int cp, int tp, int pp, uint64_t incarnation) = 0;
+
+  // Every registered rank: prefill by position, then decode.
+  virtual Result<std::vector<RankStatus>> ListRanks() const = 0;
+
+  // Appends a failure record (a JSON object) and returns its sequence number
+  // (1, 2, ...), also stored in the record as "seq". When the record has an
+  // "origin" object with role "prefill"/"decode" and dp/tp/pp (cp defaults to
+  // 0, incarnation optional), that rank is marked dead. InvalidArgument for a
+  // non-object record or a mistyped origin field.
+  virtual Result<uint64_t> Publish(nlohmann::json record) = 0;
+
+  // Records with seq > `since`, oldest first, and the latest seq.
+  virtual Result<FailureBatch> FailuresSince(uint64_t since) const = 0;
+};
+
+// The in-memory registry. Precondition: ValidateRegistryOptions(options).ok().
+std::unique_ptr<Registry> CreateMemoryRegistry(RegistryOptions options);
+
+}  // namespace kvbridge::internal

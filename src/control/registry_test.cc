@@ -1,0 +1,475 @@
+#include "control/registry.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace kvbridge::internal {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+RankRecord Rank(RankRole role, int tp, int tp_size = 2, uint64_t incarnation = 0) {
+  RankRecord r;
+  r.role = role;
+  r.attn_tp_size = tp_size;
+  r.attn_tp_rank = tp;
+  r.rank_ip = "10.0.0.1";
+  r.rank_port = 17000 + tp;
+  r.page_size = 16;
+  r.kv_cache_dtype = "bfloat16";
+  r.host = "node-a";
+  r.pid = 1000 + tp;
+  r.incarnation = incarnation != 0 ? incarnation : 100 + tp;
+  r.transport_address = std::string("\x00\x01ucx\xff", 6);
+  r.layout = json{{"layers", 32}};
+  return r;
+}
+RankRecord Prefill(int tp, int tp_size = 2, uint64_t inc = 0) {
+  return Rank(RankRole::kPrefill, tp, tp_size, inc);
+}
+RankRecord Decode(int tp, uint64_t inc) { return Rank(RankRole::kDecode, tp, 2, inc); }
+
+// A registry on a clock the test moves by hand.
+class RegistryTest : public ::testing::Test {
+ protected:
+  RegistryTest() { Reset({}); }
+  void Reset(RegistryOptions o) {
+    o.clock = [this] { return now_; };
+    registry_ = CreateMemoryRegistry(std::move(o));
+  }
+  void Advance(milliseconds d) { now_ += d; }
+  RankStatus StatusAt(RankRole role, int tp) {
+    auto ranks = registry_->ListRanks();
+    EXPECT_TRUE(ranks.ok());
+    for (const RankStatus& s : *ranks) {
+      if (s.record.role == role && s.record.attn_tp_rank == tp) return s;
+    }
+    ADD_FAILURE() << "rank tp" << tp << " not listed";
+    return {};
+  }
+
+  std::chrono::steady_clock::time_point now_{std::chrono::hours(1)};
+  std::unique_ptr<Registry> registry_;
+};
+
+void ExpectError(const Status& s, StatusCode code, const std::string& part) {
+  EXPECT_EQ(s.code(), code) << s.ToString();
+  EXPECT_NE(s.message().find(part), std::string::npos) << s.ToString();
+}
+
+TEST(RankRecordTest, JsonRoundTripKeepsEveryField) {
+  RankRecord r = Prefill(1, 4, 0xfedcba9876543210ull);
+  r.attn_cp_size = 2;
+  r.attn_cp_rank = 1;
+  r.pp_size = 3;
+  r.pp_rank = 2;
+  json j = r.ToJson();
+  EXPECT_EQ(j["role"], "prefill");
+  EXPECT_EQ(j["transport_address"], "AAF1Y3j/");
+  Result<RankRecord> back = RankRecord::FromJson(json::parse(j.dump()));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->ToJson(), j);
+  EXPECT_EQ(back->transport_address, r.transport_address);
+  EXPECT_EQ(back->incarnation, 0xfedcba9876543210ull);
+  EXPECT_EQ(back->key(), (RankKey{0, 1, 1, 2}));
+}
+
+TEST(RankRecordTest, AcceptsSglangRoleSpellingAndOptionalFields) {
+  json j = Prefill(0).ToJson();
+  j["role"] = "Prefill";
+  j.erase("transport_address");
+  j.erase("layout");
+  j["system_dp_rank"] = 0;  // unknown fields are ignored
+  Result<RankRecord> r = RankRecord::FromJson(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->role, RankRole::kPrefill);
+  EXPECT_TRUE(r->transport_address.empty());
+  EXPECT_TRUE(r->layout.is_object());
+}
+
+struct BadField {
+  std::function<void(json&)> mutate;
+  std::string names;  // expected in the message
+};
+
+class RankRecordBadFieldTest : public ::testing::TestWithParam<BadField> {};
+
+TEST_P(RankRecordBadFieldTest, IsInvalidArgumentNamingTheField) {
+  json j = Prefill(1).ToJson();
+  GetParam().mutate(j);
+  Result<RankRecord> r = RankRecord::FromJson(j);
+  ASSERT_FALSE(r.ok());
+  ExpectError(r.status(), StatusCode::kInvalidArgument, GetParam().names);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, RankRecordBadFieldTest,
+    ::testing::Values(BadField{[](json& j) { j = json::array(); }, "expected a JSON object"},
+                      BadField{[](json& j) { j.erase("role"); }, "'role'"},
+                      BadField{[](json& j) { j["role"] = "router"; }, "role"},
+                      BadField{[](json& j) { j["attn_tp_rank"] = "1"; }, "'attn_tp_rank'"},
+                      BadField{[](json& j) { j["attn_tp_rank"] = 2; }, "attn_tp_rank = 2"},
+                      BadField{[](json& j) { j["attn_tp_size"] = 0; }, "'attn_tp_size'"},
+                      BadField{[](json& j) { j["attn_dp_rank"] = -1; }, "'attn_dp_rank'"},
+                      BadField{[](json& j) { j["pp_size"] = 1.5; }, "'pp_size'"},
+                      BadField{[](json& j) { j.erase("rank_ip"); }, "'rank_ip'"},
+                      BadField{[](json& j) { j["rank_ip"] = ""; }, "rank_ip"},
+                      BadField{[](json& j) { j["rank_port"] = 70000; }, "'rank_port'"},
+                      BadField{[](json& j) { j["page_size"] = 0; }, "'page_size'"},
+                      BadField{[](json& j) { j["kv_cache_dtype"] = ""; }, "kv_cache_dtype"},
+                      BadField{[](json& j) { j["host"] = nullptr; }, "'host'"},
+                      BadField{[](json& j) { j["pid"] = 0; }, "'pid'"},
+                      BadField{[](json& j) { j["incarnation"] = 0; }, "incarnation"},
+                      BadField{[](json& j) { j["incarnation"] = -5; }, "'incarnation'"},
+                      BadField{[](json& j) { j["transport_address"] = "!!"; }, "transport_address"},
+                      BadField{[](json& j) { j["layout"] = json::array(); }, "'layout'"},
+                      BadField{[](json& j) {
+                                 j["attn_tp_size"] = 1024;
+                                 j["pp_size"] = 1024;
+                               },
+                               "exceeds 65536"}));
+
+struct LookupCase {
+  std::string name;
+  std::vector<RankRecord> registered;
+  RankKey query;  // dp, cp, tp, pp
+  StatusCode code;
+  std::string message_part;  // in the error, or the rank_ip... of the answer
+};
+
+class RegistryLookupTest : public RegistryTest, public ::testing::WithParamInterface<LookupCase> {};
+
+TEST_P(RegistryLookupTest, FollowsSglangSemantics) {
+  const LookupCase& c = GetParam();
+  for (const RankRecord& r : c.registered) ASSERT_TRUE(registry_->Register(r).ok());
+  Result<RankRecord> got = registry_->GetRank(c.query.dp, c.query.cp, c.query.tp, c.query.pp);
+  if (c.code == StatusCode::kOk) {
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(got->key(), c.query);
+    EXPECT_EQ(got->role, RankRole::kPrefill);
+  } else {
+    ASSERT_FALSE(got.ok());
+    ExpectError(got.status(), c.code, c.message_part);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, RegistryLookupTest,
+    ::testing::Values(
+        LookupCase{"Empty", {}, {0, 0, 0, 0}, StatusCode::kUnavailable, "no prefill rank"},
+        LookupCase{"DecodeOnlyDoesNotCount",
+                   {Decode(0, 7), Decode(1, 8)},
+                   {0, 0, 0, 0},
+                   StatusCode::kUnavailable,
+                   "no prefill rank"},
+        LookupCase{"Partial",
+                   {Prefill(0), Decode(1, 8)},
+                   {0, 0, 0, 0},
+                   StatusCode::kUnavailable,
+                   "1 of 2 prefill ranks registered"},
+        LookupCase{"OutsideTp", {Prefill(0)}, {0, 0, 2, 0}, StatusCode::kNotFound, "tp2"},
+        LookupCase{"Complete", {Prefill(0), Prefill(1)}, {0, 0, 1, 0}, StatusCode::kOk, ""},
+        LookupCase{"OutsideDp",
+                   {Prefill(0), Prefill(1)},
+                   {1, 0, 0, 0},
+                   StatusCode::kNotFound,
+                   "attn_dp_size 1"},
+        LookupCase{
+            "OutsideCp", {Prefill(0), Prefill(1)}, {0, 1, 0, 0}, StatusCode::kNotFound, "cp1"},
+        LookupCase{
+            "OutsidePp", {Prefill(0), Prefill(1)}, {0, 0, 0, 1}, StatusCode::kNotFound, "pp1"},
+        LookupCase{"Negative",
+                   {Prefill(0), Prefill(1)},
+                   {0, 0, -1, 0},
+                   StatusCode::kInvalidArgument,
+                   "negative"}),
+    [](const auto& info) { return info.param.name; });
+
+TEST_F(RegistryTest, ParallelInfoCountsPrefillRanksOnly) {
+  ExpectError(registry_->GetParallelInfo().status(), StatusCode::kUnavailable, "no prefill");
+  ASSERT_TRUE(registry_->Register(Decode(0, 9)).ok());
+  ASSERT_TRUE(registry_->Register(Prefill(1, 4)).ok());
+  Result<ParallelInfo> info = registry_->GetParallelInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->attn_tp_size, 4);
+  EXPECT_EQ(info->attn_cp_size, 1);
+  EXPECT_EQ(info->attn_dp_size, 1);
+  EXPECT_EQ(info->pp_size, 1);
+  EXPECT_EQ(info->page_size, 16);
+  EXPECT_EQ(info->kv_cache_dtype, "bfloat16");
+  EXPECT_EQ(info->ranks_registered, 1);
+  EXPECT_EQ(info->ranks_expected, 4);
+  EXPECT_FALSE(info->complete());
+  Result<ParallelInfo> back = ParallelInfo::FromJson(info->ToJson());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->ToJson(), info->ToJson());
+}
+
+struct ConflictCase {
+  std::function<void(RankRecord&)> mutate;
+  std::string mine_then_theirs[2];
+};
+
+class RegistryConflictTest : public RegistryTest,
+                             public ::testing::WithParamInterface<ConflictCase> {};
+
+TEST_P(RegistryConflictTest, IsFailedPreconditionNamingBothValues) {
+  ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
+  RankRecord r = Prefill(1);
+  GetParam().mutate(r);
+  Status s = registry_->Register(r);
+  ExpectError(s, StatusCode::kFailedPrecondition, GetParam().mine_then_theirs[1]);
+  ExpectError(s, StatusCode::kFailedPrecondition, GetParam().mine_then_theirs[0]);
+  EXPECT_EQ(registry_->GetParallelInfo()->ranks_registered, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, RegistryConflictTest,
+    ::testing::Values(
+        ConflictCase{[](RankRecord& r) { r.attn_tp_size = 4; },
+                     {"have attn_tp_size 2", "registers attn_tp_size 4"}},
+        ConflictCase{[](RankRecord& r) { r.attn_dp_size = 2; },
+                     {"have attn_dp_size 1", "registers attn_dp_size 2"}},
+        ConflictCase{[](RankRecord& r) { r.pp_size = 2; }, {"have pp_size 1", "pp_size 2"}},
+        ConflictCase{[](RankRecord& r) { r.attn_cp_size = 2; },
+                     {"have attn_cp_size 1", "attn_cp_size 2"}},
+        ConflictCase{[](RankRecord& r) { r.page_size = 64; }, {"page_size 16", "page_size 64"}},
+        ConflictCase{[](RankRecord& r) { r.kv_cache_dtype = "fp8_e4m3"; },
+                     {"kv_cache_dtype bfloat16", "kv_cache_dtype fp8_e4m3"}}));
+
+TEST_F(RegistryTest, RegisterRejectsInvalidRecord) {
+  RankRecord r = Prefill(0);
+  r.attn_tp_rank = 5;
+  ExpectError(registry_->Register(r), StatusCode::kInvalidArgument, "attn_tp_rank");
+}
+
+TEST_F(RegistryTest, NewIncarnationReplacesAndCountsRestart) {
+  ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
+  ASSERT_TRUE(registry_->Register(Prefill(1)).ok());
+  ASSERT_TRUE(registry_->Register(Prefill(1)).ok());  // same process again: no restart
+  EXPECT_EQ(StatusAt(RankRole::kPrefill, 1).restarts, 0u);
+  ASSERT_TRUE(registry_->Register(Prefill(1, 2, 555)).ok());
+  EXPECT_EQ(registry_->GetRank(0, 0, 1, 0)->incarnation, 555u);
+  EXPECT_EQ(StatusAt(RankRole::kPrefill, 1).restarts, 1u);
+  EXPECT_EQ(registry_->GetParallelInfo()->ranks_registered, 2);
+  // The old process is fenced off.
+  ExpectError(registry_->Heartbeat(RankRole::kPrefill, 0, 0, 1, 0, 101),
+              StatusCode::kFailedPrecondition, "held by incarnation 555");
+}
+
+struct LivenessCase {
+  milliseconds silent;
+  Liveness state;
+};
+
+class RegistryLivenessTest : public RegistryTest,
+                             public ::testing::WithParamInterface<LivenessCase> {};
+
+TEST_P(RegistryLivenessTest, StateFollowsAgeOfLastSignOfLife) {
+  ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
+  ASSERT_TRUE(registry_->Register(Decode(0, 7)).ok());
+  Advance(milliseconds(50000));
+  ASSERT_TRUE(registry_->Heartbeat(RankRole::kPrefill, 0, 0, 0, 0, 100).ok());
+  ASSERT_TRUE(registry_->Heartbeat(RankRole::kDecode, 0, 0, 0, 0, 7).ok());
+  Advance(GetParam().silent);
+  for (RankRole role : {RankRole::kPrefill, RankRole::kDecode}) {
+    RankStatus s = StatusAt(role, 0);
+    EXPECT_EQ(s.state, GetParam().state) << RankRoleName(role);
+    EXPECT_EQ(s.age, GetParam().silent);
+  }
+}
+
+// Defaults: unresponsive after 1000 ms, dead after 10000 ms.
+INSTANTIATE_TEST_SUITE_P(
+    Ages, RegistryLivenessTest,
+    ::testing::Values(LivenessCase{milliseconds(0), Liveness::kAlive},
+                      LivenessCase{milliseconds(1000), Liveness::kAlive},
+                      LivenessCase{milliseconds(1001), Liveness::kUnresponsive},
+                      LivenessCase{milliseconds(10000), Liveness::kUnresponsive},
+                      LivenessCase{milliseconds(10001), Liveness::kDead}));
+
+TEST_F(RegistryTest, HeartbeatErrors) {
+  ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
+  ASSERT_TRUE(registry_->Register(Decode(1, 7)).ok());
+  ExpectError(registry_->Heartbeat(RankRole::kPrefill, 0, 0, 1, 0, 101), StatusCode::kNotFound,
+              "unregistered prefill rank dp0 cp0 tp1 pp0");
+  ExpectError(registry_->Heartbeat(RankRole::kDecode, 0, 0, 1, 0, 8), StatusCode::kNotFound,
+              "incarnation 8");
+  ExpectError(registry_->Heartbeat(RankRole::kPrefill, 0, 0, 0, 0, 999),
+              StatusCode::kFailedPrecondition, "incarnation 100");
+  EXPECT_TRUE(registry_->Heartbeat(RankRole::kDecode, 0, 0, 1, 0, 7).ok());
+}
+
+TEST_F(RegistryTest, DecodeInstancesSharePositionsAndAreForgotten) {
+  ASSERT_TRUE(registry_->Register(Decode(0, 7)).ok());
+  ASSERT_TRUE(registry_->Register(Decode(0, 8)).ok());  // a second decode instance
+  EXPECT_EQ(registry_->ListRanks()->size(), 2u);
+  Advance(milliseconds(9 * 60 * 1000));
+  ASSERT_TRUE(registry_->Heartbeat(RankRole::kDecode, 0, 0, 0, 0, 8).ok());
+  Advance(milliseconds(2 * 60 * 1000));  // 7 has been silent 11 min > 10 min
+  Result<std::vector<RankStatus>> ranks = registry_->ListRanks();
+  ASSERT_EQ(ranks->size(), 1u);
+  EXPECT_EQ(ranks->front().record.incarnation, 8u);
+  ExpectError(registry_->Heartbeat(RankRole::kDecode, 0, 0, 0, 0, 7), StatusCode::kNotFound, "");
+}
+
+TEST_F(RegistryTest, FailureRecordsAreSequencedAndReadSince) {
+  EXPECT_EQ(registry_->FailuresSince(0)->latest_seq, 0u);
+  for (int i = 1; i <= 3; ++i) {
+    Result<uint64_t> seq = registry_->Publish(json{{"room", i}});
+    ASSERT_TRUE(seq.ok());
+    EXPECT_EQ(*seq, static_cast<uint64_t>(i));
+  }
+  Result<FailureBatch> b = registry_->FailuresSince(1);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->latest_seq, 3u);
+  EXPECT_FALSE(b->truncated);
+  ASSERT_EQ(b->records.size(), 2u);
+  EXPECT_EQ(b->records[0]["room"], 2);
+  EXPECT_EQ(b->records[0]["seq"], 2);
+  EXPECT_TRUE(registry_->FailuresSince(3)->records.empty());
+  EXPECT_TRUE(registry_->FailuresSince(99)->records.empty());
+  Result<FailureBatch> back = FailureBatch::FromJson(b->ToJson());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->ToJson(), b->ToJson());
+}
+
+struct RetentionCase {
+  uint64_t since;
+  size_t records;
+  bool truncated;
+};
+
+class RegistryRetentionTest : public RegistryTest,
+                              public ::testing::WithParamInterface<RetentionCase> {};
+
+TEST_P(RegistryRetentionTest, KeepsTheMostRecentAndSaysWhenSomeWereDropped) {
+  RegistryOptions o;
+  o.max_failure_records = 2;
+  Reset(o);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(registry_->Publish(json{{"i", i}}).ok());
+  Result<FailureBatch> b = registry_->FailuresSince(GetParam().since);
+  EXPECT_EQ(b->records.size(), GetParam().records);
+  EXPECT_EQ(b->truncated, GetParam().truncated);
+  EXPECT_EQ(b->latest_seq, 5u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Since, RegistryRetentionTest,
+                         ::testing::Values(RetentionCase{0, 2, true}, RetentionCase{2, 2, true},
+                                           RetentionCase{3, 2, false}, RetentionCase{4, 1, false},
+                                           RetentionCase{5, 0, false}));
+
+struct BadRecordCase {
+  json record;
+  std::string names;
+};
+
+class RegistryBadFailureTest : public RegistryTest,
+                               public ::testing::WithParamInterface<BadRecordCase> {};
+
+TEST_P(RegistryBadFailureTest, IsInvalidArgument) {
+  ExpectError(registry_->Publish(GetParam().record).status(), StatusCode::kInvalidArgument,
+              GetParam().names);
+  EXPECT_EQ(registry_->FailuresSince(0)->latest_seq, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Records, RegistryBadFailureTest,
+    ::testing::Values(BadRecordCase{json::array(), "expected a JSON object"},
+                      BadRecordCase{json{{"origin", 3}}, "origin"},
+                      BadRecordCase{json{{"origin", {{"role", "prefill"}, {"tp", "1"}}}}, "'tp'"},
+                      BadRecordCase{json{{"origin", {{"role", 1}, {"tp", 1}}}}, "'role'"},
+                      BadRecordCase{json{{"origin", {{"tp", 1}, {"incarnation", -1}}}},
+                                    "'incarnation'"}));
+
+TEST_F(RegistryTest, FailureRecordMarksItsOriginDeadAndFencesIt) {
+  ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
+  ASSERT_TRUE(registry_->Register(Prefill(1)).ok());
+  ASSERT_TRUE(registry_->Register(Decode(0, 7)).ok());
+  // A stale report about an older incarnation and a non-rank origin mark nobody.
+  json stale{
+      {"origin", {{"role", "prefill"}, {"dp", 0}, {"tp", 1}, {"pp", 0}, {"incarnation", 5}}}};
+  ASSERT_TRUE(registry_->Publish(stale).ok());
+  ASSERT_TRUE(registry_->Publish(json{{"origin", {{"role", "bootstrap"}}}}).ok());
+  EXPECT_EQ(StatusAt(RankRole::kPrefill, 1).state, Liveness::kAlive);
+
+  json killed{{"origin", {{"role", "prefill"}, {"dp", 0}, {"tp", 1}, {"pp", 0}}},
+              {"cause", "peer_exited"}};
+  Result<uint64_t> seq = registry_->Publish(killed);
+  ASSERT_TRUE(seq.ok());
+  RankStatus s = StatusAt(RankRole::kPrefill, 1);
+  EXPECT_EQ(s.state, Liveness::kDead);
+  EXPECT_EQ(s.dead_by_seq, *seq);
+  EXPECT_EQ(StatusAt(RankRole::kPrefill, 0).state, Liveness::kAlive);
+  ExpectError(registry_->Heartbeat(RankRole::kPrefill, 0, 0, 1, 0, 101),
+              StatusCode::kFailedPrecondition, "declared dead by failure record 3");
+  ExpectError(registry_->Register(Prefill(1)), StatusCode::kFailedPrecondition, "declared dead");
+  // The restarted process comes back with a new incarnation.
+  ASSERT_TRUE(registry_->Register(Prefill(1, 2, 777)).ok());
+  EXPECT_EQ(StatusAt(RankRole::kPrefill, 1).state, Liveness::kAlive);
+  EXPECT_EQ(StatusAt(RankRole::kPrefill, 1).dead_by_seq, 0u);
+
+  ASSERT_TRUE(registry_
+                  ->Publish(json{
+                      {"origin",
+                       {{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 7}}}})
+                  .ok());
+  EXPECT_EQ(StatusAt(RankRole::kDecode, 0).state, Liveness::kDead);
+}
+
+TEST_F(RegistryTest, NewLayoutIsAcceptedOnceEveryOldPrefillRankIsDead) {
+  ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
+  ASSERT_TRUE(registry_->Register(Prefill(1)).ok());
+  ExpectError(registry_->Register(Prefill(0, 4, 900)), StatusCode::kFailedPrecondition,
+              "attn_tp_size 4");
+  Advance(milliseconds(10001));
+  ASSERT_TRUE(registry_->Register(Prefill(0, 4, 900)).ok());
+  Result<ParallelInfo> info = registry_->GetParallelInfo();
+  EXPECT_EQ(info->attn_tp_size, 4);
+  EXPECT_EQ(info->ranks_registered, 1);
+  ExpectError(registry_->GetRank(0, 0, 3, 0).status(), StatusCode::kUnavailable, "1 of 4");
+}
+
+TEST(RegistryOptionsTest, RejectsInconsistentThresholds) {
+  RegistryOptions o;
+  EXPECT_TRUE(ValidateRegistryOptions(o).ok());
+  o.dead_after = milliseconds(500);
+  ExpectError(ValidateRegistryOptions(o), StatusCode::kInvalidArgument, "dead_after");
+  o = RegistryOptions();
+  o.unresponsive_after = milliseconds(0);
+  ExpectError(ValidateRegistryOptions(o), StatusCode::kInvalidArgument, "unresponsive_after");
+  o = RegistryOptions();
+  o.max_failure_records = 0;
+  ExpectError(ValidateRegistryOptions(o), StatusCode::kInvalidArgument, "max_failure_records");
+}
+
+TEST(RegistryConcurrencyTest, ConcurrentCallsKeepTheTableConsistent) {
+  std::unique_ptr<Registry> registry = CreateMemoryRegistry({});
+  constexpr int kRanks = 8;
+  std::vector<std::thread> threads;
+  for (int tp = 0; tp < kRanks; ++tp) {
+    threads.emplace_back([&, tp] {
+      ASSERT_TRUE(registry->Register(Prefill(tp, kRanks)).ok());
+      for (int i = 0; i < 200; ++i) {
+        EXPECT_TRUE(registry->Heartbeat(RankRole::kPrefill, 0, 0, tp, 0, 100 + tp).ok());
+        registry->GetRank(0, 0, tp, 0).status().IgnoreError();
+        EXPECT_TRUE(registry->ListRanks().ok());
+        if (i % 50 == 0) {
+          EXPECT_TRUE(registry->Publish(json{{"tp", tp}}).ok());
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(registry->GetParallelInfo()->ranks_registered, kRanks);
+  EXPECT_EQ(registry->FailuresSince(0)->latest_seq, 4u * kRanks);
+}
+
+}  // namespace
+}  // namespace kvbridge::internal
