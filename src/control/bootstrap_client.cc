@@ -1,0 +1,204 @@
+#include "control/bootstrap_client.h"
+
+#include <httplib.h>
+
+#include <charconv>
+
+#include "common/log.h"
+#include "control/http_status.h"
+#include "control/json_fields.h"
+
+namespace kvbridge::internal {
+namespace {
+
+using nlohmann::json;
+
+std::string Why(httplib::Error err, std::chrono::milliseconds timeout) {
+  switch (err) {
+    case httplib::Error::Connection:
+      return "connection refused or failed";
+    case httplib::Error::ConnectionTimeout:
+      return "connect timed out after " + std::to_string(timeout.count()) + " ms";
+    case httplib::Error::Read:
+      return "no complete answer within " + std::to_string(timeout.count()) +
+             " ms (read failed or timed out)";
+    case httplib::Error::Write:
+      return "sending the request failed";
+    case httplib::Error::BindIPAddress:
+      return "cannot bind the local address";
+    default:
+      return httplib::to_string(err);
+  }
+}
+
+}  // namespace
+
+Status ParseHostPort(std::string_view address, std::string* host, int* port) {
+  auto bad = [&](std::string_view why) {
+    return InvalidArgumentError("bootstrap address '" + std::string(address) +
+                                "': " + std::string(why) + " (expected host:port)");
+  };
+  std::string_view h;
+  std::string_view p;
+  if (!address.empty() && address.front() == '[') {
+    size_t close = address.find(']');
+    if (close == std::string_view::npos) return bad("unterminated '['");
+    h = address.substr(1, close - 1);
+    if (close + 1 >= address.size() || address[close + 1] != ':') return bad("missing ':port'");
+    p = address.substr(close + 2);
+  } else {
+    size_t colon = address.rfind(':');
+    if (colon == std::string_view::npos) return bad("missing ':port'");
+    h = address.substr(0, colon);
+    p = address.substr(colon + 1);
+    if (h.find(':') != std::string_view::npos) return bad("an IPv6 host must be in brackets");
+  }
+  if (h.empty()) return bad("empty host");
+  for (char c : h) {
+    if (c <= ' ' || c == '/' || c == '[' || c == ']' || c == '@') return bad("invalid host");
+  }
+  int value = 0;
+  auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), value);
+  if (p.empty() || ec != std::errc() || end != p.data() + p.size() || p.front() == '+' ||
+      value < 1 || value > 65535) {
+    return bad("port must be a number in 1..65535");
+  }
+  *host = std::string(h);
+  *port = value;
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<BootstrapClient>> BootstrapClient::Create(
+    std::string_view address, std::chrono::milliseconds timeout) {
+  std::string host;
+  int port = 0;
+  RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
+  if (timeout.count() <= 0) {
+    return InvalidArgumentError("bootstrap client timeout must be > 0 ms, got " +
+                                std::to_string(timeout.count()));
+  }
+  return std::unique_ptr<BootstrapClient>(
+      new BootstrapClient(std::string(address), std::move(host), port, timeout));
+}
+
+BootstrapClient::BootstrapClient(std::string address, std::string host, int port,
+                                 std::chrono::milliseconds timeout)
+    : address_(std::move(address)), host_(std::move(host)), port_(port), timeout_(timeout) {}
+
+Result<std::string> BootstrapClient::Call(const char* method, const std::string& path,
+                                          const std::string& body) const {
+  // A client per call: httplib::Client is not safe for concurrent requests,
+  // and a fresh connection notices a restarted server at once.
+  httplib::Client cli(host_, port_);
+  cli.set_connection_timeout(timeout_);
+  cli.set_read_timeout(timeout_);
+  cli.set_write_timeout(timeout_);
+  cli.set_keep_alive(false);
+  const std::string method_name(method);
+  httplib::Result res = method_name == "GET"   ? cli.Get(path)
+                        : method_name == "PUT" ? cli.Put(path, body, "application/json")
+                                               : cli.Post(path, body, "application/json");
+  const std::string context = "bootstrap server " + address_ + " " + method_name + " " + path;
+  if (!res) {
+    Status s = UnavailableError("bootstrap server " + address_ +
+                                " unreachable: " + Why(res.error(), timeout_));
+    KVB_LOG_DEBUG("{} failed: {}", context, s.ToString());
+    return s;
+  }
+  if (res->status >= 200 && res->status < 300) return std::move(res->body);
+  Status s = StatusFromResponse(res->status, res->body, "bootstrap server " + address_);
+  KVB_LOG_DEBUG("{} answered {}: {}", context, res->status, s.ToString());
+  return s;
+}
+
+Status BootstrapClient::Malformed(const std::string& what, const Status& parse_error) const {
+  Status s = InternalError("bootstrap server " + address_ + " sent a malformed answer to " + what +
+                           ": " + parse_error.message());
+  KVB_LOG_WARN("{}", s.message());
+  return s;
+}
+
+Result<json> BootstrapClient::CallJson(const char* method, const std::string& path,
+                                       const std::string& body) const {
+  ASSIGN_OR_RETURN(std::string text, Call(method, path, body));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return Malformed(std::string(method) + " " + path,
+                     InvalidArgumentError("not JSON: '" + text.substr(0, 80) + "'"));
+  }
+  return j;
+}
+
+Status BootstrapClient::RegisterRank(const RankRecord& record) const {
+  RETURN_IF_ERROR(record.Validate());
+  return CallJson("PUT", "/route", DumpJson(record.ToJson())).status();
+}
+
+Result<RankRecord> BootstrapClient::GetRank(int dp, int cp, int tp, int pp) const {
+  if (dp < 0 || cp < 0 || tp < 0 || pp < 0) {
+    return InvalidArgumentError("GetRank: ranks must be >= 0, got " +
+                                RankKey{dp, cp, tp, pp}.ToString());
+  }
+  const std::string path =
+      "/route?prefill_dp_rank=" + std::to_string(dp) + "&prefill_cp_rank=" + std::to_string(cp) +
+      "&target_tp_rank=" + std::to_string(tp) + "&target_pp_rank=" + std::to_string(pp);
+  ASSIGN_OR_RETURN(json j, CallJson("GET", path, ""));
+  Result<RankRecord> r = RankRecord::FromJson(j);
+  if (!r.ok()) return Malformed("GET " + path, r.status());
+  return r;
+}
+
+Result<ParallelInfo> BootstrapClient::GetParallelInfo() const {
+  const std::string path =
+      "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1";
+  ASSIGN_OR_RETURN(json j, CallJson("GET", path, ""));
+  Result<ParallelInfo> info = ParallelInfo::FromJson(j);
+  if (!info.ok()) return Malformed("GET " + path, info.status());
+  return info;
+}
+
+Status BootstrapClient::Health() const { return Call("GET", "/health", "").status(); }
+
+Status BootstrapClient::Heartbeat(RankRole role, int dp, int cp, int tp, int pp,
+                                  uint64_t incarnation) const {
+  json body{{"role", RankRoleName(role)}, {"dp", dp}, {"cp", cp}, {"tp", tp}, {"pp", pp},
+            {"incarnation", incarnation}};
+  return CallJson("PUT", "/heartbeat", DumpJson(body)).status();
+}
+
+Result<std::vector<RankStatus>> BootstrapClient::ListRanks() const {
+  ASSIGN_OR_RETURN(json j, CallJson("GET", "/ranks", ""));
+  JsonFields f(j, "rank table");
+  const json* ranks = nullptr;
+  Status s = f.Array("ranks", &ranks);
+  if (!s.ok()) return Malformed("GET /ranks", s);
+  std::vector<RankStatus> out;
+  for (const json& r : *ranks) {
+    Result<RankStatus> parsed = RankStatus::FromJson(r);
+    if (!parsed.ok()) return Malformed("GET /ranks", parsed.status());
+    out.push_back(std::move(parsed).value());
+  }
+  return out;
+}
+
+Result<uint64_t> BootstrapClient::PublishFailure(const json& record) const {
+  if (!record.is_object()) {
+    return InvalidArgumentError(std::string("failure record: expected a JSON object, got ") +
+                                record.type_name());
+  }
+  ASSIGN_OR_RETURN(json j, CallJson("POST", "/failure", DumpJson(record)));
+  uint64_t seq = 0;
+  Status s = JsonFields(j, "publish answer").Uint64("seq", &seq);
+  if (!s.ok()) return Malformed("POST /failure", s);
+  return seq;
+}
+
+Result<FailureBatch> BootstrapClient::FailuresSince(uint64_t since) const {
+  const std::string path = "/failures?since=" + std::to_string(since);
+  ASSIGN_OR_RETURN(json j, CallJson("GET", path, ""));
+  Result<FailureBatch> batch = FailureBatch::FromJson(j);
+  if (!batch.ok()) return Malformed("GET " + path, batch.status());
+  return batch;
+}
+
+}  // namespace kvbridge::internal

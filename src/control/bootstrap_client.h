@@ -1,0 +1,81 @@
+// BootstrapClient: typed calls to a BootstrapServer's routes (see
+// include/kvbridge/bootstrap.h for the routes and their semantics).
+//
+// Errors, decided here once and given the server's address:
+//   Unavailable  "bootstrap server HOST:PORT unreachable: <why>" when the
+//                connection is refused, fails or times out; also the
+//                server's 503 ("N of M prefill ranks registered").
+//   NotFound / InvalidArgument / FailedPrecondition  the server's 404 / 400 /
+//                409 (the code travels in the error body).
+//   Internal     the server answered with a body that is not what the route
+//                promises (bad JSON or missing fields).
+//
+// Thread safety: every method is const and may be called concurrently; each
+// call opens its own connection (the routes are cheap and rare: lookups at
+// start, heartbeats every few hundred milliseconds).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "control/registry.h"
+#include "kvbridge/status.h"
+
+namespace kvbridge::internal {
+
+class BootstrapClient {
+ public:
+  // `address` is "host:port" or "[ipv6]:port" with port 1..65535;
+  // InvalidArgument naming the address otherwise. `timeout` bounds connect,
+  // send and receive of each call (must be > 0).
+  static Result<std::unique_ptr<BootstrapClient>> Create(std::string_view address,
+                                                         std::chrono::milliseconds timeout);
+
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
+  const std::string& address() const { return address_; }  // as given
+
+  // PUT /route. The record is validated locally first (InvalidArgument).
+  Status RegisterRank(const RankRecord& record) const;
+  // GET /route for one prefill rank; ranks must be >= 0.
+  Result<RankRecord> GetRank(int dp, int cp, int tp, int pp) const;
+  // GET /route with every rank -1.
+  Result<ParallelInfo> GetParallelInfo() const;
+  // GET /health.
+  Status Health() const;
+  // PUT /heartbeat.
+  Status Heartbeat(RankRole role, int dp, int cp, int tp, int pp, uint64_t incarnation) const;
+  // GET /ranks.
+  Result<std::vector<RankStatus>> ListRanks() const;
+  // POST /failure; returns the record's sequence number.
+  Result<uint64_t> PublishFailure(const nlohmann::json& record) const;
+  // GET /failures?since=N.
+  Result<FailureBatch> FailuresSince(uint64_t since) const;
+
+ private:
+  BootstrapClient(std::string address, std::string host, int port,
+                  std::chrono::milliseconds timeout);
+
+  // Sends one request; the body of a 2xx answer, or the error.
+  Result<std::string> Call(const char* method, const std::string& path,
+                           const std::string& body) const;
+  // Call() and parse the answer as JSON (Internal when it is not).
+  Result<nlohmann::json> CallJson(const char* method, const std::string& path,
+                                  const std::string& body) const;
+  Status Malformed(const std::string& what, const Status& parse_error) const;
+
+  std::string address_;
+  std::string host_;
+  int port_;
+  std::chrono::milliseconds timeout_;
+};
+
+// Splits "host:port" / "[v6]:port" strictly. InvalidArgument naming the text.
+Status ParseHostPort(std::string_view address, std::string* host, int* port);
+
+}  // namespace kvbridge::internal

@@ -1,0 +1,316 @@
+// BootstrapServer: the HTTP face of the in-memory Registry (registry.h).
+// Handlers translate requests to registry calls and Status to HTTP; every
+// decision about ranks lives in the registry.
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "common/log.h"
+#include "control/http_status.h"
+#include "control/json_fields.h"
+#include "control/registry.h"
+#include "kvbridge/bootstrap.h"
+
+namespace kvbridge {
+namespace {
+
+using internal::DumpJson;
+using internal::JsonFields;
+using nlohmann::json;
+
+// Large enough that every rank of a big instance can connect at once.
+constexpr int kListenBacklog = 512;
+constexpr size_t kMaxBodyBytes = 4 << 20;
+constexpr auto kStartTimeout = std::chrono::seconds(10);
+
+void ReplyJson(httplib::Response& res, const json& body) {
+  res.status = 200;
+  res.set_content(DumpJson(body), "application/json");
+}
+
+void ReplyError(const httplib::Request& req, httplib::Response& res, const Status& s) {
+  res.status = internal::HttpStatusFor(s.code());
+  res.set_content(DumpJson(internal::ErrorBody(s)), "application/json");
+  // Lookups are polled until the instance is complete; only log them when
+  // debugging. Rejected writes are worth an operator's attention.
+  if (req.method == "GET") {
+    KVB_LOG_DEBUG("bootstrap: {} {} -> {}", req.method, req.path, s.ToString());
+  } else {
+    KVB_LOG_WARN("bootstrap: {} {} rejected: {}", req.method, req.path, s.ToString());
+  }
+}
+
+Result<json> ParseBody(const httplib::Request& req) {
+  json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return InvalidArgumentError(req.method + " " + req.path + ": request body is not valid JSON");
+  }
+  return j;
+}
+
+// An integer query parameter; `fallback` when absent and optional.
+Result<int64_t> QueryInt(const httplib::Request& req, const char* name, int64_t min, int64_t max,
+                         const int64_t* fallback) {
+  if (!req.has_param(name)) {
+    if (fallback != nullptr) return *fallback;
+    return InvalidArgumentError(std::string("missing query parameter '") + name + "'");
+  }
+  const std::string text = req.get_param_value(name);
+  int64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    return InvalidArgumentError(std::string("query parameter '") + name + "' = '" + text +
+                                "' is not an integer");
+  }
+  if (value < min || value > max) {
+    return InvalidArgumentError(std::string("query parameter '") + name + "' = " + text +
+                                " out of range [" + std::to_string(min) + ", " +
+                                std::to_string(max) + "]");
+  }
+  return value;
+}
+
+Status GetRoute(internal::Registry& registry, const httplib::Request& req, json* out) {
+  const char* const names[] = {"prefill_dp_rank", "prefill_cp_rank", "target_tp_rank",
+                               "target_pp_rank"};
+  int v[4];
+  int minus_ones = 0;
+  for (int i = 0; i < 4; ++i) {
+    ASSIGN_OR_RETURN(int64_t value,
+                     QueryInt(req, names[i], -1, internal::kMaxRanksPerInstance, nullptr));
+    v[i] = static_cast<int>(value);
+    if (v[i] == -1) ++minus_ones;
+  }
+  if (minus_ones == 4) {
+    ASSIGN_OR_RETURN(internal::ParallelInfo info, registry.GetParallelInfo());
+    *out = info.ToJson();
+    return Status::Ok();
+  }
+  if (minus_ones != 0) {
+    return InvalidArgumentError(
+        "query parameters must be all -1 (parallel info) or all >= 0 (one rank)");
+  }
+  ASSIGN_OR_RETURN(internal::RankRecord record, registry.GetRank(v[0], v[1], v[2], v[3]));
+  *out = record.ToJson();
+  return Status::Ok();
+}
+
+Status PutHeartbeat(internal::Registry& registry, const json& body) {
+  JsonFields f(body, "heartbeat");
+  std::string role_name;
+  RETURN_IF_ERROR(f.String("role", &role_name));
+  Result<internal::RankRole> role = internal::ParseRankRole(role_name);
+  if (!role.ok()) return role.status().WithContext("heartbeat: field 'role'");
+  int dp = 0, cp = 0, tp = 0, pp = 0;
+  const int max = static_cast<int>(internal::kMaxRanksPerInstance);
+  RETURN_IF_ERROR(f.Int("dp", 0, max, &dp));
+  RETURN_IF_ERROR(f.Int("cp", 0, max, &cp));
+  RETURN_IF_ERROR(f.Int("tp", 0, max, &tp));
+  RETURN_IF_ERROR(f.Int("pp", 0, max, &pp));
+  uint64_t incarnation = 0;
+  RETURN_IF_ERROR(f.Uint64("incarnation", &incarnation));
+  return registry.Heartbeat(*role, dp, cp, tp, pp, incarnation);
+}
+
+std::string JoinHostPort(const std::string& host, int port) {
+  bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+}  // namespace
+
+struct BootstrapServer::Impl {
+  BootstrapServerOptions options;
+  std::unique_ptr<internal::Registry> registry;
+  httplib::Server http;
+  std::thread thread;
+  int port = 0;
+  std::string address;
+  std::atomic<int> last_socket{-1};
+  std::mutex stop_mu;
+  bool stopped = false;  // guarded by stop_mu
+
+  void AddRoutes();
+};
+
+void BootstrapServer::Impl::AddRoutes() {
+  internal::Registry& reg = *registry;
+  // Each handler turns a Status into the reply; a handler never throws past
+  // httplib (the exception handler below is the backstop).
+  using Req = const httplib::Request&;
+  using Res = httplib::Response&;
+  auto reply = [](Req req, Res res, const Status& s, const json& ok_body) {
+    if (s.ok()) {
+      ReplyJson(res, ok_body);
+    } else {
+      ReplyError(req, res, s);
+    }
+  };
+  http.Put("/route", [&reg, reply](Req req, Res res) {
+    Status s = [&]() -> Status {
+      ASSIGN_OR_RETURN(json body, ParseBody(req));
+      ASSIGN_OR_RETURN(internal::RankRecord record, internal::RankRecord::FromJson(body));
+      return reg.Register(record);
+    }();
+    reply(req, res, s, json{{"ok", true}});
+  });
+  http.Get("/route", [&reg, reply](Req req, Res res) {
+    json out;
+    Status s = GetRoute(reg, req, &out);
+    reply(req, res, s, out);
+  });
+  http.Get("/health", [](Req, Res res) { res.set_content("OK", "text/plain"); });
+  http.Put("/heartbeat", [&reg, reply](Req req, Res res) {
+    Status s = [&]() -> Status {
+      ASSIGN_OR_RETURN(json body, ParseBody(req));
+      return PutHeartbeat(reg, body);
+    }();
+    reply(req, res, s, json{{"ok", true}});
+  });
+  http.Get("/ranks", [&reg, reply](Req req, Res res) {
+    Result<std::vector<internal::RankStatus>> ranks = reg.ListRanks();
+    json out{{"ranks", json::array()}};
+    if (ranks.ok()) {
+      for (const internal::RankStatus& r : *ranks) out["ranks"].push_back(r.ToJson());
+    }
+    reply(req, res, ranks.status(), out);
+  });
+  http.Post("/failure", [&reg, reply](Req req, Res res) {
+    Result<json> body = ParseBody(req);
+    Result<uint64_t> seq =
+        body.ok() ? reg.Publish(std::move(body).value()) : Result<uint64_t>(body.status());
+    reply(req, res, seq.status(), seq.ok() ? json{{"seq", *seq}} : json());
+  });
+  http.Get("/failures", [&reg, reply](Req req, Res res) {
+    const int64_t zero = 0;
+    Result<int64_t> since = QueryInt(req, "since", 0, std::numeric_limits<int64_t>::max(), &zero);
+    Result<internal::FailureBatch> batch = since.ok()
+                                               ? reg.FailuresSince(static_cast<uint64_t>(*since))
+                                               : Result<internal::FailureBatch>(since.status());
+    reply(req, res, batch.status(), batch.ok() ? batch->ToJson() : json());
+  });
+  http.set_error_handler([](Req req, Res res) {
+    if (!res.body.empty()) return;  // a handler's own error reply
+    StatusCode code = res.status == 404 ? StatusCode::kNotFound : StatusCode::kInvalidArgument;
+    if (res.status >= 500) code = StatusCode::kInternal;
+    Status s(code, "no route " + req.method + " " + req.path + " (HTTP " +
+                       std::to_string(res.status) + ")");
+    res.set_content(DumpJson(internal::ErrorBody(s)), "application/json");
+  });
+  http.set_exception_handler([](Req req, Res res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    Status s = InternalError(req.method + " " + req.path + ": " + what);
+    KVB_LOG_ERROR("bootstrap: {}", s.ToString());
+    res.status = 500;
+    res.set_content(DumpJson(internal::ErrorBody(s)), "application/json");
+  });
+}
+
+Result<std::unique_ptr<BootstrapServer>> BootstrapServer::Start(
+    const BootstrapServerOptions& options) {
+  internal::RegistryOptions ro;
+  ro.unresponsive_after = options.unresponsive_after;
+  ro.dead_after = options.dead_after;
+  ro.forget_decode_after = options.forget_decode_after;
+  ro.max_failure_records = options.max_failure_records;
+  ro.clock = options.clock;
+  RETURN_IF_ERROR(internal::ValidateRegistryOptions(ro).WithContext("bootstrap server options"));
+  if (options.host.empty()) return InvalidArgumentError("bootstrap server options: empty host");
+  if (options.port < 0 || options.port > 65535) {
+    return InvalidArgumentError("bootstrap server options: port " + std::to_string(options.port) +
+                                " out of range [0, 65535]");
+  }
+  if (options.threads < 1) {
+    return InvalidArgumentError("bootstrap server options: threads must be >= 1");
+  }
+
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->registry = internal::CreateMemoryRegistry(std::move(ro));
+  const size_t threads = static_cast<size_t>(options.threads);
+  impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  impl->http.set_payload_max_length(kMaxBodyBytes);
+  impl->http.set_keep_alive_timeout(1);  // bounds how long Stop() waits for idle clients
+  // httplib's default sets SO_REUSEPORT, which would let a second server bind
+  // the same port and split the ranks between two registries. SO_REUSEADDR
+  // alone still allows a quick restart while refusing a live port.
+  std::atomic<int>* last_socket = &impl->last_socket;
+  impl->http.set_socket_options([last_socket](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    last_socket->store(sock);
+  });
+  impl->AddRoutes();
+
+  errno = 0;
+  int port = options.port;
+  bool bound;
+  if (port == 0) {
+    port = impl->http.bind_to_any_port(options.host);
+    bound = port > 0;
+  } else {
+    bound = impl->http.bind_to_port(options.host, port);
+  }
+  const int bind_errno = errno;
+  const std::string where = JoinHostPort(options.host, options.port);
+  if (!bound) {
+    Status s = bind_errno == EADDRINUSE
+                   ? AlreadyExistsError("bootstrap server cannot listen on " + where +
+                                        ": address already in use")
+                   : UnavailableError("bootstrap server cannot listen on " + where + ": " +
+                                      (bind_errno != 0 ? std::strerror(bind_errno)
+                                                       : "cannot resolve or bind the host"));
+    KVB_LOG_ERROR("{}", s.message());
+    return s;
+  }
+  // httplib listens with a backlog of 5; ranks of a large instance register
+  // at the same moment, so widen it (listen() again only updates it).
+  if (int fd = impl->last_socket.load(); fd >= 0) ::listen(fd, kListenBacklog);
+  impl->port = port;
+  impl->address = JoinHostPort(options.host, port);
+
+  httplib::Server* http = &impl->http;
+  impl->thread = std::thread([http] { http->listen_after_bind(); });
+  const auto deadline = std::chrono::steady_clock::now() + kStartTimeout;
+  while (!impl->http.is_running()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      impl->http.stop();
+      impl->thread.join();
+      return InternalError("bootstrap server on " + impl->address + " did not start serving");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  KVB_LOG_INFO("bootstrap server listening on {}", impl->address);
+  return std::unique_ptr<BootstrapServer>(new BootstrapServer(std::move(impl)));
+}
+
+BootstrapServer::BootstrapServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+BootstrapServer::~BootstrapServer() { Stop(); }
+
+int BootstrapServer::port() const { return impl_->port; }
+
+std::string BootstrapServer::address() const { return impl_->address; }
+
+void BootstrapServer::Stop() {
+  std::lock_guard<std::mutex> lock(impl_->stop_mu);
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  impl_->http.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  KVB_LOG_INFO("bootstrap server on {} stopped", impl_->address);
+}
+
+}  // namespace kvbridge
