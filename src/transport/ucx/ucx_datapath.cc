@@ -22,14 +22,16 @@ void FlushDone(void* request, ucs_status_t status, void* user_data) {
 struct MessageSend {
   std::string payload;
   std::shared_ptr<Peer> peer;
+  bool ordered = true;
 };
 
 void MessageDone(void* request, ucs_status_t status, void* user_data) {
   std::unique_ptr<MessageSend> msg(static_cast<MessageSend*>(user_data));
+  ucp_request_free(request);
   if (status != UCS_OK && status != UCS_ERR_CANCELED) {
     msg->peer->transport->OnEpError(msg->peer.get(), status);
   }
-  ucp_request_free(request);
+  if (msg->ordered) msg->peer->transport->OnMessageSent(msg->peer);
 }
 
 bool InRange(uint64_t offset, uint64_t length, uint64_t size) {
@@ -97,59 +99,60 @@ void UcxTransport::StartBatch(const std::shared_ptr<Peer>& peer, std::vector<Res
                        op.region->path == DataPath::kCrossMemoryAttach;
       (same_host ? local_ops : ucx_ops).push_back(std::move(op));
     }
-    if (!ucx_ops.empty()) StartUcxOps(batch, ucx_ops);
+    if (!ucx_ops.empty()) StartUcxOps(batch, std::move(ucx_ops));
     if (!local_ops.empty()) StartSameHostOps(batch, std::move(local_ops));
   }
   FinishPart(batch);
 }
 
-void UcxTransport::StartUcxOps(Batch* batch, const std::vector<ResolvedOp>& ops) {
-  Peer& peer = *batch->peer;
-  ucp_ep_h ep = peer.ep.get();
+ucs_status_ptr_t UcxTransport::SendOp(Batch* batch, const ResolvedOp& op, bool fence) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = SendDone;
+  p.user_data = batch;
+  p.memh = op.local_memh;
+  ucp_ep_h ep = batch->peer->ep.get();
+  if (op.region->path == DataPath::kUcxPut) {
+    p.flags = 0;
+    return ucp_put_nbx(ep, op.src, op.length, op.region->blob.base + op.remote_offset,
+                       op.region->rkey.get(), &p);
+  }
+  batch->headers.push_back(DataHeader{op.region->blob.region_id, op.remote_offset, op.length});
+  bool rndv = fence || op.length >= options_.rndv_threshold;
+  p.flags = rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
+  return ucp_am_send_nbx(ep, kAmData, &batch->headers.back(), sizeof(DataHeader), op.src, op.length,
+                         &p);
+}
+
+void UcxTransport::Track(Batch* batch, ucs_status_ptr_t req) {
+  if (req == nullptr) return;
+  ++batch->outstanding;
+  if (UCS_PTR_IS_ERR(req)) OnPartDone(batch, UCS_PTR_STATUS(req));
+}
+
+void UcxTransport::StartUcxOps(Batch* batch, std::vector<ResolvedOp> ops) {
+  batch->headers.reserve(ops.size());  // stable addresses: never reallocated
+  // The last AM op is the fence: sent (rendezvous) only after every other
+  // part of the batch completed, see the ordering note in the header.
+  for (size_t i = ops.size(); i-- > 0;) {
+    if (ops[i].region->path != DataPath::kUcxPut) {
+      batch->fence = std::move(ops[i]);
+      ops.erase(ops.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+  }
   bool any_put = false;
-  batch->headers.reserve(ops.size());
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const ResolvedOp& op = ops[i];
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                     UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = SendDone;
-    p.user_data = batch;
-    p.memh = op.local_memh;
-    ucs_status_ptr_t req;
-    if (op.region->path == DataPath::kUcxPut) {
-      any_put = true;
-      p.flags = 0;
-      req = ucp_put_nbx(ep, op.src, op.length, op.region->blob.base + op.remote_offset,
-                        op.region->rkey.get(), &p);
-    } else {
-      batch->headers.push_back(DataHeader{op.region->blob.region_id, op.remote_offset, op.length});
-      // The last AM goes rendezvous so that its completion proves that the
-      // target has consumed every earlier (eager) AM of the batch.
-      bool rndv = op.length >= options_.rndv_threshold || i + 1 == ops.size();
-      p.flags = rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
-      req = ucp_am_send_nbx(ep, kAmData, &batch->headers.back(), sizeof(DataHeader), op.src,
-                            op.length, &p);
-    }
-    if (UCS_PTR_IS_ERR(req)) {
-      ++batch->outstanding;
-      OnPartDone(batch, UCS_PTR_STATUS(req));
-      return;
-    }
-    if (req != nullptr) ++batch->outstanding;
+  for (const ResolvedOp& op : ops) {
+    any_put |= op.region->path == DataPath::kUcxPut;
+    Track(batch, SendOp(batch, op, /*fence=*/false));
   }
   if (any_put) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = FlushDone;
     p.user_data = batch;
-    ucs_status_ptr_t req = ucp_ep_flush_nbx(ep, &p);
-    if (UCS_PTR_IS_ERR(req)) {
-      ++batch->outstanding;
-      OnPartDone(batch, UCS_PTR_STATUS(req));
-    } else if (req != nullptr) {
-      ++batch->outstanding;
-    }
+    Track(batch, ucp_ep_flush_nbx(batch->peer->ep.get(), &p));
   }
 }
 
@@ -204,6 +207,15 @@ void UcxTransport::OnPartDone(Batch* batch, ucs_status_t status) {
 
 void UcxTransport::FinishPart(Batch* batch) {
   if (--batch->outstanding > 0) return;
+  if (batch->fence) {
+    ResolvedOp fence = std::move(*batch->fence);
+    batch->fence.reset();
+    if (!batch->peer->dead && batch->error.ok()) {
+      batch->outstanding = 1;  // guard while sending
+      Track(batch, SendOp(batch, fence, /*fence=*/true));
+      if (--batch->outstanding > 0) return;
+    }
+  }
   std::shared_ptr<Peer> peer = batch->peer;
   auto it = peer->inflight.find(batch->seq);
   std::unique_ptr<Batch> owned = std::move(it->second);
@@ -216,7 +228,9 @@ void UcxTransport::FinishPart(Batch* batch) {
   }
   if (!st.ok())
     KVB_LOG_DEBUG("ucx transport {}: batch to {}: {}", options_.name, peer->name, st.ToString());
-  if (owned->done) owned->done(st);
+  // User callbacks never run inside a UCX callback: they may call back into
+  // the transport, even its blocking methods (which then run inline).
+  if (owned->done) Post([done = std::move(owned->done), st] { done(st); });
   FlushMessages(peer);
 }
 
@@ -245,26 +259,36 @@ Status UcxTransport::SendUrgentMessage(PeerId peer_id, std::string payload) {
     if (peer->dead) return UnavailableError(peer->terminal.message());
   }
   Post([this, peer, payload = std::move(payload)]() mutable {
-    if (!peer->dead) SendNow(peer, std::move(payload));
+    if (!peer->dead) SendNow(peer, std::move(payload), /*ordered=*/false);
   });
   return Status::Ok();
 }
 
 void UcxTransport::FlushMessages(const std::shared_ptr<Peer>& peer) {
-  while (!peer->dead && !peer->messages.empty()) {
+  // One ordered message in flight per peer: UCX may pass a later eager AM
+  // ahead of one waiting in its pending queue, so the next message leaves
+  // only when the previous one has left.
+  while (!peer->dead && !peer->messages.empty() && !peer->message_in_flight) {
     auto& front = peer->messages.front();
     if (!peer->inflight.empty() && peer->inflight.begin()->first <= front.after_seq) return;
     std::string payload = std::move(front.payload);
     peer->messages.pop_front();
-    SendNow(peer, std::move(payload));
+    SendNow(peer, std::move(payload), /*ordered=*/true);
   }
 }
 
-void UcxTransport::SendNow(const std::shared_ptr<Peer>& peer_ptr, std::string payload) {
+void UcxTransport::OnMessageSent(const std::shared_ptr<Peer>& peer) {
+  peer->message_in_flight = false;
+  FlushMessages(peer);
+}
+
+void UcxTransport::SendNow(const std::shared_ptr<Peer>& peer_ptr, std::string payload,
+                           bool ordered) {
   Peer& peer = *peer_ptr;
   auto msg = std::make_unique<MessageSend>();
   msg->payload = std::move(payload);
   msg->peer = peer_ptr;
+  msg->ordered = ordered;
   ucp_request_param_t p{};
   p.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -275,6 +299,7 @@ void UcxTransport::SendNow(const std::shared_ptr<Peer>& peer_ptr, std::string pa
   ucs_status_ptr_t req = ucp_am_send_nbx(peer.ep.get(), kAmMessage, nullptr, 0, msg->payload.data(),
                                          msg->payload.size(), &p);
   if (UCS_PTR_IS_PTR(req)) {
+    if (ordered) peer.message_in_flight = true;
     msg.release();  // MessageDone owns it now
   } else if (UCS_PTR_IS_ERR(req)) {
     OnEpError(&peer, UCS_PTR_STATUS(req));
@@ -325,12 +350,16 @@ ucs_status_t UcxTransport::OnDataAm(const void* header, size_t header_length, vo
 }
 
 ucs_status_t UcxTransport::OnMessageAm(void* data, size_t length) {
-  MessageHandler handler;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    handler = message_handler_;
-  }
-  if (handler) handler(std::string_view(static_cast<const char*>(data), length));
+  // Deferred like write callbacks; the command queue keeps messages in order
+  // and after the eager data copied in earlier callbacks.
+  Post([this, payload = std::string(static_cast<const char*>(data), length)] {
+    MessageHandler handler;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      handler = message_handler_;
+    }
+    if (handler) handler(payload);
+  });
   return UCS_OK;
 }
 
@@ -357,7 +386,7 @@ void UcxTransport::MarkPeerFailed(Peer* peer, const Status& why) {
   // Closing from inside a UCX callback is not allowed: defer; the force
   // close makes UCX complete every outstanding request of the endpoint.
   if (self) Post([this, self] { ClosePeer(self, /*force=*/true); });
-  if (handler) handler(peer->id, why);
+  if (handler) Post([handler, id = peer->id, why] { handler(id, why); });
 }
 
 void UcxTransport::Disconnect(PeerId peer_id) {

@@ -27,17 +27,20 @@
 // same-host parts when the writer thread has finished its memcpy /
 // process_vm_writev (the bytes are then in the target's pages: one-sided);
 // UCX put parts when ucp_ep_flush_nbx issued after the puts completes (remote
-// completion); UCX AM parts when every ucp_am_send_nbx completed. The last AM
-// of each batch is always sent with UCP_AM_SEND_FLAG_RNDV: a rendezvous send
-// completes only after the target has run its receive callback for it and
-// received its data, and eager AMs on the endpoint's single AM lane
-// (UCX_MAX_EAGER_LANES=1) are delivered in order before it, so completion
-// means every byte of the batch is in the target region. (2) SendMessage
-// records the sequence number of the last batch posted to that peer; the
-// message is held in a per-peer FIFO and sent (eager AM on the same
-// endpoint) only once every batch up to that number has completed. Messages
-// leave the FIFO in order and eager AMs on one lane arrive in order, so
-// messages are delivered in order and after the writes they follow.
+// completion); UCX AM parts when their last AM, the "fence", completes. The
+// fence is held back until every other part of the batch has completed and is
+// then sent with UCP_AM_SEND_FLAG_RNDV. Eager AMs complete once UCX has handed
+// them to the wire (left its pending queue), so they precede the fence's RTS
+// on the endpoint's byte stream (UCX_MAX_EAGER_LANES=1); a rendezvous send
+// completes only after the target ran its receive callback and received the
+// data. So completion means every byte of the batch is in the target region.
+// (2) SendMessage records the sequence number of the last batch posted to the
+// peer; the message waits in a per-peer FIFO until every batch up to that
+// number has completed, and only one ordered message per peer is in flight at
+// a time (UCX may let a later eager AM pass one still in its pending queue:
+// observed on TCP under load). Messages are thus delivered in order, after
+// the writes they follow. The target defers handlers through the same FIFO
+// command queue, which keeps that order.
 //
 // Failure. The endpoint's error callback (UCP_ERR_HANDLING_MODE_PEER, with
 // keepalive), a failed UCX request, or ESRCH from process_vm_writev marks the
@@ -113,6 +116,7 @@ struct Peer {
     std::string payload;
   };
   std::deque<PendingMessage> messages;
+  bool message_in_flight = false;  // an ordered message not yet sent out
 };
 
 // One resolved write: source pointer and the place it goes.
@@ -131,6 +135,7 @@ struct Batch {
   Status error;
   WriteCallback done;
   std::vector<DataHeader> headers;  // stable storage for AM headers
+  std::optional<ResolvedOp> fence;  // last AM op, sent when the rest is done
 };
 
 class UcxTransport final : public Transport {
@@ -155,6 +160,7 @@ class UcxTransport final : public Transport {
   // Called from UCX callbacks (progress thread).
   void OnPartDone(Batch* batch, ucs_status_t status);
   void OnEpError(Peer* peer, ucs_status_t status);
+  void OnMessageSent(const std::shared_ptr<Peer>& peer);
   ucs_status_t OnDataAm(const void* header, size_t header_length, void* data, size_t length,
                         const ucp_am_recv_param_t* param);
   ucs_status_t OnMessageAm(void* data, size_t length);
@@ -177,11 +183,13 @@ class UcxTransport final : public Transport {
   // Progress thread.
   void StartBatch(const std::shared_ptr<Peer>& peer, std::vector<ResolvedOp> ops,
                   WriteCallback done);
-  void StartUcxOps(Batch* batch, const std::vector<ResolvedOp>& ops);
+  void StartUcxOps(Batch* batch, std::vector<ResolvedOp> ops);
+  ucs_status_ptr_t SendOp(Batch* batch, const ResolvedOp& op, bool fence);
+  void Track(Batch* batch, ucs_status_ptr_t request);
   void StartSameHostOps(Batch* batch, std::vector<ResolvedOp> ops);
   void FinishPart(Batch* batch);
   void FlushMessages(const std::shared_ptr<Peer>& peer);
-  void SendNow(const std::shared_ptr<Peer>& peer, std::string payload);
+  void SendNow(const std::shared_ptr<Peer>& peer, std::string payload, bool ordered);
   void MarkPeerFailed(Peer* peer, const Status& why);
   void ClosePeer(const std::shared_ptr<Peer>& peer, bool force);
   std::shared_ptr<Peer> FindPeerLocked(PeerId id) const;
