@@ -1,4 +1,13 @@
 // UCX transport factory. No UCX type leaves src/transport/ucx.
+//
+// The transport picks a data path per imported region and logs it: same-host
+// shared segment (memcpy), cross-memory attach (process_vm_writev), UCX
+// active-message rendezvous, or UCX put (force_put). It owns a progress thread
+// and a same-host writer thread; all Transport methods are thread-safe and
+// callbacks run on the progress thread, never inside a UCX callback. How the
+// ordering guarantee of transport.h is kept: see ucx_transport_impl.h.
+// Note: shm_error_handling sets UCX_POSIX_ERROR_HANDLING/UCX_SYSV_ERROR_HANDLING
+// in the process environment (unless already set) before UCX reads it.
 #pragma once
 
 #include <chrono>
