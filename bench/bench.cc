@@ -1,10 +1,92 @@
 #include "bench/bench.h"
 
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "bench/transport_bench.h"
+
 namespace kvbridge::bench {
+namespace {
+
+// Parses a size flag, throwing CLI11's error type so the CLI reports it.
+uint64_t SizeOrThrow(const std::string& flag, const std::string& text) {
+  Result<uint64_t> v = ParseSize(text);
+  if (!v.ok()) throw CLI::ValidationError(flag, v.status().message());
+  return *v;
+}
+
+void AddTransportCommands(CLI::App& bench, std::function<int()>& run) {
+  struct Flags {
+    TransportBenchOptions options;
+    std::vector<std::string> block_sizes = {"4K", "64K", "1M", "16M"};
+    std::string bytes = "1G";
+    std::string region_size = "1G";
+    bool no_warmup = false;
+    // transport-target
+    std::string target_path;
+    std::string target_region = "1G";
+    int in_fd = -1;
+    int out_fd = -1;
+  };
+  auto flags = std::make_shared<Flags>();
+
+  CLI::App* cmd = bench.add_subcommand(
+      "transport",
+      "One-sided write bandwidth and message rate per transport path between two processes on "
+      "this host, next to a memcpy / loopback-socket reference measured in the same run");
+  cmd->add_option("--paths", flags->options.paths, "Transport paths: shm, cma, tcp, ucx-shm")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--block-sizes", flags->block_sizes, "Block sizes (4K, 64KiB, 1M, ...)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--bytes", flags->bytes, "Bytes written per path and block size")
+      ->capture_default_str();
+  cmd->add_option("--region-size", flags->region_size, "Source and target region size")
+      ->capture_default_str();
+  cmd->add_option("--batch", flags->options.batch, "Blocks per write batch")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--depth", flags->options.depth, "Write batches in flight")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_flag("--json", flags->options.json, "Print one JSON object on stdout");
+  cmd->add_flag("--no-warmup", flags->no_warmup, "Skip the untimed warm-up pass");
+  cmd->callback([flags, &run] {
+    TransportBenchOptions& o = flags->options;
+    o.block_sizes.clear();
+    for (const auto& s : flags->block_sizes)
+      o.block_sizes.push_back(SizeOrThrow("--block-sizes", s));
+    o.bytes = SizeOrThrow("--bytes", flags->bytes);
+    o.region_size = SizeOrThrow("--region-size", flags->region_size);
+    o.warmup = !flags->no_warmup;
+    run = [flags] { return RunTransportBench(flags->options); };
+  });
+
+  // The target process the bench starts (re-executing this binary).
+  CLI::App* target = bench.add_subcommand("transport-target", "");
+  target->group("");  // hidden from --help
+  target->add_option("--path", flags->target_path)->required();
+  target->add_option("--region-size", flags->target_region)->required();
+  target->add_option("--in-fd", flags->in_fd)->required();
+  target->add_option("--out-fd", flags->out_fd)->required();
+  target->callback([flags, &run] {
+    uint64_t region = SizeOrThrow("--region-size", flags->target_region);
+    run = [flags, region] {
+      return RunTransportTarget(flags->target_path, region, flags->in_fd, flags->out_fd);
+    };
+  });
+}
+
+}  // namespace
 
 void AddBenchCommands(CLI::App& app, std::function<int()>& run) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks that print figures");
   bench->require_subcommand(1);
+  AddTransportCommands(*bench, run);
 }
 
 }  // namespace kvbridge::bench
