@@ -240,7 +240,10 @@ TEST(CrossMemoryTest, UnmappedAddressIsInvalidArgumentNamingIt) {
   auto* mem = static_cast<uint8_t*>(
       mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(mem, MAP_FAILED);
-  ASSERT_EQ(munmap(mem + page, page), 0);  // second page is a hole
+  // The second page is a hole. PROT_NONE rather than munmap: an unmapped
+  // range could be reused by the next mmap in this process (the logger, the
+  // sanitizer runtime) and the write would then land there.
+  ASSERT_EQ(mprotect(mem + page, page, PROT_NONE), 0);
   const uint64_t hole = reinterpret_cast<uintptr_t>(mem + page);
   char hole_hex[32];
   std::snprintf(hole_hex, sizeof(hole_hex), "0x%llx", static_cast<unsigned long long>(hole));
@@ -269,7 +272,7 @@ TEST(CrossMemoryTest, UnmappedAddressIsInvalidArgumentNamingIt) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   EXPECT_THAT(st.message(), HasSubstr(hole_hex));
   EXPECT_EQ(mem[page - 1], 0x42);
-  munmap(mem, page);
+  munmap(mem, 2 * page);
 }
 
 TEST(CrossMemoryTest, UnprivilegedPeerIsPermissionDenied) {
@@ -290,7 +293,12 @@ TEST(CrossMemoryTest, UnprivilegedPeerIsPermissionDenied) {
     if (MappedPeerSegment::Map(*ref).status().code() != StatusCode::kPermissionDenied) _exit(13);
     _exit(0);
   }
-  EXPECT_EQ(WaitExit(child), 0);
+  const int code = WaitExit(child);
+  if (code == 10) {
+    ASSERT_TRUE(FreeSharedBuffer(*r).ok());
+    GTEST_SKIP() << "cannot drop to uid 65534 here (no CAP_SETUID?)";
+  }
+  EXPECT_EQ(code, 0) << "11: probe, 12: write, 13: map was not PermissionDenied";
   EXPECT_EQ(static_cast<uint8_t*>(*r)[0], 0);
   ASSERT_TRUE(FreeSharedBuffer(*r).ok());
 }
