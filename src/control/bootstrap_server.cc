@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -199,8 +200,9 @@ void BootstrapServer::Impl::AddRoutes() {
     if (!res.body.empty()) return;  // a handler's own error reply
     StatusCode code = res.status == 404 ? StatusCode::kNotFound : StatusCode::kInvalidArgument;
     if (res.status >= 500) code = StatusCode::kInternal;
-    Status s(code, "no route " + req.method + " " + req.path + " (HTTP " +
-                       std::to_string(res.status) + ")");
+    const bool no_route = res.status == 404 || res.status == 405;
+    Status s(code, std::string(no_route ? "no route " : "request rejected: ") + req.method + " " +
+                       req.path + " (HTTP " + std::to_string(res.status) + ")");
     res.set_content(DumpJson(internal::ErrorBody(s)), "application/json");
   });
   http.set_exception_handler([](Req req, Res res, std::exception_ptr ep) {

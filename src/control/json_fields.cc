@@ -37,7 +37,7 @@ Status JsonFields::Int(const char* name, int64_t min, int64_t max, int64_t* out)
   int64_t value = 0;
   if (v->is_number_unsigned()) {
     uint64_t u = v->get<uint64_t>();
-    in_range = u <= static_cast<uint64_t>(max);
+    in_range = (min <= 0 || u >= static_cast<uint64_t>(min)) && u <= static_cast<uint64_t>(max);
     value = in_range ? static_cast<int64_t>(u) : max;
   } else {
     value = v->get<int64_t>();

@@ -103,7 +103,8 @@ class RankRecordBadFieldTest : public ::testing::TestWithParam<BadField> {};
 TEST_P(RankRecordBadFieldTest, IsInvalidArgumentNamingTheField) {
   json j = Prefill(1).ToJson();
   GetParam().mutate(j);
-  Result<RankRecord> r = RankRecord::FromJson(j);
+  // Through text, as over HTTP: the parser types 0 as unsigned.
+  Result<RankRecord> r = RankRecord::FromJson(json::parse(j.dump()));
   ASSERT_FALSE(r.ok());
   ExpectError(r.status(), StatusCode::kInvalidArgument, GetParam().names);
 }
@@ -125,6 +126,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadField{[](json& j) { j["kv_cache_dtype"] = ""; }, "kv_cache_dtype"},
                       BadField{[](json& j) { j["host"] = nullptr; }, "'host'"},
                       BadField{[](json& j) { j["pid"] = 0; }, "'pid'"},
+                      BadField{[](json& j) { j["page_size"] = -3; }, "'page_size'"},
                       BadField{[](json& j) { j["incarnation"] = 0; }, "incarnation"},
                       BadField{[](json& j) { j["incarnation"] = -5; }, "'incarnation'"},
                       BadField{[](json& j) { j["transport_address"] = "!!"; }, "transport_address"},
