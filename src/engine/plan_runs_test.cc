@@ -395,7 +395,7 @@ TEST(PlanKvPagesBruteForceTest, MatchesNaivePerHeadCopy) {
   auto pick = [&](std::initializer_list<int> values) {
     return *(values.begin() + rng() % values.size());
   };
-  for (int iter = 0; iter < 1000; ++iter) {
+  for (int iter = 0; iter < 500; ++iter) {
     const bool mla = rng() % 4 == 0;
     const int total = pick({1, 2, 4, 8});
     const int ptp = 1 + rng() % 8;
