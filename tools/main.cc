@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "bench/bench.h"
+#include "tools/worker.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvbridge: KV-cache transfer between prefill and decode workers"};
@@ -11,6 +12,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   std::function<int()> run;
   kvbridge::bench::AddBenchCommands(app, run);
+  kvbridge::tools::AddWorkerCommand(app, run);
   CLI11_PARSE(app, argc, argv);
   if (!run) {
     std::fputs(app.help().c_str(), stdout);

@@ -1,0 +1,78 @@
+// KVManager: one per rank. Registers the rank's KV memory with the transport,
+// registers the rank with the bootstrap registry (prefill rank 0 embeds the
+// bootstrap server by default), owns the transfer engine, watches the liveness
+// of the ranks it talks to, and turns every failure into a FailureRecord on
+// the requests it touches.
+//
+// Thread safety: all methods are thread-safe. Senders and receivers created
+// from a manager must be destroyed before it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kvbridge/errors.h"
+#include "kvbridge/options.h"
+#include "kvbridge/status.h"
+
+namespace kvbridge {
+
+class KVManager;
+
+namespace internal {
+class ManagerImpl;
+class Transport;
+Result<std::unique_ptr<KVManager>> CreateManager(const ManagerOptions& options,
+                                                 std::unique_ptr<Transport> transport);
+}  // namespace internal
+
+// Counters for tests, metrics and the CLI.
+struct ManagerStats {
+  uint64_t rooms_live = 0;  // senders/receivers not yet destroyed
+  uint64_t rooms_bootstrapping = 0;
+  uint64_t rooms_waiting = 0;
+  uint64_t rooms_transferring = 0;
+  uint64_t rooms_succeeded = 0;  // total
+  uint64_t rooms_failed = 0;     // total
+  uint64_t bytes_written = 0;    // prefill: payload bytes posted and completed
+  uint64_t write_ops = 0;        // coalesced writes posted
+  uint64_t chunks_sent = 0;
+  uint64_t stale_messages_dropped = 0;  // late messages of an old generation
+  uint64_t pending_metadata = 0;        // metadata waiting for its sender
+  uint64_t peers_connected = 0;
+};
+
+class KVManager {
+ public:
+  // Validates options (InvalidArgument naming the field), registers memory,
+  // starts the transport and, for prefill, registers with the bootstrap
+  // server (Unavailable naming it when unreachable).
+  static Result<std::unique_ptr<KVManager>> Create(const ManagerOptions& options);
+  ~KVManager();
+  KVManager(const KVManager&) = delete;
+  KVManager& operator=(const KVManager&) = delete;
+
+  const RankId& self() const;
+  const ManagerOptions& options() const;
+  // Where the bootstrap server is ("host:port").
+  const std::string& bootstrap_addr() const;
+
+  // The application hit a fatal error (e.g. out of memory): every live
+  // request on this rank fails with cause kLocalError and `reason`, and every
+  // rank that shares a request with this one learns it. Best effort; returns
+  // after the reports were sent.
+  void ReportFatal(const std::string& reason);
+
+  ManagerStats Stats() const;
+
+  internal::ManagerImpl& impl() { return *impl_; }
+
+ private:
+  friend Result<std::unique_ptr<KVManager>> internal::CreateManager(
+      const ManagerOptions&, std::unique_ptr<internal::Transport>);
+  explicit KVManager(std::unique_ptr<internal::ManagerImpl> impl);
+  std::unique_ptr<internal::ManagerImpl> impl_;
+};
+
+}  // namespace kvbridge

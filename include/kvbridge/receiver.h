@@ -1,0 +1,58 @@
+// KVReceiver: the decode side of one request (sglang's KVReceiver).
+//
+// Call order: Create -> Init(prefill_dp_rank) -> SendMetadata(pages, aux,
+// state, prefix) -> Poll() until Success or Failed. Init looks the prefill
+// instance up in the bootstrap registry, connects to the prefill ranks this
+// rank reads from and checks that their layout matches (FailedPrecondition
+// naming both values otherwise). Poll() reports Bootstrapping until the
+// metadata is sent, WaitingForInput until the first chunk lands,
+// Transferring, then Success when every source's last chunk is visible.
+//
+// Quiescence: after Abort() or a failure, writes of prefill may still be in
+// flight. Quiesced() turns true once no write of this request can land any
+// more (every source prefill rank confirmed, or is known dead). Only then may
+// the pages go back to the allocator. Success implies Quiesced().
+//
+// Thread safety: Poll(), Quiesced() and Failure() may be called from any
+// thread; the other calls from one thread at a time. Poll() never blocks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+
+#include "kvbridge/errors.h"
+#include "kvbridge/kv_poll.h"
+#include "kvbridge/manager.h"
+#include "kvbridge/status.h"
+
+namespace kvbridge {
+
+namespace internal {
+struct ReceiverRoom;
+}
+
+class KVReceiver {
+ public:
+  // FailedPrecondition when `room` already has a live receiver on this rank.
+  static Result<std::unique_ptr<KVReceiver>> Create(KVManager& manager, uint64_t room);
+  ~KVReceiver();  // aborts an unfinished request, releases the room
+
+  uint64_t room() const;
+  uint64_t generation() const;
+  Status Init(int prefill_dp_rank = 0);
+  Status SendMetadata(std::span<const int32_t> page_indices, int64_t aux_index,
+                      std::span<const int32_t> state_indices = {}, int64_t decode_prefix_len = 0);
+  KVPoll Poll() const;
+  std::optional<FailureRecord> Failure() const;
+  void Abort();
+  bool Quiesced() const;
+
+ private:
+  KVReceiver(KVManager& manager, std::shared_ptr<internal::ReceiverRoom> room);
+  KVManager& manager_;
+  std::shared_ptr<internal::ReceiverRoom> room_;
+};
+
+}  // namespace kvbridge

@@ -1,0 +1,55 @@
+// KVSender: the prefill side of one request (sglang's KVSender).
+//
+// Call order: Create -> Init(num_pages, aux_index) -> Send(chunk) ... the
+// chunk that completes num_pages is the last (a last chunk may be empty and
+// still sends aux and state). Poll() reports Bootstrapping until metadata
+// from every decode rank this rank serves arrived, then WaitingForInput,
+// Transferring after the first Send, and Success once every write of the last
+// chunk is visible at decode. On Failed, Failure() says why.
+//
+// Bad input (indices out of range, duplicates, wrong count, Send after the
+// last chunk, ...) returns InvalidArgument or FailedPrecondition naming the
+// value, writes nothing, and fails this request (decode learns why).
+//
+// Thread safety: Poll() and Failure() may be called from any thread; the
+// other calls from one thread at a time. Poll() never blocks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+
+#include "kvbridge/errors.h"
+#include "kvbridge/kv_poll.h"
+#include "kvbridge/manager.h"
+#include "kvbridge/status.h"
+
+namespace kvbridge {
+
+namespace internal {
+struct SenderRoom;
+}
+
+class KVSender {
+ public:
+  // FailedPrecondition when `room` already has a live sender on this rank.
+  static Result<std::unique_ptr<KVSender>> Create(KVManager& manager, uint64_t room);
+  ~KVSender();  // releases the room; an unfinished request is aborted first
+
+  uint64_t room() const;
+  Status Init(int64_t num_pages, int64_t aux_index);
+  Status Send(std::span<const int32_t> page_indices, std::span<const int32_t> state_indices = {});
+  KVPoll Poll() const;
+  std::optional<FailureRecord> Failure() const;
+  // Fails the request with cause kAborted (origin: this rank) and tells
+  // decode once nothing of it is in flight.
+  void Abort();
+
+ private:
+  KVSender(KVManager& manager, std::shared_ptr<internal::SenderRoom> room);
+  KVManager& manager_;
+  std::shared_ptr<internal::SenderRoom> room_;
+};
+
+}  // namespace kvbridge

@@ -1,0 +1,245 @@
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "connector/test_cluster.h"
+
+namespace kvbridge::internal {
+namespace {
+
+std::vector<int32_t> Scattered(int count, int pool_pages, uint32_t seed) {
+  std::vector<int32_t> all(pool_pages);
+  std::iota(all.begin(), all.end(), 0);
+  std::mt19937 rng(seed);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(count);
+  // Keep some runs consecutive, as a paged allocator does.
+  std::sort(all.begin(), all.begin() + count / 2);
+  return all;
+}
+
+struct Request {
+  uint64_t room;
+  std::vector<int32_t> src, dst;
+  int64_t src_aux = 1, dst_aux = 2;
+  std::vector<int32_t> src_state{3}, dst_state{5};
+  std::vector<std::unique_ptr<KVSender>> senders;
+  std::vector<std::unique_ptr<KVReceiver>> receivers;
+};
+
+// Creates receivers + metadata and senders, waits for WaitingForInput.
+void Start(TestCluster& c, Request& r, bool senders_first) {
+  auto make_senders = [&] {
+    for (auto& p : c.prefill) {
+      auto s = KVSender::Create(*p.manager, r.room);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      r.senders.push_back(std::move(s).value());
+    }
+  };
+  if (senders_first) make_senders();
+  for (auto& d : c.decode) {
+    auto rc = KVReceiver::Create(*d.manager, r.room);
+    ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+    ASSERT_TRUE((*rc)->Init(0).ok());
+    ASSERT_TRUE((*rc)->SendMetadata(r.dst, r.dst_aux, r.dst_state).ok());
+    r.receivers.push_back(std::move(rc).value());
+  }
+  if (!senders_first) make_senders();
+  for (auto& p : c.prefill) p.pool->Fill(r.room, r.src, r.src_aux, r.src_state);
+  ASSERT_TRUE(WaitFor([&] {
+    for (auto& s : r.senders)
+      if (s->Poll() != KVPoll::kWaitingForInput) return false;
+    return true;
+  })) << "senders stuck in "
+      << KVPollName(r.senders[0]->Poll());
+  for (auto& s : r.senders) ASSERT_TRUE(s->Init(r.src.size(), r.src_aux).ok());
+}
+
+void SendChunks(Request& r, const std::vector<int>& chunk_sizes) {
+  size_t pos = 0;
+  for (size_t c = 0; c < chunk_sizes.size(); ++c) {
+    std::span<const int32_t> chunk(r.src.data() + pos, chunk_sizes[c]);
+    pos += chunk_sizes[c];
+    bool last = pos == r.src.size();
+    for (auto& s : r.senders) {
+      Status st =
+          s->Send(chunk, last ? std::span<const int32_t>(r.src_state) : std::span<const int32_t>());
+      ASSERT_TRUE(st.ok()) << st.ToString();
+    }
+  }
+}
+
+void ExpectDelivered(TestCluster& c, Request& r) {
+  ASSERT_TRUE(WaitFor([&] {
+    for (auto& s : r.senders)
+      if (s->Poll() != KVPoll::kSuccess) return false;
+    for (auto& d : r.receivers)
+      if (d->Poll() != KVPoll::kSuccess) return false;
+    return true;
+  })) << "sender "
+      << KVPollName(r.senders[0]->Poll()) << ", receiver " << KVPollName(r.receivers[0]->Poll())
+      << (r.receivers[0]->Failure() ? ": " + r.receivers[0]->Failure()->Message() : "")
+      << (r.senders[0]->Failure() ? ": " + r.senders[0]->Failure()->Message() : "");
+  for (auto& d : r.receivers) EXPECT_TRUE(d->Quiesced());
+  for (size_t i = 0; i < c.decode.size(); ++i) {
+    EXPECT_EQ(c.decode[i].pool->CountCorruptPages(r.room, r.dst), 0u) << "decode tp" << i;
+    EXPECT_TRUE(c.decode[i].pool->AuxMatches(r.room, r.dst_aux)) << "decode tp" << i;
+    EXPECT_TRUE(c.decode[i].pool->StateMatches(r.room, r.dst_state)) << "decode tp" << i;
+  }
+}
+
+struct TpCase {
+  int prefill_tp;
+  int decode_tp;
+  int heads;
+  bool mla;
+};
+
+class ConnectorTpTest : public ::testing::TestWithParam<TpCase> {};
+
+TEST_P(ConnectorTpTest, ChunkedTransferLandsEveryByte) {
+  const TpCase& tc = GetParam();
+  ClusterOptions o;
+  o.prefill_tp = tc.prefill_tp;
+  o.decode_tp = tc.decode_tp;
+  o.shape.total_kv_heads = tc.heads;
+  o.shape.mla = tc.mla;
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Request r{.room = 42};
+  r.src = Scattered(12, o.num_pages, 1);
+  r.dst = Scattered(12, o.num_pages, 2);
+  Start(**c, r, /*senders_first=*/false);
+  SendChunks(r, {5, 4, 3});  // chunked prefill: the chunk completing num_pages is last
+  ExpectDelivered(**c, r);
+  auto stats = (*c)->prefill[0].manager->Stats();
+  EXPECT_GT(stats.write_ops, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ConnectorTpTest,
+                         ::testing::Values(TpCase{1, 1, 4, false}, TpCase{2, 2, 4, false},
+                                           TpCase{1, 2, 4, false}, TpCase{2, 1, 4, false},
+                                           TpCase{4, 2, 4, false}, TpCase{2, 4, 2, false},
+                                           TpCase{2, 2, 1, true}, TpCase{4, 2, 1, true},
+                                           TpCase{1, 2, 1, true}),
+                         [](const auto& info) {
+                           return (info.param.mla ? std::string("mla") : std::string("mha")) +
+                                  std::to_string(info.param.prefill_tp) + "to" +
+                                  std::to_string(info.param.decode_tp) + "h" +
+                                  std::to_string(info.param.heads);
+                         });
+
+TEST(ConnectorTest, EmptyLastChunkStillSendsAuxAndState) {
+  auto c = TestCluster::Create(ClusterOptions{});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Request r{.room = 11};  // no pages at all: the one chunk is empty and last
+  Start(**c, r, false);
+  SendChunks(r, {0});
+  ExpectDelivered(**c, r);
+}
+
+TEST(ConnectorTest, DecodePrefixPagesAreNotResent) {
+  auto c = TestCluster::Create(ClusterOptions{});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const uint8_t kFiller = 0x5A;
+  std::vector<int32_t> src = Scattered(6, 64, 3), dst_tail = {40, 41, 42, 43};
+  std::vector<int32_t> prefix_pages = {50, 51};
+  (*c)->decode[0].pool->Scrub(prefix_pages, kFiller);
+  (*c)->prefill[0].pool->Fill(12, src, 1, {});
+  auto recv = std::move(KVReceiver::Create(*(*c)->decode[0].manager, 12)).value();
+  auto send = std::move(KVSender::Create(*(*c)->prefill[0].manager, 12)).value();
+  ASSERT_TRUE(recv->Init(0).ok());
+  // Decode already holds the first two pages (8 tokens) of the prompt.
+  ASSERT_TRUE(recv->SendMetadata(dst_tail, 2, {}, /*decode_prefix_len=*/8).ok());
+  ASSERT_TRUE(WaitFor([&] { return send->Poll() == KVPoll::kWaitingForInput; }));
+  ASSERT_TRUE(send->Init(6, 1).ok());
+  ASSERT_TRUE(send->Send(std::span(src).first(2)).ok());  // prefix only: nothing to write
+  ASSERT_TRUE(send->Send(std::span(src).subspan(2)).ok());
+  ASSERT_TRUE(WaitFor([&] { return recv->Poll() == KVPoll::kSuccess; }));
+  EXPECT_EQ((*c)->decode[0].pool->CountCorruptPages(12, dst_tail, /*first_position=*/2), 0u);
+  EXPECT_TRUE((*c)->decode[0].pool->AuxMatches(12, 2));
+  EXPECT_TRUE((*c)->decode[0].pool->PagesHold(prefix_pages, kFiller));
+}
+
+TEST(ConnectorTest, MetadataBeforeSenderAndRoomReuse) {
+  auto c = TestCluster::Create(ClusterOptions{});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  for (int round = 0; round < 3; ++round) {
+    Request r{.room = 7};
+    r.src = Scattered(6, 64, 10 + round);
+    r.dst = Scattered(6, 64, 20 + round);
+    Start(**c, r, /*senders_first=*/round % 2 == 1);
+    SendChunks(r, {6});
+    ExpectDelivered(**c, r);
+  }
+  auto s = (*c)->decode[0].manager->Stats();
+  EXPECT_EQ(s.rooms_succeeded, 3u);
+  EXPECT_EQ(s.rooms_failed, 0u);
+}
+
+TEST(ConnectorTest, ManyConcurrentRooms) {
+  ClusterOptions o;
+  o.num_pages = 512;
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<Request> reqs(100);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].room = 1000 + i;
+    reqs[i].src = {static_cast<int32_t>(i * 4), static_cast<int32_t>(i * 4 + 1)};
+    reqs[i].dst = {static_cast<int32_t>(511 - i * 4), static_cast<int32_t>(510 - i * 4)};
+    reqs[i].src_aux = reqs[i].dst_aux = static_cast<int64_t>(i % 64);
+    reqs[i].src_state = {static_cast<int32_t>(i % 64)};
+    reqs[i].dst_state = {static_cast<int32_t>((i + 1) % 64)};
+  }
+  for (auto& r : reqs) Start(**c, r, false);
+  for (auto& r : reqs) SendChunks(r, {2});
+  for (auto& r : reqs) {
+    ASSERT_TRUE(WaitFor([&] { return r.receivers[0]->Poll() == KVPoll::kSuccess; }));
+    EXPECT_EQ((*c)->decode[0].pool->CountCorruptPages(r.room, r.dst), 0u);
+  }
+}
+
+TEST(ConnectorTest, StaleGenerationIsDroppedNotApplied) {
+  auto c = TestCluster::Create(ClusterOptions{});
+  ASSERT_TRUE(c.ok());
+  // A receiver aborted before prefill sent anything, then the room is reused.
+  auto old = KVReceiver::Create(*(*c)->decode[0].manager, 9);
+  ASSERT_TRUE(old.ok());
+  std::vector<int32_t> pages{1, 2};
+  ASSERT_TRUE((*old)->Init(0).ok());
+  ASSERT_TRUE((*old)->SendMetadata(pages, 0, {}).ok());
+  (*old)->Abort();
+  ASSERT_TRUE(WaitFor([&] { return (*old)->Quiesced(); }));
+  uint64_t old_gen = (*old)->generation();
+  old->reset();
+  Request r{.room = 9};
+  r.src = {3, 4};
+  r.dst = {5, 6};
+  Start(**c, r, false);
+  EXPECT_NE(r.receivers[0]->generation(), old_gen);
+  SendChunks(r, {2});
+  ExpectDelivered(**c, r);
+}
+
+TEST(ConnectorTest, SecondLiveReceiverOrSenderIsRefused) {
+  auto c = TestCluster::Create(ClusterOptions{});
+  ASSERT_TRUE(c.ok());
+  auto a = KVReceiver::Create(*(*c)->decode[0].manager, 5);
+  ASSERT_TRUE(a.ok());
+  auto b = KVReceiver::Create(*(*c)->decode[0].manager, 5);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(b.status().message().find("room 5"), std::string::npos);
+  auto s1 = KVSender::Create(*(*c)->prefill[0].manager, 5);
+  ASSERT_TRUE(s1.ok());
+  auto s2 = KVSender::Create(*(*c)->prefill[0].manager, 5);
+  EXPECT_EQ(s2.status().code(), StatusCode::kFailedPrecondition);
+  // Wrong side.
+  EXPECT_EQ(KVSender::Create(*(*c)->decode[0].manager, 6).status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace kvbridge::internal

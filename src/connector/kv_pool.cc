@@ -1,0 +1,198 @@
+#include "connector/kv_pool.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "engine/plan.h"
+#include "kvbridge/memory.h"
+
+namespace kvbridge::internal {
+namespace {
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t Seed(uint64_t room, uint64_t buffer, uint64_t position, uint64_t token, uint64_t head) {
+  return Mix(Mix(Mix(Mix(room) ^ buffer) ^ position) ^ (token << 20 | head));
+}
+
+void FillRun(uint8_t* dst, uint64_t bytes, uint64_t seed) {
+  for (uint64_t off = 0; off < bytes; off += 8) {
+    uint64_t v = seed + off;
+    std::memcpy(dst + off, &v, std::min<uint64_t>(8, bytes - off));
+  }
+}
+
+bool RunMatches(const uint8_t* src, uint64_t bytes, uint64_t seed) {
+  for (uint64_t off = 0; off < bytes; off += 8) {
+    uint64_t v = seed + off;
+    if (std::memcmp(src + off, &v, std::min<uint64_t>(8, bytes - off)) != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<KvPool>> KvPool::Create(const PoolOptions& o) {
+  const ModelShape& s = o.shape;
+  if (s.layers < 1 || s.total_kv_heads < 1 || s.head_dim < 1 || s.dtype_bytes < 1 ||
+      s.page_size < 1 || o.num_pages < 1 || o.tp_size < 1 || o.tp_rank < 0 ||
+      o.tp_rank >= o.tp_size)
+    return InvalidArgumentError("pool shape has a non-positive size or a bad tp rank");
+  std::unique_ptr<KvPool> p(new KvPool());
+  p->opts_ = o;
+  HeadRange heads = s.mla ? HeadRange{0, 1} : HeadsOfRank(s.total_kv_heads, o.tp_size, o.tp_rank);
+  p->kv_heads_ = heads.count;
+  p->first_head_ = heads.first;
+  p->item_len_ = static_cast<uint64_t>(s.page_size) * p->kv_heads_ * s.head_dim * s.dtype_bytes;
+  int buffers = s.mla ? s.layers : 2 * s.layers;
+  for (int i = 0; i < buffers; ++i) {
+    uint8_t* b = p->Alloc(p->item_len_ * o.num_pages);
+    if (b == nullptr) return ResourceExhaustedError("cannot allocate kv buffer");
+    p->kv_.push_back(b);
+  }
+  if (s.aux_item_len > 0) {
+    uint8_t* b = p->Alloc(static_cast<size_t>(s.aux_item_len) * o.aux_rows);
+    if (b == nullptr) return ResourceExhaustedError("cannot allocate aux buffer");
+    p->aux_.push_back(b);
+  }
+  if (s.state_item_len > 0) {
+    uint8_t* b = p->Alloc(static_cast<size_t>(s.state_item_len) * o.state_slots);
+    if (b == nullptr) return ResourceExhaustedError("cannot allocate state buffer");
+    p->state_.push_back(b);
+  }
+  return p;
+}
+
+uint8_t* KvPool::Alloc(size_t bytes) {
+  void* mem = nullptr;
+  if (opts_.shared_memory) {
+    Result<void*> r = AllocateSharedBuffer(bytes);
+    if (!r.ok()) return nullptr;
+    mem = *r;
+  } else {
+    mem = std::calloc(1, bytes);
+  }
+  if (mem != nullptr) allocations_.emplace_back(static_cast<uint8_t*>(mem), bytes);
+  return static_cast<uint8_t*>(mem);
+}
+
+KvPool::~KvPool() {
+  for (auto [mem, bytes] : allocations_) {
+    if (opts_.shared_memory) {
+      FreeSharedBuffer(mem).IgnoreError();
+    } else {
+      std::free(mem);
+    }
+  }
+}
+
+uint64_t KvPool::head_bytes() const {
+  return static_cast<uint64_t>(opts_.shape.head_dim) * opts_.shape.dtype_bytes;
+}
+
+KVArgs KvPool::Args() const {
+  KVArgs a;
+  a.engine_rank = opts_.tp_rank;
+  for (uint8_t* b : kv_) {
+    a.kv_data_ptrs.push_back(reinterpret_cast<uint64_t>(b));
+    a.kv_data_lens.push_back(item_len_ * opts_.num_pages);
+    a.kv_item_lens.push_back(item_len_);
+  }
+  for (uint8_t* b : aux_) {
+    a.aux_data_ptrs.push_back(reinterpret_cast<uint64_t>(b));
+    a.aux_data_lens.push_back(static_cast<uint64_t>(opts_.shape.aux_item_len) * opts_.aux_rows);
+    a.aux_item_lens.push_back(opts_.shape.aux_item_len);
+  }
+  for (uint8_t* b : state_) {
+    a.state_data_ptrs.push_back(reinterpret_cast<uint64_t>(b));
+    a.state_data_lens.push_back(static_cast<uint64_t>(opts_.shape.state_item_len) *
+                                opts_.state_slots);
+    a.state_item_lens.push_back(opts_.shape.state_item_len);
+  }
+  a.page_size = opts_.shape.page_size;
+  a.kv_head_num = kv_heads_;
+  a.total_kv_head_num = opts_.shape.total_kv_heads;
+  a.prefill_start_layer = 0;
+  a.prefill_end_layer = opts_.shape.layers;
+  a.dtype = opts_.shape.dtype_bytes == 2 ? "bfloat16" : "float32";
+  return a;
+}
+
+void KvPool::Fill(uint64_t room, std::span<const int32_t> pages, int64_t aux_index,
+                  std::span<const int32_t> state) {
+  const uint64_t hb = head_bytes();
+  for (size_t b = 0; b < kv_.size(); ++b) {
+    for (size_t i = 0; i < pages.size(); ++i) {
+      uint8_t* page = kv_[b] + static_cast<uint64_t>(pages[i]) * item_len_;
+      for (int t = 0; t < opts_.shape.page_size; ++t)
+        for (int h = 0; h < kv_heads_; ++h)
+          FillRun(page + (static_cast<uint64_t>(t) * kv_heads_ + h) * hb, hb,
+                  Seed(room, b, i, t, first_head_ + h));
+    }
+  }
+  if (aux_index >= 0)
+    for (size_t b = 0; b < aux_.size(); ++b)
+      FillRun(aux_[b] + aux_index * opts_.shape.aux_item_len, opts_.shape.aux_item_len,
+              Seed(room, 1000 + b, 0, 0, 0));
+  for (size_t b = 0; b < state_.size(); ++b)
+    for (size_t i = 0; i < state.size(); ++i)
+      FillRun(state_[b] + static_cast<uint64_t>(state[i]) * opts_.shape.state_item_len,
+              opts_.shape.state_item_len, Seed(room, 2000 + b, i, 0, 0));
+}
+
+uint64_t KvPool::CountCorruptPages(uint64_t room, std::span<const int32_t> pages,
+                                   int64_t first_position) const {
+  const uint64_t hb = head_bytes();
+  uint64_t corrupt = 0;
+  for (size_t b = 0; b < kv_.size(); ++b) {
+    for (size_t i = 0; i < pages.size(); ++i) {
+      const uint8_t* page = kv_[b] + static_cast<uint64_t>(pages[i]) * item_len_;
+      bool ok = true;
+      for (int t = 0; ok && t < opts_.shape.page_size; ++t)
+        for (int h = 0; ok && h < kv_heads_; ++h)
+          ok = RunMatches(page + (static_cast<uint64_t>(t) * kv_heads_ + h) * hb, hb,
+                          Seed(room, b, first_position + i, t, first_head_ + h));
+      corrupt += ok ? 0 : 1;
+    }
+  }
+  return corrupt;
+}
+
+bool KvPool::AuxMatches(uint64_t room, int64_t aux_index) const {
+  for (size_t b = 0; b < aux_.size(); ++b)
+    if (!RunMatches(aux_[b] + aux_index * opts_.shape.aux_item_len, opts_.shape.aux_item_len,
+                    Seed(room, 1000 + b, 0, 0, 0)))
+      return false;
+  return true;
+}
+
+bool KvPool::StateMatches(uint64_t room, std::span<const int32_t> state) const {
+  for (size_t b = 0; b < state_.size(); ++b)
+    for (size_t i = 0; i < state.size(); ++i)
+      if (!RunMatches(state_[b] + static_cast<uint64_t>(state[i]) * opts_.shape.state_item_len,
+                      opts_.shape.state_item_len, Seed(room, 2000 + b, i, 0, 0)))
+        return false;
+  return true;
+}
+
+void KvPool::Scrub(std::span<const int32_t> pages, uint8_t value) {
+  for (uint8_t* b : kv_)
+    for (int32_t p : pages) std::memset(b + static_cast<uint64_t>(p) * item_len_, value, item_len_);
+}
+
+bool KvPool::PagesHold(std::span<const int32_t> pages, uint8_t value) const {
+  for (uint8_t* b : kv_)
+    for (int32_t p : pages) {
+      const uint8_t* page = b + static_cast<uint64_t>(p) * item_len_;
+      for (uint64_t i = 0; i < item_len_; ++i)
+        if (page[i] != value) return false;
+    }
+  return true;
+}
+
+}  // namespace kvbridge::internal

@@ -1,0 +1,519 @@
+#include "connector/manager_impl.h"
+
+#include <fmt/format.h>
+
+#include <random>
+
+#include "common/log.h"
+#include "common/process.h"
+#include "connector/layout_json.h"
+#include "transport/shm/shm.h"
+#include "transport/ucx/ucx_transport.h"
+
+namespace kvbridge::internal {
+namespace {
+
+uint64_t NewIncarnation() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return v == 0 ? 1 : v;
+}
+
+Status CheckBuffers(const char* what, const std::vector<uint64_t>& ptrs,
+                    const std::vector<uint64_t>& lens, const std::vector<uint64_t>& items) {
+  if (ptrs.size() != lens.size() || ptrs.size() != items.size()) {
+    return InvalidArgumentError(fmt::format("{}: {} pointers, {} lengths, {} item lengths", what,
+                                            ptrs.size(), lens.size(), items.size()));
+  }
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    if (ptrs[i] == 0 || lens[i] == 0 || items[i] == 0 || items[i] > lens[i]) {
+      return InvalidArgumentError(fmt::format("{}[{}]: pointer {:#x}, length {}, item length {}",
+                                              what, i, ptrs[i], lens[i], items[i]));
+    }
+  }
+  return Status();
+}
+
+Status ValidateOptions(const ManagerOptions& o) {
+  if (o.role == Role::kBootstrap) return InvalidArgumentError("role must be prefill or decode");
+  const KVArgs& a = o.args;
+  if (a.kv_data_ptrs.empty()) return InvalidArgumentError("kv_data_ptrs is empty");
+  RETURN_IF_ERROR(CheckBuffers("kv", a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens));
+  RETURN_IF_ERROR(CheckBuffers("aux", a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens));
+  RETURN_IF_ERROR(CheckBuffers("state", a.state_data_ptrs, a.state_data_lens, a.state_item_lens));
+  if (a.page_size < 1) return InvalidArgumentError(fmt::format("page_size {}", a.page_size));
+  const ParallelLayout& p = o.parallel;
+  for (auto [name, size, rank] : {std::tuple{"tp", p.tp_size, p.tp_rank},
+                                  {"dp", p.dp_size, p.dp_rank},
+                                  {"pp", p.pp_size, p.pp_rank},
+                                  {"cp", p.cp_size, p.cp_rank}}) {
+    if (size < 1 || rank < 0 || rank >= size)
+      return InvalidArgumentError(fmt::format("{} rank {} of size {}", name, rank, size));
+  }
+  if (o.heartbeat_interval.count() <= 0 || o.heartbeat_misses < 1)
+    return InvalidArgumentError("heartbeat_interval and heartbeat_misses must be positive");
+  return Status();
+}
+
+std::vector<BufferSpan> Spans(const std::vector<uint64_t>& ptrs, const std::vector<uint64_t>& lens,
+                              const std::vector<uint64_t>& items) {
+  std::vector<BufferSpan> out;
+  for (size_t i = 0; i < ptrs.size(); ++i) out.push_back({ptrs[i], lens[i], items[i]});
+  return out;
+}
+
+}  // namespace
+
+ManagerImpl::ManagerImpl(const ManagerOptions& options)
+    : opts_(options), next_generation_(NewIncarnation() & 0x0000ffffffffffffull) {}
+
+Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Create(const ManagerOptions& options,
+                                                         std::unique_ptr<Transport> transport) {
+  RETURN_IF_ERROR(ValidateOptions(options));
+  std::unique_ptr<ManagerImpl> m(new ManagerImpl(options));
+  m->transport_ = std::move(transport);
+  RETURN_IF_ERROR(m->Start());
+  return m;
+}
+
+Status ManagerImpl::Start() {
+  const KVArgs& a = opts_.args;
+  const ParallelLayout& p = opts_.parallel;
+  self_.role = opts_.role;
+  self_.dp = p.dp_rank;
+  self_.tp = p.tp_rank;
+  self_.pp = p.pp_rank;
+  self_.cp = p.cp_rank;
+  self_.host = ThisHost().host;
+  self_.pid = ThisHost().pid;
+  self_.incarnation = NewIncarnation();
+  SetLogIdentity(self_.ShortName());
+
+  layout_.is_mla = opts_.is_mla;
+  layout_.page_size = a.page_size;
+  layout_.dtype = a.dtype;
+  layout_.tp_size = p.tp_size;
+  layout_.tp_rank = p.tp_rank;
+  layout_.total_kv_heads = a.total_kv_head_num;
+  layout_.kv_heads = opts_.is_mla ? 1 : a.kv_head_num;
+  int per_layer = opts_.is_mla ? 1 : 2;
+  layout_.start_layer = a.prefill_start_layer;
+  layout_.end_layer =
+      a.prefill_end_layer >= 0
+          ? a.prefill_end_layer
+          : a.prefill_start_layer + static_cast<int>(a.kv_data_ptrs.size()) / per_layer;
+  layout_.kv = Spans(a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens);
+  layout_.aux = Spans(a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens);
+  layout_.state = Spans(a.state_data_ptrs, a.state_data_lens, a.state_item_lens);
+  RETURN_IF_ERROR(CheckLayout(layout_).WithContext("KVArgs"));
+
+  if (!transport_) {
+    UcxTransportOptions t;
+    t.tls = opts_.ucx_tls;
+    t.same_host_paths = opts_.same_host_path == SameHostPath::kAuto;
+    t.name = self_.ShortName();
+    ASSIGN_OR_RETURN(transport_, CreateUcxTransport(t));
+  }
+  transport_->SetMessageHandler([this](std::string_view bytes) { OnMessage(bytes); });
+  transport_->SetPeerFailureHandler(
+      [this](PeerId peer, const Status& why) { OnPeerFailure(peer, why); });
+
+  auto reg = [&](const std::vector<BufferSpan>& spans, std::vector<RegionId>* ids,
+                 std::vector<std::string>* keys) -> Status {
+    for (const BufferSpan& s : spans) {
+      ASSIGN_OR_RETURN(
+          RegisteredRegion r,
+          transport_->RegisterMemory(reinterpret_cast<void*>(s.addr), s.length, a.memory_kind));
+      ids->push_back(r.id);
+      keys->push_back(std::move(r.remote_key));
+    }
+    return Status();
+  };
+  RETURN_IF_ERROR(reg(layout_.kv, &regions_.kv, &kv_keys_));
+  RETURN_IF_ERROR(reg(layout_.aux, &regions_.aux, &aux_keys_));
+  RETURN_IF_ERROR(reg(layout_.state, &regions_.state, &state_keys_));
+  engine_ = std::make_unique<TransferEngine>(*transport_, regions_);
+
+  ASSIGN_OR_RETURN(auto client,
+                   BootstrapClient::Create(opts_.bootstrap_addr, std::chrono::milliseconds(2000)));
+  bootstrap_ = std::move(client);
+  bool first_prefill = opts_.role == Role::kPrefill && p.tp_rank == 0 && p.dp_rank == 0 &&
+                       p.pp_rank == 0 && p.cp_rank == 0;
+  if (first_prefill && opts_.start_bootstrap_server && !bootstrap_->Health().ok()) {
+    BootstrapServerOptions so;
+    so.port = bootstrap_->port();
+    auto server = BootstrapServer::Start(so);
+    if (!server.ok()) return server.status().WithContext("embedded bootstrap server");
+    embedded_server_ = std::move(server).value();
+    KVB_LOG_INFO("embedded bootstrap server listening on {}", embedded_server_->address());
+  }
+
+  RankRecord rec;
+  rec.role = opts_.role == Role::kPrefill ? RankRole::kPrefill : RankRole::kDecode;
+  rec.attn_tp_size = p.tp_size;
+  rec.attn_tp_rank = p.tp_rank;
+  rec.attn_cp_size = p.cp_size;
+  rec.attn_cp_rank = p.cp_rank;
+  rec.attn_dp_size = p.dp_size;
+  rec.attn_dp_rank = p.dp_rank;
+  rec.pp_size = p.pp_size;
+  rec.pp_rank = p.pp_rank;
+  rec.rank_ip = opts_.advertise_host;
+  rec.page_size = a.page_size;
+  rec.kv_cache_dtype = a.dtype;
+  rec.host = self_.host;
+  rec.pid = self_.pid;
+  rec.incarnation = self_.incarnation;
+  rec.transport_address = transport_->Address();
+  rec.layout = LayoutToJson(layout_);
+  Status registered = bootstrap_->RegisterRank(rec);
+  if (!registered.ok()) {
+    if (opts_.role == Role::kPrefill) return registered.WithContext("registering with bootstrap");
+    KVB_LOG_WARN("decode rank not listed in the bootstrap registry: {}", registered.ToString());
+  }
+  ticker_ = std::thread([this] { TickerLoop(); });
+  KVB_LOG_INFO("manager up: {} incarnation {:#x}, transport {}", self_.ToString(),
+               self_.incarnation, transport_->Name());
+  return Status();
+}
+
+ManagerImpl::~ManagerImpl() {
+  {
+    std::lock_guard<std::mutex> lock(ticker_mu_);
+    stop_ = true;
+  }
+  ticker_cv_.notify_all();
+  if (ticker_.joinable()) ticker_.join();
+  engine_.reset();
+  if (transport_) {
+    for (RegionId id : regions_.kv) transport_->DeregisterMemory(id).IgnoreError();
+    for (RegionId id : regions_.aux) transport_->DeregisterMemory(id).IgnoreError();
+    for (RegionId id : regions_.state) transport_->DeregisterMemory(id).IgnoreError();
+  }
+  transport_.reset();
+  embedded_server_.reset();
+}
+
+std::string ManagerImpl::PeerKey(const RankId& id) {
+  return fmt::format("{}/dp{}/tp{}/pp{}/cp{}", RoleName(id.role), id.dp, id.tp, id.pp, id.cp);
+}
+
+Peer* ManagerImpl::FindPeerLocked(const std::string& key) {
+  auto it = peers_.find(key);
+  return it == peers_.end() ? nullptr : it->second.get();
+}
+
+Peer* ManagerImpl::PeerFromLocked(const RankId& from) {
+  Peer* p = FindPeerLocked(PeerKey(from));
+  if (p == nullptr || p->id.incarnation != from.incarnation) return nullptr;
+  return p;
+}
+
+void ManagerImpl::Send(Outbox& out, const Peer& peer, const MessageBody& body) {
+  if (peer.tpeer == 0) return;
+  out.messages.emplace_back(peer.tpeer, EncodeMessage(self_, body));
+}
+
+void ManagerImpl::Flush(Outbox& out) {
+  for (auto& [peer, bytes] : out.messages) {
+    Status s = transport_->SendMessage(peer, std::move(bytes));
+    if (!s.ok()) KVB_LOG_DEBUG("message to peer {} not sent: {}", peer, s.ToString());
+  }
+  out.messages.clear();
+  for (auto& post : out.posts) {
+    engine_->PostChunk(post.peer, std::move(post.remote), std::move(post.runs),
+                       std::move(post.notify), std::move(post.done));
+  }
+  out.posts.clear();
+}
+
+FailureRecord ManagerImpl::MakeRecord(const RankId& origin, FailureCause cause, std::string detail,
+                                      Phase phase, std::string mechanism) const {
+  FailureRecord r;
+  r.origin = origin;
+  r.cause = cause;
+  r.detail = std::move(detail);
+  r.phase = phase;
+  r.detected_by = self_;
+  r.mechanism = std::move(mechanism);
+  r.detected_at = std::chrono::system_clock::now();
+  r.last_sign_of_life = r.detected_at;
+  r.hint = std::string(FailureHint(cause));
+  r.is_from_another_rank = !(origin.SameRank(self_) && origin.pid == self_.pid);
+  return r;
+}
+
+void ManagerImpl::OnMessage(std::string_view bytes) {
+  KVB_LOG_TRACE("control message of {} bytes", bytes.size());
+  Result<Message> decoded = DecodeMessage(bytes);
+  if (!decoded.ok()) {
+    KVB_LOG_WARN("dropping control message: {}", decoded.status().ToString());
+    return;
+  }
+  Message m = std::move(decoded).value();
+  if (auto* hello = std::get_if<HelloMsg>(&m.body)) {
+    OnHello(m.from, std::move(*hello));
+    return;
+  }
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer* peer = PeerFromLocked(m.from);
+    if (peer != nullptr) {
+      peer->last_heard = std::chrono::steady_clock::now();
+      peer->last_heard_wall = std::chrono::system_clock::now();
+      if (peer->failed && peer->failure &&
+          peer->failure->cause == FailureCause::kPeerUnresponsive) {
+        // A stopped peer that was continued: it serves new requests again;
+        // the requests failed while it was silent stay failed.
+        KVB_LOG_WARN("{} is responsive again; new requests may use it", peer->id.ToString());
+        peer->failed = false;
+        peer->failure.reset();
+      }
+    }
+    std::visit(
+        [&](auto& body) {
+          using T = std::decay_t<decltype(body)>;
+          if constexpr (std::is_same_v<T, HelloAckMsg>) {
+            if (peer != nullptr && body.code != StatusCode::kOk && !peer->failed) {
+              FailPeerLocked(*peer, FailureCause::kLayoutMismatch, body.message, "handshake", out);
+            }
+          } else if constexpr (std::is_same_v<T, MetaMsg>) {
+            OnMeta(m.from, std::move(body), out);
+          } else if constexpr (std::is_same_v<T, NotifyMsg>) {
+            OnNotify(m.from, body, out);
+          } else if constexpr (std::is_same_v<T, RoomFailedMsg>) {
+            if (opts_.role == Role::kPrefill) {
+              OnDecodeRoomFailed(m.from, body, out);
+            } else {
+              OnPrefillRoomFailed(m.from, body, out);
+            }
+          } else if constexpr (std::is_same_v<T, QuiescedMsg>) {
+            OnQuiesced(m.from, body, out);
+          }
+        },
+        m.body);
+  }
+  Flush(out);
+}
+
+void ManagerImpl::OnHello(const RankId& from, HelloMsg hello) {
+  // Runs on a transport thread; Connect and ImportRegion are allowed there.
+  std::lock_guard<std::mutex> resolve(resolve_mu_);
+  Outbox out;
+  PeerId stale = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer* old = FindPeerLocked(PeerKey(from));
+    if (old != nullptr && old->id.incarnation == from.incarnation && old->ready) return;
+    if (old != nullptr) {
+      if (!old->failed) {
+        FailPeerLocked(*old, FailureCause::kPeerExited,
+                       fmt::format("restarted as pid {}", from.pid), "new incarnation", out);
+      }
+      stale = old->tpeer;
+      by_tpeer_.erase(old->tpeer);
+      peers_.erase(PeerKey(from));
+    }
+  }
+  Flush(out);
+  if (stale != 0) transport_->Disconnect(stale);
+
+  auto peer = std::make_unique<Peer>();
+  peer->key = PeerKey(from);
+  peer->id = from;
+  peer->address = hello.address;
+  peer->layout = hello.layout;
+  peer->tp_size = hello.tp_size;
+  Result<PeerId> conn = transport_->Connect(hello.address);
+  if (!conn.ok()) {
+    KVB_LOG_WARN("cannot connect back to {}: {}", from.ToString(), conn.status().ToString());
+    return;
+  }
+  peer->tpeer = *conn;
+  Status verdict = CheckCompatible(layout_, hello.layout);
+  auto import = [&](const std::vector<std::string>& keys,
+                    std::vector<RemoteRegionId>* ids) -> Status {
+    for (const std::string& key : keys) {
+      ASSIGN_OR_RETURN(RemoteRegionId id, transport_->ImportRegion(peer->tpeer, key));
+      ids->push_back(id);
+    }
+    return Status();
+  };
+  if (verdict.ok()) verdict = import(hello.kv_keys, &peer->remote.kv);
+  if (verdict.ok()) verdict = import(hello.aux_keys, &peer->remote.aux);
+  if (verdict.ok()) verdict = import(hello.state_keys, &peer->remote.state);
+  HelloAckMsg ack{verdict.code(), verdict.message(), transport_->Address()};
+  out.messages.emplace_back(peer->tpeer, EncodeMessage(self_, ack));
+  if (!verdict.ok()) {
+    KVB_LOG_WARN("refusing {}: {}", from.ToString(), verdict.ToString());
+    Flush(out);
+    transport_->Disconnect(peer->tpeer);
+    return;
+  }
+  Result<DataPath> path = transport_->PathTo(peer->tpeer);
+  KVB_LOG_INFO("connected to {} via {}", from.ToString(),
+               path.ok() ? DataPathName(*path) : std::string_view("?"));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer->ready = true;
+    by_tpeer_[peer->tpeer] = peer.get();
+    peers_[peer->key] = std::move(peer);
+  }
+  Flush(out);
+}
+
+void ManagerImpl::OnPeerFailure(PeerId tpeer, const Status& why) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = by_tpeer_.find(tpeer);
+    if (it == by_tpeer_.end() || it->second->failed) return;
+    Peer& peer = *it->second;
+    ProcessState ps =
+        peer.id.host == self_.host ? GetProcessState(peer.id.pid) : ProcessState::kUnknown;
+    if (ps == ProcessState::kExited) {
+      FailPeerLocked(peer, FailureCause::kPeerExited, "process exited", "transport error", out);
+    } else {
+      FailPeerLocked(peer, FailureCause::kPeerUnreachable, why.message(), "transport error", out);
+    }
+  }
+  Flush(out);
+}
+
+void ManagerImpl::FailPeerLocked(Peer& peer, FailureCause cause, std::string detail,
+                                 std::string mechanism, Outbox& out) {
+  peer.failed = true;
+  FailureRecord base =
+      MakeRecord(peer.id, cause, std::move(detail), Phase::kTransferring, std::move(mechanism));
+  base.last_sign_of_life = peer.last_heard_wall;
+  peer.failure = base;
+  KVB_LOG_WARN("peer failed: {}", base.Message());
+  for (auto& [id, room] : senders_) {
+    bool touches = false;
+    for (auto& [rank, flow] : room->flows) {
+      if (flow.peer_key != peer.key) continue;
+      touches = true;
+      flow.closed = true;  // nothing more can be said to a dead peer
+    }
+    if (!touches || room->failure) continue;
+    FailureRecord r = base;
+    r.room = room->room;
+    r.phase = room->phase;
+    FailSenderLocked(*room, r, out);
+  }
+  for (auto& [id, room] : receivers_) {
+    bool touches = false;
+    for (ReceiverSource& src : room->sources) {
+      if (src.peer_key != peer.key) continue;
+      touches = true;
+      src.quiesced = true;  // a dead process writes nothing more
+    }
+    if (!touches) continue;
+    if (!room->failure && room->poll() != KVPoll::kSuccess) {
+      FailureRecord r = base;
+      r.room = room->room;
+      r.generation = room->generation;
+      r.phase = room->phase;
+      FailReceiverLocked(*room, r, out);
+    }
+    UpdateQuiescedLocked(*room);
+  }
+  for (auto it = pending_meta_.begin(); it != pending_meta_.end();) {
+    it = PeerKey(it->second.from) == peer.key ? pending_meta_.erase(it) : std::next(it);
+  }
+}
+
+void ManagerImpl::TickerLoop() {
+  std::unique_lock<std::mutex> lock(ticker_mu_);
+  while (!stop_) {
+    ticker_cv_.wait_for(lock, opts_.heartbeat_interval, [this] { return stop_; });
+    if (stop_) return;
+    lock.unlock();
+    Tick();
+    lock.lock();
+  }
+}
+
+void ManagerImpl::Tick() {
+  const SteadyTime now = std::chrono::steady_clock::now();
+  const auto silence_limit = opts_.heartbeat_interval * opts_.heartbeat_misses;
+  std::vector<PeerId> beats;
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [key, peer] : peers_) {
+      if (peer->tpeer == 0) continue;
+      if (!peer->failed || peer->failure->cause == FailureCause::kPeerUnresponsive)
+        beats.push_back(peer->tpeer);
+      if (peer->failed || !peer->ready) continue;
+      if (now - peer->last_heard <= silence_limit) continue;
+      ProcessState ps =
+          peer->id.host == self_.host ? GetProcessState(peer->id.pid) : ProcessState::kUnknown;
+      double silent = std::chrono::duration<double>(now - peer->last_heard).count();
+      if (ps == ProcessState::kExited) {
+        FailPeerLocked(*peer, FailureCause::kPeerExited, "process exited", "heartbeat", out);
+      } else {
+        std::string what = ps == ProcessState::kStopped ? DescribeProcessState(ps) + ", " : "";
+        FailPeerLocked(*peer, FailureCause::kPeerUnresponsive,
+                       fmt::format("{}silent for {:.2f} s", what, silent), "heartbeat", out);
+      }
+    }
+    TickSendersLocked(now, out);
+    TickReceiversLocked(now, out);
+  }
+  Flush(out);
+  std::string beat = EncodeMessage(self_, HeartbeatMsg{heartbeat_seq_.fetch_add(1)});
+  for (PeerId p : beats) transport_->SendUrgentMessage(p, beat).IgnoreError();
+  if (opts_.role == Role::kDecode) RetryUnresolved();
+}
+
+void ManagerImpl::ReportFatal(const std::string& reason) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fatal_ = MakeRecord(self_, FailureCause::kLocalError, reason, Phase::kTransferring,
+                        "application report");
+    KVB_LOG_ERROR("fatal error reported: {}", reason);
+    for (auto& [id, room] : senders_) {
+      if (room->failure) continue;
+      FailureRecord r = *fatal_;
+      r.room = room->room;
+      r.phase = room->phase;
+      FailSenderLocked(*room, r, out);
+    }
+    for (auto& [id, room] : receivers_) {
+      if (room->failure || room->poll() == KVPoll::kSuccess) continue;
+      FailureRecord r = *fatal_;
+      r.room = room->room;
+      r.generation = room->generation;
+      r.phase = room->phase;
+      FailReceiverLocked(*room, r, out);
+    }
+  }
+  Flush(out);
+}
+
+ManagerStats ManagerImpl::Stats() const {
+  ManagerStats s;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto count = [&](KVPoll p) {
+    if (p == KVPoll::kBootstrapping) ++s.rooms_bootstrapping;
+    if (p == KVPoll::kWaitingForInput) ++s.rooms_waiting;
+    if (p == KVPoll::kTransferring) ++s.rooms_transferring;
+  };
+  for (auto& [id, r] : senders_) count(r->poll());
+  for (auto& [id, r] : receivers_) count(r->poll());
+  s.rooms_live = senders_.size() + receivers_.size();
+  s.rooms_succeeded = succeeded_;
+  s.rooms_failed = failed_;
+  s.bytes_written = bytes_written_;
+  s.write_ops = write_ops_;
+  s.chunks_sent = chunks_sent_;
+  s.stale_messages_dropped = stale_dropped_;
+  s.pending_metadata = pending_meta_.size();
+  for (auto& [key, p] : peers_) s.peers_connected += (p->ready && !p->failed) ? 1 : 0;
+  return s;
+}
+
+}  // namespace kvbridge::internal

@@ -1,0 +1,183 @@
+// ManagerImpl: the state machines behind KVManager, KVSender and KVReceiver.
+//
+// Lock discipline: one mutex (mu_) guards peers, rooms and pending metadata.
+// Transport and engine calls are never made while holding it: handlers fill
+// an Outbox under the lock and Flush() it after unlocking, so a transport
+// thread that calls back into us can never deadlock against a caller.
+//
+// Threads: transport threads deliver messages (OnMessage) and peer failures
+// (OnPeerFailure); the engine thread posts writes; the ticker thread sends
+// heartbeats, checks liveness and phase deadlines, and retries bootstrap.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "connector/rooms.h"
+#include "control/bootstrap_client.h"
+#include "engine/engine.h"
+#include "engine/protocol.h"
+#include "kvbridge/bootstrap.h"
+#include "kvbridge/manager.h"
+#include "kvbridge/options.h"
+#include "transport/transport.h"
+
+namespace kvbridge::internal {
+
+// A rank on the other side (or a sibling) that we exchange messages with.
+struct Peer {
+  std::string key;
+  RankId id;
+  PeerId tpeer = 0;
+  std::string address;
+  RankLayout layout;
+  RemoteRegionSet remote;  // prefill side: decode's imported regions
+  int tp_size = 0;
+  bool ready = false;
+  bool failed = false;
+  std::optional<FailureRecord> failure;  // why it failed (room 0)
+  SteadyTime last_heard = std::chrono::steady_clock::now();
+  std::chrono::system_clock::time_point last_heard_wall = std::chrono::system_clock::now();
+};
+
+struct PendingMeta {
+  MetaMsg meta;
+  RankId from;
+  SteadyTime at;
+};
+
+class ManagerImpl {
+ public:
+  // `transport` replaces the UCX transport (tests: loopback, fault wrapper).
+  static Result<std::unique_ptr<ManagerImpl>> Create(const ManagerOptions& options,
+                                                     std::unique_ptr<Transport> transport = {});
+  ~ManagerImpl();
+
+  const RankId& self() const { return self_; }
+  const ManagerOptions& options() const { return opts_; }
+  const std::string& bootstrap_addr() const { return opts_.bootstrap_addr; }
+  const RankLayout& layout() const { return layout_; }
+  Transport& transport() { return *transport_; }
+
+  // Prefill side (sender_side.cc).
+  Result<std::shared_ptr<SenderRoom>> NewSender(uint64_t room);
+  void ReleaseSender(const std::shared_ptr<SenderRoom>& room);
+  Status SenderInit(SenderRoom& room, int64_t num_pages, int64_t aux_index);
+  Status SenderSend(const std::shared_ptr<SenderRoom>& room, std::span<const int32_t> pages,
+                    std::span<const int32_t> state);
+  void SenderAbort(const std::shared_ptr<SenderRoom>& room);
+  std::optional<FailureRecord> SenderFailure(const SenderRoom& room) const;
+
+  // Decode side (receiver_side.cc).
+  Result<std::shared_ptr<ReceiverRoom>> NewReceiver(uint64_t room);
+  void ReleaseReceiver(const std::shared_ptr<ReceiverRoom>& room);
+  Status ReceiverInit(const std::shared_ptr<ReceiverRoom>& room, int prefill_dp_rank);
+  Status ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& room,
+                              std::span<const int32_t> pages, int64_t aux_index,
+                              std::span<const int32_t> state, int64_t decode_prefix_len);
+  void ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room);
+  std::optional<FailureRecord> ReceiverFailure(const ReceiverRoom& room) const;
+
+  void ReportFatal(const std::string& reason);
+  ManagerStats Stats() const;
+
+ private:
+  struct Outbox {
+    std::vector<std::pair<PeerId, std::string>> messages;
+    struct Post {
+      PeerId peer;
+      RemoteRegionSet remote;
+      std::vector<CopyRun> runs;
+      std::string notify;
+      ChunkCallback done;
+    };
+    std::vector<Post> posts;
+  };
+
+  explicit ManagerImpl(const ManagerOptions& options);
+  Status Start();
+  void Flush(Outbox& out);
+  void Send(Outbox& out, const Peer& peer, const MessageBody& body);
+
+  // Messages and transport events (manager_impl.cc).
+  void OnMessage(std::string_view bytes);
+  void OnPeerFailure(PeerId peer, const Status& why);
+  void OnHello(const RankId& from, HelloMsg hello);
+  void OnHelloAck(const RankId& from, const HelloAckMsg& ack);
+  void Tick();
+  void TickerLoop();
+
+  // Peers.
+  static std::string PeerKey(const RankId& id);
+  Peer* FindPeerLocked(const std::string& key);
+  Peer* PeerFromLocked(const RankId& from);  // nullptr when unknown or stale
+  // Marks `peer` failed and fails every room touching it.
+  void FailPeerLocked(Peer& peer, FailureCause cause, std::string detail, std::string mechanism,
+                      Outbox& out);
+  FailureRecord MakeRecord(const RankId& origin, FailureCause cause, std::string detail,
+                           Phase phase, std::string mechanism) const;
+
+  // Prefill internals (sender_side.cc).
+  void OnMeta(const RankId& from, MetaMsg meta, Outbox& out);
+  void AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg meta, Outbox& out);
+  void OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out);
+  void FailSenderLocked(SenderRoom& room, FailureRecord record, Outbox& out);
+  void UpdateSenderStateLocked(SenderRoom& room);
+  void OnChunkDone(const std::shared_ptr<SenderRoom>& room, int decode_rank, const Status& s,
+                   uint64_t bytes, uint64_t ops);
+  void DrainFlowLocked(SenderRoom& room, SenderFlow& flow, Outbox& out);
+  void TickSendersLocked(SteadyTime now, Outbox& out);
+
+  // Decode internals (receiver_side.cc).
+  Status ResolveSources(const std::shared_ptr<ReceiverRoom>& room);
+  Result<std::string> EnsurePrefillPeer(const RankId& position);
+  void SendMetaLocked(ReceiverRoom& room, Outbox& out);
+  void OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out);
+  void OnPrefillRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out);
+  void OnQuiesced(const RankId& from, const QuiescedMsg& msg, Outbox& out);
+  void FailReceiverLocked(ReceiverRoom& room, FailureRecord record, Outbox& out);
+  void UpdateQuiescedLocked(ReceiverRoom& room);
+  void TickReceiversLocked(SteadyTime now, Outbox& out);
+  void RetryUnresolved();
+
+  const ManagerOptions opts_;
+  RankId self_;
+  RankLayout layout_;
+  std::unique_ptr<Transport> transport_;
+  RegionSet regions_;
+  std::vector<std::string> kv_keys_, aux_keys_, state_keys_;
+  std::unique_ptr<TransferEngine> engine_;
+  std::unique_ptr<BootstrapServer> embedded_server_;
+  std::unique_ptr<BootstrapClient> bootstrap_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Peer>> peers_;
+  std::unordered_map<PeerId, Peer*> by_tpeer_;
+  std::unordered_map<uint64_t, std::shared_ptr<SenderRoom>> senders_;
+  std::unordered_map<uint64_t, std::shared_ptr<ReceiverRoom>> receivers_;
+  std::map<std::pair<uint64_t, int>, PendingMeta> pending_meta_;
+  std::optional<ParallelInfo> prefill_info_;
+  std::optional<FailureRecord> fatal_;
+  std::mutex resolve_mu_;  // serializes bootstrap lookups and connects
+
+  std::atomic<uint64_t> next_generation_;
+  std::atomic<uint64_t> heartbeat_seq_{0};
+  std::atomic<uint64_t> bytes_written_{0}, write_ops_{0}, chunks_sent_{0};
+  std::atomic<uint64_t> stale_dropped_{0}, succeeded_{0}, failed_{0};
+
+  std::mutex ticker_mu_;
+  std::condition_variable ticker_cv_;
+  bool stop_ = false;
+  std::thread ticker_;
+};
+
+}  // namespace kvbridge::internal

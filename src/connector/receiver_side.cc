@@ -1,0 +1,490 @@
+// Decode side of the connector: KVReceiver's state machine.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "connector/layout_json.h"
+#include "connector/manager_impl.h"
+
+namespace kvbridge::internal {
+
+Result<std::shared_ptr<ReceiverRoom>> ManagerImpl::NewReceiver(uint64_t room) {
+  Outbox out;
+  std::shared_ptr<ReceiverRoom> r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = receivers_.find(room);
+    if (it != receivers_.end() && it->second->live)
+      return FailedPreconditionError(
+          fmt::format("room {} already has a live receiver "
+                      "(generation {})",
+                      room, it->second->generation));
+    r = std::make_shared<ReceiverRoom>(room, ++next_generation_);
+    receivers_[room] = r;
+    if (fatal_) {
+      FailureRecord f = *fatal_;
+      f.room = room;
+      FailReceiverLocked(*r, f, out);
+    }
+  }
+  Flush(out);
+  return r;
+}
+
+void ManagerImpl::ReleaseReceiver(const std::shared_ptr<ReceiverRoom>& room) {
+  KVPoll p = room->poll();
+  if (p != KVPoll::kSuccess && p != KVPoll::kFailed) ReceiverAbort(room);
+  std::lock_guard<std::mutex> lock(mu_);
+  room->live = false;
+  auto it = receivers_.find(room->room);
+  if (it != receivers_.end() && it->second == room) receivers_.erase(it);
+}
+
+std::optional<FailureRecord> ManagerImpl::ReceiverFailure(const ReceiverRoom& room) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return room.failure;
+}
+
+Status ManagerImpl::ReceiverInit(const std::shared_ptr<ReceiverRoom>& room, int prefill_dp_rank) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (room->failure) return room->failure->ToStatus();
+    Status bad;
+    if (room->initialized) {
+      bad = FailedPreconditionError(fmt::format("room {}: Init called twice", room->room));
+    } else if (prefill_dp_rank < 0) {
+      bad = InvalidArgumentError(
+          fmt::format("room {}: prefill dp rank {} < 0", room->room, prefill_dp_rank));
+    }
+    if (!bad.ok()) {
+      FailReceiverLocked(*room,
+                         MakeRecord(self_, FailureCause::kInvalidRequest, bad.message(),
+                                    Phase::kBootstrapping, "argument check"),
+                         out);
+      Flush(out);
+      return bad;
+    }
+    room->initialized = true;
+    room->prefill_dp_rank = prefill_dp_rank;
+    room->phase_since = std::chrono::steady_clock::now();
+  }
+  Status s = ResolveSources(room);
+  if (s.ok() || s.code() == StatusCode::kUnavailable) return Status();  // retried by the ticker
+  return s;
+}
+
+Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
+  std::lock_guard<std::mutex> resolve(resolve_mu_);
+  Status s = [&]() -> Status {
+    if (!prefill_info_) {
+      ASSIGN_OR_RETURN(ParallelInfo info, bootstrap_->GetParallelInfo());
+      if (!info.complete())
+        return UnavailableError(fmt::format("{} of {} prefill ranks registered",
+                                            info.ranks_registered, info.ranks_expected));
+      std::lock_guard<std::mutex> lock(mu_);
+      prefill_info_ = info;
+    }
+    const ParallelInfo info = *prefill_info_;
+    if (room->prefill_dp_rank >= info.attn_dp_size)
+      return InvalidArgumentError(fmt::format("prefill dp rank {} out of range [0, {})",
+                                              room->prefill_dp_rank, info.attn_dp_size));
+    ASSIGN_OR_RETURN(
+        std::vector<HeadSlice> flows,
+        ComputeFlows(info.attn_tp_size, layout_.tp_size, layout_.total_kv_heads, layout_.is_mla));
+    std::vector<std::pair<int, bool>> ranks;  // prefill tp rank, dummy
+    for (const HeadSlice& f : FlowsToDecode(flows, self_.tp)) {
+      if (std::find(ranks.begin(), ranks.end(), std::pair{f.prefill_rank, false}) == ranks.end())
+        ranks.emplace_back(f.prefill_rank, false);
+    }
+    for (int p = 0; p < info.attn_tp_size; ++p) {
+      if (FlowsFromPrefill(flows, p).empty() && p % layout_.tp_size == self_.tp)
+        ranks.emplace_back(p, true);
+    }
+    std::vector<ReceiverSource> sources;
+    for (int pp = 0; pp < info.pp_size; ++pp) {
+      for (auto [tp, dummy] : ranks) {
+        RankId pos;
+        pos.role = Role::kPrefill;
+        pos.dp = room->prefill_dp_rank;
+        pos.tp = tp;
+        pos.pp = pp;
+        ASSIGN_OR_RETURN(std::string key, EnsurePrefillPeer(pos));
+        ReceiverSource src;
+        src.peer_key = key;
+        src.dummy = dummy;
+        std::lock_guard<std::mutex> lock(mu_);
+        src.prefill = FindPeerLocked(key)->id;
+        sources.push_back(std::move(src));
+      }
+    }
+    Outbox out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (room->failure || room->resolved) return Status();
+      room->sources = std::move(sources);
+      room->resolved = true;
+      room->last_resolve_error = Status();
+      if (room->meta) SendMetaLocked(*room, out);
+    }
+    Flush(out);
+    return Status();
+  }();
+  if (s.ok()) return s;
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    room->last_resolve_error = s;
+    if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kNotFound) {
+      FailureCause cause = s.code() == StatusCode::kFailedPrecondition
+                               ? FailureCause::kLayoutMismatch
+                               : FailureCause::kInvalidRequest;
+      RankId origin = self_;
+      if (cause == FailureCause::kLayoutMismatch) {
+        origin.role = Role::kPrefill;
+        origin.dp = room->prefill_dp_rank;
+        origin.host.clear();
+        origin.pid = 0;
+      }
+      FailReceiverLocked(
+          *room, MakeRecord(origin, cause, s.message(), Phase::kBootstrapping, "layout check"),
+          out);
+    } else {
+      // A known peer that is dead: fail now instead of waiting for the deadline.
+      for (auto& [key, peer] : peers_) {
+        if (peer->failed && peer->failure && s.message().find(key) != std::string::npos) {
+          FailReceiverLocked(*room, *peer->failure, out);
+          break;
+        }
+      }
+    }
+  }
+  Flush(out);
+  return s;
+}
+
+Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos) {
+  const std::string key = PeerKey(pos);
+  uint64_t failed_incarnation = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer* p = FindPeerLocked(key);
+    if (p != nullptr && p->ready && !p->failed) return key;
+    if (p != nullptr && p->failed) failed_incarnation = p->id.incarnation;
+  }
+  Result<RankRecord> rec = bootstrap_->GetRank(pos.dp, pos.cp, pos.tp, pos.pp);
+  if (!rec.ok()) return rec.status().WithContext(key);
+  if (failed_incarnation != 0 && rec->incarnation == failed_incarnation)
+    return UnavailableError(key + " failed and has not restarted");
+  ASSIGN_OR_RETURN(RankLayout layout, LayoutFromJson(rec->layout));
+  RETURN_IF_ERROR(CheckCompatible(layout, layout_));
+  auto peer = std::make_unique<Peer>();
+  peer->key = key;
+  peer->id = pos;
+  peer->id.host = rec->host;
+  peer->id.pid = static_cast<int>(rec->pid);
+  peer->id.incarnation = rec->incarnation;
+  peer->address = rec->transport_address;
+  peer->layout = std::move(layout);
+  peer->tp_size = rec->attn_tp_size;
+  ASSIGN_OR_RETURN(peer->tpeer, transport_->Connect(rec->transport_address));
+  HelloMsg hello{layout_, layout_.tp_size, transport_->Address(), kv_keys_, aux_keys_, state_keys_};
+  Status sent = transport_->SendMessage(peer->tpeer, EncodeMessage(self_, hello));
+  if (!sent.ok()) {
+    transport_->Disconnect(peer->tpeer);
+    return sent.WithContext(key);
+  }
+  const PeerId tpeer = peer->tpeer;
+  PeerId stale = 0;
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer* old = FindPeerLocked(key);
+    if (old != nullptr) {
+      if (!old->failed)
+        FailPeerLocked(*old, FailureCause::kPeerExited,
+                       fmt::format("restarted as pid {}", peer->id.pid), "new incarnation", out);
+      stale = old->tpeer;
+      by_tpeer_.erase(old->tpeer);
+    }
+    peer->ready = true;
+    peer->last_heard = std::chrono::steady_clock::now();
+    peer->last_heard_wall = std::chrono::system_clock::now();
+    by_tpeer_[peer->tpeer] = peer.get();
+    peers_[key] = std::move(peer);
+  }
+  Flush(out);
+  if (stale != 0) transport_->Disconnect(stale);
+  Result<DataPath> path = transport_->PathTo(tpeer);
+  KVB_LOG_INFO("connected to {} via {}", key,
+               path.ok() ? DataPathName(*path) : std::string_view("?"));
+  return key;
+}
+
+Status ManagerImpl::ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& room,
+                                         std::span<const int32_t> pages, int64_t aux_index,
+                                         std::span<const int32_t> state,
+                                         int64_t decode_prefix_len) {
+  Outbox out;
+  Status bad;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (room->failure) return room->failure->ToStatus();
+    int64_t aux_rows = INT64_MAX, state_rows = INT64_MAX;
+    for (const auto& b : layout_.aux) aux_rows = std::min<int64_t>(aux_rows, b.length / b.item_len);
+    for (const auto& b : layout_.state)
+      state_rows = std::min<int64_t>(state_rows, b.length / b.item_len);
+    if (!room->initialized) {
+      bad = FailedPreconditionError(fmt::format("room {}: SendMetadata before Init", room->room));
+    } else if (room->meta) {
+      bad = FailedPreconditionError(fmt::format("room {}: SendMetadata called twice", room->room));
+    } else if (!layout_.aux.empty() && (aux_index < 0 || aux_index >= aux_rows)) {
+      bad = InvalidArgumentError(fmt::format("room {}: aux index {} out of range [0, {})",
+                                             room->room, aux_index, aux_rows));
+    } else if (decode_prefix_len < 0 || decode_prefix_len % layout_.page_size != 0) {
+      bad =
+          InvalidArgumentError(fmt::format("room {}: decode prefix length {} is not a "
+                                           "non-negative multiple of page size {}",
+                                           room->room, decode_prefix_len, layout_.page_size));
+    } else {
+      bad = CheckPageIndices(layout_, pages, /*unique=*/true);
+      for (size_t i = 0; bad.ok() && i < state.size(); ++i) {
+        if (state[i] < 0 || state[i] >= state_rows)
+          bad = InvalidArgumentError(
+              fmt::format("state index {} at position {} out of range "
+                          "[0, {})",
+                          state[i], i, layout_.state.empty() ? 0 : state_rows));
+      }
+    }
+    if (!bad.ok()) {
+      FailReceiverLocked(*room,
+                         MakeRecord(self_, FailureCause::kInvalidRequest, bad.message(),
+                                    room->phase, "argument check"),
+                         out);
+    } else {
+      MetaMsg m;
+      m.room = room->room;
+      m.generation = room->generation;
+      m.decode_tp_size = layout_.tp_size;
+      m.pages.assign(pages.begin(), pages.end());
+      m.aux_index = aux_index;
+      m.state.assign(state.begin(), state.end());
+      m.prefix_pages = decode_prefix_len / layout_.page_size;
+      room->meta = std::move(m);
+      if (room->resolved) SendMetaLocked(*room, out);
+    }
+  }
+  Flush(out);
+  return bad;
+}
+
+void ManagerImpl::SendMetaLocked(ReceiverRoom& room, Outbox& out) {
+  for (ReceiverSource& src : room.sources) {
+    Peer* peer = FindPeerLocked(src.peer_key);
+    if (peer == nullptr || peer->failed) {
+      FailureRecord r = peer != nullptr && peer->failure
+                            ? *peer->failure
+                            : MakeRecord(src.prefill, FailureCause::kPeerUnreachable,
+                                         "not connected", Phase::kBootstrapping, "connect");
+      r.generation = room.generation;
+      FailReceiverLocked(room, r, out);
+      return;
+    }
+  }
+  for (ReceiverSource& src : room.sources) {
+    MetaMsg m = *room.meta;
+    if (src.dummy) {
+      m.dummy = true;
+      m.pages.clear();
+      m.state.clear();
+      m.aux_index = -1;
+    }
+    Send(out, *FindPeerLocked(src.peer_key), m);
+    src.meta_sent = true;
+    if (src.dummy) src.quiesced = true;  // a dummy never writes
+  }
+  room.phase = Phase::kWaitingForInput;
+  room.phase_since = std::chrono::steady_clock::now();
+  room.meta_sent_at = room.phase_since;
+  room.state.store(static_cast<int>(KVPoll::kWaitingForInput), std::memory_order_release);
+}
+
+void ManagerImpl::OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out) {
+  auto it = receivers_.find(msg.room);
+  if (it == receivers_.end() || it->second->generation != msg.generation) {
+    ++stale_dropped_;
+    return;
+  }
+  ReceiverRoom& room = *it->second;
+  if (room.failure || room.poll() == KVPoll::kSuccess) {
+    ++stale_dropped_;
+    return;
+  }
+  const std::string key = PeerKey(from);
+  auto src = std::find_if(room.sources.begin(), room.sources.end(),
+                          [&](const ReceiverSource& s) { return s.peer_key == key; });
+  if (src == room.sources.end() || src->prefill.incarnation != from.incarnation || src->dummy) {
+    ++stale_dropped_;
+    return;
+  }
+  if (msg.chunk != src->next_chunk || src->last_received) {
+    FailReceiverLocked(room,
+                       MakeRecord(from, FailureCause::kInvalidRequest,
+                                  fmt::format("chunk {} arrived while chunk {} was expected",
+                                              msg.chunk, src->next_chunk),
+                                  Phase::kTransferring, "notification check"),
+                       out);
+    return;
+  }
+  ++src->next_chunk;
+  src->last_received = msg.last;
+  room.phase = Phase::kTransferring;
+  room.phase_since = std::chrono::steady_clock::now();
+  bool done = std::all_of(room.sources.begin(), room.sources.end(),
+                          [](const ReceiverSource& s) { return s.dummy || s.last_received; });
+  if (done) {
+    room.phase = Phase::kDone;
+    for (ReceiverSource& s : room.sources) s.quiesced = true;
+    room.quiesced.store(true, std::memory_order_release);
+    ++succeeded_;
+    room.state.store(static_cast<int>(KVPoll::kSuccess), std::memory_order_release);
+  } else {
+    room.state.store(static_cast<int>(KVPoll::kTransferring), std::memory_order_release);
+  }
+}
+
+void ManagerImpl::OnPrefillRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out) {
+  auto it = receivers_.find(msg.room);
+  if (it == receivers_.end() || it->second->generation != msg.generation) {
+    ++stale_dropped_;
+    return;
+  }
+  ReceiverRoom& room = *it->second;
+  const std::string key = PeerKey(from);
+  for (ReceiverSource& s : room.sources) {
+    if (s.peer_key != key) continue;
+    s.told = true;
+    if (msg.quiesced) s.quiesced = true;
+  }
+  if (room.poll() != KVPoll::kSuccess) FailReceiverLocked(room, msg.record, out);
+  UpdateQuiescedLocked(room);
+}
+
+void ManagerImpl::OnQuiesced(const RankId& from, const QuiescedMsg& msg, Outbox& out) {
+  auto it = receivers_.find(msg.room);
+  if (it == receivers_.end() || it->second->generation != msg.generation) {
+    ++stale_dropped_;
+    return;
+  }
+  const std::string key = PeerKey(from);
+  for (ReceiverSource& s : it->second->sources)
+    if (s.peer_key == key) s.quiesced = true;
+  UpdateQuiescedLocked(*it->second);
+}
+
+void ManagerImpl::FailReceiverLocked(ReceiverRoom& room, FailureRecord record, Outbox& out) {
+  if (room.failure) return;
+  record.room = room.room;
+  record.generation = room.generation;
+  record.is_from_another_rank = !(record.origin.SameRank(self_) && record.origin.pid == self_.pid);
+  room.failure = record;
+  room.state.store(static_cast<int>(KVPoll::kFailed), std::memory_order_release);
+  ++failed_;
+  KVB_LOG_WARN("{}", record.Message());
+  for (ReceiverSource& src : room.sources) {
+    if (!src.meta_sent) src.quiesced = true;  // prefill never saw the pages
+    Peer* peer = FindPeerLocked(src.peer_key);
+    if (peer == nullptr || peer->failed) {
+      src.quiesced = true;
+      continue;
+    }
+    if (src.told || !src.meta_sent) continue;
+    src.told = true;
+    Send(out, *peer, RoomFailedMsg{room.room, room.generation, false, record});
+  }
+  UpdateQuiescedLocked(room);
+}
+
+void ManagerImpl::UpdateQuiescedLocked(ReceiverRoom& room) {
+  if (room.quiesced.load()) return;
+  bool q = room.poll() == KVPoll::kSuccess;
+  if (!q && room.failure) {
+    q = std::all_of(room.sources.begin(), room.sources.end(),
+                    [](const ReceiverSource& s) { return s.quiesced; });
+  }
+  if (q) room.quiesced.store(true, std::memory_order_release);
+}
+
+void ManagerImpl::ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (room->failure || room->poll() == KVPoll::kSuccess) return;
+    FailReceiverLocked(*room,
+                       MakeRecord(self_, FailureCause::kAborted, "aborted by the application",
+                                  room->phase, "Abort()"),
+                       out);
+  }
+  Flush(out);
+}
+
+void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
+  for (auto& [id, sp] : receivers_) {
+    ReceiverRoom& room = *sp;
+    if (room.failure || !room.initialized || room.poll() == KVPoll::kSuccess) continue;
+    auto elapsed = now - room.phase_since;
+    if (!room.resolved) {
+      if (elapsed <= opts_.bootstrap_timeout) continue;
+      const Status& why = room.last_resolve_error;
+      bool lost = why.message().find("unreachable") != std::string::npos;
+      RankId origin;
+      if (lost) {
+        origin.role = Role::kBootstrap;
+        origin.host = opts_.bootstrap_addr;
+      } else {
+        origin = self_;
+      }
+      FailReceiverLocked(
+          room,
+          MakeRecord(origin, lost ? FailureCause::kRegistryLost : FailureCause::kDeadlineExceeded,
+                     why.ok() ? "prefill instance not found" : why.message(), Phase::kBootstrapping,
+                     lost ? "registry" : "phase deadline"),
+          out);
+      continue;
+    }
+    if (!room.meta) {
+      if (elapsed <= opts_.waiting_timeout) continue;
+      FailReceiverLocked(room,
+                         MakeRecord(self_, FailureCause::kDeadlineExceeded,
+                                    "the application did not call SendMetadata",
+                                    Phase::kWaitingForMetadata, "phase deadline"),
+                         out);
+      continue;
+    }
+    if (elapsed <= opts_.waiting_timeout) continue;
+    for (const ReceiverSource& src : room.sources) {
+      if (src.dummy || src.last_received) continue;
+      FailReceiverLocked(
+          room,
+          MakeRecord(src.prefill, FailureCause::kDeadlineExceeded,
+                     fmt::format("no chunk from {} for {:.1f} s", src.prefill.ShortName(),
+                                 std::chrono::duration<double>(elapsed).count()),
+                     room.phase, "phase deadline"),
+          out);
+      break;
+    }
+  }
+}
+
+void ManagerImpl::RetryUnresolved() {
+  std::vector<std::shared_ptr<ReceiverRoom>> todo;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, room] : receivers_)
+      if (room->initialized && !room->resolved && !room->failure) todo.push_back(room);
+  }
+  for (auto& room : todo) ResolveSources(room).IgnoreError();
+}
+
+}  // namespace kvbridge::internal

@@ -1,0 +1,95 @@
+// Per-request state shared between a KVSender / KVReceiver and its manager.
+//
+// `state` is atomic so Poll() is one load. Everything else is guarded by the
+// manager's mutex (ManagerImpl::mu_).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/plan.h"
+#include "engine/protocol.h"
+#include "kvbridge/errors.h"
+#include "kvbridge/kv_poll.h"
+
+namespace kvbridge::internal {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+// Prefill: one decode rank this request writes to (or only reports to).
+struct SenderFlow {
+  std::string peer_key;
+  RankId decode;
+  MetaMsg meta;
+  std::optional<HeadSlice> slice;  // none: dummy (nothing to write)
+  bool carries_aux = false;
+  uint32_t next_chunk = 0;
+  int inflight = 0;            // chunks posted, not completed
+  bool quiesce_reply = false;  // decode asked; answer once inflight == 0
+  bool told = false;           // decode knows this request failed
+  bool closed = false;         // nothing more will be sent to decode
+};
+
+struct SenderRoom {
+  explicit SenderRoom(uint64_t r) : room(r) {}
+  const uint64_t room;
+  std::atomic<int> state{static_cast<int>(KVPoll::kBootstrapping)};
+  // Guarded by ManagerImpl::mu_.
+  bool live = true;  // KVSender not destroyed
+  bool initialized = false;
+  int64_t num_pages = -1;
+  int64_t aux_index = -1;
+  int64_t pages_sent = 0;
+  bool last_posted = false;
+  int decode_tp_size = 0;            // learned from the first metadata
+  std::vector<int> expected_decode;  // decode tp ranks that must send metadata
+  std::map<int, SenderFlow> flows;   // by decode tp rank
+  int inflight = 0;
+  std::optional<FailureRecord> failure;
+  Phase phase = Phase::kWaitingForMetadata;
+  SteadyTime phase_since = std::chrono::steady_clock::now();
+
+  KVPoll poll() const { return static_cast<KVPoll>(state.load(std::memory_order_acquire)); }
+};
+
+// Decode: one prefill rank this request reads from.
+struct ReceiverSource {
+  std::string peer_key;
+  RankId prefill;  // position; process filled when resolved
+  bool dummy = false;
+  bool carries_aux = false;
+  bool meta_sent = false;
+  uint32_t next_chunk = 0;
+  bool last_received = false;
+  bool told = false;  // this prefill rank knows the request failed
+  bool quiesced = false;
+};
+
+struct ReceiverRoom {
+  ReceiverRoom(uint64_t r, uint64_t g) : room(r), generation(g) {}
+  const uint64_t room;
+  const uint64_t generation;
+  std::atomic<int> state{static_cast<int>(KVPoll::kBootstrapping)};
+  std::atomic<bool> quiesced{false};
+  // Guarded by ManagerImpl::mu_.
+  bool live = true;
+  bool initialized = false;
+  bool resolved = false;  // sources known and connected
+  int prefill_dp_rank = 0;
+  std::optional<MetaMsg> meta;  // set by SendMetadata
+  std::vector<ReceiverSource> sources;
+  std::optional<FailureRecord> failure;
+  Phase phase = Phase::kBootstrapping;
+  SteadyTime phase_since = std::chrono::steady_clock::now();
+  SteadyTime meta_sent_at{};
+  Status last_resolve_error;
+
+  KVPoll poll() const { return static_cast<KVPoll>(state.load(std::memory_order_acquire)); }
+};
+
+}  // namespace kvbridge::internal

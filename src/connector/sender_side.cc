@@ -1,0 +1,504 @@
+// Prefill side of the connector: KVSender's state machine.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "connector/manager_impl.h"
+
+namespace kvbridge::internal {
+namespace {
+
+int64_t Rows(const std::vector<BufferSpan>& bufs) {
+  int64_t rows = INT64_MAX;
+  for (const auto& b : bufs) rows = std::min<int64_t>(rows, b.length / b.item_len);
+  return bufs.empty() ? 0 : rows;
+}
+
+Status CheckSlots(const char* what, const std::vector<BufferSpan>& bufs,
+                  std::span<const int32_t> slots) {
+  int64_t rows = Rows(bufs);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i] < 0 || slots[i] >= rows)
+      return InvalidArgumentError(
+          fmt::format("{} index {} at position {} out of range [0, {})", what, slots[i], i, rows));
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
+  Outbox out;
+  std::shared_ptr<SenderRoom> r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = senders_.find(room);
+    if (it != senders_.end() && it->second->live)
+      return FailedPreconditionError(fmt::format("room {} already has a live sender", room));
+    r = std::make_shared<SenderRoom>(room);
+    senders_[room] = r;
+    if (fatal_) {
+      FailureRecord f = *fatal_;
+      f.room = room;
+      FailSenderLocked(*r, f, out);
+    }
+    for (auto pm = pending_meta_.lower_bound({room, INT32_MIN});
+         pm != pending_meta_.end() && pm->first.first == room;) {
+      PendingMeta meta = std::move(pm->second);
+      pm = pending_meta_.erase(pm);
+      AdoptMetaLocked(*r, meta.from, std::move(meta.meta), out);
+    }
+  }
+  Flush(out);
+  return r;
+}
+
+void ManagerImpl::ReleaseSender(const std::shared_ptr<SenderRoom>& room) {
+  KVPoll p = room->poll();
+  if (p != KVPoll::kSuccess && p != KVPoll::kFailed) SenderAbort(room);
+  std::lock_guard<std::mutex> lock(mu_);
+  room->live = false;
+  auto it = senders_.find(room->room);
+  if (it != senders_.end() && it->second == room) senders_.erase(it);
+}
+
+std::optional<FailureRecord> ManagerImpl::SenderFailure(const SenderRoom& room) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return room.failure;
+}
+
+Status ManagerImpl::SenderInit(SenderRoom& room, int64_t num_pages, int64_t aux_index) {
+  Outbox out;
+  Status result;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (room.failure) return room.failure->ToStatus();
+    if (room.initialized) {
+      result = FailedPreconditionError(fmt::format("room {}: Init called twice", room.room));
+    } else if (num_pages < 0) {
+      result = InvalidArgumentError(fmt::format("room {}: num_pages {} < 0", room.room, num_pages));
+    } else if (!layout_.aux.empty() && (aux_index < 0 || aux_index >= Rows(layout_.aux))) {
+      result = InvalidArgumentError(fmt::format("room {}: aux index {} out of range [0, {})",
+                                                room.room, aux_index, Rows(layout_.aux)));
+    } else {
+      room.initialized = true;
+      room.num_pages = num_pages;
+      room.aux_index = aux_index;
+      for (auto& [rank, flow] : room.flows) {
+        int64_t want = num_pages - flow.meta.prefix_pages;
+        if (flow.slice && static_cast<int64_t>(flow.meta.pages.size()) != want) {
+          result = InvalidArgumentError(
+              fmt::format("room {}: decode tp{} sent {} destination pages, prefill has {} to send",
+                          room.room, rank, flow.meta.pages.size(), want));
+          break;
+        }
+      }
+    }
+    if (!result.ok()) {
+      FailSenderLocked(room,
+                       MakeRecord(self_, FailureCause::kInvalidRequest, result.message(),
+                                  room.phase, "argument check"),
+                       out);
+    } else {
+      UpdateSenderStateLocked(room);
+    }
+  }
+  Flush(out);
+  return result;
+}
+
+Status ManagerImpl::SenderSend(const std::shared_ptr<SenderRoom>& sp,
+                               std::span<const int32_t> pages, std::span<const int32_t> state) {
+  SenderRoom& room = *sp;
+  Outbox out;
+  Status result;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (room.failure) return room.failure->ToStatus();
+    const int64_t n = static_cast<int64_t>(pages.size());
+    if (!room.initialized) {
+      result = FailedPreconditionError(fmt::format("room {}: Send before Init", room.room));
+    } else if (room.last_posted) {
+      result = FailedPreconditionError(fmt::format(
+          "room {}: Send after the last chunk (all {} pages sent)", room.room, room.num_pages));
+    } else if (room.poll() == KVPoll::kBootstrapping) {
+      result = FailedPreconditionError(
+          fmt::format("room {}: Send before metadata from every decode rank arrived", room.room));
+    } else if (room.pages_sent + n > room.num_pages) {
+      result = InvalidArgumentError(
+          fmt::format("room {}: chunk of {} pages exceeds num_pages {} ({} already sent)",
+                      room.room, n, room.num_pages, room.pages_sent));
+    } else {
+      result = CheckPageIndices(layout_, pages, /*unique=*/false);
+      if (result.ok()) result = CheckSlots("state", layout_.state, state);
+    }
+    const bool last = result.ok() && room.pages_sent + n == room.num_pages;
+    std::vector<std::pair<int, Outbox::Post>> posts;  // by decode rank
+    for (auto& [rank, flow] : room.flows) {
+      if (!result.ok()) break;
+      if (!flow.slice || flow.closed) continue;
+      Peer* peer = FindPeerLocked(flow.peer_key);
+      if (peer == nullptr || peer->failed) {
+        result = UnavailableError(fmt::format("decode tp{} is not connected", rank));
+        break;
+      }
+      std::vector<int32_t> src, dst;
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t pos = room.pages_sent + i;
+        if (pos < flow.meta.prefix_pages) continue;
+        src.push_back(pages[i]);
+        dst.push_back(flow.meta.pages[pos - flow.meta.prefix_pages]);
+      }
+      Result<std::vector<CopyRun>> runs = PlanKvPages(layout_, peer->layout, *flow.slice, src, dst);
+      if (!runs.ok()) {
+        result = runs.status();
+        break;
+      }
+      if (last && flow.carries_aux) {
+        if (room.aux_index >= 0 && flow.meta.aux_index >= 0 && !layout_.aux.empty()) {
+          auto aux = PlanAux(layout_, peer->layout, room.aux_index, flow.meta.aux_index);
+          if (!aux.ok()) {
+            result = aux.status();
+            break;
+          }
+          runs->insert(runs->end(), aux->begin(), aux->end());
+        }
+        if (!state.empty() || !flow.meta.state.empty()) {
+          auto st = PlanState(layout_, peer->layout, state, flow.meta.state);
+          if (!st.ok()) {
+            result = st.status();
+            break;
+          }
+          runs->insert(runs->end(), st->begin(), st->end());
+        }
+      }
+      NotifyMsg note{room.room, flow.meta.generation, flow.next_chunk, last,
+                     static_cast<uint32_t>(src.size())};
+      std::shared_ptr<SenderRoom> keep = sp;
+      int decode_rank = rank;
+      posts.emplace_back(
+          rank, Outbox::Post{
+                    peer->tpeer, peer->remote, std::move(runs).value(), EncodeMessage(self_, note),
+                    [this, keep, decode_rank](const Status& s, uint64_t bytes, uint64_t ops) {
+                      OnChunkDone(keep, decode_rank, s, bytes, ops);
+                    }});
+    }
+    if (!result.ok()) {
+      FailureCause cause = result.code() == StatusCode::kUnavailable
+                               ? FailureCause::kPeerUnreachable
+                               : FailureCause::kInvalidRequest;
+      FailSenderLocked(
+          room, MakeRecord(self_, cause, result.message(), room.phase, "argument check"), out);
+    } else {
+      for (auto& [rank, post] : posts) {
+        // Counted before anything can complete: completions need mu_.
+        SenderFlow& flow = room.flows.at(rank);
+        ++flow.next_chunk;
+        ++flow.inflight;
+        ++room.inflight;
+        out.posts.push_back(std::move(post));
+      }
+      room.pages_sent += n;
+      room.last_posted = last;
+      room.phase = Phase::kTransferring;
+      room.phase_since = std::chrono::steady_clock::now();
+      ++chunks_sent_;
+      UpdateSenderStateLocked(room);
+    }
+  }
+  Flush(out);
+  return result;
+}
+
+void ManagerImpl::SenderAbort(const std::shared_ptr<SenderRoom>& room) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (room->failure || room->poll() == KVPoll::kSuccess) return;
+    FailSenderLocked(*room,
+                     MakeRecord(self_, FailureCause::kAborted, "aborted by the application",
+                                room->phase, "Abort()"),
+                     out);
+  }
+  Flush(out);
+}
+
+void ManagerImpl::OnChunkDone(const std::shared_ptr<SenderRoom>& sp, int decode_rank,
+                              const Status& s, uint64_t bytes, uint64_t ops) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    SenderRoom& room = *sp;
+    bytes_written_ += bytes;
+    write_ops_ += ops;
+    auto it = room.flows.find(decode_rank);
+    if (it == room.flows.end()) return;
+    SenderFlow& flow = it->second;
+    --flow.inflight;
+    --room.inflight;
+    room.phase_since = std::chrono::steady_clock::now();
+    if (!s.ok() && !room.failure) {
+      Peer* peer = FindPeerLocked(flow.peer_key);
+      FailureRecord r;
+      if (peer != nullptr && peer->failed && peer->failure) {
+        r = *peer->failure;
+      } else {
+        r = MakeRecord(flow.decode, FailureCause::kPeerUnreachable, s.ToString(),
+                       Phase::kTransferring, "transport error");
+      }
+      r.room = room.room;
+      r.generation = flow.meta.generation;
+      FailSenderLocked(room, r, out);
+    }
+    DrainFlowLocked(room, flow, out);
+    UpdateSenderStateLocked(room);
+  }
+  Flush(out);
+}
+
+void ManagerImpl::DrainFlowLocked(SenderRoom& room, SenderFlow& flow, Outbox& out) {
+  if (flow.inflight > 0 || !flow.quiesce_reply) return;
+  flow.quiesce_reply = false;
+  flow.closed = true;
+  Peer* peer = FindPeerLocked(flow.peer_key);
+  if (peer != nullptr && !peer->failed)
+    Send(out, *peer, QuiescedMsg{room.room, flow.meta.generation});
+}
+
+void ManagerImpl::FailSenderLocked(SenderRoom& room, FailureRecord record, Outbox& out) {
+  if (room.failure) return;
+  record.room = room.room;
+  record.is_from_another_rank = !(record.origin.SameRank(self_) && record.origin.pid == self_.pid);
+  room.failure = record;
+  room.state.store(static_cast<int>(KVPoll::kFailed), std::memory_order_release);
+  ++failed_;
+  KVB_LOG_WARN("{}", record.Message());
+  for (auto& [rank, flow] : room.flows) {
+    if (flow.told || flow.closed) continue;
+    flow.told = true;
+    Peer* peer = FindPeerLocked(flow.peer_key);
+    if (peer == nullptr || peer->failed) continue;
+    FailureRecord r = record;
+    r.generation = flow.meta.generation;
+    Send(out, *peer, RoomFailedMsg{room.room, flow.meta.generation, flow.inflight == 0, r});
+    if (flow.inflight > 0) {
+      flow.quiesce_reply = true;
+    } else {
+      flow.closed = true;
+    }
+  }
+}
+
+void ManagerImpl::UpdateSenderStateLocked(SenderRoom& room) {
+  if (room.failure) return;
+  bool all_meta = room.decode_tp_size > 0;
+  for (int d : room.expected_decode) all_meta = all_meta && room.flows.count(d) > 0;
+  KVPoll next;
+  if (!all_meta) {
+    next = KVPoll::kBootstrapping;
+  } else if (room.last_posted && room.inflight == 0) {
+    next = KVPoll::kSuccess;
+  } else if (room.pages_sent == 0 && !room.last_posted) {
+    next = KVPoll::kWaitingForInput;
+  } else {
+    next = KVPoll::kTransferring;
+  }
+  KVPoll prev = room.poll();
+  if (next == prev) return;
+  if (next == KVPoll::kWaitingForInput) {
+    room.phase = Phase::kWaitingForInput;
+    room.phase_since = std::chrono::steady_clock::now();
+  }
+  if (next == KVPoll::kSuccess) {
+    room.phase = Phase::kDone;
+    ++succeeded_;
+  }
+  room.state.store(static_cast<int>(next), std::memory_order_release);
+}
+
+void ManagerImpl::OnMeta(const RankId& from, MetaMsg meta, Outbox& out) {
+  if (opts_.role != Role::kPrefill || from.role != Role::kDecode) return;
+  Peer* peer = PeerFromLocked(from);
+  if (peer == nullptr || peer->failed) {
+    KVB_LOG_WARN("metadata for room {} from unknown or failed {} dropped", meta.room,
+                 from.ToString());
+    return;
+  }
+  auto it = senders_.find(meta.room);
+  if (it != senders_.end() && it->second->live) {
+    AdoptMetaLocked(*it->second, from, std::move(meta), out);
+    return;
+  }
+  pending_meta_[{meta.room, from.tp}] =
+      PendingMeta{std::move(meta), from, std::chrono::steady_clock::now()};
+}
+
+void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg meta, Outbox& out) {
+  Peer* peer = PeerFromLocked(from);
+  if (peer == nullptr || peer->failed) return;
+  auto existing = room.flows.find(from.tp);
+  if (existing != room.flows.end()) {
+    if (existing->second.meta.generation != meta.generation) {
+      // A newer use of the room by decode: keep it for the next sender.
+      pending_meta_[{meta.room, from.tp}] =
+          PendingMeta{std::move(meta), from, std::chrono::steady_clock::now()};
+    }
+    return;
+  }
+  if (room.failure) {
+    // Tell decode at once why; nothing was or will be written.
+    FailureRecord r = *room.failure;
+    r.generation = meta.generation;
+    Send(out, *peer, RoomFailedMsg{room.room, meta.generation, true, r});
+    return;
+  }
+  SenderFlow flow;
+  flow.peer_key = peer->key;
+  flow.decode = from;
+  flow.meta = std::move(meta);
+  Status bad;
+  if (room.decode_tp_size == 0) {
+    Result<std::vector<HeadSlice>> flows = ComputeFlows(layout_.tp_size, flow.meta.decode_tp_size,
+                                                        layout_.total_kv_heads, layout_.is_mla);
+    if (!flows.ok()) {
+      bad = flows.status();
+    } else {
+      room.decode_tp_size = flow.meta.decode_tp_size;
+      for (const HeadSlice& s : FlowsFromPrefill(*flows, self_.tp))
+        if (std::find(room.expected_decode.begin(), room.expected_decode.end(), s.decode_rank) ==
+            room.expected_decode.end())
+          room.expected_decode.push_back(s.decode_rank);
+      if (room.expected_decode.empty())
+        room.expected_decode.push_back(self_.tp % room.decode_tp_size);
+    }
+  } else if (flow.meta.decode_tp_size != room.decode_tp_size) {
+    bad = InvalidArgumentError(fmt::format("decode tp size {} disagrees with {} seen earlier",
+                                           flow.meta.decode_tp_size, room.decode_tp_size));
+  }
+  if (bad.ok()) {
+    auto flows =
+        ComputeFlows(layout_.tp_size, room.decode_tp_size, layout_.total_kv_heads, layout_.is_mla);
+    std::vector<HeadSlice> mine = FlowsFromPrefill(*flows, self_.tp);
+    for (const HeadSlice& s : mine) {
+      if (s.decode_rank != from.tp) continue;
+      flow.slice = s;
+      // The lowest prefill rank feeding this decode rank, on the last stage,
+      // also writes aux and state.
+      int lowest = s.prefill_rank;
+      for (const HeadSlice& o : FlowsToDecode(*flows, from.tp))
+        lowest = std::min(lowest, o.prefill_rank);
+      flow.carries_aux = lowest == self_.tp && self_.pp == opts_.parallel.pp_size - 1;
+      break;
+    }
+    if (std::find(room.expected_decode.begin(), room.expected_decode.end(), from.tp) ==
+        room.expected_decode.end()) {
+      bad =
+          InvalidArgumentError(fmt::format("metadata from decode tp{}, which prefill tp{} does "
+                                           "not serve",
+                                           from.tp, self_.tp));
+    } else if (flow.meta.dummy == flow.slice.has_value()) {
+      bad =
+          InvalidArgumentError(fmt::format("decode tp{} and prefill tp{} disagree on whether "
+                                           "this rank is a dummy",
+                                           from.tp, self_.tp));
+    }
+  }
+  if (bad.ok() && flow.slice) {
+    bad = CheckPageIndices(peer->layout, flow.meta.pages, /*unique=*/true);
+    if (bad.ok() && !peer->layout.aux.empty() &&
+        (flow.meta.aux_index < 0 || flow.meta.aux_index >= Rows(peer->layout.aux)))
+      bad = InvalidArgumentError(fmt::format("decode aux index {} out of range [0, {})",
+                                             flow.meta.aux_index, Rows(peer->layout.aux)));
+    if (bad.ok()) bad = CheckSlots("decode state", peer->layout.state, flow.meta.state);
+    if (bad.ok() && room.initialized &&
+        static_cast<int64_t>(flow.meta.pages.size()) != room.num_pages - flow.meta.prefix_pages)
+      bad = InvalidArgumentError(
+          fmt::format("decode tp{} sent {} destination pages, prefill "
+                      "has {} to send",
+                      from.tp, flow.meta.pages.size(), room.num_pages - flow.meta.prefix_pages));
+  }
+  const uint64_t gen = flow.meta.generation;
+  room.flows.emplace(from.tp, std::move(flow));
+  if (!bad.ok()) {
+    FailureRecord r = MakeRecord(from, FailureCause::kInvalidRequest, bad.message(), room.phase,
+                                 "metadata check");
+    r.generation = gen;
+    FailSenderLocked(room, r, out);
+    return;
+  }
+  UpdateSenderStateLocked(room);
+}
+
+void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out) {
+  Peer* peer = PeerFromLocked(from);
+  if (peer == nullptr) return;
+  auto it = senders_.find(msg.room);
+  SenderFlow* flow = nullptr;
+  if (it != senders_.end()) {
+    auto f = it->second->flows.find(from.tp);
+    if (f != it->second->flows.end() && f->second.meta.generation == msg.generation)
+      flow = &f->second;
+  }
+  if (flow == nullptr) {
+    auto pm = pending_meta_.find({msg.room, from.tp});
+    if (pm != pending_meta_.end() && pm->second.meta.generation == msg.generation)
+      pending_meta_.erase(pm);
+    Send(out, *peer, QuiescedMsg{msg.room, msg.generation});
+    return;
+  }
+  SenderRoom& room = *it->second;
+  flow->told = true;
+  flow->quiesce_reply = true;
+  FailSenderLocked(room, msg.record, out);
+  DrainFlowLocked(room, *flow, out);
+}
+
+void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
+  for (auto pm = pending_meta_.begin(); pm != pending_meta_.end();) {
+    pm = now - pm->second.at > opts_.waiting_timeout ? pending_meta_.erase(pm) : std::next(pm);
+  }
+  for (auto& [id, sp] : senders_) {
+    SenderRoom& room = *sp;
+    if (room.failure) continue;
+    KVPoll p = room.poll();
+    if (p == KVPoll::kSuccess) continue;
+    auto elapsed = now - room.phase_since;
+    if (room.inflight > 0) {
+      if (elapsed <= opts_.transfer_timeout) continue;
+      for (auto& [rank, flow] : room.flows) {
+        if (flow.inflight == 0) continue;
+        FailureRecord r = MakeRecord(
+            flow.decode, FailureCause::kDeadlineExceeded,
+            fmt::format("writes to {} not completed within {:.1f} s", flow.decode.ShortName(),
+                        std::chrono::duration<double>(opts_.transfer_timeout).count()),
+            Phase::kTransferring, "transfer deadline");
+        r.generation = flow.meta.generation;
+        FailSenderLocked(room, r, out);
+        break;
+      }
+      continue;
+    }
+    if (elapsed <= opts_.waiting_timeout) continue;
+    std::string what;
+    Phase phase = room.phase;
+    if (p == KVPoll::kBootstrapping) {
+      phase = Phase::kWaitingForMetadata;
+      std::string missing;
+      for (int d : room.expected_decode)
+        if (!room.flows.count(d)) missing += fmt::format(" tp{}", d);
+      what = missing.empty() ? "no decode rank sent metadata" : "no metadata from decode" + missing;
+    } else {
+      what = "the application sent no chunk";
+    }
+    FailSenderLocked(
+        room,
+        MakeRecord(self_, FailureCause::kDeadlineExceeded,
+                   fmt::format("{} within {:.1f} s", what,
+                               std::chrono::duration<double>(opts_.waiting_timeout).count()),
+                   phase, "phase deadline"),
+        out);
+  }
+}
+
+}  // namespace kvbridge::internal

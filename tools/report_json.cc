@@ -1,0 +1,90 @@
+#include "tools/report_json.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace kvbridge::tools {
+
+nlohmann::json RankToJson(const RankId& r) {
+  return {{"role", RoleName(r.role)},
+          {"dp", r.dp},
+          {"tp", r.tp},
+          {"pp", r.pp},
+          {"cp", r.cp},
+          {"host", r.host},
+          {"pid", r.pid},
+          {"name", r.ShortName()}};
+}
+
+nlohmann::json FailureToJson(const FailureRecord& f) {
+  double gap = std::chrono::duration<double>(f.detected_at - f.last_sign_of_life).count();
+  return {{"room", f.room},
+          {"generation", f.generation},
+          {"origin", RankToJson(f.origin)},
+          {"cause", FailureCauseName(f.cause)},
+          {"code", StatusCodeName(f.code())},
+          {"detail", f.detail},
+          {"phase", PhaseName(f.phase)},
+          {"detected_by", RankToJson(f.detected_by)},
+          {"mechanism", f.mechanism},
+          {"detected_at_us",
+           std::chrono::duration_cast<std::chrono::microseconds>(f.detected_at.time_since_epoch())
+               .count()},
+          {"silence_s", gap},
+          {"hint", f.hint},
+          {"is_from_another_rank", f.is_from_another_rank},
+          {"message", f.Message()}};
+}
+
+nlohmann::json StatsToJson(const ManagerStats& s) {
+  return {{"rooms_live", s.rooms_live},
+          {"rooms_bootstrapping", s.rooms_bootstrapping},
+          {"rooms_waiting", s.rooms_waiting},
+          {"rooms_transferring", s.rooms_transferring},
+          {"rooms_succeeded", s.rooms_succeeded},
+          {"rooms_failed", s.rooms_failed},
+          {"bytes_written", s.bytes_written},
+          {"write_ops", s.write_ops},
+          {"chunks_sent", s.chunks_sent},
+          {"stale_messages_dropped", s.stale_messages_dropped},
+          {"pending_metadata", s.pending_metadata},
+          {"peers_connected", s.peers_connected}};
+}
+
+nlohmann::json ReportToJson(const RankId& self, const WorkerReport& r) {
+  std::vector<double> lat;
+  nlohmann::json failures = nlohmann::json::array();
+  uint64_t ok = 0;
+  for (const RoomOutcome& o : r.outcomes) {
+    if (o.success) {
+      ++ok;
+      lat.push_back(o.latency_us);
+    } else if (o.failure) {
+      failures.push_back(FailureToJson(*o.failure));
+    } else {
+      failures.push_back({{"room", o.room}, {"cause", "unknown"}, {"message", "no record"}});
+    }
+  }
+  std::sort(lat.begin(), lat.end());
+  auto pct = [&](double p) {
+    return lat.empty() ? 0.0 : lat[std::min(lat.size() - 1, static_cast<size_t>(p * lat.size()))];
+  };
+  return {{"rank", RankToJson(self)},
+          {"requests", r.requests},
+          {"finished", r.outcomes.size()},
+          {"succeeded", ok},
+          {"failed", r.outcomes.size() - ok},
+          {"nonterminal", r.nonterminal},
+          {"unquiesced", r.unquiesced},
+          {"verified_pages", r.verified_pages},
+          {"corrupt_pages", r.corrupt_pages},
+          {"bytes", r.bytes},
+          {"p50_us", pct(0.5)},
+          {"p99_us", pct(0.99)},
+          {"fatal_reported", r.fatal_reported},
+          {"failures", failures},
+          {"stats", StatsToJson(r.stats)},
+          {"stats_after", StatsToJson(r.stats_after)}};
+}
+
+}  // namespace kvbridge::tools

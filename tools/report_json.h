@@ -1,0 +1,40 @@
+// JSON forms of ranks, failure records and worker reports (CLI output, the
+// demo's summary, and what the multi-process tests parse).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "kvbridge/errors.h"
+#include "kvbridge/manager.h"
+
+namespace kvbridge::tools {
+
+nlohmann::json RankToJson(const RankId& rank);
+nlohmann::json FailureToJson(const FailureRecord& record);
+nlohmann::json StatsToJson(const ManagerStats& stats);
+
+struct RoomOutcome {
+  uint64_t room = 0;
+  bool success = false;
+  double latency_us = 0;
+  std::optional<FailureRecord> failure;
+};
+
+struct WorkerReport {
+  int requests = 0;
+  std::vector<RoomOutcome> outcomes;
+  uint64_t nonterminal = 0;  // rooms never finished before the deadline
+  uint64_t unquiesced = 0;   // failed rooms whose pages never quiesced
+  uint64_t verified_pages = 0;
+  uint64_t corrupt_pages = 0;
+  uint64_t bytes = 0;
+  bool fatal_reported = false;
+  ManagerStats stats;        // before rooms were released
+  ManagerStats stats_after;  // after: rooms_live must be 0
+};
+
+nlohmann::json ReportToJson(const RankId& self, const WorkerReport& report);
+
+}  // namespace kvbridge::tools

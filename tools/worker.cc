@@ -1,0 +1,300 @@
+#include "tools/worker.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "connector/kv_pool.h"
+#include "kvbridge/manager.h"
+#include "kvbridge/receiver.h"
+#include "kvbridge/sender.h"
+#include "tools/report_json.h"
+
+namespace kvbridge::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct WorkerFlags {
+  std::string role = "prefill";
+  int tp_size = 1, tp_rank = 0;
+  std::string bootstrap = "127.0.0.1:8998";
+  bool embedded_bootstrap = false;
+  int requests = 50, concurrency = 8;
+  uint32_t seed = 1;
+  int min_tokens = 128, max_tokens = 2048, chunk_tokens = 1024;
+  internal::ModelShape shape;
+  int pool_pages = 4096;
+  bool shm = false;
+  std::string ucx_tls;
+  bool ucx_only = false;
+  int heartbeat_ms = 100, heartbeat_misses = 5;
+  int bootstrap_timeout_ms = 30000, waiting_timeout_ms = 30000, transfer_timeout_ms = 10000;
+  int fatal_after = -1;
+  std::string fatal_reason = "CUDA out of memory: tried to allocate 2.00 GiB";
+  int deadline_s = 120;
+  int quiesce_timeout_ms = 10000;
+};
+
+struct RoomPlan {
+  uint64_t room;
+  int pages;
+};
+
+std::vector<RoomPlan> Plan(const WorkerFlags& f) {
+  std::mt19937 rng(f.seed);
+  std::uniform_int_distribution<int> tokens(f.min_tokens, f.max_tokens);
+  std::vector<RoomPlan> plan;
+  for (int i = 0; i < f.requests; ++i) {
+    int t = tokens(rng);
+    plan.push_back({static_cast<uint64_t>(i + 1), (t + f.shape.page_size - 1) / f.shape.page_size});
+  }
+  return plan;
+}
+
+// Hands out scattered pages, as a paged allocator does after hours of use.
+class PageAllocator {
+ public:
+  PageAllocator(int pages, uint32_t seed) {
+    for (int i = 0; i < pages; ++i) free_.push_back(i);
+    std::mt19937 rng(seed);
+    std::shuffle(free_.begin(), free_.end(), rng);
+  }
+  bool Take(int n, std::vector<int32_t>* out) {
+    if (static_cast<int>(free_.size()) < n) return false;
+    out->assign(free_.begin(), free_.begin() + n);
+    free_.erase(free_.begin(), free_.begin() + n);
+    std::sort(out->begin(), out->begin() + n / 2);  // keep some runs contiguous
+    return true;
+  }
+  void Give(const std::vector<int32_t>& pages) {
+    free_.insert(free_.end(), pages.begin(), pages.end());
+  }
+
+ private:
+  std::deque<int32_t> free_;
+};
+
+struct Live {
+  RoomPlan plan;
+  std::vector<int32_t> pages;
+  int64_t aux = 0;
+  std::vector<int32_t> state;
+  std::unique_ptr<KVSender> sender;
+  std::unique_ptr<KVReceiver> receiver;
+  bool started = false;  // prefill: Init done
+  int pages_sent = 0;
+  Clock::time_point t0;
+  bool failed = false;
+  Clock::time_point failed_at;
+};
+
+int RunWorker(const WorkerFlags& f) {
+  const bool prefill = f.role == "prefill";
+  internal::PoolOptions po;
+  po.shape = f.shape;
+  po.tp_size = f.tp_size;
+  po.tp_rank = f.tp_rank;
+  po.num_pages = f.pool_pages;
+  po.aux_rows = std::max(64, f.concurrency * 2);
+  po.state_slots = po.aux_rows;
+  po.shared_memory = f.shm;
+  auto pool = internal::KvPool::Create(po);
+  if (!pool.ok()) {
+    std::cerr << "worker: " << pool.status().ToString() << "\n";
+    return 2;
+  }
+  ManagerOptions mo;
+  mo.role = prefill ? Role::kPrefill : Role::kDecode;
+  mo.args = (*pool)->Args();
+  mo.parallel.tp_size = f.tp_size;
+  mo.parallel.tp_rank = f.tp_rank;
+  mo.is_mla = f.shape.mla;
+  mo.bootstrap_addr = f.bootstrap;
+  mo.start_bootstrap_server = f.embedded_bootstrap;
+  mo.ucx_tls = f.ucx_tls;
+  mo.same_host_path = f.ucx_only ? SameHostPath::kUcx : SameHostPath::kAuto;
+  mo.heartbeat_interval = std::chrono::milliseconds(f.heartbeat_ms);
+  mo.heartbeat_misses = f.heartbeat_misses;
+  mo.bootstrap_timeout = std::chrono::milliseconds(f.bootstrap_timeout_ms);
+  mo.waiting_timeout = std::chrono::milliseconds(f.waiting_timeout_ms);
+  mo.transfer_timeout = std::chrono::milliseconds(f.transfer_timeout_ms);
+  auto mgr = KVManager::Create(mo);
+  if (!mgr.ok()) {
+    std::cout << "ERROR " << nlohmann::json{{"error", mgr.status().ToString()}}.dump() << std::endl;
+    return 3;
+  }
+  KVManager& m = **mgr;
+  std::cout << "READY " << RankToJson(m.self()).dump() << std::endl;
+
+  const std::vector<RoomPlan> plan = Plan(f);
+  PageAllocator alloc(f.pool_pages, f.seed * 7919 + (prefill ? 1 : 2));
+  std::deque<int64_t> aux_free;
+  for (int i = 0; i < po.aux_rows; ++i) aux_free.push_back(i);
+  const int chunk_pages = std::max(1, f.chunk_tokens / f.shape.page_size);
+  std::vector<std::unique_ptr<Live>> live, draining;
+  WorkerReport report;
+  report.requests = f.requests;
+  size_t next = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(f.deadline_s);
+  int finished = 0;
+  bool fatal_pending = f.fatal_after >= 0;
+  auto release = [&](Live& l) {
+    alloc.Give(l.pages);
+    aux_free.push_back(l.aux);
+  };
+  while ((next < plan.size() || !live.empty() || !draining.empty()) && Clock::now() < deadline) {
+    // Admit new rooms.
+    while (next < plan.size() && static_cast<int>(live.size()) < f.concurrency) {
+      auto l = std::make_unique<Live>();
+      l->plan = plan[next];
+      if (!alloc.Take(l->plan.pages, &l->pages) || aux_free.empty()) break;
+      l->aux = aux_free.front();
+      aux_free.pop_front();
+      if (f.shape.state_item_len > 0) l->state = {static_cast<int32_t>(l->aux)};
+      l->t0 = Clock::now();
+      if (prefill) {
+        auto s = KVSender::Create(m, l->plan.room);
+        if (!s.ok()) return 4;
+        l->sender = std::move(s).value();
+      } else {
+        auto r = KVReceiver::Create(m, l->plan.room);
+        if (!r.ok()) return 4;
+        l->receiver = std::move(r).value();
+        if (l->receiver->Init(0).ok())
+          l->receiver->SendMetadata(l->pages, l->aux, l->state).IgnoreError();
+      }
+      live.push_back(std::move(l));
+      ++next;
+    }
+    if (fatal_pending && finished >= f.fatal_after) {
+      m.ReportFatal(f.fatal_reason);
+      report.fatal_reported = true;
+      fatal_pending = false;
+    }
+    // One scheduler step: poll every room.
+    for (auto it = live.begin(); it != live.end();) {
+      Live& l = **it;
+      KVPoll p = prefill ? l.sender->Poll() : l.receiver->Poll();
+      if (prefill && p == KVPoll::kWaitingForInput && !l.started) {
+        (*pool)->Fill(l.plan.room, l.pages, l.aux, l.state);
+        l.started = l.sender->Init(l.plan.pages, l.aux).ok();
+      }
+      if (prefill && l.started && l.pages_sent < l.plan.pages + (l.plan.pages == 0) &&
+          (p == KVPoll::kWaitingForInput || p == KVPoll::kTransferring)) {
+        int n = std::min(chunk_pages, l.plan.pages - l.pages_sent);
+        bool last = l.pages_sent + n == l.plan.pages;
+        std::span<const int32_t> chunk(l.pages.data() + l.pages_sent, n);
+        l.sender->Send(chunk, last ? std::span<const int32_t>(l.state) : std::span<const int32_t>())
+            .IgnoreError();
+        l.pages_sent += std::max(n, 1);
+        p = l.sender->Poll();
+      }
+      if (p != KVPoll::kSuccess && p != KVPoll::kFailed) {
+        ++it;
+        continue;
+      }
+      ++finished;
+      RoomOutcome o;
+      o.room = l.plan.room;
+      o.success = p == KVPoll::kSuccess;
+      o.latency_us = std::chrono::duration<double, std::micro>(Clock::now() - l.t0).count();
+      if (o.success && !prefill) {
+        uint64_t bad = (*pool)->CountCorruptPages(l.plan.room, l.pages);
+        report.corrupt_pages += bad;
+        report.verified_pages += l.pages.size() * (*pool)->num_kv_buffers();
+        if (!(*pool)->AuxMatches(l.plan.room, l.aux) ||
+            !(*pool)->StateMatches(l.plan.room, l.state))
+          ++report.corrupt_pages;
+        report.bytes += l.pages.size() * (*pool)->num_kv_buffers() * (*pool)->page_bytes();
+      }
+      o.failure = prefill ? l.sender->Failure() : l.receiver->Failure();
+      report.outcomes.push_back(o);
+      if (!prefill && !o.success) {
+        l.failed_at = Clock::now();
+        draining.push_back(std::move(*it));  // pages go back only once quiesced
+      } else {
+        release(l);
+      }
+      it = live.erase(it);
+    }
+    for (auto it = draining.begin(); it != draining.end();) {
+      Live& l = **it;
+      bool timed_out = Clock::now() - l.failed_at > std::chrono::milliseconds(f.quiesce_timeout_ms);
+      if (!l.receiver->Quiesced() && !timed_out) {
+        ++it;
+        continue;
+      }
+      if (!l.receiver->Quiesced()) ++report.unquiesced;
+      (*pool)->Scrub(l.pages, 0);
+      release(l);
+      it = draining.erase(it);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));  // scheduler step pacing
+  }
+  report.nonterminal = live.size() + (plan.size() - next);
+  report.stats = m.Stats();
+  // Destroy rooms before the manager.
+  live.clear();
+  draining.clear();
+  report.stats_after = m.Stats();
+  std::cout << "REPORT " << ReportToJson(m.self(), report).dump() << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line) && line != "quit") {
+  }
+  return report.nonterminal == 0 && report.corrupt_pages == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+void AddWorkerCommand(CLI::App& app, std::function<int()>& run) {
+  auto f = std::make_shared<WorkerFlags>();
+  CLI::App* cmd = app.add_subcommand("worker", "Run one rank with a synthetic request stream");
+  cmd->group("");  // internal: used by demo and tests
+  cmd->add_option("--role", f->role)->check(CLI::IsMember({"prefill", "decode"}))->required();
+  cmd->add_option("--tp-size", f->tp_size)->check(CLI::Range(1, 64));
+  cmd->add_option("--tp-rank", f->tp_rank)->check(CLI::Range(0, 63));
+  cmd->add_option("--bootstrap", f->bootstrap);
+  cmd->add_flag("--embedded-bootstrap", f->embedded_bootstrap);
+  cmd->add_option("--requests", f->requests)->check(CLI::Range(0, 1000000));
+  cmd->add_option("--concurrency", f->concurrency)->check(CLI::Range(1, 100000));
+  cmd->add_option("--seed", f->seed);
+  cmd->add_option("--min-tokens", f->min_tokens)->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--max-tokens", f->max_tokens)->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--chunk-tokens", f->chunk_tokens)->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--layers", f->shape.layers)->check(CLI::Range(1, 1024));
+  cmd->add_option("--heads", f->shape.total_kv_heads)->check(CLI::Range(1, 1024));
+  cmd->add_option("--head-dim", f->shape.head_dim)->check(CLI::Range(1, 65536));
+  cmd->add_option("--page-size", f->shape.page_size)->check(CLI::Range(1, 65536));
+  cmd->add_option("--state-bytes", f->shape.state_item_len)->check(CLI::Range(0, 1 << 20));
+  cmd->add_flag("--mla", f->shape.mla);
+  cmd->add_option("--pool-pages", f->pool_pages)->check(CLI::Range(1, 1 << 24));
+  cmd->add_flag("--shm", f->shm);
+  cmd->add_option("--ucx-tls", f->ucx_tls);
+  cmd->add_flag("--ucx-only", f->ucx_only);
+  cmd->add_option("--heartbeat-ms", f->heartbeat_ms)->check(CLI::Range(1, 600000));
+  cmd->add_option("--heartbeat-misses", f->heartbeat_misses)->check(CLI::Range(1, 1000));
+  cmd->add_option("--bootstrap-timeout-ms", f->bootstrap_timeout_ms);
+  cmd->add_option("--waiting-timeout-ms", f->waiting_timeout_ms);
+  cmd->add_option("--transfer-timeout-ms", f->transfer_timeout_ms);
+  cmd->add_option("--fatal-after", f->fatal_after, "ReportFatal after this many rooms finished");
+  cmd->add_option("--fatal-reason", f->fatal_reason);
+  cmd->add_option("--deadline-s", f->deadline_s)->check(CLI::Range(1, 86400));
+  cmd->callback([f, &run] {
+    if (f->min_tokens > f->max_tokens)
+      throw CLI::ValidationError("--min-tokens", "larger than --max-tokens");
+    run = [f] { return RunWorker(*f); };
+  });
+}
+
+}  // namespace kvbridge::tools
