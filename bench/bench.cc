@@ -53,6 +53,10 @@ void AddTransportCommands(CLI::App& bench, std::function<int()>& run) {
   cmd->add_option("--depth", flags->options.depth, "Write batches in flight")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  cmd->add_option("--repeat", flags->options.repeat,
+                  "Rounds per path and size (each after its own reference); best kept")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   cmd->add_flag("--json", flags->options.json, "Print one JSON object on stdout");
   cmd->add_flag("--no-warmup", flags->no_warmup, "Skip the untimed warm-up pass");
   cmd->callback([flags, &run] {

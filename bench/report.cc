@@ -32,9 +32,11 @@ std::string Verdict(const BenchResult& r) {
 void PrintTable(FILE* out, const TransportBenchOptions& o,
                 const std::vector<BenchResult>& results) {
   std::fprintf(out,
-               "kvbridge bench transport: %s region, %s per block size, batch %llu, depth %llu\n",
+               "kvbridge bench transport: %s region, %s per block size, batch %llu, depth %llu, "
+               "best of up to %llu rounds\n",
                FormatSize(o.region_size).c_str(), FormatSize(o.bytes).c_str(),
-               static_cast<unsigned long long>(o.batch), static_cast<unsigned long long>(o.depth));
+               static_cast<unsigned long long>(o.batch), static_cast<unsigned long long>(o.depth),
+               static_cast<unsigned long long>(o.repeat));
   std::fprintf(out, "host: %ld CPUs, load average %s (GB/s = 10^9 bytes/s)\n\n",
                sysconf(_SC_NPROCESSORS_ONLN), LoadAverage().c_str());
   std::fprintf(out, "%-8s %-8s %-8s %8s %9s  %-10s %8s %6s  %-14s %s\n", "path", "chosen", "block",
@@ -79,10 +81,11 @@ void PrintJson(FILE* out_file, const TransportBenchOptions& o,
                const std::vector<BenchResult>& results) {
   nlohmann::json out;
   out["bench"] = "transport";
-  out["config"] = {{"paths", o.paths},   {"block_sizes", o.block_sizes},
-                   {"bytes", o.bytes},   {"region_size", o.region_size},
-                   {"batch", o.batch},   {"depth", o.depth},
-                   {"warmup", o.warmup}, {"gbps_unit", "1e9 bytes/s"}};
+  out["config"] = {{"paths", o.paths},          {"block_sizes", o.block_sizes},
+                   {"bytes", o.bytes},          {"region_size", o.region_size},
+                   {"batch", o.batch},          {"depth", o.depth},
+                   {"repeat", o.repeat},        {"warmup", o.warmup},
+                   {"gbps_unit", "1e9 bytes/s"}};
   out["host"] = {{"cpus", sysconf(_SC_NPROCESSORS_ONLN)}, {"loadavg", LoadAverage()}};
   nlohmann::json rows = nlohmann::json::array();
   bool all_met = true;
@@ -94,6 +97,7 @@ void PrintJson(FILE* out_file, const TransportBenchOptions& o,
                         {"bytes", r.bytes},
                         {"blocks", r.blocks},
                         {"seconds", r.seconds},
+                        {"rounds", r.rounds},
                         {"gbps", r.gbps},
                         {"msg_rate", r.msg_rate},
                         {"reference", r.reference},

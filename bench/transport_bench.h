@@ -41,6 +41,9 @@ struct TransportBenchOptions {
   uint64_t region_size = 1ull << 30;  // target and source region
   uint64_t batch = 64;                // blocks per PostWrites
   uint64_t depth = 4;                 // batches in flight
+  // Rounds per path and size, the best kept; no new round starts once a
+  // size has taken 2 s (keeps the default run short).
+  uint64_t repeat = 3;
   bool json = false;
   bool warmup = true;  // one untimed pass over the region per path
 };
@@ -52,11 +55,12 @@ struct BenchResult {
   uint64_t block_size = 0;
   uint64_t bytes = 0;
   uint64_t blocks = 0;
-  double seconds = 0;
+  uint64_t rounds = 0;
+  double seconds = 0;  // best round
   double gbps = 0;
   double msg_rate = 0;
-  std::string reference;  // "memcpy" or "tcp-socket"
-  double reference_gbps = 0;
+  std::string reference;      // "memcpy" or "tcp-socket"
+  double reference_gbps = 0;  // best reference round
   double ratio = 0;
   std::optional<double> target;  // required ratio, when one applies
   bool verified = false;
