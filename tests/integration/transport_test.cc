@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -42,6 +43,9 @@ struct PathCase {
   DataPath expected;
   uint64_t total_bytes;  // written by the bulk test
 };
+
+// Test names and ctest labels show the case name, not its bytes.
+void PrintTo(const PathCase& c, std::ostream* os) { *os << c.name; }
 
 const PathCase kCases[] = {
     {"Tcp", "tcp", false, "malloc", DataPath::kUcxRendezvous, 1024 * kMiB},
