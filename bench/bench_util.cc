@@ -68,6 +68,10 @@ Result<MappedRegion> MappedRegion::Allocate(size_t length) {
   if (p == MAP_FAILED) {
     return ResourceExhaustedError("mmap " + FormatSize(length) + ": " + std::strerror(errno));
   }
+  // The bench forks its target process; without this every later write to
+  // the region would take a copy-on-write fault per page (~2-8 us each in a
+  // VM), which made the memcpy reference 2-7x slower than memcpy.
+  madvise(p, length, MADV_DONTFORK);
   MappedRegion r;
   r.data_ = static_cast<uint8_t*>(p);
   r.size_ = length;

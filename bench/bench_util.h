@@ -26,8 +26,9 @@ inline double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Anonymous private mapping (application-allocated memory), pre-faulted so
-// page faults never land inside a timed loop. Move-only.
+// Anonymous private mapping (application-allocated memory), pre-faulted and
+// kept out of fork() (MADV_DONTFORK) so page faults never land inside a timed
+// loop. Move-only.
 class MappedRegion {
  public:
   static Result<MappedRegion> Allocate(size_t length);
