@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "kvbridge/errors.h"
@@ -65,6 +66,12 @@ class KVManager {
   void ReportFatal(const std::string& reason);
 
   ManagerStats Stats() const;
+
+  // The latest failure of a rank (another one, or this one) that this rank
+  // knows of. For a request that a group-wide poll reports Failed while it
+  // did not fail here (sglang's "exception from another rank"): this names
+  // the rank and the cause instead of a generic error.
+  std::optional<FailureRecord> RecentRankFailure() const;
 
   internal::ManagerImpl& impl() { return *impl_; }
 

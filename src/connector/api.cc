@@ -1,5 +1,6 @@
 // The public classes: thin handles over ManagerImpl and the room states.
 #include "connector/api_internal.h"
+#include "connector/last_words.h"
 #include "connector/manager_impl.h"
 #include "kvbridge/manager.h"
 #include "kvbridge/receiver.h"
@@ -8,7 +9,7 @@
 namespace kvbridge {
 
 KVManager::KVManager(std::unique_ptr<internal::ManagerImpl> impl) : impl_(std::move(impl)) {}
-KVManager::~KVManager() = default;
+KVManager::~KVManager() { internal::RemoveLastWords(impl_.get()); }
 
 Result<std::unique_ptr<KVManager>> KVManager::Create(const ManagerOptions& options) {
   return internal::CreateManager(options, nullptr);
@@ -19,11 +20,15 @@ const ManagerOptions& KVManager::options() const { return impl_->options(); }
 const std::string& KVManager::bootstrap_addr() const { return impl_->bootstrap_addr(); }
 void KVManager::ReportFatal(const std::string& reason) { impl_->ReportFatal(reason); }
 ManagerStats KVManager::Stats() const { return impl_->Stats(); }
+std::optional<FailureRecord> KVManager::RecentRankFailure() const {
+  return impl_->RecentRankFailure();
+}
 
 namespace internal {
 Result<std::unique_ptr<KVManager>> CreateManager(const ManagerOptions& options,
                                                  std::unique_ptr<Transport> transport) {
   ASSIGN_OR_RETURN(auto impl, ManagerImpl::Create(options, std::move(transport)));
+  InstallLastWords(impl.get());
   return std::unique_ptr<KVManager>(new KVManager(std::move(impl)));
 }
 }  // namespace internal

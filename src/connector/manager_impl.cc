@@ -142,6 +142,8 @@ Status ManagerImpl::Start() {
   if (first_prefill && opts_.start_bootstrap_server && !bootstrap_->Health().ok()) {
     BootstrapServerOptions so;
     so.port = bootstrap_->port();
+    so.unresponsive_after = opts_.heartbeat_interval * opts_.heartbeat_misses;
+    so.dead_after = std::max(so.dead_after, so.unresponsive_after);
     auto server = BootstrapServer::Start(so);
     if (!server.ok()) return server.status().WithContext("embedded bootstrap server");
     embedded_server_ = std::move(server).value();
@@ -172,6 +174,7 @@ Status ManagerImpl::Start() {
     KVB_LOG_WARN("decode rank not listed in the bootstrap registry: {}", registered.ToString());
   }
   ticker_ = std::thread([this] { TickerLoop(); });
+  registry_thread_ = std::thread([this] { RegistryLoop(); });
   KVB_LOG_INFO("manager up: {} incarnation {:#x}, transport {}", self_.ToString(),
                self_.incarnation, transport_->Name());
   return Status();
@@ -184,6 +187,7 @@ ManagerImpl::~ManagerImpl() {
   }
   ticker_cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
+  if (registry_thread_.joinable()) registry_thread_.join();
   engine_.reset();
   if (transport_) {
     for (RegionId id : regions_.kv) transport_->DeregisterMemory(id).IgnoreError();
@@ -209,12 +213,17 @@ Peer* ManagerImpl::PeerFromLocked(const RankId& from) {
   return p;
 }
 
-void ManagerImpl::Send(Outbox& out, const Peer& peer, const MessageBody& body) {
+void ManagerImpl::Send(Outbox& out, const Peer& peer, const MessageBody& body, bool urgent) {
   if (peer.tpeer == 0) return;
-  out.messages.emplace_back(peer.tpeer, EncodeMessage(self_, body));
+  (urgent ? out.urgent : out.messages).emplace_back(peer.tpeer, EncodeMessage(self_, body));
 }
 
 void ManagerImpl::Flush(Outbox& out) {
+  for (auto& [peer, bytes] : out.urgent) {
+    Status s = transport_->SendUrgentMessage(peer, std::move(bytes));
+    if (!s.ok()) KVB_LOG_DEBUG("urgent message to peer {} not sent: {}", peer, s.ToString());
+  }
+  out.urgent.clear();
   for (auto& [peer, bytes] : out.messages) {
     Status s = transport_->SendMessage(peer, std::move(bytes));
     if (!s.ok()) KVB_LOG_DEBUG("message to peer {} not sent: {}", peer, s.ToString());
@@ -262,14 +271,6 @@ void ManagerImpl::OnMessage(std::string_view bytes) {
     if (peer != nullptr) {
       peer->last_heard = std::chrono::steady_clock::now();
       peer->last_heard_wall = std::chrono::system_clock::now();
-      if (peer->failed && peer->failure &&
-          peer->failure->cause == FailureCause::kPeerUnresponsive) {
-        // A stopped peer that was continued: it serves new requests again;
-        // the requests failed while it was silent stay failed.
-        KVB_LOG_WARN("{} is responsive again; new requests may use it", peer->id.ToString());
-        peer->failed = false;
-        peer->failure.reset();
-      }
     }
     std::visit(
         [&](auto& body) {
@@ -290,6 +291,8 @@ void ManagerImpl::OnMessage(std::string_view bytes) {
             }
           } else if constexpr (std::is_same_v<T, QuiescedMsg>) {
             OnQuiesced(m.from, body, out);
+          } else if constexpr (std::is_same_v<T, RankFailedMsg>) {
+            ApplyRankFailureLocked(body.record, out);
           }
         },
         m.body);
@@ -356,6 +359,7 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello) {
                path.ok() ? DataPathName(*path) : std::string_view("?"));
   {
     std::lock_guard<std::mutex> lock(mu_);
+    dead_ranks_.erase(peer->key);
     peer->ready = true;
     by_tpeer_[peer->tpeer] = peer.get();
     peers_[peer->key] = std::move(peer);
@@ -383,11 +387,21 @@ void ManagerImpl::OnPeerFailure(PeerId tpeer, const Status& why) {
 
 void ManagerImpl::FailPeerLocked(Peer& peer, FailureCause cause, std::string detail,
                                  std::string mechanism, Outbox& out) {
-  peer.failed = true;
   FailureRecord base =
       MakeRecord(peer.id, cause, std::move(detail), Phase::kTransferring, std::move(mechanism));
   base.last_sign_of_life = peer.last_heard_wall;
+  FailPeerWithRecordLocked(peer, base, out);
+  if (cause != FailureCause::kLayoutMismatch) PublishLocked(base);
+}
+
+void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base, Outbox& out) {
+  peer.failed = true;
   peer.failure = base;
+  if (base.cause != FailureCause::kLayoutMismatch) {
+    dead_ranks_[peer.key] = base;
+    applied_.insert({peer.key, peer.id.incarnation});
+  }
+  recent_rank_failure_ = base;
   KVB_LOG_WARN("peer failed: {}", base.Message());
   for (auto& [id, room] : senders_) {
     bool touches = false;
@@ -442,10 +456,17 @@ void ManagerImpl::Tick() {
   Outbox out;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (now - last_tick_ > silence_limit) {
+      // This process was stopped or starved, not its peers: start counting
+      // their silence afresh.
+      KVB_LOG_WARN("ticker ran {:.2f} s late; not blaming peers for it",
+                   std::chrono::duration<double>(now - last_tick_).count());
+      for (auto& [key, peer] : peers_) peer->last_heard = now;
+    }
+    last_tick_ = now;
     for (auto& [key, peer] : peers_) {
       if (peer->tpeer == 0) continue;
-      if (!peer->failed || peer->failure->cause == FailureCause::kPeerUnresponsive)
-        beats.push_back(peer->tpeer);
+      if (!peer->failed) beats.push_back(peer->tpeer);
       if (peer->failed || !peer->ready) continue;
       if (now - peer->last_heard <= silence_limit) continue;
       ProcessState ps =
@@ -475,6 +496,10 @@ void ManagerImpl::ReportFatal(const std::string& reason) {
     fatal_ = MakeRecord(self_, FailureCause::kLocalError, reason, Phase::kTransferring,
                         "application report");
     KVB_LOG_ERROR("fatal error reported: {}", reason);
+    recent_rank_failure_ = fatal_;
+    PublishLocked(*fatal_);
+    for (auto& [key, peer] : peers_)
+      if (!peer->failed) Send(out, *peer, RankFailedMsg{*fatal_});
     for (auto& [id, room] : senders_) {
       if (room->failure) continue;
       FailureRecord r = *fatal_;

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -89,10 +90,19 @@ class ManagerImpl {
 
   void ReportFatal(const std::string& reason);
   ManagerStats Stats() const;
+  // The latest failure of another rank (or of this one) that this rank
+  // knows of: what a request that did not fail here should blame.
+  std::optional<FailureRecord> RecentRankFailure() const;
+  // Best effort from a dying process (fatal signal, std::terminate): tell
+  // peers and the registry who died and why. Never blocks for long.
+  void LastWords(const std::string& reason);
 
  private:
   struct Outbox {
     std::vector<std::pair<PeerId, std::string>> messages;
+    // Not ordered behind earlier writes: failure notices that say writes may
+    // still be in flight, so they must not wait for those writes.
+    std::vector<std::pair<PeerId, std::string>> urgent;
     struct Post {
       PeerId peer;
       RemoteRegionSet remote;
@@ -106,7 +116,7 @@ class ManagerImpl {
   explicit ManagerImpl(const ManagerOptions& options);
   Status Start();
   void Flush(Outbox& out);
-  void Send(Outbox& out, const Peer& peer, const MessageBody& body);
+  void Send(Outbox& out, const Peer& peer, const MessageBody& body, bool urgent = false);
 
   // Messages and transport events (manager_impl.cc).
   void OnMessage(std::string_view bytes);
@@ -123,6 +133,18 @@ class ManagerImpl {
   // Marks `peer` failed and fails every room touching it.
   void FailPeerLocked(Peer& peer, FailureCause cause, std::string detail, std::string mechanism,
                       Outbox& out);
+  void FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base, Outbox& out);
+
+  // Failure propagation (propagation.cc).
+  void RegistryLoop();
+  void RegistryRound(uint64_t round);
+  // Applies a failure of another rank learned from the registry or a peer:
+  // fails the peer, sibling requests, or requests of the failed instance.
+  void ApplyRankFailureLocked(const FailureRecord& record, Outbox& out);
+  void PublishLocked(const FailureRecord& record);
+  // Why a new request on this rank cannot succeed, if it cannot.
+  std::optional<FailureRecord> NewRoomBlockerLocked() const;
+  void CheckSiblings(const std::vector<RankStatus>& ranks);
   FailureRecord MakeRecord(const RankId& origin, FailureCause cause, std::string detail,
                            Phase phase, std::string mechanism) const;
 
@@ -167,7 +189,15 @@ class ManagerImpl {
   std::map<std::pair<uint64_t, int>, PendingMeta> pending_meta_;
   std::optional<ParallelInfo> prefill_info_;
   std::optional<FailureRecord> fatal_;
-  std::mutex resolve_mu_;  // serializes bootstrap lookups and connects
+  std::map<std::string, FailureRecord> dead_ranks_;     // by peer key
+  std::set<std::pair<std::string, uint64_t>> applied_;  // (key, incarnation) handled
+  std::optional<FailureRecord> registry_lost_;
+  std::optional<FailureRecord> recent_rank_failure_;
+  std::vector<FailureRecord> publish_queue_;
+  uint64_t failure_seq_ = 0;  // registry thread only
+  SteadyTime last_tick_ = std::chrono::steady_clock::now();
+  std::optional<SteadyTime> registry_down_since_;  // registry thread only
+  std::mutex resolve_mu_;                          // serializes bootstrap lookups and connects
 
   std::atomic<uint64_t> next_generation_;
   std::atomic<uint64_t> heartbeat_seq_{0};
@@ -178,6 +208,7 @@ class ManagerImpl {
   std::condition_variable ticker_cv_;
   bool stop_ = false;
   std::thread ticker_;
+  std::thread registry_thread_;
 };
 
 }  // namespace kvbridge::internal

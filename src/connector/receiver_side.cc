@@ -22,11 +22,7 @@ Result<std::shared_ptr<ReceiverRoom>> ManagerImpl::NewReceiver(uint64_t room) {
                       room, it->second->generation));
     r = std::make_shared<ReceiverRoom>(room, ++next_generation_);
     receivers_[room] = r;
-    if (fatal_) {
-      FailureRecord f = *fatal_;
-      f.room = room;
-      FailReceiverLocked(*r, f, out);
-    }
+    if (auto blocker = NewRoomBlockerLocked()) FailReceiverLocked(*r, *blocker, out);
   }
   Flush(out);
   return r;
@@ -87,6 +83,33 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
       prefill_info_ = info;
     }
     const ParallelInfo info = *prefill_info_;
+    {
+      // A rank of that prefill instance is known dead (and not restarted):
+      // the request cannot complete.
+      std::vector<std::pair<std::string, FailureRecord>> dead;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto& [key, r] : dead_ranks_)
+          if (r.origin.role == Role::kPrefill && r.origin.dp == room->prefill_dp_rank)
+            dead.emplace_back(key, r);
+      }
+      for (const auto& [key, r] : dead) {
+        Result<RankRecord> now =
+            bootstrap_->GetRank(r.origin.dp, r.origin.cp, r.origin.tp, r.origin.pp);
+        if (now.ok() && now->incarnation != r.origin.incarnation) {
+          std::lock_guard<std::mutex> lock(mu_);
+          dead_ranks_.erase(key);  // restarted
+          continue;
+        }
+        Outbox out;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          FailReceiverLocked(*room, r, out);
+        }
+        Flush(out);
+        return r.ToStatus();
+      }
+    }
     if (room->prefill_dp_rank >= info.attn_dp_size)
       return InvalidArgumentError(fmt::format("prefill dp rank {} out of range [0, {})",
                                               room->prefill_dp_rank, info.attn_dp_size));
@@ -208,6 +231,7 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos) {
       stale = old->tpeer;
       by_tpeer_.erase(old->tpeer);
     }
+    dead_ranks_.erase(key);
     peer->ready = true;
     peer->last_heard = std::chrono::steady_clock::now();
     peer->last_heard_wall = std::chrono::system_clock::now();
@@ -434,6 +458,10 @@ void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
     ReceiverRoom& room = *sp;
     if (room.failure || !room.initialized || room.poll() == KVPoll::kSuccess) continue;
     auto elapsed = now - room.phase_since;
+    if (!room.resolved && registry_lost_) {
+      FailReceiverLocked(room, *registry_lost_, out);
+      continue;
+    }
     if (!room.resolved) {
       if (elapsed <= opts_.bootstrap_timeout) continue;
       const Status& why = room.last_resolve_error;

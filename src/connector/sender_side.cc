@@ -38,11 +38,7 @@ Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
       return FailedPreconditionError(fmt::format("room {} already has a live sender", room));
     r = std::make_shared<SenderRoom>(room);
     senders_[room] = r;
-    if (fatal_) {
-      FailureRecord f = *fatal_;
-      f.room = room;
-      FailSenderLocked(*r, f, out);
-    }
+    if (auto blocker = NewRoomBlockerLocked()) FailSenderLocked(*r, *blocker, out);
     for (auto pm = pending_meta_.lower_bound({room, INT32_MIN});
          pm != pending_meta_.end() && pm->first.first == room;) {
       PendingMeta meta = std::move(pm->second);
@@ -281,7 +277,9 @@ void ManagerImpl::FailSenderLocked(SenderRoom& room, FailureRecord record, Outbo
     if (peer == nullptr || peer->failed) continue;
     FailureRecord r = record;
     r.generation = flow.meta.generation;
-    Send(out, *peer, RoomFailedMsg{room.room, flow.meta.generation, flow.inflight == 0, r});
+    // With writes in flight the notice must not queue behind them.
+    Send(out, *peer, RoomFailedMsg{room.room, flow.meta.generation, flow.inflight == 0, r},
+         /*urgent=*/flow.inflight > 0);
     if (flow.inflight > 0) {
       flow.quiesce_reply = true;
     } else {

@@ -1,0 +1,209 @@
+// Failure propagation: a failure detected anywhere reaches every rank with a
+// request touching the failed rank, directly (RoomFailed / RankFailed
+// messages) and through the registry (published records every rank polls;
+// the registry's liveness table for siblings that share no connection).
+#include <fmt/format.h>
+
+#include "common/log.h"
+#include "common/process.h"
+#include "connector/manager_impl.h"
+#include "connector/record_json.h"
+
+namespace kvbridge::internal {
+namespace {
+
+bool IsRankFailure(FailureCause c) {
+  return c == FailureCause::kPeerExited || c == FailureCause::kPeerUnreachable ||
+         c == FailureCause::kPeerUnresponsive || c == FailureCause::kLocalError;
+}
+
+RankRole ToRankRole(Role r) { return r == Role::kPrefill ? RankRole::kPrefill : RankRole::kDecode; }
+
+}  // namespace
+
+void ManagerImpl::PublishLocked(const FailureRecord& record) {
+  if (IsRankFailure(record.cause) && record.origin.role != Role::kBootstrap)
+    publish_queue_.push_back(record);
+}
+
+std::optional<FailureRecord> ManagerImpl::RecentRankFailure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return recent_rank_failure_;
+}
+
+std::optional<FailureRecord> ManagerImpl::NewRoomBlockerLocked() const {
+  if (fatal_) return fatal_;
+  if (registry_lost_) return registry_lost_;
+  for (const auto& [key, record] : dead_ranks_) {
+    if (record.origin.role == self_.role && record.origin.dp == self_.dp &&
+        !record.origin.SameRank(self_))
+      return record;  // a sibling of this instance is gone
+  }
+  return std::nullopt;
+}
+
+void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out) {
+  if (r.origin.role == Role::kBootstrap || !IsRankFailure(r.cause)) return;
+  const std::string key = PeerKey(r.origin);
+  if (r.origin.SameRank(self_)) {
+    if (r.origin.incarnation != self_.incarnation || fatal_) return;
+    // Others declared this process failed (e.g. it was stopped): it is fenced
+    // until restarted, so nothing it does now can land on stale pages.
+    KVB_LOG_ERROR("this rank was declared failed by {}: {}", r.detected_by.ShortName(),
+                  r.Message());
+    fatal_ = r;
+    for (auto& [id, room] : senders_)
+      if (!room->failure && room->poll() != KVPoll::kSuccess) FailSenderLocked(*room, r, out);
+    for (auto& [id, room] : receivers_)
+      if (!room->failure && room->poll() != KVPoll::kSuccess) FailReceiverLocked(*room, r, out);
+    return;
+  }
+  if (!applied_.insert({key, r.origin.incarnation}).second) return;
+  dead_ranks_[key] = r;
+  recent_rank_failure_ = r;
+  KVB_LOG_WARN("learned of a failed rank: {}", r.Message());
+  Peer* peer = FindPeerLocked(key);
+  if (peer != nullptr && peer->id.incarnation == r.origin.incarnation && !peer->failed)
+    FailPeerWithRecordLocked(*peer, r, out);
+  const bool sibling = r.origin.role == self_.role && r.origin.dp == self_.dp;
+  for (auto& [id, room] : senders_) {
+    if (room->failure || room->poll() == KVPoll::kSuccess) continue;
+    bool touches = sibling;
+    for (auto& [rank, flow] : room->flows)
+      touches = touches || (r.origin.role == Role::kDecode && flow.decode.dp == r.origin.dp);
+    if (touches) FailSenderLocked(*room, r, out);
+  }
+  for (auto& [id, room] : receivers_) {
+    if (room->failure || room->poll() == KVPoll::kSuccess) continue;
+    bool touches = sibling || (r.origin.role == Role::kPrefill && room->initialized &&
+                               room->prefill_dp_rank == r.origin.dp);
+    if (touches) FailReceiverLocked(*room, r, out);
+  }
+}
+
+void ManagerImpl::RegistryLoop() {
+  uint64_t round = 0;
+  std::unique_lock<std::mutex> lock(ticker_mu_);
+  while (!stop_) {
+    ticker_cv_.wait_for(lock, opts_.heartbeat_interval, [this] { return stop_; });
+    if (stop_) return;
+    lock.unlock();
+    RegistryRound(round++);
+    lock.lock();
+  }
+}
+
+void ManagerImpl::RegistryRound(uint64_t round) {
+  const SteadyTime now = std::chrono::steady_clock::now();
+  Status beat = bootstrap_->Heartbeat(ToRankRole(self_.role), self_.dp, self_.cp, self_.tp,
+                                      self_.pp, self_.incarnation);
+  if (beat.code() == StatusCode::kUnavailable) {
+    if (!registry_down_since_) registry_down_since_ = now;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!registry_lost_ &&
+        now - *registry_down_since_ >= opts_.heartbeat_interval * opts_.heartbeat_misses) {
+      RankId origin;
+      origin.role = Role::kBootstrap;
+      origin.host = opts_.bootstrap_addr;
+      registry_lost_ = MakeRecord(origin, FailureCause::kRegistryLost, beat.message(),
+                                  Phase::kBootstrapping, "registry heartbeat");
+      KVB_LOG_ERROR("{}", registry_lost_->Message());
+    }
+    return;
+  }
+  registry_down_since_.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (registry_lost_) {
+      KVB_LOG_WARN("bootstrap registry {} reachable again", opts_.bootstrap_addr);
+      registry_lost_.reset();
+    }
+  }
+  std::vector<FailureRecord> to_publish;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    to_publish.swap(publish_queue_);
+  }
+  for (const FailureRecord& r : to_publish) {
+    Result<uint64_t> seq = bootstrap_->PublishFailure(FailureRecordToJson(r));
+    if (!seq.ok()) KVB_LOG_WARN("failure record not published: {}", seq.status().ToString());
+  }
+  Result<FailureBatch> batch = bootstrap_->FailuresSince(failure_seq_);
+  if (batch.ok()) {
+    failure_seq_ = batch->latest_seq;
+    Outbox out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const nlohmann::json& j : batch->records) {
+        Result<FailureRecord> r = FailureRecordFromJson(j);
+        if (r.ok()) ApplyRankFailureLocked(*r, out);
+      }
+    }
+    Flush(out);
+  }
+  if (round % 3 == 0) {
+    Result<std::vector<RankStatus>> ranks = bootstrap_->ListRanks();
+    if (ranks.ok()) CheckSiblings(*ranks);
+  }
+}
+
+void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
+  const auto limit = opts_.heartbeat_interval * opts_.heartbeat_misses * 2;
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const RankStatus& s : ranks) {
+      RankId id;
+      id.role = s.record.role == RankRole::kPrefill ? Role::kPrefill : Role::kDecode;
+      id.dp = s.record.attn_dp_rank;
+      id.tp = s.record.attn_tp_rank;
+      id.pp = s.record.pp_rank;
+      id.cp = s.record.attn_cp_rank;
+      id.host = s.record.host;
+      id.pid = static_cast<int>(s.record.pid);
+      id.incarnation = s.record.incarnation;
+      const std::string key = PeerKey(id);
+      // A restarted rank clears what was known about its previous life.
+      auto dead = dead_ranks_.find(key);
+      if (dead != dead_ranks_.end() && dead->second.origin.incarnation != id.incarnation &&
+          s.state == Liveness::kAlive) {
+        KVB_LOG_INFO("{} restarted (pid {})", id.ShortName(), id.pid);
+        dead_ranks_.erase(dead);
+        continue;
+      }
+      if (id.role != self_.role || id.dp != self_.dp || id.SameRank(self_)) continue;
+      if (s.state == Liveness::kAlive && s.age <= limit) continue;
+      if (applied_.count({key, id.incarnation}) || s.dead_by_seq != 0) continue;
+      ProcessState ps = id.host == self_.host ? GetProcessState(id.pid) : ProcessState::kUnknown;
+      FailureCause cause =
+          ps == ProcessState::kExited ? FailureCause::kPeerExited : FailureCause::kPeerUnresponsive;
+      std::string detail = ps == ProcessState::kRunning || ps == ProcessState::kUnknown
+                               ? fmt::format("no heartbeat for {:.2f} s",
+                                             std::chrono::duration<double>(s.age).count())
+                               : DescribeProcessState(ps);
+      FailureRecord r = MakeRecord(id, cause, detail, Phase::kTransferring, "registry liveness");
+      r.last_sign_of_life = std::chrono::system_clock::now() - s.age;
+      ApplyRankFailureLocked(r, out);
+      PublishLocked(r);
+    }
+  }
+  Flush(out);
+}
+
+void ManagerImpl::LastWords(const std::string& reason) {
+  FailureRecord r =
+      MakeRecord(self_, FailureCause::kLocalError, reason, Phase::kTransferring, "last words");
+  std::vector<PeerId> peers;
+  {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (lock.owns_lock()) {
+      for (auto& [key, peer] : peers_)
+        if (!peer->failed && peer->tpeer != 0) peers.push_back(peer->tpeer);
+    }
+  }
+  std::string msg = EncodeMessage(self_, RankFailedMsg{r});
+  for (PeerId p : peers) transport_->SendUrgentMessage(p, msg).IgnoreError();
+  bootstrap_->PublishFailure(FailureRecordToJson(r)).status().IgnoreError();
+}
+
+}  // namespace kvbridge::internal
