@@ -461,6 +461,11 @@ void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
     if (room.failure) continue;
     KVPoll p = room.poll();
     if (p == KVPoll::kSuccess) continue;
+    if (p == KVPoll::kBootstrapping && registry_lost_) {
+      // Decode cannot bootstrap this request without the registry.
+      FailSenderLocked(room, *registry_lost_, out);
+      continue;
+    }
     auto elapsed = now - room.phase_since;
     if (room.inflight > 0) {
       if (elapsed <= opts_.transfer_timeout) continue;
