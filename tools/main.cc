@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "bench/bench.h"
+#include "tools/explain.h"
 #include "tools/worker.h"
 
 int main(int argc, char** argv) {
@@ -13,6 +14,7 @@ int main(int argc, char** argv) {
   std::function<int()> run;
   kvbridge::bench::AddBenchCommands(app, run);
   kvbridge::tools::AddWorkerCommand(app, run);
+  kvbridge::tools::AddExplainCommand(app, run);
   CLI11_PARSE(app, argc, argv);
   if (!run) {
     std::fputs(app.help().c_str(), stdout);
