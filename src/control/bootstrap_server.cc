@@ -15,8 +15,10 @@
 #include "common/log.h"
 #include "control/http_status.h"
 #include "control/json_fields.h"
+#include "control/metrics.h"
 #include "control/registry.h"
 #include "kvbridge/bootstrap.h"
+#include "kvbridge/errors.h"
 
 namespace kvbridge {
 namespace {
@@ -129,6 +131,7 @@ std::string JoinHostPort(const std::string& host, int port) {
 struct BootstrapServer::Impl {
   BootstrapServerOptions options;
   std::unique_ptr<internal::Registry> registry;
+  std::shared_ptr<internal::MetricsRegistry> metrics;
   httplib::Server http;
   std::thread thread;
   int port = 0;
@@ -138,7 +141,65 @@ struct BootstrapServer::Impl {
   bool stopped = false;  // guarded by stop_mu
 
   void AddRoutes();
+  void AddMetrics();
 };
+
+// GET /metrics: ranks by state (computed at scrape time), failure records
+// by cause and requests by route, counted as each reply is written (httplib's
+// post-routing hook) so that the handlers above stay free of metrics code. Names are
+// listed in docs/metrics.md.
+void BootstrapServer::Impl::AddMetrics() {
+  metrics = std::make_shared<internal::MetricsRegistry>();
+  internal::MetricsRegistry* m = metrics.get();
+  internal::Registry* reg = registry.get();
+  m->AddCollector([m, reg] {
+    Result<std::vector<internal::RankStatus>> ranks = reg->ListRanks();
+    if (!ranks.ok()) return;
+    for (internal::RankRole role : {internal::RankRole::kPrefill, internal::RankRole::kDecode}) {
+      for (internal::Liveness state :
+           {internal::Liveness::kAlive, internal::Liveness::kUnresponsive,
+            internal::Liveness::kDead}) {
+        int n = 0;
+        for (const internal::RankStatus& r : *ranks) n += r.record.role == role && r.state == state;
+        Result<internal::Gauge*> g =
+            m->GetGauge("kvbridge_bootstrap_ranks", "Registered ranks by role and liveness state",
+                        {{"role", std::string(internal::RankRoleName(role))},
+                         {"state", std::string(internal::LivenessName(state))}});
+        if (g.ok()) (*g)->Set(n);
+      }
+    }
+  });
+  http.Get("/metrics", [m](const httplib::Request&, httplib::Response& res) {
+    res.set_content(m->Render(), internal::kMetricsContentType);
+  });
+  // Runs for every answer, error replies included, just before it is
+  // written: a client that got its answer finds it counted.
+  http.set_post_routing_handler([m](const httplib::Request& req, httplib::Response& res) {
+    static const char* const kRoutes[] = {"/route",   "/health",   "/heartbeat", "/ranks",
+                                          "/failure", "/failures", "/metrics"};
+    std::string route = "other";  // unknown paths must not grow the label set
+    for (const char* r : kRoutes) {
+      if (req.path == r) route = r;
+    }
+    Result<internal::Counter*> c = m->GetCounter(
+        "kvbridge_bootstrap_requests_total", "HTTP requests answered, by route, method and status",
+        {{"route", route}, {"method", req.method}, {"code", std::to_string(res.status)}});
+    if (c.ok()) (*c)->Increment();
+    if (route != "/failure" || req.method != "POST" || res.status != 200) return;
+    json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    std::string cause = "unknown";
+    if (body.is_object() && body.contains("cause") && body["cause"].is_string()) {
+      FailureCause parsed;
+      if (ParseFailureCause(body["cause"].get<std::string>(), &parsed)) {
+        cause = std::string(FailureCauseName(parsed));
+      }
+    }
+    Result<internal::Counter*> f =
+        m->GetCounter("kvbridge_bootstrap_failure_records_total",
+                      "Failure records published, by cause", {{"cause", cause}});
+    if (f.ok()) (*f)->Increment();
+  });
+}
 
 void BootstrapServer::Impl::AddRoutes() {
   internal::Registry& reg = *registry;
@@ -255,6 +316,7 @@ Result<std::unique_ptr<BootstrapServer>> BootstrapServer::Start(
     last_socket->store(sock);
   });
   impl->AddRoutes();
+  impl->AddMetrics();
 
   errno = 0;
   int port = options.port;
