@@ -4,7 +4,9 @@
 #include <functional>
 
 #include "bench/bench.h"
+#include "tools/bootstrap_cmd.h"
 #include "tools/explain.h"
+#include "tools/status_cmd.h"
 #include "tools/worker.h"
 
 int main(int argc, char** argv) {
@@ -14,6 +16,8 @@ int main(int argc, char** argv) {
   std::function<int()> run;
   kvbridge::bench::AddBenchCommands(app, run);
   kvbridge::tools::AddWorkerCommand(app, run);
+  kvbridge::tools::AddBootstrapCommand(app, run);
+  kvbridge::tools::AddStatusCommand(app, run);
   kvbridge::tools::AddExplainCommand(app, run);
   CLI11_PARSE(app, argc, argv);
   if (!run) {
