@@ -1,0 +1,259 @@
+"""KVManager, KVSender, KVReceiver, BootstrapServer: sglang's shapes over C++.
+
+One KVManager per rank; one KVSender (prefill) or KVReceiver (decode) per
+request and rank. ``poll()`` never raises and never blocks: call it every
+scheduler step and MIN-reduce it over the rank group (KVPoll's order makes
+one Failed rank fail the group). On Failed, call ``failure_exception()``
+once -- it always raises, a KVTransferError naming the rank that failed and
+why -- then ``clear()``, which releases the room (after ``clear()`` the
+sender/receiver still answers ``poll()`` and ``failure_exception()``).
+Calls that may block release the GIL.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import urllib.request
+from typing import Any, Optional
+
+from kvbridge import _kvbridge
+from kvbridge._args import KVArgs, KVConfig, as_indices
+from kvbridge._errors import (KVTransferError, StatusCode, UnimplementedError, _apply_record,
+                              from_record, invalid_argument)
+
+
+class KVPoll(enum.IntEnum):
+    """sglang's KVPoll; MIN over a group is the group's state."""
+
+    Failed = 0
+    Bootstrapping = 1
+    WaitingForInput = 2
+    Transferring = 3
+    Success = 4
+
+
+_kvbridge._set_poll_enum(list(KVPoll))
+
+
+def _mode_name(mode: Any) -> str:
+    """'prefill' / 'decode' from a string or a DisaggregationMode-like enum."""
+    value = getattr(mode, "value", mode)
+    name = str(value).lower()
+    if name not in ("prefill", "decode"):
+        raise invalid_argument(f"mode {mode!r} is not prefill or decode")
+    return name
+
+
+def _same_addr(a: str, b: str) -> bool:
+    def norm(x: str) -> str:
+        x = x.split("://", 1)[-1].rstrip("/")
+        return x.replace("localhost:", "127.0.0.1:").replace("0.0.0.0:", "127.0.0.1:")
+    return norm(a) == norm(b)
+
+
+class KVManager:
+    """One rank's transfer manager (sglang's KVManager)."""
+
+    def __init__(self, args: KVArgs, mode: Any, config: Optional[KVConfig] = None,
+                 is_mla: bool = False):
+        self.kv_args = args
+        self.mode = _mode_name(mode)
+        self.config = config or KVConfig()
+        self.is_mla = bool(is_mla)
+        options = self.config.to_dict()
+        layout = getattr(args, "parallel", None)
+        options.update(role=self.mode, is_mla=self.is_mla, args=args.to_dict(),
+                       parallel=dict(vars(layout)) if layout is not None else {})
+        self._impl = _kvbridge.Manager(options)
+        self.rank = self._impl.self_rank()
+
+    @property
+    def bootstrap_addr(self) -> str:
+        return self.config.bootstrap_addr
+
+    def stats(self) -> dict:
+        return self._impl.stats()
+
+    def report_fatal(self, reason: str) -> None:
+        """Fails every live request of this rank with `reason`, on every rank it touches."""
+        self._impl.report_fatal(reason)
+
+    def close(self) -> None:
+        """Releases the manager once its senders/receivers are cleared."""
+        self._impl.close()
+
+    def __enter__(self) -> "KVManager":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def unattributed_failure(self, room: int, state: KVPoll) -> KVTransferError:
+        """What this rank can say when its group failed and it holds no record.
+
+        The manager's latest record of a failed rank comes first, then a
+        record the bootstrap registry published for the room (or for a rank's
+        death); without either, it says plainly that this rank has none.
+        """
+        record = self._impl.recent_rank_failure_json()
+        record = json.loads(record) if record is not None else self._registry_record(room)
+        if record is not None:
+            exc = from_record(record)
+            if record.get("room") != room:  # a rank's failure, not this room's record
+                exc.failure_reason = (f"room {room}: failed on another rank of this group; "
+                                      f"latest rank failure known here: {exc.message}")
+                exc.args = (exc.failure_reason,)
+            exc.bootstrap_room = room
+            exc.is_from_another_rank = not (exc.origin_pid == self.rank["pid"] and
+                                            exc.origin_role == self.rank["role"])
+            return exc
+        reason = (f"room {room}: another rank of this group reported Failed; "
+                  f"{self.rank['name']} (host {self.rank['host']}, pid {self.rank['pid']}) "
+                  f"is {state.name} and holds no failure record for it, and the bootstrap "
+                  f"registry at {self.bootstrap_addr} has none; look at the other ranks' "
+                  f"errors for this room")
+        return KVTransferError(room, reason, is_from_another_rank=True)
+
+    def _registry_record(self, room: int) -> Optional[dict]:
+        url = f"http://{self.bootstrap_addr.split('://', 1)[-1]}/failures?since=0"
+        try:
+            with urllib.request.urlopen(url, timeout=0.5) as reply:
+                records = json.loads(reply.read()).get("records", [])
+        except Exception:  # the registry is best effort here
+            return None
+        for want in (room, 0):
+            hits = [r for r in records if r.get("room") == want and r.get("origin")]
+            if hits:
+                return hits[-1]
+        return None
+
+
+class _Room:
+    """What senders and receivers share: poll, failure, clear."""
+
+    _impl: Any
+
+    def __init__(self, mgr: KVManager, bootstrap_room: Optional[int]):
+        if bootstrap_room is None or int(bootstrap_room) < 0:
+            raise invalid_argument(f"bootstrap_room {bootstrap_room!r} is not a room id")
+        self.kv_mgr = mgr
+        self.bootstrap_room = int(bootstrap_room)
+
+    def poll(self) -> KVPoll:
+        """The room's state on this rank; one atomic load, never raises."""
+        return self._impl.poll()
+
+    def failure_exception(self) -> None:
+        """Raises the KVTransferError of this room (always raises)."""
+        record = self._impl.failure_json()
+        if record is not None:
+            raise from_record(record)
+        raise self.kv_mgr.unattributed_failure(self.bootstrap_room, KVPoll(self.poll()))
+
+    def clear(self) -> None:
+        """Releases the room (an unfinished request is aborted first)."""
+        self._impl.close()
+
+    def _call(self, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except KVTransferError as e:
+            if e.bootstrap_room is None:
+                e.bootstrap_room = self.bootstrap_room
+            record = self._impl.failure_json()
+            if record is not None and e.record is None:
+                e.record = json.loads(record)
+                _apply_record(e, e.record)
+                e.is_from_another_rank = bool(e.record.get("is_from_another_rank"))
+            raise
+
+
+class KVSender(_Room):
+    """The prefill side of one request on one rank (sglang's KVSender)."""
+
+    def __init__(self, mgr: KVManager, bootstrap_addr: Optional[str], bootstrap_room: int,
+                 dest_tp_ranks: Optional[list] = None, pp_rank: Optional[int] = None):
+        super().__init__(mgr, bootstrap_room)
+        self.bootstrap_addr = bootstrap_addr
+        self.dest_tp_ranks = dest_tp_ranks
+        self.pp_rank = pp_rank
+        self._impl = _kvbridge.Sender(mgr._impl, self.bootstrap_room)
+        self.poll = self._impl.poll  # the scheduler's hot path: the C++ method itself
+
+    def init(self, num_kv_indices: int, aux_index: Optional[int] = None) -> None:
+        """Declares the request's page count and aux row."""
+        self._call(self._impl.init, int(num_kv_indices), -1 if aux_index is None else int(aux_index))
+
+    def send(self, kv_indices: Any, state_indices: Any = None) -> None:
+        """Posts one chunk; the chunk completing num_kv_indices is the last."""
+        pages = as_indices(kv_indices, "kv_indices", self.bootstrap_room)
+        state = as_indices(state_indices, "state_indices", self.bootstrap_room)
+        self._call(self._impl.send, pages, state)
+
+    def abort(self) -> None:
+        self._impl.abort()
+
+
+class KVReceiver(_Room):
+    """The decode side of one request on one rank (sglang's KVReceiver)."""
+
+    def __init__(self, mgr: KVManager, bootstrap_addr: Optional[str],
+                 bootstrap_room: Optional[int] = None):
+        super().__init__(mgr, bootstrap_room)
+        if bootstrap_addr and not _same_addr(bootstrap_addr, mgr.bootstrap_addr):
+            raise UnimplementedError(
+                self.bootstrap_room, f"bootstrap_addr {bootstrap_addr}: this manager serves "
+                f"the prefill instance at {mgr.bootstrap_addr} only")
+        self.bootstrap_addr = bootstrap_addr or mgr.bootstrap_addr
+        self._impl = _kvbridge.Receiver(mgr._impl, self.bootstrap_room)
+        self.poll = self._impl.poll  # the scheduler's hot path: the C++ method itself
+
+    def init(self, prefill_dp_rank: int = 0) -> None:
+        """Finds the prefill ranks to read from and connects to them."""
+        self._call(self._impl.init, int(prefill_dp_rank or 0))
+
+    def send_metadata(self, kv_indices: Any, aux_index: Optional[int] = None,
+                      state_indices: Any = None, decode_prefix_len: Optional[int] = 0) -> None:
+        """Tells prefill where the request's pages, aux row and state go."""
+        pages = as_indices(kv_indices, "kv_indices", self.bootstrap_room)
+        state = as_indices(state_indices, "state_indices", self.bootstrap_room)
+        aux = -1 if aux_index is None else int(aux_index)
+        self._call(self._impl.send_metadata, pages, aux, state, int(decode_prefix_len or 0))
+
+    def abort(self) -> None:
+        self._impl.abort()
+
+    def quiesced(self) -> bool:
+        """True once no write of this request can land; pages may be reused then."""
+        return self._impl.quiesced()
+
+
+class BootstrapServer:
+    """The bootstrap registry (sglang's bootstrap server, HTTP)."""
+
+    def __init__(self, host: str = "0.0.0.0", port: int = 8998, *,
+                 unresponsive_after_s: float = 0, dead_after_s: float = 0):
+        self._impl = _kvbridge.BootstrapServer(host, int(port), int(unresponsive_after_s * 1000),
+                                               int(dead_after_s * 1000))
+        self.host = host
+
+    @property
+    def port(self) -> int:
+        return self._impl.port
+
+    @property
+    def address(self) -> str:
+        return self._impl.address
+
+    def close(self) -> None:
+        self._impl.stop()
+
+    def __enter__(self) -> "BootstrapServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+__all__ = ["KVPoll", "KVManager", "KVSender", "KVReceiver", "BootstrapServer", "StatusCode"]
