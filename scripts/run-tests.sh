@@ -9,5 +9,8 @@ export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$here/tests/lsan.supp:print_sup
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 echo "== tests ($build)"
 ctest --test-dir "$build" --output-on-failure --timeout 300
+echo "== python tests ($build, Debian's python3)"
+PYTHONPATH="$(cd "$build" && pwd)/python" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+  "$here/python/tests"
 echo "== tests under AddressSanitizer + UndefinedBehaviorSanitizer ($asan)"
 ctest --test-dir "$asan" --output-on-failure --timeout 600

@@ -1,0 +1,57 @@
+"""Shared fixtures. Run with Debian's python3 and the build tree on the path:
+PYTHONPATH=build/python /usr/bin/python3 -m pytest python/tests
+"""
+
+import socket
+
+import numpy as np
+import pytest
+
+import kvbridge
+
+
+@pytest.fixture
+def bootstrap():
+    """A bootstrap server on a free port; yields its "host:port"."""
+    server = kvbridge.BootstrapServer("127.0.0.1", 0)
+    yield f"127.0.0.1:{server.port}"
+    server.close()
+
+
+@pytest.fixture
+def silent_port():
+    """A port that accepts connections and never answers."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    yield s.getsockname()[1]
+    s.close()
+
+
+class Rank:
+    """A small single-rank pool and its manager, for in-process tests."""
+
+    def __init__(self, role, bootstrap_addr, pages=64, **config):
+        self.kv = [np.zeros((pages, 4, 2, 8), np.uint16) for _ in range(4)]
+        self.aux = np.zeros((8, 32), np.uint8)
+        args = kvbridge.KVArgs(page_size=4, kv_head_num=2, total_kv_head_num=2)
+        for buf in self.kv:
+            args.add_kv_buffer(buf, buf[0].nbytes)
+        args.add_aux_buffer(self.aux, 32)
+        cfg = kvbridge.KVConfig(bootstrap_addr=bootstrap_addr, start_bootstrap_server=False,
+                                **config)
+        self.mgr = kvbridge.KVManager(args, role, cfg)
+
+
+@pytest.fixture
+def make_rank():
+    made = []
+
+    def make(role, bootstrap_addr, **kw):
+        r = Rank(role, bootstrap_addr, **kw)
+        made.append(r)
+        return r
+
+    yield make
+    for r in reversed(made):
+        r.mgr.close()

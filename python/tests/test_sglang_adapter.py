@@ -1,0 +1,100 @@
+"""kvbridge.sglang without sglang: the adapter classes driven the way
+sglang's scheduler drives a backend, and install() patching get_kv_class."""
+
+import enum
+import sys
+import time
+import types
+
+import numpy as np
+
+import kvbridge
+import kvbridge.sglang as ks
+from kvbridge import KVPoll
+
+
+class Mode(enum.Enum):  # shaped like sglang's DisaggregationMode
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+def sglang_args(kv, aux, engine_rank=0):
+    a = types.SimpleNamespace(engine_rank=engine_rank, page_size=4, kv_head_num=2,
+                              total_kv_head_num=2, prefill_start_layer=0, gpu_id=0, ib_device=None,
+                              kv_data_ptrs=[b.ctypes.data for b in kv],
+                              kv_data_lens=[b.nbytes for b in kv],
+                              kv_item_lens=[b[0].nbytes for b in kv],
+                              aux_data_ptrs=[aux.ctypes.data], aux_data_lens=[aux.nbytes],
+                              aux_item_lens=[aux[0].nbytes], state_data_ptrs=[],
+                              state_data_lens=[], state_item_lens=[])
+    return a
+
+
+def test_adapter_moves_a_request_like_sglang(bootstrap):
+    host, port = bootstrap.split(":")
+    server_args = types.SimpleNamespace(disaggregation_bootstrap_port=int(port), host=host,
+                                        tp_size=1, dp_size=1, kv_cache_dtype="auto", device="cpu")
+    pkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
+    dkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
+    paux, daux = np.zeros((4, 16), np.uint8), np.zeros((4, 16), np.uint8)
+    for i, b in enumerate(pkv):
+        b[:] = i + 1
+    pm = ks.KVBridgeKVManager(sglang_args(pkv, paux), Mode.PREFILL, server_args, False)
+    dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE, server_args, False)
+    recv = ks.KVBridgeKVReceiver(dm, bootstrap, 77)
+    recv.init(0)
+    recv.send_metadata(np.array([3, 4], np.int32), 1, None, 0)
+    send = ks.KVBridgeKVSender(pm, bootstrap, 77, [0], 0)
+    deadline = time.monotonic() + 20
+    while send.poll() != KVPoll.WaitingForInput:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    send.init(2, 0)
+    send.send(np.array([9, 10], np.int32))
+    while min(send.poll(), recv.poll()) != KVPoll.Success:
+        assert time.monotonic() < deadline and KVPoll.Failed not in (send.poll(), recv.poll())
+        time.sleep(0.002)
+    assert all((d[[3, 4]] == i + 1).all() for i, d in enumerate(dkv))
+    bad = ks.KVBridgeKVSender(pm, bootstrap, 78, [0], 0)
+    bad.init(2, aux_index=99)  # sglang style: no raise, the room fails
+    assert bad.poll() == KVPoll.Failed
+    try:
+        bad.failure_exception()
+        raise AssertionError("failure_exception() returned")
+    except kvbridge.InvalidArgumentError as e:
+        assert "99" in e.failure_reason and e.bootstrap_room == 78
+    for x in (send, recv, bad):
+        x.clear()
+
+
+def test_install_routes_one_backend_to_kvbridge(monkeypatch):
+    utils = types.ModuleType("sglang.srt.disaggregation.utils")
+
+    def get_kv_class(backend, class_type):
+        return ("original", backend, class_type)
+
+    utils.get_kv_class = get_kv_class
+    user = types.ModuleType("sglang.srt.managers.user")
+    user.get_kv_class = get_kv_class  # imported by name elsewhere
+    pkg = types.ModuleType("sglang.srt.disaggregation")
+    pkg.utils = utils
+    for name, mod in (("sglang", types.ModuleType("sglang")),
+                      ("sglang.srt", types.ModuleType("sglang.srt")),
+                      ("sglang.srt.disaggregation", pkg),
+                      ("sglang.srt.disaggregation.utils", utils),
+                      ("sglang.srt.managers.user", user)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    Backend = enum.Enum("TransferBackend", {"MOONCAKE": "mooncake", "NIXL": "nixl"})
+    Kind = enum.Enum("KVClassType", {"KVARGS": "kvargs", "MANAGER": "manager",
+                                     "SENDER": "sender", "RECEIVER": "receiver",
+                                     "BOOTSTRAP_SERVER": "bootstrap_server"})
+    ks.install("mooncake")
+    for get in (utils.get_kv_class, user.get_kv_class):
+        assert get(Backend.MOONCAKE, Kind.MANAGER) is ks.KVBridgeKVManager
+        assert get(Backend.MOONCAKE, Kind.SENDER) is ks.KVBridgeKVSender
+        assert get(Backend.MOONCAKE, Kind.RECEIVER) is ks.KVBridgeKVReceiver
+        assert get(Backend.MOONCAKE, Kind.BOOTSTRAP_SERVER) is ks.KVBridgeKVBootstrapServer
+        assert get(Backend.MOONCAKE, Kind.KVARGS)[0] == "original"
+        assert get(Backend.NIXL, Kind.MANAGER)[0] == "original"
+    ks.install("mooncake")  # idempotent: still one layer over the original
+    assert utils.get_kv_class(Backend.NIXL, Kind.SENDER)[0] == "original"
