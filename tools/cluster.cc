@@ -1,0 +1,439 @@
+#include "tools/cluster.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+extern char** environ;
+
+namespace kvbridge::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int RemainingMs(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return left.count() < 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
+}
+
+std::string Errno(const char* what) { return std::string(what) + ": " + strerror(errno); }
+
+std::string FileName(const std::string& name) {
+  std::string s = name;
+  std::replace(s.begin(), s.end(), ' ', '-');
+  return s + ".log";
+}
+
+int64_t WallMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+std::string ExitInfo::ToString() const {
+  if (!reaped) return "running";
+  if (exited) return "exit " + std::to_string(code);
+  const char* name = sigabbrev_np(signal);
+  return "signal " + std::to_string(signal) + (name ? std::string(" (SIG") + name + ")" : "");
+}
+
+Result<int> PickFreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return InternalError(Errno("socket"));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    std::string why = Errno("bind");
+    close(fd);
+    return InternalError(why);
+  }
+  close(fd);
+  return static_cast<int>(ntohs(addr.sin_port));
+}
+
+Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o) {
+  if (o.binary.empty()) return InvalidArgumentError("cluster: no kvbridge binary given");
+  if (o.prefill_tp < 1 || o.decode_tp < 1)
+    return InvalidArgumentError("cluster: prefill_tp " + std::to_string(o.prefill_tp) +
+                                " and decode_tp " + std::to_string(o.decode_tp) + " must be >= 1");
+  signal(SIGPIPE, SIG_IGN);  // a dead child must not kill the launcher
+  std::unique_ptr<Cluster> c(new Cluster());
+  c->prefill_tp_ = o.prefill_tp;
+  c->decode_tp_ = o.decode_tp;
+  const auto ready_deadline = Clock::now() + o.ready_timeout;
+  auto left = [&] { return std::chrono::milliseconds(RemainingMs(ready_deadline)); };
+
+  // Rank slots first so that indices are stable; the bootstrap goes last.
+  for (int i = 0; i < c->num_ranks(); ++i) {
+    ProcessInfo p;
+    p.role = i < o.prefill_tp ? Role::kPrefill : Role::kDecode;
+    p.tp = i < o.prefill_tp ? i : i - o.prefill_tp;
+    p.name = std::string(RoleName(p.role)) + " tp" + std::to_string(p.tp);
+    c->procs_.push_back(p);
+    c->pipes_.emplace_back();
+  }
+  if (o.bootstrap == BootstrapMode::kStandalone) {
+    ProcessInfo p;
+    p.role = Role::kBootstrap;
+    p.name = "bootstrap";
+    c->bootstrap_index_ = static_cast<int>(c->procs_.size());
+    c->procs_.push_back(p);
+    c->pipes_.emplace_back();
+    RETURN_IF_ERROR(c->Spawn(c->bootstrap_index_, {"demo-bootstrap"}, o));
+    RETURN_IF_ERROR(c->WaitReady({c->bootstrap_index_}, left()));
+    c->bootstrap_addr_ = c->procs_[c->bootstrap_index_].ready.value("address", std::string());
+  } else {
+    ASSIGN_OR_RETURN(int port, PickFreePort());
+    c->bootstrap_addr_ = "127.0.0.1:" + std::to_string(port);
+  }
+
+  auto args_for = [&](int i) {
+    const ProcessInfo& p = c->procs_[i];
+    std::vector<std::string> a = {
+        "worker",
+        "--role",
+        std::string(RoleName(p.role)),
+        "--tp-size",
+        std::to_string(p.role == Role::kPrefill ? o.prefill_tp : o.decode_tp),
+        "--tp-rank",
+        std::to_string(p.tp),
+        "--bootstrap",
+        c->bootstrap_addr_};
+    if (p.role == Role::kPrefill && p.tp == 0 && o.bootstrap == BootstrapMode::kEmbedded)
+      a.push_back("--embedded-bootstrap");
+    a.insert(a.end(), o.worker_args.begin(), o.worker_args.end());
+    const auto& role_args = p.role == Role::kPrefill ? o.prefill_args : o.decode_args;
+    a.insert(a.end(), role_args.begin(), role_args.end());
+    if (i < static_cast<int>(o.rank_args.size()))
+      a.insert(a.end(), o.rank_args[i].begin(), o.rank_args[i].end());
+    return a;
+  };
+  // Prefill rank 0 first when it hosts the registry: the others need it up.
+  std::vector<int> rest;
+  int first = 0;
+  if (o.bootstrap == BootstrapMode::kEmbedded) {
+    RETURN_IF_ERROR(c->Spawn(0, args_for(0), o));
+    RETURN_IF_ERROR(c->WaitReady({0}, left()));
+    first = 1;
+  }
+  for (int i = first; i < c->num_ranks(); ++i) {
+    RETURN_IF_ERROR(c->Spawn(i, args_for(i), o));
+    rest.push_back(i);
+  }
+  RETURN_IF_ERROR(c->WaitReady(rest, left()));
+  return c;
+}
+
+Status Cluster::Spawn(int index, const std::vector<std::string>& args, const ClusterOptions& o) {
+  const ProcessInfo& info = procs_[index];
+  int in[2], out[2];
+  if (pipe2(in, O_CLOEXEC) != 0) return InternalError(Errno("pipe"));
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    close(in[0]);
+    close(in[1]);
+    return InternalError(Errno("pipe"));
+  }
+  int err = -1;
+  if (!o.log_dir.empty()) {
+    std::string path = o.log_dir + "/" + FileName(info.name);
+    err = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (err < 0) {
+      for (int fd : {in[0], in[1], out[0], out[1]}) close(fd);
+      return InternalError(Errno(("open " + path).c_str()));
+    }
+  }
+  // Everything the child needs is built before fork: after it, the child
+  // only makes async-signal-safe calls.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view entry(*e);
+    std::string_view name = entry.substr(0, entry.find('='));
+    bool overridden = std::any_of(o.env.begin(), o.env.end(), [&](const std::string& x) {
+      return x.size() > name.size() && x.compare(0, name.size(), name) == 0 &&
+             x[name.size()] == '=';
+    });
+    if (!overridden) env_strings.emplace_back(entry);
+  }
+  env_strings.insert(env_strings.end(), o.env.begin(), o.env.end());
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<char*> argv{const_cast<char*>(o.binary.c_str())};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+
+  pid_t pid = fork();
+  if (pid < 0) {
+    for (int fd : {in[0], in[1], out[0], out[1], err})
+      if (fd >= 0) close(fd);
+    return InternalError(Errno("fork"));
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(126);  // the launcher died before prctl
+    dup2(in[0], STDIN_FILENO);
+    dup2(out[1], STDOUT_FILENO);
+    if (err >= 0) dup2(err, STDERR_FILENO);
+    execve(o.binary.c_str(), argv.data(), envp.data());
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also from here: no race with a Signal() right after
+  close(in[0]);
+  close(out[1]);
+  if (err >= 0) close(err);
+  procs_[index].pid = pid;
+  pipes_[index].in = in[1];
+  pipes_[index].out = out[0];
+  return Status::Ok();
+}
+
+void Cluster::HandleLine(int index, const std::string& line) {
+  ProcessInfo& p = procs_[index];
+  auto parse = [&](size_t skip) {
+    return nlohmann::json::parse(line.substr(skip), nullptr, /*allow_exceptions=*/false);
+  };
+  if (line.starts_with("READY ")) {
+    p.ready = parse(6);
+  } else if (line.starts_with("PROGRESS ")) {
+    nlohmann::json j = parse(9);
+    if (!j.is_discarded()) p.progress = std::move(j);
+  } else if (line.starts_with("REPORT ")) {
+    nlohmann::json j = parse(7);
+    if (!j.is_discarded()) p.report = std::move(j);
+  } else if (on_line) {
+    on_line(index, line);
+  }
+}
+
+void Cluster::TryReap(int index, bool block) {
+  ProcessInfo& p = procs_[index];
+  if (p.pid <= 0 || p.exit.reaped) return;
+  int status = 0;
+  pid_t r = waitpid(p.pid, &status, block ? 0 : WNOHANG);
+  if (r != p.pid) return;
+  p.exit.reaped = true;
+  p.exit.exited = WIFEXITED(status);
+  p.exit.code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+  p.exit.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+}
+
+void Cluster::Pump(std::chrono::milliseconds timeout) {
+  std::vector<pollfd> fds;
+  std::vector<int> owners;
+  for (size_t i = 0; i < pipes_.size(); ++i) {
+    if (pipes_[i].out < 0) continue;
+    fds.push_back({pipes_[i].out, POLLIN, 0});
+    owners.push_back(static_cast<int>(i));
+  }
+  if (fds.empty()) return;
+  int r = poll(fds.data(), fds.size(), static_cast<int>(timeout.count()));
+  if (r <= 0) return;
+  for (size_t k = 0; k < fds.size(); ++k) {
+    if (fds[k].revents == 0) continue;
+    int i = owners[k];
+    Pipes& pp = pipes_[i];
+    char chunk[65536];
+    ssize_t n = read(pp.out, chunk, sizeof(chunk));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) {
+      if (!pp.buffer.empty()) HandleLine(i, pp.buffer);
+      pp.buffer.clear();
+      close(pp.out);
+      pp.out = -1;
+      procs_[i].stdout_closed = true;
+      TryReap(i, /*block=*/false);
+      continue;
+    }
+    pp.buffer.append(chunk, static_cast<size_t>(n));
+    size_t start = 0, nl;
+    while ((nl = pp.buffer.find('\n', start)) != std::string::npos) {
+      HandleLine(i, pp.buffer.substr(start, nl - start));
+      start = nl + 1;
+    }
+    pp.buffer.erase(0, start);
+  }
+}
+
+Status Cluster::PumpUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (!done()) {
+    int left = RemainingMs(deadline);
+    if (left == 0)
+      return DeadlineExceededError("cluster: condition not met within " +
+                                   std::to_string(timeout.count()) + " ms");
+    Pump(std::chrono::milliseconds(std::min(left, 100)));
+  }
+  return Status::Ok();
+}
+
+Status Cluster::WaitReady(const std::vector<int>& indices, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  std::string error_line;
+  auto saved = on_line;
+  on_line = [&](int i, const std::string& line) {
+    if (line.starts_with("ERROR ")) error_line = procs_[i].name + ": " + line.substr(6);
+  };
+  Status result = Status::Ok();
+  for (;;) {
+    std::vector<std::string> missing, gone;
+    for (int i : indices) {
+      if (!procs_[i].ready.is_null()) continue;
+      (procs_[i].stdout_closed ? gone : missing).push_back(procs_[i].name);
+    }
+    if (!error_line.empty()) {
+      result = UnavailableError("cluster: " + error_line);
+      break;
+    }
+    if (!gone.empty()) {
+      int i = indices.front();
+      for (int k : indices)
+        if (procs_[k].stdout_closed && procs_[k].ready.is_null()) i = k;
+      TryReap(i, /*block=*/true);
+      result =
+          UnavailableError("cluster: " + procs_[i].name + " (pid " + std::to_string(procs_[i].pid) +
+                           ") ended before READY: " + procs_[i].exit.ToString());
+      break;
+    }
+    if (missing.empty()) break;
+    int left = RemainingMs(deadline);
+    if (left == 0) {
+      std::string names;
+      for (const auto& n : missing) names += (names.empty() ? "" : ", ") + n;
+      result = DeadlineExceededError("cluster: no READY from " + names + " within " +
+                                     std::to_string(timeout.count()) + " ms");
+      break;
+    }
+    Pump(std::chrono::milliseconds(std::min(left, 200)));
+  }
+  on_line = saved;
+  for (int i : indices)
+    if (procs_[i].ready.is_object()) procs_[i].pid = procs_[i].ready.value("pid", procs_[i].pid);
+  return result;
+}
+
+Status Cluster::Signal(int index, int sig) {
+  if (index < 0 || index >= static_cast<int>(procs_.size()) || procs_[index].pid <= 0)
+    return InvalidArgumentError("cluster: no process " + std::to_string(index));
+  ProcessInfo& p = procs_[index];
+  if (p.exit.reaped) return Status::Ok();
+  if (sig == SIGKILL || sig == SIGSTOP) p.signalled_at_us = WallMicros();
+  if (kill(-p.pid, sig) != 0 && errno != ESRCH) return InternalError(Errno("kill"));
+  if (sig == SIGSTOP) pipes_[index].stopped = true;
+  if (sig == SIGCONT) pipes_[index].stopped = false;
+  return Status::Ok();
+}
+
+Status Cluster::WriteLine(int index, const std::string& line) {
+  if (index < 0 || index >= static_cast<int>(procs_.size()))
+    return InvalidArgumentError("cluster: no process " + std::to_string(index));
+  int fd = pipes_[index].in;
+  if (fd < 0) return UnavailableError("cluster: stdin of " + procs_[index].name + " is closed");
+  std::string data = line + "\n";
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      return UnavailableError("cluster: write to " + procs_[index].name + ": " + strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status Cluster::CollectReports(std::chrono::milliseconds timeout, const std::vector<int>& skip) {
+  auto pending = [&] {
+    std::vector<int> out;
+    for (int i = 0; i < num_ranks(); ++i) {
+      if (std::find(skip.begin(), skip.end(), i) != skip.end()) continue;
+      if (!procs_[i].report && !procs_[i].stdout_closed) out.push_back(i);
+    }
+    return out;
+  };
+  Status s = PumpUntil([&] { return pending().empty(); }, timeout);
+  if (s.ok()) return s;
+  std::string names;
+  for (int i : pending()) names += (names.empty() ? "" : ", ") + procs_[i].name;
+  return DeadlineExceededError("cluster: no REPORT from " + names + " within " +
+                               std::to_string(timeout.count()) + " ms");
+}
+
+void Cluster::Shutdown(std::chrono::milliseconds timeout) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  for (size_t i = 0; i < procs_.size(); ++i) {
+    if (pipes_[i].stopped) Signal(static_cast<int>(i), SIGCONT).IgnoreError();
+    if (pipes_[i].in >= 0) close(pipes_[i].in);
+    pipes_[i].in = -1;
+  }
+  // Drain stdout (a child blocked on a full pipe would never exit) and reap
+  // through pidfds, all against one deadline.
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<int> pidfds;
+    bool running = false;
+    for (size_t i = 0; i < procs_.size(); ++i) {
+      TryReap(static_cast<int>(i), /*block=*/false);
+      if (procs_[i].pid <= 0 || procs_[i].exit.reaped) continue;
+      running = true;
+      int fd = static_cast<int>(syscall(SYS_pidfd_open, procs_[i].pid, 0));
+      if (fd >= 0) {
+        pidfds.push_back(fd);
+        fds.push_back({fd, POLLIN, 0});
+      }
+      if (pipes_[i].out >= 0) fds.push_back({pipes_[i].out, POLLIN, 0});
+    }
+    int left = RemainingMs(deadline);
+    if (!running || left == 0) {
+      for (int fd : pidfds) close(fd);
+      break;
+    }
+    poll(fds.data(), fds.size(), std::min(left, 100));
+    for (int fd : pidfds) close(fd);
+    Pump(std::chrono::milliseconds(0));
+  }
+  for (size_t i = 0; i < procs_.size(); ++i) {
+    if (procs_[i].pid <= 0 || procs_[i].exit.reaped) continue;
+    kill(-procs_[i].pid, SIGKILL);
+    kill(-procs_[i].pid, SIGCONT);
+    TryReap(static_cast<int>(i), /*block=*/true);
+  }
+  for (auto& pp : pipes_) {
+    if (pp.out >= 0) close(pp.out);
+    pp.out = -1;
+  }
+}
+
+Cluster::~Cluster() {
+  for (size_t i = 0; i < procs_.size(); ++i) {
+    if (procs_[i].pid <= 0 || procs_[i].exit.reaped) continue;
+    kill(-procs_[i].pid, SIGKILL);
+    TryReap(static_cast<int>(i), /*block=*/true);
+  }
+  for (auto& pp : pipes_) {
+    if (pp.in >= 0) close(pp.in);
+    if (pp.out >= 0) close(pp.out);
+  }
+}
+
+}  // namespace kvbridge::tools

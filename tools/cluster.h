@@ -1,0 +1,165 @@
+// Cluster: a prefill instance, a decode instance and (optionally) a
+// standalone bootstrap server as real `kvbridge worker` processes on this
+// host. Used by `kvbridge demo` and the multi-process tests.
+//
+// Every child runs in its own process group and dies with the thread that
+// started it (PR_SET_PDEATHSIG), so a crashed launcher leaves nothing behind.
+// Workers speak the worker protocol on stdout ("READY {json}", optional
+// "PROGRESS {json}", "REPORT {json}"); the launcher reads every pipe with
+// poll() against a deadline and never sleeps to synchronise.
+//
+// Indices: ranks are numbered prefill tp0..tpP-1, then decode tp0..tpD-1;
+// the standalone bootstrap server, when there is one, comes last
+// (bootstrap_index()).
+//
+// Thread safety: none; one thread drives a Cluster. Start it from the thread
+// that will outlive the children (PR_SET_PDEATHSIG follows the thread).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvbridge/options.h"
+#include "kvbridge/status.h"
+
+namespace kvbridge::tools {
+
+enum class BootstrapMode {
+  kEmbedded,    // prefill rank 0 runs it (--embedded-bootstrap on a free port)
+  kStandalone,  // a process of its own (killable on its own)
+};
+
+struct ClusterOptions {
+  // The kvbridge executable (the demo passes /proc/self/exe).
+  std::string binary;
+  int prefill_tp = 1;
+  int decode_tp = 1;
+  BootstrapMode bootstrap = BootstrapMode::kEmbedded;
+  // Flags for every worker, then per role, then per rank index (e.g.
+  // {"--layers", "2"}). The launcher adds --role, --tp-size, --tp-rank and
+  // --bootstrap itself.
+  std::vector<std::string> worker_args;
+  std::vector<std::string> prefill_args;
+  std::vector<std::string> decode_args;
+  std::vector<std::vector<std::string>> rank_args;  // indexed like ranks
+  // "NAME=value" entries added to every child's environment.
+  std::vector<std::string> env;
+  // Where children's stderr goes: empty = inherited; otherwise a directory
+  // that receives one log file per process ("prefill-tp0.log", ...).
+  std::string log_dir;
+  // How long every process has to print READY.
+  std::chrono::milliseconds ready_timeout{60000};
+};
+
+// What happened to a child process once reaped.
+struct ExitInfo {
+  bool reaped = false;
+  bool exited = false;  // normal exit; code holds the status
+  int code = 0;
+  int signal = 0;                // the terminating signal when !exited
+  std::string ToString() const;  // "exit 0", "signal 9 (SIGKILL)", "running"
+};
+
+struct ProcessInfo {
+  Role role = Role::kPrefill;
+  int tp = 0;
+  std::string name;  // "prefill tp0", "decode tp1", "bootstrap"
+  pid_t pid = -1;
+  nlohmann::json ready;                    // the READY object
+  std::optional<nlohmann::json> progress;  // the latest PROGRESS object
+  std::optional<nlohmann::json> report;    // the REPORT object
+  bool stdout_closed = false;
+  ExitInfo exit;
+  // Wall-clock time of the last SIGKILL/SIGSTOP sent by Signal(), µs since
+  // the epoch (the clock of FailureRecord::detected_at); 0 if none.
+  int64_t signalled_at_us = 0;
+};
+
+class Cluster {
+ public:
+  // Starts the bootstrap server (standalone mode), then every rank, and
+  // waits for each READY line. Errors: InvalidArgument (bad sizes, no
+  // binary), Internal (fork/pipe), Unavailable naming the process that
+  // exited or printed ERROR before READY, DeadlineExceeded naming the ones
+  // still silent after ready_timeout. On error every started child is
+  // killed and reaped.
+  static Result<std::unique_ptr<Cluster>> Start(const ClusterOptions& options);
+  ~Cluster();  // SIGKILLs and reaps every child still running
+
+  Cluster(const Cluster&) = delete;
+  Cluster& operator=(const Cluster&) = delete;
+
+  // Number of worker ranks (prefill + decode).
+  int num_ranks() const { return prefill_tp_ + decode_tp_; }
+  int prefill_tp() const { return prefill_tp_; }
+  int decode_tp() const { return decode_tp_; }
+  int RankIndex(Role role, int tp) const { return role == Role::kPrefill ? tp : prefill_tp_ + tp; }
+  // Index of the standalone bootstrap process, -1 when embedded.
+  int bootstrap_index() const { return bootstrap_index_; }
+  // Every process (ranks then bootstrap).
+  const std::vector<ProcessInfo>& processes() const { return procs_; }
+  const ProcessInfo& process(int index) const { return procs_.at(index); }
+  // "127.0.0.1:port".
+  const std::string& bootstrap_addr() const { return bootstrap_addr_; }
+
+  // Sends `sig` to the process group of process `index`; records the time
+  // for SIGKILL and SIGSTOP. InvalidArgument for a bad index; OK if it
+  // already exited.
+  Status Signal(int index, int sig);
+  // Writes `line` + "\n" to the stdin of process `index`.
+  Status WriteLine(int index, const std::string& line);
+
+  // Reads whatever the children print for up to `timeout` (returns earlier
+  // once something was read); updates ready/progress/report and reaps
+  // children whose stdout closed. Lines that are not part of the protocol
+  // go to `on_line` (index, line) when set.
+  void Pump(std::chrono::milliseconds timeout);
+  std::function<void(int, const std::string&)> on_line;
+
+  // Pumps until `done()` holds; DeadlineExceeded after `timeout`.
+  Status PumpUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout);
+
+  // Waits until every rank not in `skip` and still alive has printed REPORT
+  // (a rank whose stdout closed without one counts as finished: see
+  // exit). DeadlineExceeded naming the silent ranks after `timeout`.
+  Status CollectReports(std::chrono::milliseconds timeout, const std::vector<int>& skip = {});
+
+  // Resumes stopped children (SIGCONT), closes every stdin and waits up to
+  // `timeout` for all children to exit; the ones still running are then
+  // SIGKILLed. Afterwards exit holds every child's fate. Idempotent.
+  void Shutdown(std::chrono::milliseconds timeout);
+
+ private:
+  Cluster() = default;
+  Status Spawn(int index, const std::vector<std::string>& args, const ClusterOptions& options);
+  Status WaitReady(const std::vector<int>& indices, std::chrono::milliseconds timeout);
+  void HandleLine(int index, const std::string& line);
+  void TryReap(int index, bool block);
+
+  struct Pipes {
+    int in = -1;   // child's stdin
+    int out = -1;  // child's stdout
+    std::string buffer;
+    bool stopped = false;
+  };
+  int prefill_tp_ = 0;
+  int decode_tp_ = 0;
+  int bootstrap_index_ = -1;
+  std::string bootstrap_addr_;
+  std::vector<ProcessInfo> procs_;
+  std::vector<Pipes> pipes_;
+  bool shut_down_ = false;
+};
+
+// A free TCP port on 127.0.0.1 (bound and released; a small race remains).
+Result<int> PickFreePort();
+
+}  // namespace kvbridge::tools
