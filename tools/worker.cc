@@ -1,6 +1,7 @@
 #include "tools/worker.h"
 
 #include <fmt/format.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,7 +19,10 @@
 #include "kvbridge/manager.h"
 #include "kvbridge/receiver.h"
 #include "kvbridge/sender.h"
+#include "connector/api_internal.h"
 #include "tools/report_json.h"
+#include "transport/fault/fault_transport.h"
+#include "transport/ucx/ucx_transport.h"
 
 namespace kvbridge::tools {
 namespace {
@@ -41,9 +45,13 @@ struct WorkerFlags {
   int heartbeat_ms = 100, heartbeat_misses = 5;
   int bootstrap_timeout_ms = 30000, waiting_timeout_ms = 30000, transfer_timeout_ms = 10000;
   int fatal_after = -1;
+  int stall_after = -1;  // hold every write after this many rooms finished
   std::string fatal_reason = "CUDA out of memory: tried to allocate 2.00 GiB";
   int deadline_s = 120;
   int quiesce_timeout_ms = 10000;
+  int progress_ms = 0;  // > 0: a PROGRESS line on stdout this often
+  int room_mod = 0;     // > 0: room ids wrap to 1..room_mod (reuse)
+  int abort_every = 0;  // decode, > 0: abort every Nth room after SendMetadata
 };
 
 struct RoomPlan {
@@ -57,7 +65,8 @@ std::vector<RoomPlan> Plan(const WorkerFlags& f) {
   std::vector<RoomPlan> plan;
   for (int i = 0; i < f.requests; ++i) {
     int t = tokens(rng);
-    plan.push_back({static_cast<uint64_t>(i + 1), (t + f.shape.page_size - 1) / f.shape.page_size});
+    uint64_t room = static_cast<uint64_t>(f.room_mod > 0 ? i % f.room_mod + 1 : i + 1);
+    plan.push_back({room, (t + f.shape.page_size - 1) / f.shape.page_size});
   }
   return plan;
 }
@@ -129,7 +138,25 @@ int RunWorker(const WorkerFlags& f) {
   mo.bootstrap_timeout = std::chrono::milliseconds(f.bootstrap_timeout_ms);
   mo.waiting_timeout = std::chrono::milliseconds(f.waiting_timeout_ms);
   mo.transfer_timeout = std::chrono::milliseconds(f.transfer_timeout_ms);
-  auto mgr = KVManager::Create(mo);
+  // --stall-after: the transport is wrapped so writes can be held (a stalled
+  // transfer, for the fault tests and the demo).
+  internal::FaultTransport* fault = nullptr;
+  std::unique_ptr<internal::Transport> transport;
+  if (f.stall_after >= 0) {
+    internal::UcxTransportOptions to;
+    to.tls = f.ucx_tls;
+    to.same_host_paths = !f.ucx_only;
+    to.name = f.role + " tp" + std::to_string(f.tp_rank);
+    auto ucx = internal::CreateUcxTransport(to);
+    if (!ucx.ok()) {
+      std::cerr << "worker: " << ucx.status().ToString() << "\n";
+      return 3;
+    }
+    auto wrapped = std::make_unique<internal::FaultTransport>(std::move(ucx).value());
+    fault = wrapped.get();
+    transport = std::move(wrapped);
+  }
+  auto mgr = internal::CreateManager(mo, std::move(transport));
   if (!mgr.ok()) {
     std::cout << "ERROR " << nlohmann::json{{"error", mgr.status().ToString()}}.dump() << std::endl;
     return 3;
@@ -149,16 +176,61 @@ int RunWorker(const WorkerFlags& f) {
   const auto deadline = Clock::now() + std::chrono::seconds(f.deadline_s);
   int finished = 0;
   bool fatal_pending = f.fatal_after >= 0;
+  bool stall_pending = fault != nullptr;
   auto release = [&](Live& l) {
     alloc.Give(l.pages);
     aux_free.push_back(l.aux);
   };
-  while ((next < plan.size() || !live.empty() || !draining.empty()) && Clock::now() < deadline) {
+  // Pages scrubbed after a quiesced failure must still hold the filler when
+  // handed out again: a byte that landed later is a late write.
+  std::vector<bool> scrubbed(f.pool_pages, false);
+  auto room_busy = [&](uint64_t room) {
+    for (const auto* set : {&live, &draining})
+      for (const auto& l : *set)
+        if (l->plan.room == room) return true;
+    return false;
+  };
+  auto last_progress = Clock::now();
+  // Stdin commands while running, read only with --progress-ms (the demo's
+  // --duration): "pause" stops admitting and answers "PAUSED {admitted}";
+  // "limit M" then admits up to M rooms in all, the same M on every rank, so
+  // no room is left half-open.
+  size_t limit = plan.size();
+  bool paused = false;
+  std::string stdin_buf;
+  auto read_commands = [&] {
+    pollfd pfd{STDIN_FILENO, POLLIN, 0};
+    if (poll(&pfd, 1, 0) <= 0) return;
+    char buf[256];
+    ssize_t n = read(STDIN_FILENO, buf, sizeof(buf));
+    if (n <= 0) return;
+    stdin_buf.append(buf, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = stdin_buf.find('\n')) != std::string::npos) {
+      std::string cmd = stdin_buf.substr(0, nl);
+      stdin_buf.erase(0, nl + 1);
+      if (cmd == "pause") {
+        paused = true;
+        std::cout << "PAUSED " << nlohmann::json{{"admitted", next}}.dump() << std::endl;
+      } else if (cmd.starts_with("limit ")) {
+        limit = std::min<size_t>(plan.size(), std::max<size_t>(next, std::stoull(cmd.substr(6))));
+        paused = false;
+      }
+    }
+  };
+  while ((next < limit || !live.empty() || !draining.empty()) && Clock::now() < deadline) {
+    if (f.progress_ms > 0) read_commands();
     // Admit new rooms.
-    while (next < plan.size() && static_cast<int>(live.size()) < f.concurrency) {
+    while (next < limit && !paused && static_cast<int>(live.size()) < f.concurrency) {
       auto l = std::make_unique<Live>();
       l->plan = plan[next];
+      if (f.room_mod > 0 && room_busy(l->plan.room)) break;  // wait for the old generation
       if (!alloc.Take(l->plan.pages, &l->pages) || aux_free.empty()) break;
+      for (int32_t page : l->pages) {
+        if (!scrubbed[page]) continue;
+        scrubbed[page] = false;
+        if (!(*pool)->PagesHold(std::span<const int32_t>(&page, 1), 0)) ++report.corrupt_pages;
+      }
       l->aux = aux_free.front();
       aux_free.pop_front();
       if (f.shape.state_item_len > 0) l->state = {static_cast<int32_t>(l->aux)};
@@ -173,9 +245,16 @@ int RunWorker(const WorkerFlags& f) {
         l->receiver = std::move(r).value();
         if (l->receiver->Init(0).ok())
           l->receiver->SendMetadata(l->pages, l->aux, l->state).IgnoreError();
+        if (f.abort_every > 0 && (next + 1) % f.abort_every == 0) {
+          l->receiver->Abort();
+        }
       }
       live.push_back(std::move(l));
       ++next;
+    }
+    if (stall_pending && finished >= f.stall_after) {
+      fault->HoldWrites();
+      stall_pending = false;
     }
     if (fatal_pending && finished >= f.fatal_after) {
       m.ReportFatal(f.fatal_reason);
@@ -237,12 +316,31 @@ int RunWorker(const WorkerFlags& f) {
       }
       if (!l.receiver->Quiesced()) ++report.unquiesced;
       (*pool)->Scrub(l.pages, 0);
+      if (l.receiver->Quiesced())
+        for (int32_t page : l.pages) scrubbed[page] = true;
       release(l);
       it = draining.erase(it);
     }
+    if (f.progress_ms > 0 &&
+        Clock::now() - last_progress >= std::chrono::milliseconds(f.progress_ms)) {
+      last_progress = Clock::now();
+      uint64_t ok = 0;
+      for (const RoomOutcome& o : report.outcomes) ok += o.success;
+      std::cout << "PROGRESS "
+                << nlohmann::json{{"admitted", next},
+                                  {"finished", finished},
+                                  {"succeeded", ok},
+                                  {"failed", report.outcomes.size() - ok},
+                                  {"bytes", report.bytes},
+                                  {"verified_pages", report.verified_pages},
+                                  {"corrupt_pages", report.corrupt_pages}}
+                       .dump()
+                << std::endl;
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(200));  // scheduler step pacing
   }
-  report.nonterminal = live.size() + (plan.size() - next);
+  report.nonterminal = live.size() + (limit - next);
+  report.requests = static_cast<int>(limit);
   report.stats = m.Stats();
   // Destroy rooms before the manager.
   live.clear();
@@ -288,8 +386,19 @@ void AddWorkerCommand(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--waiting-timeout-ms", f->waiting_timeout_ms);
   cmd->add_option("--transfer-timeout-ms", f->transfer_timeout_ms);
   cmd->add_option("--fatal-after", f->fatal_after, "ReportFatal after this many rooms finished");
+  cmd->add_option("--stall-after", f->stall_after, "Hold every write after this many rooms finished");
   cmd->add_option("--fatal-reason", f->fatal_reason);
+  cmd->add_option("--quiesce-timeout-ms", f->quiesce_timeout_ms,
+                  "Give up waiting for a failed room's pages to quiesce after this long");
   cmd->add_option("--deadline-s", f->deadline_s)->check(CLI::Range(1, 86400));
+  cmd->add_option("--progress-ms", f->progress_ms, "Print a PROGRESS line this often (0 = never)")
+      ->check(CLI::Range(0, 600000));
+  cmd->add_option("--room-mod", f->room_mod, "Room ids wrap to 1..K (0 = never reused)")
+      ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--abort-every", f->abort_every,
+                  "Decode: abort every Nth room right after SendMetadata, reuse its pages once "
+                  "Quiesced()")
+      ->check(CLI::Range(0, 1 << 30));
   cmd->callback([f, &run] {
     if (f->min_tokens > f->max_tokens)
       throw CLI::ValidationError("--min-tokens", "larger than --max-tokens");
