@@ -5,6 +5,7 @@
 
 #include "bench/bench.h"
 #include "tools/bootstrap_cmd.h"
+#include "tools/demo.h"
 #include "tools/explain.h"
 #include "tools/status_cmd.h"
 #include "tools/worker.h"
@@ -15,6 +16,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   std::function<int()> run;
   kvbridge::bench::AddBenchCommands(app, run);
+  kvbridge::tools::AddDemoCommands(app, run);
   kvbridge::tools::AddWorkerCommand(app, run);
   kvbridge::tools::AddBootstrapCommand(app, run);
   kvbridge::tools::AddStatusCommand(app, run);

@@ -1,0 +1,72 @@
+// The demo's flags and its verdict: the summary object (what --json prints)
+// built from the workers' reports, and its human form.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tools/cluster.h"
+#include "tools/demo.h"
+
+namespace kvbridge::tools {
+
+struct DemoFlags {
+  // Shape of the run. The model layout defaults to the benchmark's (a
+  // Llama-8B-like model: 32 layers, 8 kv heads x 128 x 2 bytes, 16-token
+  // pages); about 4.5 GiB of pools over four ranks.
+  int requests = 64;
+  double duration_s = 0;
+  int prefill_tp = 2;
+  int decode_tp = 2;
+  bool mla = false;
+  int layers = 32;
+  int heads = 8;
+  int head_dim = 128;
+  bool head_dim_set = false;  // --mla defaults to 576 unless given
+  int page_size = 16;
+  int min_tokens = 16;
+  int max_tokens = 2048;
+  int chunk_tokens = 512;
+  int concurrency = 8;
+  int pool_pages = 0;  // 0 = concurrency x largest request + slack
+  uint32_t seed = 1;
+  std::string fault;
+  bool json = false;
+  bool ucx_only = false;
+  std::string ucx_tls;
+  int heartbeat_ms = 100;
+  // Bootstrapping / waiting deadline per request: bounds a fault run whose
+  // victim will never answer (the library default is 30 s).
+  int phase_timeout_ms = 15000;
+  int timeout_s = 120;
+  std::string log_dir;
+  std::string binary = "/proc/self/exe";
+  std::vector<std::string> worker_args;
+};
+
+struct DemoRun {
+  DemoFlags flags;
+  FaultSpec fault;
+  bool fault_fired = false;
+  int victim = -1;          // process index
+  int64_t fault_at_us = 0;  // wall clock µs; 0 = unknown (oom: from records)
+  double seconds = 0;       // traffic time
+  std::string log_dir;
+  std::vector<std::string> problems;  // found by the driver (hangs)
+};
+
+// One line on what is about to run.
+std::string DescribeLayout(const DemoFlags& flags, const std::string& log_dir);
+
+// The summary object: requests, succeeded, failed, bytes, gbps, p50_us,
+// p99_us, verified_pages, corrupt_pages, data_path, ranks, ok, problems, and
+// for fault runs fault {kind, victim, pid, ...} and reports [...] (one per
+// rank that reported, victim flagged).
+nlohmann::json Summarize(const Cluster& cluster, const DemoRun& run);
+
+void PrintSummary(std::ostream& out, const nlohmann::json& summary);
+
+}  // namespace kvbridge::tools
