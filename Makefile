@@ -20,7 +20,7 @@ build-asan: deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 demo: build
-	./$(BUILD)/bin/kvbridge bench transport
+	./$(BUILD)/bin/kvbridge demo
 
 test: format-check build build-asan
 	./scripts/run-tests.sh $(BUILD) $(ASAN_BUILD)
