@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import json
+import time
 import urllib.request
 from typing import Any, Optional
 
@@ -67,6 +68,7 @@ class KVManager:
                        parallel=dict(vars(layout)) if layout is not None else {})
         self._impl = _kvbridge.Manager(options)
         self.rank = self._impl.self_rank()
+        self._grace_end = float("-inf")
 
     @property
     def bootstrap_addr(self) -> str:
@@ -96,8 +98,9 @@ class KVManager:
         record the bootstrap registry published for the room (or for a rank's
         death); without either, it says plainly that this rank has none.
         """
-        record = self._impl.recent_rank_failure_json()
-        record = json.loads(record) if record is not None else self._registry_record(room)
+        record = self._await_rank_failure()
+        if record is None:
+            record = self._registry_record(room)
         if record is not None:
             exc = from_record(record)
             if record.get("room") != room:  # a rank's failure, not this room's record
@@ -114,6 +117,28 @@ class KVManager:
                   f"registry at {self.bootstrap_addr} has none; look at the other ranks' "
                   f"errors for this room")
         return KVTransferError(room, reason, is_from_another_rank=True)
+
+    def _await_rank_failure(self) -> Optional[dict]:
+        """The manager's latest rank failure, waiting one detection window.
+
+        A sibling's failure reaches this rank a moment after the sibling
+        itself turns Failed (and with it the group's MIN), so the first
+        unattributed room of an incident waits up to heartbeat interval x
+        misses for it; later rooms of the same incident do not wait again.
+        Records older than a minute belong to another incident.
+        """
+        window = self.config.heartbeat_interval_ms * self.config.heartbeat_misses / 1000.0
+        now = time.monotonic()
+        if now > self._grace_end + window:
+            self._grace_end = now + window
+        while True:
+            text = self._impl.recent_rank_failure_json()
+            record = json.loads(text) if text is not None else None
+            if record is not None and time.time() - record.get("detected_at_us", 0) / 1e6 < 60:
+                return record
+            if time.monotonic() >= self._grace_end:
+                return None
+            time.sleep(0.005)
 
     def _registry_record(self, room: int) -> Optional[dict]:
         url = f"http://{self.bootstrap_addr.split('://', 1)[-1]}/failures?since=0"
