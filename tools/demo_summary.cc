@@ -141,8 +141,18 @@ json Summarize(const Cluster& c, const DemoRun& run) {
         first_at = f.value("detected_at_us", int64_t{0});
       }
     }
+    // A rank whose own rooms did not fail may still know who failed (its
+    // sibling's record: sglang's exception from another rank).
+    const char* source = "room";
+    if (victim != nullptr && (shown == nullptr || !NamesVictim(*shown, *victim)) &&
+        r.contains("rank_failure") && NamesVictim(r["rank_failure"], *victim)) {
+      shown = &r["rank_failure"];
+      first_at = shown->value("detected_at_us", int64_t{0});
+      source = "rank";
+    }
     if (!faulted) continue;
     json e = {{"rank", p.name},
+              {"source", source},
               {"pid", p.pid},
               {"victim", is_victim},
               {"succeeded", r.value("succeeded", 0)},

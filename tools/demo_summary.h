@@ -64,7 +64,10 @@ std::string DescribeLayout(const DemoFlags& flags, const std::string& log_dir);
 // The summary object: requests, succeeded, failed, bytes, gbps, p50_us,
 // p99_us, verified_pages, corrupt_pages, data_path, ranks, ok, problems, and
 // for fault runs fault {kind, victim, pid, ...} and reports [...] (one per
-// rank that reported, victim flagged).
+// rank that reported, victim flagged): the first failure naming the victim
+// among the rank's rooms ("source": "room"), else the rank's latest known
+// rank failure ("source": "rank"), with detection_ms = its detected_at minus
+// the time of the fault.
 nlohmann::json Summarize(const Cluster& cluster, const DemoRun& run);
 
 void PrintSummary(std::ostream& out, const nlohmann::json& summary);

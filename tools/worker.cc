@@ -1,5 +1,3 @@
-#include "tools/worker.h"
-
 #include <fmt/format.h>
 #include <poll.h>
 #include <unistd.h>
@@ -15,12 +13,13 @@
 #include <thread>
 #include <vector>
 
+#include "connector/api_internal.h"
 #include "connector/kv_pool.h"
 #include "kvbridge/manager.h"
 #include "kvbridge/receiver.h"
 #include "kvbridge/sender.h"
-#include "connector/api_internal.h"
 #include "tools/report_json.h"
+#include "tools/worker.h"
 #include "transport/fault/fault_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -346,7 +345,12 @@ int RunWorker(const WorkerFlags& f) {
   live.clear();
   draining.clear();
   report.stats_after = m.Stats();
-  std::cout << "REPORT " << ReportToJson(m.self(), report).dump() << std::endl;
+  nlohmann::json out = ReportToJson(m.self(), report);
+  // What this rank knows of other ranks' failures (sglang's "exception from
+  // another rank"): a sibling whose own rooms succeeded still names the rank.
+  if (std::optional<FailureRecord> rf = m.RecentRankFailure())
+    out["rank_failure"] = FailureToJson(*rf);
+  std::cout << "REPORT " << out.dump() << std::endl;
   std::string line;
   while (std::getline(std::cin, line) && line != "quit") {
   }
@@ -386,7 +390,8 @@ void AddWorkerCommand(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--waiting-timeout-ms", f->waiting_timeout_ms);
   cmd->add_option("--transfer-timeout-ms", f->transfer_timeout_ms);
   cmd->add_option("--fatal-after", f->fatal_after, "ReportFatal after this many rooms finished");
-  cmd->add_option("--stall-after", f->stall_after, "Hold every write after this many rooms finished");
+  cmd->add_option("--stall-after", f->stall_after,
+                  "Hold every write after this many rooms finished");
   cmd->add_option("--fatal-reason", f->fatal_reason);
   cmd->add_option("--quiesce-timeout-ms", f->quiesce_timeout_ms,
                   "Give up waiting for a failed room's pages to quiesce after this long");
