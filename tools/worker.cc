@@ -1,3 +1,5 @@
+#include "tools/worker.h"
+
 #include <fmt/format.h>
 #include <poll.h>
 #include <unistd.h>
@@ -19,7 +21,6 @@
 #include "kvbridge/receiver.h"
 #include "kvbridge/sender.h"
 #include "tools/report_json.h"
-#include "tools/worker.h"
 #include "transport/fault/fault_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
