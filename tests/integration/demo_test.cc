@@ -1,0 +1,146 @@
+// `kvbridge demo --json` end to end: a plain run checked field by field, and
+// every --fault kind with the reports of the surviving ranks checked to name
+// the victim, with its cause and a detection time.
+//
+// The runs use a reduced layout (4 layers, 64-dim heads) to stay short; the
+// process layout (bootstrap + prefill tp 2 + decode tp 2) is the demo's.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+using nlohmann::json;
+
+struct CommandOutput {
+  int exit_status = -1;
+  std::string out;
+};
+
+CommandOutput RunCommand(const std::string& command) {
+  CommandOutput r;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) r.out.append(buf, n);
+  int status = pclose(pipe);
+  r.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+const char* kSmall =
+    " --layers 4 --head-dim 64 --min-tokens 16 --max-tokens 1024"
+    " --chunk-tokens 256 --concurrency 6 --timeout 90";
+
+json RunDemo(const std::string& flags, int* exit_status) {
+  std::string cmd = std::string(KVB_BIN_DIR) + "/kvbridge demo --json" + kSmall + flags;
+  CommandOutput r = RunCommand(cmd);
+  *exit_status = r.exit_status;
+  json j = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  EXPECT_FALSE(j.is_discarded()) << cmd << "\nstdout is not one JSON object:\n" << r.out;
+  return j.is_discarded() ? json::object() : j;
+}
+
+TEST(Demo, JsonSummaryFieldByField) {
+  int status = -1;
+  json j = RunDemo(" --requests 40", &status);
+  EXPECT_EQ(status, 0) << j.dump(2);
+  for (const char* field : {"requests", "succeeded", "failed", "bytes", "gbps", "p50_us", "p99_us",
+                            "verified_pages", "corrupt_pages", "data_path", "ok", "problems"})
+    ASSERT_TRUE(j.contains(field)) << field << " missing in " << j.dump(2);
+  EXPECT_EQ(j["requests"], 40);
+  EXPECT_EQ(j["succeeded"], 40);
+  EXPECT_EQ(j["failed"], 0);
+  EXPECT_EQ(j["nonterminal"], 0);
+  EXPECT_GT(j["bytes"].get<uint64_t>(), 0u);
+  EXPECT_GT(j["gbps"].get<double>(), 0);
+  EXPECT_GT(j["p50_us"].get<double>(), 0);
+  EXPECT_GE(j["p99_us"].get<double>(), j["p50_us"].get<double>());
+  EXPECT_GT(j["verified_pages"].get<uint64_t>(), 0u);
+  EXPECT_EQ(j["corrupt_pages"], 0);
+  EXPECT_NE(j["data_path"], "unknown");
+  EXPECT_EQ(j["prefill_tp"], 2);
+  EXPECT_EQ(j["decode_tp"], 2);
+  EXPECT_TRUE(j["ok"].get<bool>()) << j["problems"].dump();
+  EXPECT_FALSE(j.contains("fault"));
+  // bootstrap + 2 prefill + 2 decode processes, all ended cleanly.
+  ASSERT_EQ(j["ranks"].size(), 5u);
+  for (const json& r : j["ranks"]) EXPECT_EQ(r["exit"], "exit 0") << r.dump();
+}
+
+struct FaultCase {
+  const char* name;
+  const char* flag;
+  const char* victim;
+  const char* cause;  // what survivors must name ("" = any attributed cause)
+};
+
+void PrintTo(const FaultCase& c, std::ostream* os) { *os << c.name; }
+
+class DemoFault : public ::testing::TestWithParam<FaultCase> {};
+
+TEST_P(DemoFault, EverySurvivorNamesTheVictim) {
+  const FaultCase& fc = GetParam();
+  int status = -1;
+  // Enough requests that traffic goes on for a few detection windows after
+  // the fault: every survivor has time to learn of it.
+  json j = RunDemo(std::string(" --requests 200 --fault ") + fc.flag, &status);
+  EXPECT_EQ(status, 0) << j.dump(2);
+  EXPECT_TRUE(j.value("ok", false)) << j["problems"].dump(2);
+  ASSERT_TRUE(j.contains("fault")) << j.dump(2);
+  const json& f = j["fault"];
+  EXPECT_TRUE(f["fired"].get<bool>());
+  EXPECT_EQ(f["victim"], fc.victim);
+  EXPECT_GT(f["pid"].get<int>(), 0);
+  EXPECT_EQ(j["corrupt_pages"], 0);
+  EXPECT_EQ(j["nonterminal"], 0);
+  EXPECT_GT(j["failed"].get<int>(), 0) << "the fault failed no request";
+  ASSERT_TRUE(j.contains("reports"));
+  int survivors = 0;
+  for (const json& r : j["reports"]) {
+    if (r["victim"].get<bool>()) continue;
+    ++survivors;
+    SCOPED_TRACE(r.dump(2));
+    ASSERT_FALSE(r["cause"].is_null()) << r["rank"] << " reported no failure";
+    EXPECT_TRUE(r["names_victim"].get<bool>());
+    if (std::string(fc.victim) != "bootstrap") {
+      EXPECT_EQ(r["origin"], fc.victim);
+      EXPECT_EQ(r["origin_pid"], f["pid"]);
+    }
+    if (*fc.cause) {
+      EXPECT_EQ(r["cause"], fc.cause);
+    }
+    for (const char* field : {"phase", "hint", "message"}) {
+      EXPECT_TRUE(r[field].is_string() && !r[field].get<std::string>().empty()) << field;
+    }
+    ASSERT_FALSE(r["detection_ms"].is_null());
+    EXPECT_GE(r["detection_ms"].get<double>(), 0);
+    EXPECT_LT(r["detection_ms"].get<double>(), 10000);  // generous: loaded 2-core box
+  }
+  // Four ranks; all but the victim report (the bootstrap is not a rank).
+  EXPECT_EQ(survivors, std::string(fc.victim) == "bootstrap" ? 4 : 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, DemoFault,
+    ::testing::Values(
+        FaultCase{"kill_prefill", "kill-prefill@10", "prefill tp1", "peer_exited"},
+        FaultCase{"kill_decode", "kill-decode@10", "decode tp1", "peer_exited"},
+        FaultCase{"stop_prefill", "stop-prefill@10", "prefill tp1", "peer_unresponsive"},
+        FaultCase{"kill_bootstrap", "kill-bootstrap@10", "bootstrap", "registry_lost"},
+        FaultCase{"oom", "oom@10", "prefill tp1", "local_error"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Demo, BadFaultIsAUsageError) {
+  CommandOutput r =
+      RunCommand(std::string(KVB_BIN_DIR) + "/kvbridge demo --fault melt-gpu 2>/dev/null");
+  EXPECT_EQ(r.exit_status, 2);
+  r = RunCommand(std::string(KVB_BIN_DIR) + "/kvbridge demo --fault kill-decode@soon 2>/dev/null");
+  EXPECT_EQ(r.exit_status, 2);
+}
+
+}  // namespace
