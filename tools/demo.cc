@@ -218,14 +218,6 @@ int RunDemo(const DemoFlags& flags) {
     }
     if (*done < 0) *done = 0;
   };
-  auto max_finished = [&] {
-    int64_t m = 0;
-    for (int i = 0; i < c.num_ranks(); ++i) {
-      const ProcessInfo& p = c.process(i);
-      if (p.progress) m = std::max(m, p.progress->value("finished", int64_t{0}));
-    }
-    return m;
-  };
   std::vector<int> skip;
   auto all_reported = [&] {
     for (int i = 0; i < c.num_ranks(); ++i) {
@@ -251,7 +243,7 @@ int RunDemo(const DemoFlags& flags) {
     view.Update(done, total, bytes, seconds());
     // Fault trigger.
     if (!fault.kind.empty() && !fault_fired) {
-      bool due = fault.after_requests >= 0 ? max_finished() >= fault.after_requests
+      bool due = fault.after_requests >= 0 ? done >= fault.after_requests
                                            : seconds() * 1000 >= fault.after_ms;
       if (fault.kind == "oom") {
         // The victim reports by itself (--fatal-after); note when it did.
@@ -273,7 +265,7 @@ int RunDemo(const DemoFlags& flags) {
           if (fault.kind != "kill-bootstrap") skip.push_back(victim);
         }
         view.Note("fault: " + fault.kind + " on " + v.name + " (pid " + std::to_string(v.pid) +
-                  ") at " + std::to_string(max_finished()) + " finished requests, " +
+                  ") at " + std::to_string(done) + " finished requests, " +
                   std::to_string(seconds()).substr(0, 4) + " s");
       }
     }
