@@ -45,7 +45,9 @@ struct WorkerFlags {
   int heartbeat_ms = 100, heartbeat_misses = 5;
   int bootstrap_timeout_ms = 30000, waiting_timeout_ms = 30000, transfer_timeout_ms = 10000;
   int fatal_after = -1;
-  int stall_after = -1;  // hold every write after this many rooms finished
+  int stall_after = -1;
+  double rate = 0;  // > 0: admit at most this many requests per second  // hold every write after
+                    // this many rooms finished
   std::string fatal_reason = "CUDA out of memory: tried to allocate 2.00 GiB";
   int deadline_s = 120;
   int quiesce_timeout_ms = 10000;
@@ -191,6 +193,7 @@ int RunWorker(const WorkerFlags& f) {
     return false;
   };
   auto last_progress = Clock::now();
+  const auto started = Clock::now();
   // Stdin commands while running, read only with --progress-ms (the demo's
   // --duration): "pause" stops admitting and answers "PAUSED {admitted}";
   // "limit M" then admits up to M rooms in all, the same M on every rank, so
@@ -221,7 +224,9 @@ int RunWorker(const WorkerFlags& f) {
   while ((next < limit || !live.empty() || !draining.empty()) && Clock::now() < deadline) {
     if (f.progress_ms > 0) read_commands();
     // Admit new rooms.
-    while (next < limit && !paused && static_cast<int>(live.size()) < f.concurrency) {
+    const auto since_start = std::chrono::duration<double>(Clock::now() - started).count();
+    while (next < limit && !paused && static_cast<int>(live.size()) < f.concurrency &&
+           (f.rate <= 0 || next < since_start * f.rate)) {
       auto l = std::make_unique<Live>();
       l->plan = plan[next];
       if (f.room_mod > 0 && room_busy(l->plan.room)) break;  // wait for the old generation
@@ -391,6 +396,7 @@ void AddWorkerCommand(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--waiting-timeout-ms", f->waiting_timeout_ms);
   cmd->add_option("--transfer-timeout-ms", f->transfer_timeout_ms);
   cmd->add_option("--fatal-after", f->fatal_after, "ReportFatal after this many rooms finished");
+  cmd->add_option("--rate", f->rate, "Admit at most this many requests per second (0 = no limit)");
   cmd->add_option("--stall-after", f->stall_after,
                   "Hold every write after this many rooms finished");
   cmd->add_option("--fatal-reason", f->fatal_reason);

@@ -214,6 +214,13 @@ TEST(ConnectorTest, StaleGenerationIsDroppedNotApplied) {
   ASSERT_TRUE(WaitFor([&] { return (*old)->Quiesced(); }));
   uint64_t old_gen = (*old)->generation();
   old->reset();
+  // Prefill's sender for that request comes late: it fails at once with
+  // decode's abort instead of waiting for metadata that will never come.
+  auto old_sender = std::move(KVSender::Create(*(*c)->prefill[0].manager, 9)).value();
+  ASSERT_TRUE(WaitFor([&] { return old_sender->Poll() == KVPoll::kFailed; }));
+  EXPECT_EQ(old_sender->Failure()->cause, FailureCause::kAborted);
+  EXPECT_EQ(old_sender->Failure()->origin.ShortName(), "decode tp0");
+  old_sender.reset();
   Request r{.room = 9};
   r.src = {3, 4};
   r.dst = {5, 6};

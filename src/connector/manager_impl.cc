@@ -466,8 +466,12 @@ void ManagerImpl::Tick() {
     last_tick_ = now;
     for (auto& [key, peer] : peers_) {
       if (peer->tpeer == 0) continue;
-      if (!peer->failed) beats.push_back(peer->tpeer);
-      if (peer->failed || !peer->ready) continue;
+      // A peer failed for its own reported error is still alive: keep
+      // beating so it does not take our silence for a failure of ours.
+      if (!peer->failed || (peer->failure && peer->failure->cause == FailureCause::kLocalError))
+        beats.push_back(peer->tpeer);
+      // A rank that failed itself (fatal error, fenced) blames nobody else.
+      if (peer->failed || !peer->ready || fatal_) continue;
       if (now - peer->last_heard <= silence_limit) continue;
       ProcessState ps =
           peer->id.host == self_.host ? GetProcessState(peer->id.pid) : ProcessState::kUnknown;

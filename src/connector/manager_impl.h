@@ -187,6 +187,14 @@ class ManagerImpl {
   std::unordered_map<uint64_t, std::shared_ptr<SenderRoom>> senders_;
   std::unordered_map<uint64_t, std::shared_ptr<ReceiverRoom>> receivers_;
   std::map<std::pair<uint64_t, int>, PendingMeta> pending_meta_;
+  // Decode failed/aborted a request before prefill created its sender: the
+  // sender, when it comes, fails with decode's record instead of waiting.
+  struct PendingAbort {
+    FailureRecord record;
+    uint64_t generation;
+    SteadyTime at;
+  };
+  std::map<std::pair<uint64_t, int>, PendingAbort> pending_abort_;
   std::optional<ParallelInfo> prefill_info_;
   std::optional<FailureRecord> fatal_;
   std::map<std::string, FailureRecord> dead_ranks_;     // by peer key

@@ -22,6 +22,8 @@ RankRole ToRankRole(Role r) { return r == Role::kPrefill ? RankRole::kPrefill : 
 }  // namespace
 
 void ManagerImpl::PublishLocked(const FailureRecord& record) {
+  const bool self_record = record.origin.SameRank(self_);
+  if (fatal_ && !self_record) return;  // a failed rank blames nobody else
   if (IsRankFailure(record.cause) && record.origin.role != Role::kBootstrap)
     publish_queue_.push_back(record);
 }
@@ -38,6 +40,9 @@ std::optional<FailureRecord> ManagerImpl::NewRoomBlockerLocked() const {
     if (record.origin.role == self_.role && record.origin.dp == self_.dp &&
         !record.origin.SameRank(self_))
       return record;  // a sibling of this instance is gone
+    // Prefill: a rank of the decode instance is gone (instances are told
+    // apart by dp), so its requests' metadata would never come.
+    if (self_.role == Role::kPrefill && record.origin.role == Role::kDecode) return record;
   }
   return std::nullopt;
 }
@@ -171,7 +176,7 @@ void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
         dead_ranks_.erase(dead);
         continue;
       }
-      if (id.role != self_.role || id.dp != self_.dp || id.SameRank(self_)) continue;
+      if (fatal_ || id.role != self_.role || id.dp != self_.dp || id.SameRank(self_)) continue;
       if (s.state == Liveness::kAlive && s.age <= limit) continue;
       if (applied_.count({key, id.incarnation}) || s.dead_by_seq != 0) continue;
       ProcessState ps = id.host == self_.host ? GetProcessState(id.pid) : ProcessState::kUnknown;

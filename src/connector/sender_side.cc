@@ -39,6 +39,11 @@ Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
     r = std::make_shared<SenderRoom>(room);
     senders_[room] = r;
     if (auto blocker = NewRoomBlockerLocked()) FailSenderLocked(*r, *blocker, out);
+    for (auto pa = pending_abort_.lower_bound({room, INT32_MIN});
+         pa != pending_abort_.end() && pa->first.first == room;) {
+      FailSenderLocked(*r, pa->second.record, out);
+      pa = pending_abort_.erase(pa);
+    }
     for (auto pm = pending_meta_.lower_bound({room, INT32_MIN});
          pm != pending_meta_.end() && pm->first.first == room;) {
       PendingMeta meta = std::move(pm->second);
@@ -328,6 +333,8 @@ void ManagerImpl::OnMeta(const RankId& from, MetaMsg meta, Outbox& out) {
     AdoptMetaLocked(*it->second, from, std::move(meta), out);
     return;
   }
+  // A newer use of the room by that decode rank supersedes an old abort.
+  pending_abort_.erase({meta.room, from.tp});
   pending_meta_[{meta.room, from.tp}] =
       PendingMeta{std::move(meta), from, std::chrono::steady_clock::now()};
 }
@@ -442,6 +449,9 @@ void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& ms
     auto pm = pending_meta_.find({msg.room, from.tp});
     if (pm != pending_meta_.end() && pm->second.meta.generation == msg.generation)
       pending_meta_.erase(pm);
+    if (it == senders_.end() || !it->second->live)
+      pending_abort_[{msg.room, from.tp}] =
+          PendingAbort{msg.record, msg.generation, std::chrono::steady_clock::now()};
     Send(out, *peer, QuiescedMsg{msg.room, msg.generation});
     return;
   }
@@ -456,15 +466,21 @@ void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
   for (auto pm = pending_meta_.begin(); pm != pending_meta_.end();) {
     pm = now - pm->second.at > opts_.waiting_timeout ? pending_meta_.erase(pm) : std::next(pm);
   }
+  for (auto pa = pending_abort_.begin(); pa != pending_abort_.end();) {
+    pa = now - pa->second.at > opts_.waiting_timeout ? pending_abort_.erase(pa) : std::next(pa);
+  }
   for (auto& [id, sp] : senders_) {
     SenderRoom& room = *sp;
     if (room.failure) continue;
     KVPoll p = room.poll();
     if (p == KVPoll::kSuccess) continue;
-    if (p == KVPoll::kBootstrapping && registry_lost_) {
-      // Decode cannot bootstrap this request without the registry.
-      FailSenderLocked(room, *registry_lost_, out);
-      continue;
+    if (p == KVPoll::kBootstrapping) {
+      // Metadata that cannot come: registry lost (decode cannot bootstrap),
+      // or a rank of the instances involved is gone.
+      if (auto blocker = NewRoomBlockerLocked()) {
+        FailSenderLocked(room, *blocker, out);
+        continue;
+      }
     }
     auto elapsed = now - room.phase_since;
     if (room.inflight > 0) {
@@ -485,18 +501,25 @@ void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
     if (elapsed <= opts_.waiting_timeout) continue;
     std::string what;
     Phase phase = room.phase;
+    RankId origin = self_;
     if (p == KVPoll::kBootstrapping) {
       phase = Phase::kWaitingForMetadata;
       std::string missing;
-      for (int d : room.expected_decode)
-        if (!room.flows.count(d)) missing += fmt::format(" tp{}", d);
+      for (int d : room.expected_decode) {
+        if (room.flows.count(d)) continue;
+        missing += fmt::format(" tp{}", d);
+        // Name the silent decode rank when this rank has met it.
+        for (auto& [key, peer] : peers_)
+          if (peer->id.role == Role::kDecode && peer->id.tp == d && origin.SameRank(self_))
+            origin = peer->id;
+      }
       what = missing.empty() ? "no decode rank sent metadata" : "no metadata from decode" + missing;
     } else {
       what = "the application sent no chunk";
     }
     FailSenderLocked(
         room,
-        MakeRecord(self_, FailureCause::kDeadlineExceeded,
+        MakeRecord(origin, FailureCause::kDeadlineExceeded,
                    fmt::format("{} within {:.1f} s", what,
                                std::chrono::duration<double>(opts_.waiting_timeout).count()),
                    phase, "phase deadline"),

@@ -1,0 +1,254 @@
+// The fault matrix: prefill and decode instances as real processes with many
+// rooms in flight; a fault injected from outside the victim; what every
+// surviving rank reports is checked by one shared helper.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <string>
+#include <vector>
+
+#include "tools/cluster.h"
+
+namespace kvbridge::tools {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+std::vector<std::string> Workload(int requests, int concurrency) {
+  return {"--layers", "2", "--heads", "8", "--head-dim", "16", "--page-size", "16", "--min-tokens",
+          "256", "--max-tokens", "2048", "--chunk-tokens", "512", "--requests",
+          std::to_string(requests), "--concurrency", std::to_string(concurrency), "--pool-pages",
+          "16384", "--heartbeat-ms", "100", "--heartbeat-misses", "10", "--progress-ms", "100",
+          "--deadline-s", "90", "--quiesce-timeout-ms", "5000",
+          // Paced so a fault always meets rooms in every phase.
+          "--rate", "100"};
+}
+
+struct Matrix {
+  std::unique_ptr<Cluster> cluster;
+  ClusterOptions options;
+};
+
+Matrix Launch(int prefill_tp, int decode_tp, std::vector<std::string> args,
+              BootstrapMode bootstrap = BootstrapMode::kStandalone) {
+  Matrix m;
+  m.options.binary = std::string(KVB_BIN_DIR) + "/kvbridge";
+  m.options.prefill_tp = prefill_tp;
+  m.options.decode_tp = decode_tp;
+  m.options.bootstrap = bootstrap;
+  m.options.worker_args = std::move(args);
+  auto c = Cluster::Start(m.options);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (c.ok()) m.cluster = std::move(c).value();
+  return m;
+}
+
+uint64_t Finished(const ProcessInfo& p) {
+  if (p.report) return (*p.report)["finished"].get<uint64_t>();
+  return p.progress ? (*p.progress)["finished"].get<uint64_t>() : 0;
+}
+
+// Waits until every decode rank finished `n` rooms: the fault then hits a
+// stream in full flight.
+void WaitForProgress(Cluster& c, uint64_t n) {
+  Status s = c.PumpUntil(
+      [&] {
+        for (int d = 0; d < c.decode_tp(); ++d)
+          if (Finished(c.process(c.RankIndex(Role::kDecode, d))) < n) return false;
+        return true;
+      },
+      milliseconds(60000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+}
+
+struct Expect {
+  std::string origin;               // "prefill tp1", "bootstrap server", ...
+  int origin_pid = -1;              // -1: not checked
+  std::vector<std::string> causes;  // any of these
+  std::string detail_has;           // "" = not checked
+  std::string phase;                // "" = not checked
+  bool every_rank_failed_some = true;
+};
+
+// The shared assertion: every surviving rank finished every room (no hang),
+// wrote nothing corrupt, leaked no room state, and every failure it reports
+// names the expected origin and cause — never an unknown origin or a generic
+// cause.
+void ExpectSurvivorsReport(Cluster& c, const std::vector<int>& victims, const Expect& e) {
+  for (int i = 0; i < c.num_ranks(); ++i) {
+    if (std::find(victims.begin(), victims.end(), i) != victims.end()) continue;
+    const ProcessInfo& p = c.process(i);
+    SCOPED_TRACE(p.name);
+    ASSERT_TRUE(p.report.has_value())
+        << p.name << " printed no report (" << p.exit.ToString() << ")";
+    const json& r = *p.report;
+    EXPECT_EQ(r["nonterminal"].get<int>(), 0) << "rooms left hanging";
+    EXPECT_EQ(r["corrupt_pages"].get<int>(), 0);
+    EXPECT_EQ(r["stats_after"]["rooms_live"].get<int>(), 0) << "leaked per-room state";
+    EXPECT_EQ(r["finished"].get<int>(), r["requests"].get<int>());
+    if (e.every_rank_failed_some) EXPECT_GT(r["failed"].get<int>(), 0) << r.dump();
+    for (const json& f : r["failures"]) {
+      SCOPED_TRACE(f.dump());
+      ASSERT_TRUE(f.contains("origin")) << "failure without origin";
+      EXPECT_NE(f["cause"].get<std::string>(), "unknown");
+      EXPECT_EQ(f["origin"]["name"].get<std::string>(), e.origin);
+      if (e.origin_pid > 0) EXPECT_EQ(f["origin"]["pid"].get<int>(), e.origin_pid);
+      EXPECT_NE(std::find(e.causes.begin(), e.causes.end(), f["cause"].get<std::string>()),
+                e.causes.end());
+      if (!e.detail_has.empty())
+        EXPECT_NE(f["detail"].get<std::string>().find(e.detail_has), std::string::npos);
+      if (!e.phase.empty()) EXPECT_EQ(f["phase"].get<std::string>(), e.phase);
+      EXPECT_FALSE(f["mechanism"].get<std::string>().empty());
+      EXPECT_FALSE(f["hint"].get<std::string>().empty());
+      // sglang's flag: set exactly when the origin is another rank.
+      bool self =
+          f["origin"]["name"] == r["rank"]["name"] && f["origin"]["pid"] == r["rank"]["pid"];
+      EXPECT_EQ(f["is_from_another_rank"].get<bool>(), !self);
+    }
+  }
+}
+
+class KillPrefillTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(KillPrefillTest, SiblingsAndDecodeNameTheDeadRank) {
+  const int prefill_tp = GetParam();
+  Matrix m = Launch(prefill_tp, 2, Workload(400, 24));
+  ASSERT_TRUE(m.cluster);
+  Cluster& c = *m.cluster;
+  WaitForProgress(c, 20);
+  const int victim = c.RankIndex(Role::kPrefill, 1);
+  const int pid = c.process(victim).pid;
+  ASSERT_TRUE(c.Signal(victim, SIGKILL).ok());
+  ASSERT_TRUE(c.CollectReports(milliseconds(120000), {victim}).ok());
+  ExpectSurvivorsReport(
+      c, {victim},
+      {.origin = "prefill tp1", .origin_pid = pid, .causes = {"peer_exited", "peer_unreachable"}});
+  c.Shutdown(milliseconds(10000));
+}
+
+INSTANTIATE_TEST_SUITE_P(PrefillTp, KillPrefillTest, ::testing::Values(2, 4));
+
+TEST(FaultMatrixTest, KilledDecodeRankIsNamedByPrefillWhichReleasesItsRooms) {
+  Matrix m = Launch(2, 2, Workload(400, 24));
+  ASSERT_TRUE(m.cluster);
+  Cluster& c = *m.cluster;
+  WaitForProgress(c, 20);
+  const int victim = c.RankIndex(Role::kDecode, 1);
+  const int pid = c.process(victim).pid;
+  ASSERT_TRUE(c.Signal(victim, SIGKILL).ok());
+  ASSERT_TRUE(c.CollectReports(milliseconds(120000), {victim}).ok());
+  ExpectSurvivorsReport(
+      c, {victim},
+      {.origin = "decode tp1", .origin_pid = pid, .causes = {"peer_exited", "peer_unreachable"}});
+  c.Shutdown(milliseconds(10000));
+}
+
+TEST(FaultMatrixTest, StoppedRankIsUnresponsiveNotExited) {
+  Matrix m = Launch(2, 2, Workload(300, 16));
+  ASSERT_TRUE(m.cluster);
+  Cluster& c = *m.cluster;
+  WaitForProgress(c, 20);
+  const int victim = c.RankIndex(Role::kPrefill, 1);
+  const int pid = c.process(victim).pid;
+  ASSERT_TRUE(c.Signal(victim, SIGSTOP).ok());
+  ASSERT_TRUE(c.CollectReports(milliseconds(120000), {victim}).ok());
+  ExpectSurvivorsReport(c, {victim},
+                        {.origin = "prefill tp1",
+                         .origin_pid = pid,
+                         .causes = {"peer_unresponsive"},
+                         .detail_has = "stopped"});
+  // SIGCONT: the rank learns it was declared failed and fences itself; what
+  // it still held fails naming itself (docs/protocol.md).
+  ASSERT_TRUE(c.Signal(victim, SIGCONT).ok());
+  ASSERT_TRUE(c.CollectReports(milliseconds(120000)).ok());
+  const json& r = *c.process(victim).report;
+  EXPECT_EQ(r["nonterminal"].get<int>(), 0);
+  for (const json& f : r["failures"]) {
+    EXPECT_EQ(f["origin"]["pid"].get<int>(), pid) << f.dump();
+    EXPECT_EQ(f["cause"].get<std::string>(), "peer_unresponsive") << f.dump();
+  }
+  c.Shutdown(milliseconds(10000));
+}
+
+TEST(FaultMatrixTest, KilledBootstrapFailsNewRequestsNamingTheRegistry) {
+  Matrix m = Launch(2, 2, Workload(300, 8));
+  ASSERT_TRUE(m.cluster);
+  Cluster& c = *m.cluster;
+  WaitForProgress(c, 20);
+  ASSERT_TRUE(c.Signal(c.bootstrap_index(), SIGKILL).ok());
+  ASSERT_TRUE(c.CollectReports(milliseconds(120000), {c.bootstrap_index()}).ok());
+  ExpectSurvivorsReport(c, {c.bootstrap_index()},
+                        {.origin = "bootstrap server", .causes = {"registry_lost"}});
+  // Requests past bootstrap before the kill completed.
+  for (int i = 0; i < c.num_ranks(); ++i)
+    EXPECT_GE(c.process(i).report->at("succeeded").get<int>(), 20) << c.process(i).name;
+  c.Shutdown(milliseconds(10000));
+}
+
+TEST(FaultMatrixTest, ReportedOutOfMemoryReachesEverySiblingAndPeer) {
+  std::vector<std::string> args = Workload(300, 16);
+  Matrix m;
+  m.options.binary = std::string(KVB_BIN_DIR) + "/kvbridge";
+  m.options.prefill_tp = 2;
+  m.options.decode_tp = 2;
+  m.options.bootstrap = BootstrapMode::kStandalone;
+  m.options.worker_args = args;
+  m.options.rank_args = {{}, {"--fatal-after", "30"}, {}, {}};
+  auto started = Cluster::Start(m.options);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  Cluster& c = **started;
+  ASSERT_TRUE(c.CollectReports(milliseconds(120000)).ok());
+  const int victim = c.RankIndex(Role::kPrefill, 1);
+  // The reporting rank itself holds the record too (flag false there).
+  ExpectSurvivorsReport(c, {},
+                        {.origin = "prefill tp1",
+                         .origin_pid = c.process(victim).pid,
+                         .causes = {"local_error"},
+                         .detail_has = "CUDA out of memory"});
+  c.Shutdown(milliseconds(10000));
+}
+
+TEST(FaultMatrixTest, StalledTransferHitsTheDeadlineNamingPhaseAndPeer) {
+  std::vector<std::string> args = Workload(200, 8);
+  args.insert(args.end(), {"--transfer-timeout-ms", "1500"});
+  Matrix m;
+  m.options.binary = std::string(KVB_BIN_DIR) + "/kvbridge";
+  m.options.prefill_tp = 1;
+  m.options.decode_tp = 1;
+  m.options.bootstrap = BootstrapMode::kStandalone;
+  m.options.worker_args = args;
+  m.options.rank_args = {{"--stall-after", "20"}, {}};
+  auto started = Cluster::Start(m.options);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  Cluster& c = **started;
+  ASSERT_TRUE(c.CollectReports(milliseconds(150000)).ok());
+  // Prefill's writes to decode tp0 never complete: the transfer deadline
+  // names the phase and the peer it was writing to; decode learns the same.
+  ExpectSurvivorsReport(
+      c, {}, {.origin = "decode tp0", .causes = {"deadline_exceeded"}, .phase = "transferring"});
+  c.Shutdown(milliseconds(10000));
+}
+
+TEST(FaultMatrixTest, TwoHundredRoomsInFlightWhenARankDies) {
+  Matrix m = Launch(2, 2, Workload(600, 200));
+  ASSERT_TRUE(m.cluster);
+  Cluster& c = *m.cluster;
+  WaitForProgress(c, 10);
+  const int victim = c.RankIndex(Role::kPrefill, 0);
+  const int pid = c.process(victim).pid;
+  ASSERT_TRUE(c.Signal(victim, SIGKILL).ok());
+  ASSERT_TRUE(c.CollectReports(milliseconds(150000), {victim}).ok());
+  ExpectSurvivorsReport(
+      c, {victim},
+      {.origin = "prefill tp0", .origin_pid = pid, .causes = {"peer_exited", "peer_unreachable"}});
+  for (int i = 0; i < c.num_ranks(); ++i) {
+    if (i == victim) continue;
+    const json& r = *c.process(i).report;
+    EXPECT_EQ(r["succeeded"].get<int>() + r["failed"].get<int>(), 600) << c.process(i).name;
+  }
+  c.Shutdown(milliseconds(10000));
+}
+
+}  // namespace
+}  // namespace kvbridge::tools
