@@ -36,11 +36,27 @@ struct RemoteKeyBlob {
 std::string EncodeRemoteKey(const RemoteKeyBlob& blob);
 Result<RemoteKeyBlob> DecodeRemoteKey(std::string_view bytes);
 
-// Header of a data active message: where the payload goes at the target.
+// Header of a data active message: where the payload goes at the target,
+// and which batch it belongs to. `connection` is a random token the sender
+// picks per Connect; (connection, batch) names the batch at the target, which
+// counts the batch's `blocks` AMs and acknowledges once all are placed.
 struct DataHeader {
   uint64_t region_id = 0;  // target's RegionId
   uint64_t offset = 0;
   uint64_t length = 0;
+  uint64_t connection = 0;
+  uint64_t batch = 0;
+  uint64_t blocks = 0;  // data AMs in the batch
+};
+
+// Header of the acknowledgement the target sends back (on the reply
+// endpoint) when every data AM of a batch has been placed or rejected. `code`
+// is a kvbridge StatusCode (0 = OK); an error's message is the AM payload.
+struct AckHeader {
+  uint64_t connection = 0;
+  uint64_t batch = 0;
+  int32_t code = 0;
+  uint32_t reserved = 0;
 };
 
 }  // namespace kvbridge::internal::ucx

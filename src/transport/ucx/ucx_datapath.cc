@@ -38,6 +38,38 @@ bool InRange(uint64_t offset, uint64_t length, uint64_t size) {
   return length > 0 && offset <= size && length <= size - offset;
 }
 
+// A rendezvous receive at the target; completes one block of a batch.
+struct Receive {
+  UcxTransport* transport;
+  std::pair<uint64_t, uint64_t> key;  // (connection, batch)
+  uint64_t length;
+};
+
+void ReceiveDone(void* request, ucs_status_t status, size_t, void* user_data) {
+  std::unique_ptr<Receive> rx(static_cast<Receive*>(user_data));
+  ucp_request_free(request);
+  Status st;
+  if (status != UCS_OK) {
+    st = FromUcs(status, "receive of " + std::to_string(rx->length) + " bytes");
+  }
+  rx->transport->OnBlockDone(rx->key, st, /*lost=*/status != UCS_OK);
+}
+
+// An ACK on its way back: header and message live until the send completes.
+struct AckSend {
+  AckHeader header;
+  std::string message;
+};
+
+void AckDone(void* request, ucs_status_t status, void* user_data) {
+  std::unique_ptr<AckSend> ack(static_cast<AckSend*>(user_data));
+  ucp_request_free(request);
+  if (status != UCS_OK && status != UCS_ERR_CANCELED) {
+    KVB_LOG_WARN("ucx transport: ACK of batch {} not sent: {}", ack->header.batch,
+                 ucs_status_string(status));
+  }
+}
+
 }  // namespace
 
 Status UcxTransport::PostWrites(PeerId peer_id, std::vector<WriteOp> ops, WriteCallback done) {
@@ -105,7 +137,7 @@ void UcxTransport::StartBatch(const std::shared_ptr<Peer>& peer, std::vector<Res
   FinishPart(batch);
 }
 
-ucs_status_ptr_t UcxTransport::SendOp(Batch* batch, const ResolvedOp& op, bool fence) {
+ucs_status_ptr_t UcxTransport::SendOp(Batch* batch, const ResolvedOp& op, uint64_t am_blocks) {
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                    UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_FLAGS;
@@ -118,9 +150,11 @@ ucs_status_ptr_t UcxTransport::SendOp(Batch* batch, const ResolvedOp& op, bool f
     return ucp_put_nbx(ep, op.src, op.length, op.region->blob.base + op.remote_offset,
                        op.region->rkey.get(), &p);
   }
-  batch->headers.push_back(DataHeader{op.region->blob.region_id, op.remote_offset, op.length});
-  bool rndv = fence || op.length >= options_.rndv_threshold;
-  p.flags = rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
+  batch->headers.push_back(DataHeader{op.region->blob.region_id, op.remote_offset, op.length,
+                                      batch->peer->connection, batch->seq, am_blocks});
+  // REPLY: the target acknowledges the batch on the endpoint this gives it.
+  p.flags = UCP_AM_SEND_FLAG_REPLY |
+            (op.length >= options_.rndv_threshold ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER);
   return ucp_am_send_nbx(ep, kAmData, &batch->headers.back(), sizeof(DataHeader), op.src, op.length,
                          &p);
 }
@@ -128,24 +162,34 @@ ucs_status_ptr_t UcxTransport::SendOp(Batch* batch, const ResolvedOp& op, bool f
 void UcxTransport::Track(Batch* batch, ucs_status_ptr_t req) {
   if (req == nullptr) return;
   ++batch->outstanding;
-  if (UCS_PTR_IS_ERR(req)) OnPartDone(batch, UCS_PTR_STATUS(req));
+  if (UCS_PTR_IS_ERR(req)) {
+    // A block that never left cannot be acknowledged: stop waiting for it.
+    StopAwaitingAck(batch);
+    OnPartDone(batch, UCS_PTR_STATUS(req));
+  }
+}
+
+void UcxTransport::StopAwaitingAck(Batch* batch) {
+  if (!batch->awaiting_ack) return;
+  batch->awaiting_ack = false;
+  FinishPart(batch);
 }
 
 void UcxTransport::StartUcxOps(Batch* batch, std::vector<ResolvedOp> ops) {
   batch->headers.reserve(ops.size());  // stable addresses: never reallocated
-  // The last AM op is the fence: sent (rendezvous) only after every other
-  // part of the batch completed, see the ordering note in the header.
-  for (size_t i = ops.size(); i-- > 0;) {
-    if (ops[i].region->path != DataPath::kUcxPut) {
-      batch->fence = std::move(ops[i]);
-      ops.erase(ops.begin() + static_cast<std::ptrdiff_t>(i));
-      break;
-    }
+  // Sender-side completion of an AM (even rendezvous, over tcp) does not
+  // mean the target placed it: AM parts complete on the target's ACK, sent
+  // when it has placed all `am_blocks` of the batch. See the header.
+  uint64_t am_blocks = 0;
+  for (const ResolvedOp& op : ops) am_blocks += op.region->path != DataPath::kUcxPut;
+  if (am_blocks > 0) {
+    batch->awaiting_ack = true;
+    ++batch->outstanding;
   }
   bool any_put = false;
   for (const ResolvedOp& op : ops) {
     any_put |= op.region->path == DataPath::kUcxPut;
-    Track(batch, SendOp(batch, op, /*fence=*/false));
+    Track(batch, SendOp(batch, op, am_blocks));
   }
   if (any_put) {
     ucp_request_param_t p{};
@@ -207,15 +251,6 @@ void UcxTransport::OnPartDone(Batch* batch, ucs_status_t status) {
 
 void UcxTransport::FinishPart(Batch* batch) {
   if (--batch->outstanding > 0) return;
-  if (batch->fence) {
-    ResolvedOp fence = std::move(*batch->fence);
-    batch->fence.reset();
-    if (!batch->peer->dead && batch->error.ok()) {
-      batch->outstanding = 1;  // guard while sending
-      Track(batch, SendOp(batch, fence, /*fence=*/true));
-      if (--batch->outstanding > 0) return;
-    }
-  }
   std::shared_ptr<Peer> peer = batch->peer;
   auto it = peer->inflight.find(batch->seq);
   std::unique_ptr<Batch> owned = std::move(it->second);
@@ -309,14 +344,22 @@ void UcxTransport::SendNow(const std::shared_ptr<Peer>& peer_ptr, std::string pa
 ucs_status_t UcxTransport::OnDataAm(const void* header, size_t header_length, void* data,
                                     size_t length, const ucp_am_recv_param_t* param) {
   const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  if (header_length != sizeof(DataHeader)) {
+    // No batch to acknowledge: not one of our senders.
+    KVB_LOG_ERROR("ucx transport {}: rejected incoming write: header of {} bytes", options_.name,
+                  header_length);
+    return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+  }
   DataHeader h;
+  std::memcpy(&h, header, sizeof(h));
+  const std::pair<uint64_t, uint64_t> key{h.connection, h.batch};
+  IncomingBatch& in = incoming_[key];
+  in.expected = h.blocks;
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) in.reply_ep = param->reply_ep;
   uint8_t* dst = nullptr;
   ucp_mem_h memh = nullptr;
   std::string bad;
-  if (header_length != sizeof(DataHeader)) {
-    bad = "header of " + std::to_string(header_length) + " bytes";
-  } else {
-    std::memcpy(&h, header, sizeof(h));
+  {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = regions_.find(h.region_id);
     if (it == regions_.end()) {
@@ -331,22 +374,96 @@ ucs_status_t UcxTransport::OnDataAm(const void* header, size_t header_length, vo
   }
   if (!bad.empty()) {
     KVB_LOG_ERROR("ucx transport {}: rejected incoming write: {}", options_.name, bad);
+    OnBlockDone(key, InvalidArgumentError("target rejected write: " + bad), /*lost=*/false);
     return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
   }
   if (!rndv) {
     std::memcpy(dst, data, length);
+    OnBlockDone(key, Status::Ok(), /*lost=*/false);
     return UCS_OK;
   }
+  auto rx = std::make_unique<Receive>(Receive{this, key, length});
   ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.memh = memh;
+  p.cb.recv_am = ReceiveDone;
+  p.user_data = rx.get();
   ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_.get(), data, dst, length, &p);
-  if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);  // completes on its own
-  if (UCS_PTR_IS_ERR(req)) {
+  if (UCS_PTR_IS_PTR(req)) {
+    rx.release();  // ReceiveDone owns it and reports the block
+  } else if (UCS_PTR_IS_ERR(req)) {
     KVB_LOG_ERROR("ucx transport {}: receive of {} bytes failed: {}", options_.name, length,
                   ucs_status_string(UCS_PTR_STATUS(req)));
+    OnBlockDone(key, FromUcs(UCS_PTR_STATUS(req), "receive"), /*lost=*/true);
+  } else {
+    OnBlockDone(key, Status::Ok(), /*lost=*/false);  // placed at once
   }
   return UCS_INPROGRESS;
+}
+
+void UcxTransport::OnBlockDone(std::pair<uint64_t, uint64_t> key, const Status& st, bool lost) {
+  auto it = incoming_.find(key);
+  if (it == incoming_.end()) return;
+  IncomingBatch& in = it->second;
+  if (!st.ok() && in.error.ok()) in.error = st;
+  in.lost |= lost;
+  if (++in.done < in.expected) return;
+  // Every block of the batch is in our memory (or was refused): tell the
+  // sender. A failed receive means a broken link: the sender sees that.
+  if (!in.lost && in.reply_ep != nullptr) {
+    SendAck(in.reply_ep, key.first, key.second, in.error);
+  } else if (in.reply_ep == nullptr) {
+    KVB_LOG_ERROR("ucx transport {}: batch {} arrived without a reply endpoint; not acknowledged",
+                  options_.name, key.second);
+  }
+  incoming_.erase(it);
+}
+
+void UcxTransport::SendAck(ucp_ep_h reply_ep, uint64_t connection, uint64_t batch,
+                           const Status& st) {
+  auto ack = std::make_unique<AckSend>();
+  ack->header.connection = connection;
+  ack->header.batch = batch;
+  ack->header.code = static_cast<int32_t>(st.code());
+  ack->message = st.message();
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = AckDone;
+  p.user_data = ack.get();
+  p.flags = UCP_AM_SEND_FLAG_EAGER;
+  ucs_status_ptr_t req = ucp_am_send_nbx(reply_ep, kAmAck, &ack->header, sizeof(AckHeader),
+                                         ack->message.data(), ack->message.size(), &p);
+  if (UCS_PTR_IS_PTR(req)) {
+    ack.release();  // AckDone owns it now
+  } else if (UCS_PTR_IS_ERR(req)) {
+    KVB_LOG_WARN("ucx transport {}: ACK of batch {} not sent: {}", options_.name, batch,
+                 ucs_status_string(UCS_PTR_STATUS(req)));
+  }
+}
+
+ucs_status_t UcxTransport::OnAckAm(const void* header, size_t header_length, void* data,
+                                   size_t length) {
+  if (header_length != sizeof(AckHeader)) return UCS_OK;
+  AckHeader h;
+  std::memcpy(&h, header, sizeof(h));
+  auto peer_it = peers_by_connection_.find(h.connection);
+  if (peer_it == peers_by_connection_.end()) return UCS_OK;  // closed meanwhile
+  std::shared_ptr<Peer> peer = peer_it->second;
+  auto it = peer->inflight.find(h.batch);
+  if (it == peer->inflight.end() || !it->second->awaiting_ack) return UCS_OK;
+  Batch* batch = it->second.get();
+  if (h.code != 0) {
+    Status st(static_cast<StatusCode>(h.code), std::string(static_cast<const char*>(data), length));
+    // The target's reason is more precise than the UCX status of a refused
+    // rendezvous send.
+    if (batch->error.ok() || batch->error.code() == st.code()) {
+      batch->error = st.WithContext("write to " + peer->name);
+    }
+  }
+  StopAwaitingAck(batch);
+  return UCS_OK;
 }
 
 ucs_status_t UcxTransport::OnMessageAm(void* data, size_t length) {
@@ -415,6 +532,17 @@ void UcxTransport::ClosePeer(const std::shared_ptr<Peer>& peer, bool force) {
     for (auto& [id, region] : peer->regions) region->rkey.reset();
   }
   peer->messages.clear();
+  peers_by_connection_.erase(peer->connection);
+  // No ACK will be taken from this peer any more: batches waiting for one
+  // complete (with `terminal`) once their UCX requests have.
+  std::vector<uint64_t> waiting;
+  for (auto& [seq, batch] : peer->inflight) {
+    if (batch->awaiting_ack) waiting.push_back(seq);
+  }
+  for (uint64_t seq : waiting) {
+    auto it = peer->inflight.find(seq);
+    if (it != peer->inflight.end()) StopAwaitingAck(it->second.get());
+  }
   ucp_ep_h ep = peer->ep.Release();
   if (ep == nullptr) return;
   ucp_request_param_t p{};

@@ -35,6 +35,11 @@ ucs_status_t MessageAmCallback(void* arg, const void*, size_t, void* data, size_
   return static_cast<UcxTransport*>(arg)->OnMessageAm(data, length);
 }
 
+ucs_status_t AckAmCallback(void* arg, const void* header, size_t header_length, void* data,
+                           size_t length, const ucp_am_recv_param_t*) {
+  return static_cast<UcxTransport*>(arg)->OnAckAm(header, header_length, data, length);
+}
+
 Status SetAmHandler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void* arg) {
   ucp_am_handler_param_t p{};
   p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
@@ -107,6 +112,7 @@ Status UcxTransport::Init() {
   if (ucp_worker_get_efd(worker_.get(), &worker_efd_) != UCS_OK) worker_efd_ = -1;
   RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmData, DataAmCallback, this));
   RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmMessage, MessageAmCallback, this));
+  RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmAck, AckAmCallback, this));
 
   ASSIGN_OR_RETURN(std::string worker_address, WorkerAddress(worker_.get()));
   address_ = EncodeAddress(AddressBlob{ThisHost(), std::move(worker_address)});
@@ -363,6 +369,10 @@ Result<PeerId> UcxTransport::Connect(std::string_view peer_address) {
       return;
     }
     peer->ep = UcpEp(handle);
+    do {
+      peer->connection = connection_rng_();
+    } while (peer->connection == 0 || peers_by_connection_.count(peer->connection) != 0);
+    peers_by_connection_[peer->connection] = peer;
   });
   if (!st.ok()) {
     KVB_LOG_ERROR("ucx transport {}: {}", options_.name, st.ToString());

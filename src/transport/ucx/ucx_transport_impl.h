@@ -27,13 +27,23 @@
 // same-host parts when the writer thread has finished its memcpy /
 // process_vm_writev (the bytes are then in the target's pages: one-sided);
 // UCX put parts when ucp_ep_flush_nbx issued after the puts completes (remote
-// completion); UCX AM parts when their last AM, the "fence", completes. The
-// fence is held back until every other part of the batch has completed and is
-// then sent with UCP_AM_SEND_FLAG_RNDV. Eager AMs complete once UCX has handed
-// them to the wire (left its pending queue), so they precede the fence's RTS
-// on the endpoint's byte stream (UCX_MAX_EAGER_LANES=1); a rendezvous send
-// completes only after the target ran its receive callback and received the
-// data. So completion means every byte of the batch is in the target region.
+// completion); UCX AM parts when the target acknowledges them. Sender-side
+// completion of an AM does not imply placement: with UCX 1.13 over tcp a
+// rendezvous send was seen to complete while the target had not yet placed
+// the data (the bench found the batch's last block missing, present ~1 s
+// later). So every data AM is sent with UCP_AM_SEND_FLAG_REPLY and a
+// DataHeader naming the batch (connection token, batch seq, number of AM
+// blocks); the target counts the blocks as they are placed (eager: copied in
+// the callback; rendezvous: when ucp_am_recv_data_nbx completes) or refused,
+// and after the last one sends one kAmAck {connection, batch, StatusCode} on
+// param->reply_ep, with the first refusal's message as payload. The sender's
+// batch holds one extra part for that ACK; a refusal completes the batch with
+// InvalidArgument (not a peer failure). One ACK per batch, not per block, so
+// small eager blocks stay cheap; ACKs may arrive in any order (looked up by
+// seq). A failed receive at the target sends no ACK (the link is broken; the
+// sender sees that through its endpoint); a sender that stops taking ACKs
+// (peer failed, Disconnect) completes the waiting batches with the peer's
+// terminal Status once their UCX requests are done.
 // (2) SendMessage records the sequence number of the last batch posted to the
 // peer; the message waits in a per-peer FIFO until every batch up to that
 // number has completed, and only one ordered message per peer is in flight at
@@ -61,6 +71,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,6 +87,7 @@ namespace kvbridge::internal::ucx {
 // Active message ids.
 constexpr unsigned kAmData = 11;
 constexpr unsigned kAmMessage = 12;
+constexpr unsigned kAmAck = 13;
 
 struct LocalRegion {
   uint8_t* addr = nullptr;
@@ -109,6 +121,7 @@ struct Peer {
 
   // Progress thread only.
   UcpEp ep;
+  uint64_t connection = 0;  // random token in DataHeader/AckHeader
   uint64_t next_batch_seq = 1;
   std::map<uint64_t, std::unique_ptr<Batch>> inflight;
   struct PendingMessage {
@@ -131,11 +144,20 @@ struct ResolvedOp {
 struct Batch {
   std::shared_ptr<Peer> peer;
   uint64_t seq = 0;
-  int outstanding = 0;
+  int outstanding = 0;  // parts not done; the awaited ACK counts as one
   Status error;
   WriteCallback done;
   std::vector<DataHeader> headers;  // stable storage for AM headers
-  std::optional<ResolvedOp> fence;  // last AM op, sent when the rest is done
+  bool awaiting_ack = false;        // has AM parts; the target's ACK is due
+};
+
+// Target side: a batch whose data AMs are arriving from one sender.
+struct IncomingBatch {
+  ucp_ep_h reply_ep = nullptr;  // from the latest block's callback
+  uint64_t expected = 0;        // DataHeader::blocks
+  uint64_t done = 0;            // placed, rejected or failed
+  bool lost = false;            // a receive failed: no ACK (the link is broken)
+  Status error;                 // first rejection, sent back in the ACK
 };
 
 class UcxTransport final : public Transport {
@@ -164,6 +186,10 @@ class UcxTransport final : public Transport {
   ucs_status_t OnDataAm(const void* header, size_t header_length, void* data, size_t length,
                         const ucp_am_recv_param_t* param);
   ucs_status_t OnMessageAm(void* data, size_t length);
+  ucs_status_t OnAckAm(const void* header, size_t header_length, void* data, size_t length);
+  // Target side: one data AM of batch `key` was placed (ok), rejected
+  // (error) or lost (its receive failed).
+  void OnBlockDone(std::pair<uint64_t, uint64_t> key, const Status& st, bool lost);
 
  private:
   explicit UcxTransport(const UcxTransportOptions& options);
@@ -184,8 +210,10 @@ class UcxTransport final : public Transport {
   void StartBatch(const std::shared_ptr<Peer>& peer, std::vector<ResolvedOp> ops,
                   WriteCallback done);
   void StartUcxOps(Batch* batch, std::vector<ResolvedOp> ops);
-  ucs_status_ptr_t SendOp(Batch* batch, const ResolvedOp& op, bool fence);
+  ucs_status_ptr_t SendOp(Batch* batch, const ResolvedOp& op, uint64_t am_blocks);
   void Track(Batch* batch, ucs_status_ptr_t request);
+  void StopAwaitingAck(Batch* batch);
+  void SendAck(ucp_ep_h reply_ep, uint64_t connection, uint64_t batch, const Status& st);
   void StartSameHostOps(Batch* batch, std::vector<ResolvedOp> ops);
   void FinishPart(Batch* batch);
   void FlushMessages(const std::shared_ptr<Peer>& peer);
@@ -224,6 +252,11 @@ class UcxTransport final : public Transport {
   };
   std::vector<Closing> closing_;
   int active_batches_ = 0;  // progress thread only
+  // Progress thread only: our peers by connection token (for their ACKs),
+  // and, as a target, the batches whose data AMs are arriving.
+  std::map<uint64_t, std::shared_ptr<Peer>> peers_by_connection_;
+  std::map<std::pair<uint64_t, uint64_t>, IncomingBatch> incoming_;
+  std::mt19937_64 connection_rng_{std::random_device{}()};
 
   std::mutex writer_mu_;
   std::condition_variable writer_cv_;

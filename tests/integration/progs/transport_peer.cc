@@ -4,7 +4,10 @@
 // Creates a UCX transport, allocates and registers a zeroed region, prints
 // "ADDR <hex>", "RKEY <hex>", "READY" on stdout, then checks every control
 // message against its memory (see transport_pattern.h) and answers "ACK ...".
-// Exits cleanly on "QUIT" or EOF on stdin (prints "BYE").
+// "PEEK <offset> <length> <seed>" on stdin checks the region at once, outside
+// the transport (answers "PEEK OK" or "PEEK FAIL ..."). "DEREG" deregisters the region (prints
+// "DEREGISTERED"): later incoming writes must be refused. Exits cleanly on "QUIT" or EOF on stdin
+// (prints "BYE").
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -109,9 +112,27 @@ int main(int argc, char** argv) {
     Say("RKEY " + kvbridge::testing::ToHex(region->remote_key));
     Say("READY");
     std::string line;
+    bool registered = true;
     while (std::getline(std::cin, line) && line != "QUIT") {
+      if (line.rfind("PEEK ", 0) == 0) {
+        std::istringstream in(line.substr(5));
+        uint64_t offset = 0, length = 0, seed = 0;
+        in >> offset >> length >> seed;
+        if (offset > size || length > size - offset) {
+          Say("PEEK FAIL bad range");
+        } else if (auto bad = FindPatternMismatch(buf, offset, length, seed)) {
+          Say("PEEK FAIL pattern mismatch at offset " + std::to_string(*bad));
+        } else {
+          Say("PEEK OK");
+        }
+      }
+      if (line == "DEREG" && registered) {
+        if (!transport->DeregisterMemory(region->id).ok()) rc = 1;
+        registered = false;
+        Say("DEREGISTERED");
+      }
     }
-    if (!transport->DeregisterMemory(region->id).ok()) rc = 1;
+    if (registered && !transport->DeregisterMemory(region->id).ok()) rc = 1;
   }
   if (shared) {
     if (!FreeSharedBuffer(buf).ok()) rc = 1;
