@@ -66,6 +66,8 @@ class KVManager {
   void ReportFatal(const std::string& reason);
 
   ManagerStats Stats() const;
+  // Port of the Prometheus endpoint (ManagerOptions::metrics_port), 0 = off.
+  int metrics_port() const;
 
   // The latest failure of a rank (another one, or this one) that this rank
   // knows of. For a request that a group-wide poll reports Failed while it

@@ -91,7 +91,8 @@ struct ManagerOptions {
   std::chrono::milliseconds waiting_timeout{30000};   // for metadata / input
   std::chrono::milliseconds transfer_timeout{10000};  // a posted chunk
 
-  // Prometheus metrics over HTTP on this port (0 = off).
+  // Prometheus metrics over HTTP (GET /metrics) on this port: 0 = off, -1 =
+  // any free port (KVManager::metrics_port() tells which). docs/metrics.md.
   int metrics_port = 0;
 };
 

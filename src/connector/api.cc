@@ -20,6 +20,7 @@ const ManagerOptions& KVManager::options() const { return impl_->options(); }
 const std::string& KVManager::bootstrap_addr() const { return impl_->bootstrap_addr(); }
 void KVManager::ReportFatal(const std::string& reason) { impl_->ReportFatal(reason); }
 ManagerStats KVManager::Stats() const { return impl_->Stats(); }
+int KVManager::metrics_port() const { return impl_->metrics_port(); }
 std::optional<FailureRecord> KVManager::RecentRankFailure() const {
   return impl_->RecentRankFailure();
 }

@@ -173,6 +173,11 @@ Status ManagerImpl::Start() {
     if (opts_.role == Role::kPrefill) return registered.WithContext("registering with bootstrap");
     KVB_LOG_WARN("decode rank not listed in the bootstrap registry: {}", registered.ToString());
   }
+  if (opts_.metrics_port != 0) {
+    ASSIGN_OR_RETURN(metrics_, ManagerMetrics::Start(opts_.metrics_port, opts_.role,
+                                                     [this] { return Stats(); }));
+    KVB_LOG_INFO("metrics on port {}", metrics_->port());
+  }
   ticker_ = std::thread([this] { TickerLoop(); });
   registry_thread_ = std::thread([this] { RegistryLoop(); });
   KVB_LOG_INFO("manager up: {} incarnation {:#x}, transport {}", self_.ToString(),
@@ -189,6 +194,7 @@ ManagerImpl::~ManagerImpl() {
   if (ticker_.joinable()) ticker_.join();
   if (registry_thread_.joinable()) registry_thread_.join();
   engine_.reset();
+  metrics_.reset();
   if (transport_) {
     for (RegionId id : regions_.kv) transport_->DeregisterMemory(id).IgnoreError();
     for (RegionId id : regions_.aux) transport_->DeregisterMemory(id).IgnoreError();

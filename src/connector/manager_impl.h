@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "connector/manager_metrics.h"
 #include "connector/rooms.h"
 #include "control/bootstrap_client.h"
 #include "engine/engine.h"
@@ -67,6 +68,7 @@ class ManagerImpl {
   const ManagerOptions& options() const { return opts_; }
   const std::string& bootstrap_addr() const { return opts_.bootstrap_addr; }
   const RankLayout& layout() const { return layout_; }
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   Transport& transport() { return *transport_; }
 
   // Prefill side (sender_side.cc).
@@ -180,6 +182,7 @@ class ManagerImpl {
   std::unique_ptr<TransferEngine> engine_;
   std::unique_ptr<BootstrapServer> embedded_server_;
   std::unique_ptr<BootstrapClient> bootstrap_;
+  std::unique_ptr<ManagerMetrics> metrics_;  // null when metrics are off
 
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<Peer>> peers_;

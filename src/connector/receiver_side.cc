@@ -372,6 +372,10 @@ void ManagerImpl::OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out
     for (ReceiverSource& s : room.sources) s.quiesced = true;
     room.quiesced.store(true, std::memory_order_release);
     ++succeeded_;
+    if (metrics_)
+      metrics_->Finished(
+          true,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - room.created).count());
     room.state.store(static_cast<int>(KVPoll::kSuccess), std::memory_order_release);
   } else {
     room.state.store(static_cast<int>(KVPoll::kTransferring), std::memory_order_release);
@@ -415,6 +419,12 @@ void ManagerImpl::FailReceiverLocked(ReceiverRoom& room, FailureRecord record, O
   room.failure = record;
   room.state.store(static_cast<int>(KVPoll::kFailed), std::memory_order_release);
   ++failed_;
+  if (metrics_) {
+    metrics_->Failed(record.cause);
+    metrics_->Finished(
+        false,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - room.created).count());
+  }
   KVB_LOG_WARN("{}", record.Message());
   for (ReceiverSource& src : room.sources) {
     if (!src.meta_sent) src.quiesced = true;  // prefill never saw the pages

@@ -38,6 +38,7 @@ struct SenderFlow {
 struct SenderRoom {
   explicit SenderRoom(uint64_t r) : room(r) {}
   const uint64_t room;
+  const SteadyTime created = std::chrono::steady_clock::now();
   std::atomic<int> state{static_cast<int>(KVPoll::kBootstrapping)};
   // Guarded by ManagerImpl::mu_.
   bool live = true;  // KVSender not destroyed
@@ -74,6 +75,7 @@ struct ReceiverRoom {
   ReceiverRoom(uint64_t r, uint64_t g) : room(r), generation(g) {}
   const uint64_t room;
   const uint64_t generation;
+  const SteadyTime created = std::chrono::steady_clock::now();
   std::atomic<int> state{static_cast<int>(KVPoll::kBootstrapping)};
   std::atomic<bool> quiesced{false};
   // Guarded by ManagerImpl::mu_.

@@ -233,6 +233,7 @@ void ManagerImpl::OnChunkDone(const std::shared_ptr<SenderRoom>& sp, int decode_
     SenderRoom& room = *sp;
     bytes_written_ += bytes;
     write_ops_ += ops;
+    if (metrics_) metrics_->Wrote(bytes, ops);
     auto it = room.flows.find(decode_rank);
     if (it == room.flows.end()) return;
     SenderFlow& flow = it->second;
@@ -274,6 +275,12 @@ void ManagerImpl::FailSenderLocked(SenderRoom& room, FailureRecord record, Outbo
   room.failure = record;
   room.state.store(static_cast<int>(KVPoll::kFailed), std::memory_order_release);
   ++failed_;
+  if (metrics_) {
+    metrics_->Failed(record.cause);
+    metrics_->Finished(
+        false,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - room.created).count());
+  }
   KVB_LOG_WARN("{}", record.Message());
   for (auto& [rank, flow] : room.flows) {
     if (flow.told || flow.closed) continue;
@@ -316,6 +323,10 @@ void ManagerImpl::UpdateSenderStateLocked(SenderRoom& room) {
   if (next == KVPoll::kSuccess) {
     room.phase = Phase::kDone;
     ++succeeded_;
+    if (metrics_)
+      metrics_->Finished(
+          true,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - room.created).count());
   }
   room.state.store(static_cast<int>(next), std::memory_order_release);
 }

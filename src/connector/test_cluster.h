@@ -50,6 +50,7 @@ class TestCluster {
   std::vector<ClusterRank> prefill;
   std::vector<ClusterRank> decode;
   std::unique_ptr<BootstrapServer> server;
+  const std::shared_ptr<LoopbackFabric>& fabric() const { return fabric_; }
 
  private:
   std::shared_ptr<LoopbackFabric> fabric_ = std::make_shared<LoopbackFabric>();
