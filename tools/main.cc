@@ -4,6 +4,8 @@
 #include <functional>
 
 #include "bench/bench.h"
+#include "tools/bench_failures.h"
+#include "tools/bench_requests.h"
 #include "tools/bootstrap_cmd.h"
 #include "tools/demo.h"
 #include "tools/explain.h"
@@ -16,6 +18,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   std::function<int()> run;
   kvbridge::bench::AddBenchCommands(app, run);
+  if (CLI::App* bench = app.get_subcommand("bench")) {
+    kvbridge::tools::AddBenchRequestsCommand(*bench, run);
+    kvbridge::tools::AddBenchFailuresCommand(*bench, run);
+  }
   kvbridge::tools::AddDemoCommands(app, run);
   kvbridge::tools::AddWorkerCommand(app, run);
   kvbridge::tools::AddBootstrapCommand(app, run);

@@ -1,0 +1,299 @@
+// `kvbridge bench requests`: end-to-end request figures over real prefill and
+// decode worker processes (issue 3, "Benchmark"), next to the raw transport
+// limit measured in the same run by `kvbridge bench transport`.
+//
+// Two sweeps, each a fresh Cluster:
+//   4k     fixed 4096-token requests: GB/s (decode bytes / wall time of the
+//          stream), requests/s, p50/p99 latency (decode SendMetadata ->
+//          Success, from the decode reports)
+//   1page  one-page requests (page-size tokens), one in flight: p50/p99
+#include "tools/bench_requests.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tools/cluster.h"
+
+namespace kvbridge::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+struct RequestsFlags {
+  std::string path = "shm";  // shm | tcp
+  int prefill_tp = 1, decode_tp = 1;
+  int layers = 32, heads = 8, head_dim = 128, page_size = 16;
+  int big_tokens = 4096;
+  int big_requests = 8, big_concurrency = 2;
+  int small_requests = 200;
+  std::string raw_bytes = "1G";
+  std::string raw_region = "256M";
+  bool no_raw = false;
+  bool json = false;
+  int timeout_s = 120;
+  std::string binary = "/proc/self/exe";
+};
+
+struct SweepResult {
+  std::string name;
+  int tokens = 0;
+  int requests = 0;
+  uint64_t succeeded = 0;
+  uint64_t failed = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  double p50_us = 0, p99_us = 0;
+  std::string error;
+  double gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+  double rps() const { return seconds > 0 ? succeeded / seconds : 0; }
+};
+
+std::vector<std::string> WorkerArgs(const RequestsFlags& f, int tokens, int requests,
+                                    int concurrency) {
+  int pages = (tokens + f.page_size - 1) / f.page_size;
+  int pool_pages = concurrency * (pages + 1) + 16;
+  std::vector<std::string> a = {"--requests",     std::to_string(requests),
+                                "--concurrency",  std::to_string(concurrency),
+                                "--min-tokens",   std::to_string(tokens),
+                                "--max-tokens",   std::to_string(tokens),
+                                "--chunk-tokens", std::to_string(std::max(tokens, 1)),
+                                "--layers",       std::to_string(f.layers),
+                                "--heads",        std::to_string(f.heads),
+                                "--head-dim",     std::to_string(f.head_dim),
+                                "--page-size",    std::to_string(f.page_size),
+                                "--pool-pages",   std::to_string(pool_pages),
+                                "--deadline-s",   std::to_string(std::max(5, f.timeout_s - 10)),
+                                "--progress-ms",  "0"};
+  if (f.path == "tcp") {
+    a.insert(a.end(), {"--ucx-only", "--ucx-tls", "tcp"});
+  } else {
+    a.push_back("--shm");
+  }
+  return a;
+}
+
+SweepResult RunSweep(const RequestsFlags& f, const std::string& name, int tokens, int requests,
+                     int concurrency) {
+  SweepResult r;
+  r.name = name;
+  r.tokens = tokens;
+  r.requests = requests;
+  char dir_template[] = "/tmp/kvbridge-bench-XXXXXX";
+  std::string log_dir = mkdtemp(dir_template) ? dir_template : "";
+  ClusterOptions co;
+  co.binary = f.binary;
+  co.prefill_tp = f.prefill_tp;
+  co.decode_tp = f.decode_tp;
+  co.bootstrap = BootstrapMode::kEmbedded;
+  co.worker_args = WorkerArgs(f, tokens, requests, concurrency);
+  co.log_dir = log_dir;
+  auto started = Cluster::Start(co);
+  if (!started.ok()) {
+    r.error = started.status().ToString() + " (logs in " + log_dir + ")";
+    return r;
+  }
+  Cluster& c = **started;
+  const auto t0 = Clock::now();
+  Status st = c.CollectReports(std::chrono::seconds(f.timeout_s));
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!st.ok()) r.error = st.ToString() + " (logs in " + log_dir + ")";
+  // Latency: the decode ranks' percentiles (the worst rank's, for tp > 1).
+  for (int d = 0; d < c.decode_tp(); ++d) {
+    const ProcessInfo& p = c.process(c.RankIndex(Role::kDecode, d));
+    if (!p.report) {
+      if (r.error.empty()) r.error = p.name + " sent no report (logs in " + log_dir + ")";
+      continue;
+    }
+    const nlohmann::json& j = *p.report;
+    r.bytes += j.value("bytes", uint64_t{0});
+    // Every decode rank finishes every request; count them once.
+    r.succeeded = d == 0 ? j.value("succeeded", uint64_t{0})
+                         : std::min(r.succeeded, j.value("succeeded", uint64_t{0}));
+    r.failed = std::max(r.failed, j.value("failed", uint64_t{0}));
+    r.p50_us = std::max(r.p50_us, j.value("p50_us", 0.0));
+    r.p99_us = std::max(r.p99_us, j.value("p99_us", 0.0));
+    if (j.value("corrupt_pages", uint64_t{0}) > 0 && r.error.empty())
+      r.error = p.name + " saw corrupt pages";
+  }
+  if (r.failed > 0 && r.error.empty())
+    r.error = std::to_string(r.failed) + " requests failed (logs in " + log_dir + ")";
+  c.Shutdown(milliseconds(10000));
+  return r;
+}
+
+// The largest "gbps" anywhere in `j` (the transport bench's results).
+double MaxGbps(const nlohmann::json& j) {
+  double best = 0;
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it.key() == "gbps" && it->is_number()) best = std::max(best, it->get<double>());
+      best = std::max(best, MaxGbps(*it));
+    }
+  } else if (j.is_array()) {
+    for (const auto& e : j) best = std::max(best, MaxGbps(e));
+  }
+  return best;
+}
+
+// Runs `kvbridge bench transport` for the same path as a child process.
+double RawTransportGbps(const RequestsFlags& f, std::string* error) {
+  std::string path = f.path == "tcp" ? "tcp" : "shm";
+  // Through the shell /proc/self/exe would name the shell: resolve it here.
+  std::string binary = f.binary;
+  char self[4096];
+  ssize_t len = binary == "/proc/self/exe" ? readlink(binary.c_str(), self, sizeof(self) - 1) : -1;
+  if (len > 0) binary.assign(self, static_cast<size_t>(len));
+  std::string cmd = binary + " bench transport --paths " + path + " --block-sizes 1M --bytes " +
+                    f.raw_bytes + " --region-size " + f.raw_region + " --json 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    *error = "cannot run: " + cmd;
+    return 0;
+  }
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int rc = pclose(p);
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  if (rc != 0 || j.is_discarded()) {
+    *error = "bench transport failed (status " + std::to_string(rc) + ")";
+    return 0;
+  }
+  return MaxGbps(j);
+}
+
+int RunBenchRequests(const RequestsFlags& f) {
+  FILE* note = f.json ? stderr : stdout;
+  std::fprintf(note,
+               "[bench] requests over %s: prefill tp%d -> decode tp%d, %d layers x %d kv heads x "
+               "%d x 2 B, page %d\n",
+               f.path.c_str(), f.prefill_tp, f.decode_tp, f.layers, f.heads, f.head_dim,
+               f.page_size);
+  std::fflush(note);
+  std::string raw_error;
+  double raw = f.no_raw ? 0 : RawTransportGbps(f, &raw_error);
+  SweepResult big = RunSweep(f, std::to_string(f.big_tokens) + "-token", f.big_tokens,
+                             f.big_requests, f.big_concurrency);
+  SweepResult small = RunSweep(f, "1-page", f.page_size, f.small_requests, 1);
+
+  const double ratio = raw > 0 ? big.gbps() / raw : 0;
+  const bool bw_met = raw > 0 && ratio >= 0.8;
+  const bool lat_met = small.error.empty() && small.p50_us > 0 && small.p50_us <= 100;
+  const bool ok = big.error.empty() && small.error.empty();
+  if (f.json) {
+    nlohmann::json results = nlohmann::json::array();
+    for (const SweepResult* s : {&big, &small}) {
+      nlohmann::json e = {
+          {"sweep", s->name},          {"tokens", s->tokens}, {"requests", s->requests},
+          {"succeeded", s->succeeded}, {"failed", s->failed}, {"bytes", s->bytes},
+          {"seconds", s->seconds},     {"gbps", s->gbps()},   {"requests_per_s", s->rps()},
+          {"p50_us", s->p50_us},       {"p99_us", s->p99_us}};
+      if (!s->error.empty()) e["error"] = s->error;
+      results.push_back(e);
+    }
+    nlohmann::json out = {{"bench", "requests"},
+                          {"path", f.path},
+                          {"prefill_tp", f.prefill_tp},
+                          {"decode_tp", f.decode_tp},
+                          {"layout",
+                           {{"layers", f.layers},
+                            {"kv_heads", f.heads},
+                            {"head_dim", f.head_dim},
+                            {"dtype_bytes", 2},
+                            {"page_size", f.page_size}}},
+                          {"raw_transport_gbps", raw},
+                          {"ratio_to_raw", ratio},
+                          {"targets",
+                           {{"bandwidth_ratio_min", 0.8},
+                            {"bandwidth_met", bw_met},
+                            {"one_page_p50_us_max", 100},
+                            {"one_page_latency_met", lat_met}}},
+                          {"results", results},
+                          {"ok", ok}};
+    if (!raw_error.empty()) out["raw_error"] = raw_error;
+    std::cout << out.dump() << std::endl;
+  } else {
+    std::printf("%-12s %8s %9s %8s %10s %10s %10s\n", "sweep", "requests", "GB/s", "req/s",
+                "p50 us", "p99 us", "seconds");
+    for (const SweepResult* s : {&big, &small}) {
+      std::printf("%-12s %8llu %9.2f %8.1f %10.1f %10.1f %10.2f%s%s\n", s->name.c_str(),
+                  static_cast<unsigned long long>(s->succeeded), s->gbps(), s->rps(), s->p50_us,
+                  s->p99_us, s->seconds, s->error.empty() ? "" : "  ERROR: ", s->error.c_str());
+    }
+    if (raw > 0) {
+      std::printf(
+          "raw transport (%s, 1 MiB writes, same run): %.2f GB/s; %s requests reach %.2f "
+          "of it\n",
+          f.path.c_str(), raw, big.name.c_str(), ratio);
+    } else {
+      std::printf("raw transport: not measured%s%s\n", raw_error.empty() ? "" : ": ",
+                  raw_error.c_str());
+    }
+    std::printf("target >= 0.8 x raw for %s requests: %s\n", big.name.c_str(),
+                raw <= 0 ? "unknown"
+                : bw_met ? "met"
+                         : "NOT met");
+    std::printf("target 1-page p50 <= 100 us: %s (%.1f us)\n", lat_met ? "met" : "NOT met",
+                small.p50_us);
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+void AddBenchRequestsCommand(CLI::App& bench, std::function<int()>& run) {
+  auto f = std::make_shared<RequestsFlags>();
+  CLI::App* cmd = bench.add_subcommand(
+      "requests",
+      "Requests end to end between prefill and decode worker processes on this host: GB/s and "
+      "latency of 4096-token and 1-page requests, beside the raw transport limit");
+  cmd->add_option("--path", f->path, "shm (same-host shared memory) or tcp (UCX over TCP)")
+      ->check(CLI::IsMember({"shm", "tcp"}))
+      ->capture_default_str();
+  cmd->add_option("--prefill-tp", f->prefill_tp)->check(CLI::Range(1, 16))->capture_default_str();
+  cmd->add_option("--decode-tp", f->decode_tp)->check(CLI::Range(1, 16))->capture_default_str();
+  cmd->add_option("--layers", f->layers)->check(CLI::Range(1, 1024))->capture_default_str();
+  cmd->add_option("--heads", f->heads, "KV heads of the model")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--head-dim", f->head_dim)->check(CLI::Range(1, 65536))->capture_default_str();
+  cmd->add_option("--page-size", f->page_size, "Tokens per page (and per 1-page request)")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  cmd->add_option("--tokens", f->big_tokens, "Tokens per request of the bandwidth sweep")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--requests", f->big_requests, "Requests of the bandwidth sweep")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  cmd->add_option("--concurrency", f->big_concurrency, "Requests in flight (bandwidth sweep)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--small-requests", f->small_requests, "Requests of the 1-page sweep")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  cmd->add_option("--raw-bytes", f->raw_bytes, "Bytes the raw transport measurement writes")
+      ->capture_default_str();
+  cmd->add_option("--raw-region", f->raw_region, "Region size of the raw transport measurement")
+      ->capture_default_str();
+  cmd->add_flag("--no-raw", f->no_raw, "Skip the raw transport measurement");
+  cmd->add_option("--timeout", f->timeout_s, "Give up on a sweep after this many seconds")
+      ->check(CLI::Range(5, 86400))
+      ->capture_default_str();
+  cmd->add_flag("--json", f->json, "Print one JSON object on stdout");
+  cmd->add_option("--binary", f->binary, "kvbridge executable for the workers")->group("");
+  cmd->callback([f, &run] { run = [f] { return RunBenchRequests(*f); }; });
+}
+
+}  // namespace kvbridge::tools
