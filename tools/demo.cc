@@ -202,6 +202,8 @@ int RunDemo(const DemoFlags& flags) {
 
   int victim = -1;
   bool fault_fired = false;
+  bool resumed = false;      // stop-prefill: SIGCONT sent
+  double fault_seconds = 0;  // when the fault fired
   int64_t fault_at_us = 0;
   int64_t total = f.requests;
   bool paused = false;
@@ -262,12 +264,22 @@ int RunDemo(const DemoFlags& flags) {
           int sig = fault.kind == "stop-prefill" ? SIGSTOP : SIGKILL;
           c.Signal(victim, sig).IgnoreError();
           fault_at_us = c.process(victim).signalled_at_us;
+          fault_seconds = seconds();
           if (fault.kind != "kill-bootstrap") skip.push_back(victim);
         }
         view.Note("fault: " + fault.kind + " on " + v.name + " (pid " + std::to_string(v.pid) +
                   ") at " + std::to_string(done) + " finished requests, " +
                   std::to_string(seconds()).substr(0, 4) + " s");
       }
+    }
+    // stop-prefill: resume the stopped rank once survivors had time to
+    // detect it; it then learns it was declared failed, fences itself and
+    // answers the quiescence its peers wait for (docs/protocol.md).
+    if (fault.kind == "stop-prefill" && fault_fired && !resumed &&
+        seconds() - fault_seconds >= 2.0) {
+      resumed = true;
+      c.Signal(victim, SIGCONT).IgnoreError();
+      view.Note("resumed " + c.process(victim).name + " with SIGCONT");
     }
     // --duration: stop admitting on every rank at the same room count.
     if (f.duration_s > 0 && !paused && seconds() >= f.duration_s) {

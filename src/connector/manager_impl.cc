@@ -423,11 +423,17 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
     FailSenderLocked(*room, r, out);
   }
   for (auto& [id, room] : receivers_) {
+    // Only a process that is gone (or a broken link to another host) can
+    // write nothing more; a stopped or merely silent one may still land
+    // writes, so its requests wait for its Quiesced answer.
+    const bool cannot_write =
+        base.cause == FailureCause::kPeerExited ||
+        (base.cause == FailureCause::kPeerUnreachable && peer.id.host != self_.host);
     bool touches = false;
     for (ReceiverSource& src : room->sources) {
       if (src.peer_key != peer.key) continue;
       touches = true;
-      src.quiesced = true;  // a dead process writes nothing more
+      if (cannot_write) src.quiesced = true;
     }
     if (!touches) continue;
     if (!room->failure && room->poll() != KVPoll::kSuccess) {
@@ -481,6 +487,10 @@ void ManagerImpl::Tick() {
       if (now - peer->last_heard <= silence_limit) continue;
       ProcessState ps =
           peer->id.host == self_.host ? GetProcessState(peer->id.pid) : ProcessState::kUnknown;
+      // On this host /proc tells the truth: a running peer whose heartbeats
+      // queue behind bulk data is busy, not failed. Only a much longer
+      // silence (a deadlock) makes it unresponsive.
+      if (ps == ProcessState::kRunning && now - peer->last_heard <= silence_limit * 10) continue;
       double silent = std::chrono::duration<double>(now - peer->last_heard).count();
       if (ps == ProcessState::kExited) {
         FailPeerLocked(*peer, FailureCause::kPeerExited, "process exited", "heartbeat", out);

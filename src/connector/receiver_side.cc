@@ -429,8 +429,20 @@ void ManagerImpl::FailReceiverLocked(ReceiverRoom& room, FailureRecord record, O
   for (ReceiverSource& src : room.sources) {
     if (!src.meta_sent) src.quiesced = true;  // prefill never saw the pages
     Peer* peer = FindPeerLocked(src.peer_key);
-    if (peer == nullptr || peer->failed) {
+    if (peer == nullptr) {
       src.quiesced = true;
+      continue;
+    }
+    if (peer->failed) {
+      // See FailPeerWithRecordLocked: only a gone process is quiet for sure.
+      const FailureCause c = peer->failure ? peer->failure->cause : FailureCause::kPeerExited;
+      if (c == FailureCause::kPeerExited ||
+          (c == FailureCause::kPeerUnreachable && peer->id.host != self_.host)) {
+        src.quiesced = true;
+      } else if (!src.told && src.meta_sent) {
+        Send(out, *peer, RoomFailedMsg{room.room, room.generation, false, record}, true);
+      }
+      src.told = true;
       continue;
     }
     if (src.told || !src.meta_sent) continue;
