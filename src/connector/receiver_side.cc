@@ -480,7 +480,10 @@ void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
     ReceiverRoom& room = *sp;
     if (room.failure || !room.initialized || room.poll() == KVPoll::kSuccess) continue;
     auto elapsed = now - room.phase_since;
-    if (!room.resolved && registry_lost_) {
+    // Registry lost: requests whose transfer has not started fail naming it
+    // (prefill fails the ones still waiting for metadata the same way, so
+    // the two sides never wait on each other); transfers under way finish.
+    if (registry_lost_ && (!room.resolved || room.poll() == KVPoll::kWaitingForInput)) {
       FailReceiverLocked(room, *registry_lost_, out);
       continue;
     }

@@ -38,6 +38,7 @@ Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
       return FailedPreconditionError(fmt::format("room {} already has a live sender", room));
     r = std::make_shared<SenderRoom>(room);
     senders_[room] = r;
+    orphan_failures_.erase(room);  // a new use of the room
     if (auto blocker = NewRoomBlockerLocked()) FailSenderLocked(*r, *blocker, out);
     for (auto pa = pending_abort_.lower_bound({room, INT32_MIN});
          pa != pending_abort_.end() && pa->first.first == room;) {
@@ -60,6 +61,8 @@ void ManagerImpl::ReleaseSender(const std::shared_ptr<SenderRoom>& room) {
   if (p != KVPoll::kSuccess && p != KVPoll::kFailed) SenderAbort(room);
   std::lock_guard<std::mutex> lock(mu_);
   room->live = false;
+  if (room->failure && room->flows.empty())
+    orphan_failures_[room->room] = {*room->failure, std::chrono::steady_clock::now()};
   auto it = senders_.find(room->room);
   if (it != senders_.end() && it->second == room) senders_.erase(it);
 }
@@ -344,6 +347,14 @@ void ManagerImpl::OnMeta(const RankId& from, MetaMsg meta, Outbox& out) {
     AdoptMetaLocked(*it->second, from, std::move(meta), out);
     return;
   }
+  auto orphan = orphan_failures_.find(meta.room);
+  if (orphan != orphan_failures_.end()) {
+    // This request's sender already failed (before its metadata came).
+    FailureRecord r = orphan->second.first;
+    r.generation = meta.generation;
+    Send(out, *peer, RoomFailedMsg{meta.room, meta.generation, true, r});
+    return;
+  }
   // A newer use of the room by that decode rank supersedes an old abort.
   pending_abort_.erase({meta.room, from.tp});
   pending_meta_[{meta.room, from.tp}] =
@@ -476,6 +487,9 @@ void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& ms
 void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
   for (auto pm = pending_meta_.begin(); pm != pending_meta_.end();) {
     pm = now - pm->second.at > opts_.waiting_timeout ? pending_meta_.erase(pm) : std::next(pm);
+  }
+  for (auto o = orphan_failures_.begin(); o != orphan_failures_.end();) {
+    o = now - o->second.second > opts_.waiting_timeout ? orphan_failures_.erase(o) : std::next(o);
   }
   for (auto pa = pending_abort_.begin(); pa != pending_abort_.end();) {
     pa = now - pa->second.at > opts_.waiting_timeout ? pending_abort_.erase(pa) : std::next(pa);
