@@ -27,7 +27,7 @@ bool GetInt(WireReader& r, int* v) {
 }
 bool GetRank(WireReader& rd, RankId* r) {
   uint8_t role;
-  if (!rd.U8(&role) || role > 1) return false;
+  if (!rd.U8(&role) || role > static_cast<uint8_t>(Role::kBootstrap)) return false;
   r->role = static_cast<Role>(role);
   return GetInt(rd, &r->dp) && GetInt(rd, &r->tp) && GetInt(rd, &r->pp) && GetInt(rd, &r->cp) &&
          rd.Bytes(&r->host) && GetInt(rd, &r->pid) && rd.U64(&r->incarnation);

@@ -92,6 +92,17 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
   ExpectSameRecord(failed.record, Record());
 }
 
+TEST(ProtocolTest, RecordNamingTheBootstrapServerRoundTrips) {
+  FailureRecord f = Record();
+  f.origin = RankId{};
+  f.origin.role = Role::kBootstrap;
+  f.origin.host = "127.0.0.1:8998";
+  f.cause = FailureCause::kRegistryLost;
+  auto m = DecodeMessage(EncodeMessage(Rank(Role::kPrefill, 0), RoomFailedMsg{1, 2, true, f}));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(std::get<RoomFailedMsg>(m->body).record.origin.role, Role::kBootstrap);
+}
+
 TEST(ProtocolTest, TruncatedOrGarbledMessagesAreRejected) {
   std::string bytes = EncodeMessage(Rank(Role::kPrefill, 0), NotifyMsg{1, 2, 3, false, 4});
   for (size_t n = 0; n < bytes.size(); ++n) {
