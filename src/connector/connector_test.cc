@@ -230,6 +230,45 @@ TEST(ConnectorTest, StaleGenerationIsDroppedNotApplied) {
   ExpectDelivered(**c, r);
 }
 
+// The reused room's metadata reaches prefill before its sender exists: the
+// old request's failure (kept for the old request's late metadata) must not
+// answer it.
+TEST(ConnectorTest, ReusedRoomMetadataBeforeItsSenderIsNotFailedByTheOldAbort) {
+  auto c = TestCluster::Create(ClusterOptions{});
+  ASSERT_TRUE(c.ok());
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  auto old = std::move(KVReceiver::Create(*(*c)->decode[0].manager, 9)).value();
+  std::vector<int32_t> pages{1, 2};
+  ASSERT_TRUE(old->Init(0).ok());
+  ASSERT_TRUE(old->SendMetadata(pages, 0, {}).ok());
+  old->Abort();
+  ASSERT_TRUE(WaitFor([&] { return old->Quiesced(); }));
+  old.reset();
+  auto old_sender = std::move(KVSender::Create(prefill, 9)).value();
+  ASSERT_TRUE(WaitFor([&] { return old_sender->Poll() == KVPoll::kFailed; }));
+  old_sender.reset();  // failed before any metadata: kept as an orphan failure
+
+  Request r{.room = 9};
+  r.src = {3, 4};
+  r.dst = {5, 6};
+  for (auto& d : (*c)->decode) {
+    auto rc = std::move(KVReceiver::Create(*d.manager, r.room)).value();
+    ASSERT_TRUE(rc->Init(0).ok());
+    ASSERT_TRUE(rc->SendMetadata(r.dst, r.dst_aux, r.dst_state).ok());
+    r.receivers.push_back(std::move(rc));
+  }
+  ASSERT_TRUE(WaitFor([&] { return prefill.Stats().pending_metadata == 1; }))
+      << "receiver " << KVPollName(r.receivers[0]->Poll());
+  EXPECT_NE(r.receivers[0]->Poll(), KVPoll::kFailed);
+  r.senders.push_back(std::move(KVSender::Create(prefill, r.room)).value());
+  (*c)->prefill[0].pool->Fill(r.room, r.src, r.src_aux, r.src_state);
+  ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kWaitingForInput; }))
+      << KVPollName(r.senders[0]->Poll());
+  ASSERT_TRUE(r.senders[0]->Init(r.src.size(), r.src_aux).ok());
+  SendChunks(r, {2});
+  ExpectDelivered(**c, r);
+}
+
 TEST(ConnectorTest, SecondLiveReceiverOrSenderIsRefused) {
   auto c = TestCluster::Create(ClusterOptions{});
   ASSERT_TRUE(c.ok());

@@ -200,7 +200,12 @@ class ManagerImpl {
   std::map<std::pair<uint64_t, int>, PendingAbort> pending_abort_;
   // Senders that failed before any metadata arrived: metadata that comes
   // later for the room is answered with the failure instead of waiting.
-  std::map<uint64_t, std::pair<FailureRecord, SteadyTime>> orphan_failures_;
+  struct OrphanFailure {
+    FailureRecord record;
+    std::map<int, uint64_t> generations;  // decode tp -> generation it was about
+    SteadyTime at;
+  };
+  std::map<uint64_t, OrphanFailure> orphan_failures_;
   std::optional<ParallelInfo> prefill_info_;
   std::optional<FailureRecord> fatal_;
   std::map<std::string, FailureRecord> dead_ranks_;     // by peer key

@@ -50,6 +50,9 @@ struct SenderRoom {
   int decode_tp_size = 0;            // learned from the first metadata
   std::vector<int> expected_decode;  // decode tp ranks that must send metadata
   std::map<int, SenderFlow> flows;   // by decode tp rank
+  // Decode generations this request is known to be (from an abort that
+  // came before the sender): a newer one from that rank is a new request.
+  std::map<int, uint64_t> aborted_generations;
   int inflight = 0;
   std::optional<FailureRecord> failure;
   Phase phase = Phase::kWaitingForMetadata;

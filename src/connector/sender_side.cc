@@ -43,6 +43,7 @@ Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
     for (auto pa = pending_abort_.lower_bound({room, INT32_MIN});
          pa != pending_abort_.end() && pa->first.first == room;) {
       FailSenderLocked(*r, pa->second.record, out);
+      r->aborted_generations[pa->first.second] = pa->second.generation;
       pa = pending_abort_.erase(pa);
     }
     for (auto pm = pending_meta_.lower_bound({room, INT32_MIN});
@@ -62,7 +63,8 @@ void ManagerImpl::ReleaseSender(const std::shared_ptr<SenderRoom>& room) {
   std::lock_guard<std::mutex> lock(mu_);
   room->live = false;
   if (room->failure && room->flows.empty())
-    orphan_failures_[room->room] = {*room->failure, std::chrono::steady_clock::now()};
+    orphan_failures_[room->room] = {*room->failure, room->aborted_generations,
+                                    std::chrono::steady_clock::now()};
   auto it = senders_.find(room->room);
   if (it != senders_.end() && it->second == room) senders_.erase(it);
 }
@@ -349,8 +351,17 @@ void ManagerImpl::OnMeta(const RankId& from, MetaMsg meta, Outbox& out) {
   }
   auto orphan = orphan_failures_.find(meta.room);
   if (orphan != orphan_failures_.end()) {
+    auto known = orphan->second.generations.find(from.tp);
+    if (known != orphan->second.generations.end() && known->second != meta.generation) {
+      // A new request from a rank whose old one the failure was about: the
+      // room is in use again; its sender has not been created yet.
+      orphan_failures_.erase(orphan);
+      orphan = orphan_failures_.end();
+    }
+  }
+  if (orphan != orphan_failures_.end()) {
     // This request's sender already failed (before its metadata came).
-    FailureRecord r = orphan->second.first;
+    FailureRecord r = orphan->second.record;
     r.generation = meta.generation;
     Send(out, *peer, RoomFailedMsg{meta.room, meta.generation, true, r});
     return;
@@ -489,7 +500,7 @@ void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
     pm = now - pm->second.at > opts_.waiting_timeout ? pending_meta_.erase(pm) : std::next(pm);
   }
   for (auto o = orphan_failures_.begin(); o != orphan_failures_.end();) {
-    o = now - o->second.second > opts_.waiting_timeout ? orphan_failures_.erase(o) : std::next(o);
+    o = now - o->second.at > opts_.waiting_timeout ? orphan_failures_.erase(o) : std::next(o);
   }
   for (auto pa = pending_abort_.begin(); pa != pending_abort_.end();) {
     pa = now - pa->second.at > opts_.waiting_timeout ? pending_abort_.erase(pa) : std::next(pa);
