@@ -54,13 +54,16 @@ class KvPool {
   size_t num_kv_buffers() const { return kv_.size(); }
 
   // Prefill: writes the pattern of request `room` into `pages` (page i of the
-  // request in pages[i]), its aux row and state slots.
+  // request in pages[i]), its aux row and state slots. stride > 1: only the
+  // pages at positions that are a multiple of it (a benchmark's sample; the
+  // other pages still move, holding whatever they held).
   void Fill(uint64_t room, std::span<const int32_t> pages, int64_t aux_index,
-            std::span<const int32_t> state);
+            std::span<const int32_t> state, int stride = 1);
   // Decode: counts pages (per kv buffer) whose bytes differ from the pattern
-  // for positions [first_position, first_position + pages.size()).
+  // for positions [first_position, first_position + pages.size()), only
+  // positions that are a multiple of `stride`.
   uint64_t CountCorruptPages(uint64_t room, std::span<const int32_t> pages,
-                             int64_t first_position = 0) const;
+                             int64_t first_position = 0, int stride = 1) const;
   bool AuxMatches(uint64_t room, int64_t aux_index) const;
   bool StateMatches(uint64_t room, std::span<const int32_t> state) const;
   // Overwrites pages with a filler (decode, before reuse).
