@@ -7,10 +7,12 @@
 
 namespace kvbridge::internal {
 
-TransferEngine::TransferEngine(Transport& transport, RegionSet local, size_t max_batch_ops)
+TransferEngine::TransferEngine(Transport& transport, RegionSet local, size_t max_batch_ops,
+                               size_t inline_max_runs)
     : transport_(transport),
       local_(std::move(local)),
       max_batch_ops_(max_batch_ops == 0 ? 1 : max_batch_ops),
+      inline_max_runs_(inline_max_runs),
       thread_([this] { Loop(); }) {}
 
 TransferEngine::~TransferEngine() {
@@ -25,28 +27,40 @@ TransferEngine::~TransferEngine() {
 
 void TransferEngine::PostChunk(PeerId peer, RemoteRegionSet remote, std::vector<CopyRun> runs,
                                std::string notify, ChunkCallback done) {
+  Job job{peer, std::move(remote), std::move(runs), std::move(notify), std::move(done)};
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!stop_) {
-      queue_.push_back(
-          Job{peer, std::move(remote), std::move(runs), std::move(notify), std::move(done)});
+    if (stop_) {
+      job.done(AbortedError("transfer engine shut down"), 0, 0);
+      return;
+    }
+    if (running_ || !queue_.empty() || job.runs.size() > inline_max_runs_) {
+      queue_.push_back(std::move(job));
       cv_.notify_one();
       return;
     }
+    running_ = true;  // the engine thread waits until this one is posted
   }
-  done(AbortedError("transfer engine shut down"), 0, 0);
+  Run(std::move(job));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+  }
+  cv_.notify_one();
 }
 
 void TransferEngine::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    cv_.wait(lock, [this] { return stop_ || (!queue_.empty() && !running_); });
     if (stop_) return;
     Job job = std::move(queue_.front());
     queue_.pop_front();
+    running_ = true;
     lock.unlock();
     Run(std::move(job));
     lock.lock();
+    running_ = false;
   }
 }
 

@@ -5,7 +5,13 @@
 // batches of at most `max_batch_ops` writes, posted on the transport from the
 // engine's own thread, and followed by a notification message that the
 // transport delivers only after the writes are visible. `done` runs once per
-// chunk, on a transport thread, with the first error of any batch.
+// chunk, on a transport thread, with the first error of any batch (or on the
+// posting thread when the transport refuses the batch at once).
+//
+// Small chunks (at most `inline_max_runs` runs) are posted on the caller's
+// thread when the engine is idle: a one-page request does not wait for the
+// engine thread to wake. Chunks are posted in the order PostChunk was called
+// either way (a chunk never overtakes one queued before it).
 //
 // Thread safety: all methods are thread-safe.
 #pragma once
@@ -36,7 +42,8 @@ using ChunkCallback = std::function<void(const Status&, uint64_t bytes, uint64_t
 
 class TransferEngine {
  public:
-  TransferEngine(Transport& transport, RegionSet local, size_t max_batch_ops = 1024);
+  TransferEngine(Transport& transport, RegionSet local, size_t max_batch_ops = 1024,
+                 size_t inline_max_runs = 256);
   ~TransferEngine();  // drains queued jobs (their callbacks get Aborted), joins
   TransferEngine(const TransferEngine&) = delete;
   TransferEngine& operator=(const TransferEngine&) = delete;
@@ -67,10 +74,12 @@ class TransferEngine {
   Transport& transport_;
   const RegionSet local_;
   const size_t max_batch_ops_;
+  const size_t inline_max_runs_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;
   bool stop_ = false;
+  bool running_ = false;  // a job is being posted (engine thread or inline)
   std::thread thread_;
 };
 

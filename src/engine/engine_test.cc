@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
 namespace kvbridge::internal {
 namespace {
 
@@ -34,6 +38,112 @@ TEST(TransferEngineTest, UnknownBufferIsInvalidArgument) {
   EXPECT_EQ(ops.status().code(), StatusCode::kInvalidArgument);
   ops = TransferEngine::ToWriteOps(local, remote, {{BufferClass::kAux, 0, 0, 0, 0, 8}});
   EXPECT_EQ(ops.status().code(), StatusCode::kInvalidArgument);
+}
+
+// Records what the engine posts, and on which thread; can hold the first
+// PostWrites call until the test releases it.
+class RecordingTransport : public Transport {
+ public:
+  std::string_view Name() const override { return "recording"; }
+  const std::string& Address() const override { return address_; }
+  void SetMessageHandler(MessageHandler) override {}
+  void SetPeerFailureHandler(PeerFailureHandler) override {}
+  Result<RegisteredRegion> RegisterMemory(void*, size_t, MemoryKind) override {
+    return UnimplementedError("not used");
+  }
+  Status DeregisterMemory(RegionId) override { return Status(); }
+  Result<PeerId> Connect(std::string_view) override { return PeerId{1}; }
+  Result<RemoteRegionId> ImportRegion(PeerId, std::string_view) override { return 1; }
+  Result<DataPath> PathTo(PeerId) const override { return DataPath::kSharedMemory; }
+  Status PostWrites(PeerId, std::vector<WriteOp> ops, WriteCallback done) override {
+    std::unique_lock<std::mutex> lock(mu);
+    log.push_back("writes " + std::to_string(ops.size()));
+    threads.push_back(std::this_thread::get_id());
+    if (hold_first && !held) {
+      held = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return released; });
+    }
+    lock.unlock();
+    done(Status());
+    return Status();
+  }
+  Status SendMessage(PeerId, std::string payload) override {
+    std::lock_guard<std::mutex> lock(mu);
+    log.push_back("notify " + payload);
+    cv.notify_all();
+    return Status();
+  }
+  void Disconnect(PeerId) override {}
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> log;
+  std::vector<std::thread::id> threads;
+  bool hold_first = false, held = false, released = false;
+
+ private:
+  std::string address_ = "recording";
+};
+
+std::vector<CopyRun> Runs(size_t n) {
+  return std::vector<CopyRun>(n, CopyRun{BufferClass::kKv, 0, 0, 0, 0, 8});
+}
+
+TEST(TransferEngineTest, SmallChunkOnAnIdleEngineIsPostedOnTheCallersThread) {
+  RecordingTransport t;
+  TransferEngine engine(t, RegionSet{{11}, {}, {}}, /*max_batch_ops=*/1024, /*inline_max_runs=*/4);
+  bool done = false;
+  engine.PostChunk(1, RemoteRegionSet{{111}, {}, {}}, Runs(3), "a",
+                   [&](const Status& s, uint64_t bytes, uint64_t ops) {
+                     EXPECT_TRUE(s.ok());
+                     EXPECT_EQ(bytes, 24u);
+                     EXPECT_EQ(ops, 3u);
+                     done = true;
+                   });
+  // Posted (and, with this transport, completed) before PostChunk returned.
+  EXPECT_TRUE(done);
+  std::lock_guard<std::mutex> lock(t.mu);
+  EXPECT_EQ(t.log, (std::vector<std::string>{"writes 3", "notify a"}));
+  EXPECT_EQ(t.threads.at(0), std::this_thread::get_id());
+}
+
+TEST(TransferEngineTest, SmallChunkNeverOvertakesABigOneQueuedBeforeIt) {
+  RecordingTransport t;
+  t.hold_first = true;
+  TransferEngine engine(t, RegionSet{{11}, {}, {}}, 1024, /*inline_max_runs=*/4);
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0;
+  auto count = [&](const Status& s, uint64_t, uint64_t) {
+    EXPECT_TRUE(s.ok());
+    std::lock_guard<std::mutex> lock(mu);
+    ++finished;
+    cv.notify_all();
+  };
+  engine.PostChunk(1, RemoteRegionSet{{111}, {}, {}}, Runs(10), "big", count);
+  {
+    // The engine thread is inside PostWrites of the big chunk, held there.
+    std::unique_lock<std::mutex> lock(t.mu);
+    t.cv.wait(lock, [&] { return t.held; });
+    EXPECT_NE(t.threads.at(0), std::this_thread::get_id());
+  }
+  engine.PostChunk(1, RemoteRegionSet{{111}, {}, {}}, Runs(2), "small", count);
+  {
+    std::lock_guard<std::mutex> lock(t.mu);
+    EXPECT_EQ(t.log, (std::vector<std::string>{"writes 10"}));  // small one queued
+    t.released = true;
+    t.cv.notify_all();
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return finished == 2; });
+  }
+  // The fake completes writes inside PostWrites: the last notify follows.
+  std::unique_lock<std::mutex> tl(t.mu);
+  t.cv.wait(tl, [&] { return t.log.size() == 4; });
+  EXPECT_EQ(t.log,
+            (std::vector<std::string>{"writes 10", "notify big", "writes 2", "notify small"}));
 }
 
 }  // namespace
