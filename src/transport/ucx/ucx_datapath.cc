@@ -200,40 +200,75 @@ void UcxTransport::StartUcxOps(Batch* batch, std::vector<ResolvedOp> ops) {
   }
 }
 
+// Writes same-host ops (memcpy into the mapped segment, process_vm_writev);
+// stops at the first op once the peer is dead. Any thread.
+Status UcxTransport::WriteSameHost(const Peer& peer, const std::vector<ResolvedOp>& ops) {
+  std::vector<CmaSegment> cma;
+  for (const auto& op : ops) {
+    if (peer.dead) return Status::Ok();  // pending work of a failed peer is not done
+    ImportedRegion& r = *op.region;
+    if (r.path == DataPath::kSharedMemory) {
+      std::memcpy(r.segment->data() + r.blob.segment->offset + op.remote_offset, op.src, op.length);
+    } else {
+      cma.push_back(CmaSegment{op.src, r.blob.base + op.remote_offset, op.length});
+    }
+  }
+  if (cma.empty() || peer.dead) return Status::Ok();
+  return CrossMemoryWrite(peer.host.pid, cma);
+}
+
+// Progress thread: the same-host part of batch `seq` finished with `st`.
+void UcxTransport::FinishSameHostPart(const std::shared_ptr<Peer>& peer, uint64_t seq,
+                                      const Status& st) {
+  auto it = peer->inflight.find(seq);
+  if (it == peer->inflight.end()) return;
+  Batch* b = it->second.get();
+  if (!st.ok()) {
+    if (st.code() == StatusCode::kUnavailable) {
+      MarkPeerFailed(peer.get(), UnavailableError("peer " + peer->name +
+                                                  " failed: cross-memory write: " + st.message()));
+    } else if (b->error.ok()) {
+      b->error = st.WithContext("write to " + peer->name);
+    }
+  }
+  FinishPart(b);
+}
+
 void UcxTransport::StartSameHostOps(Batch* batch, std::vector<ResolvedOp> ops) {
   ++batch->outstanding;
   std::shared_ptr<Peer> peer = batch->peer;
   uint64_t seq = batch->seq;
-  PostToWriter([this, peer, seq, ops = std::move(ops)] {
-    Status st;
-    std::vector<CmaSegment> cma;
-    for (const auto& op : ops) {
-      if (peer->dead) break;  // pending work of a failed peer is not done
-      ImportedRegion& r = *op.region;
-      if (r.path == DataPath::kSharedMemory) {
-        std::memcpy(r.segment->data() + r.blob.segment->offset + op.remote_offset, op.src,
-                    op.length);
-      } else {
-        cma.push_back(CmaSegment{op.src, r.blob.base + op.remote_offset, op.length});
-      }
+  uint64_t bytes = 0;
+  for (const auto& op : ops) bytes += op.length;
+  if (bytes <= options_.inline_copy_bytes) {
+    // Small: copied here, on the progress thread, without two thread hops
+    // (to the writer and back); it stalls progress for at most a few
+    // hundred microseconds. Completion order across batches does not
+    // matter: an ordered message waits for every batch before it.
+    FinishSameHostPart(peer, seq, WriteSameHost(*peer, ops));
+    return;
+  }
+  // Large: split into parts of about equal bytes, one per writer thread.
+  const size_t writers = static_cast<size_t>(std::max(1, options_.writer_threads));
+  const size_t parts = bytes > options_.split_copy_bytes ? std::min(writers, ops.size()) : 1;
+  const uint64_t per_part = (bytes + parts - 1) / parts;
+  std::vector<std::vector<ResolvedOp>> split(1);
+  uint64_t in_part = 0;
+  for (auto& op : ops) {
+    if (in_part >= per_part && split.size() < parts) {
+      split.emplace_back();
+      in_part = 0;
     }
-    if (!cma.empty() && !peer->dead) st = CrossMemoryWrite(peer->host.pid, cma);
-    Post([this, peer, seq, st] {
-      auto it = peer->inflight.find(seq);
-      if (it == peer->inflight.end()) return;
-      Batch* b = it->second.get();
-      if (!st.ok()) {
-        if (st.code() == StatusCode::kUnavailable) {
-          MarkPeerFailed(peer.get(),
-                         UnavailableError("peer " + peer->name +
-                                          " failed: cross-memory write: " + st.message()));
-        } else if (b->error.ok()) {
-          b->error = st.WithContext("write to " + peer->name);
-        }
-      }
-      FinishPart(b);
+    in_part += op.length;
+    split.back().push_back(std::move(op));
+  }
+  batch->outstanding += static_cast<int>(split.size()) - 1;
+  for (auto& part : split) {
+    PostToWriter([this, peer, seq, ops = std::move(part)] {
+      Status st = WriteSameHost(*peer, ops);
+      Post([this, peer, seq, st] { FinishSameHostPart(peer, seq, st); });
     });
-  });
+  }
 }
 
 void UcxTransport::OnPartDone(Batch* batch, ucs_status_t status) {

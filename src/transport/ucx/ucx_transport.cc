@@ -121,7 +121,8 @@ Status UcxTransport::Init() {
   if (wake_fd_ < 0) return ResourceExhaustedError("eventfd failed");
   progress_thread_ = std::thread([this] { ProgressLoop(); });
   progress_id_ = progress_thread_.get_id();
-  writer_thread_ = std::thread([this] { WriterLoop(); });
+  for (int i = 0; i < std::max(1, options_.writer_threads); ++i)
+    writer_threads_.emplace_back([this] { WriterLoop(); });
   KVB_LOG_INFO("ucx transport {}: up (tls={}, same_host_paths={}, keepalive={}ms, wakeup={})",
                options_.name, options_.tls.empty() ? "default" : options_.tls,
                options_.same_host_paths, options_.keepalive_interval.count(), worker_efd_ >= 0);
@@ -143,13 +144,14 @@ UcxTransport::~UcxTransport() {
     Post([] {});
     progress_thread_.join();
   }
-  if (writer_thread_.joinable()) {
+  if (!writer_threads_.empty()) {
     {
       std::lock_guard<std::mutex> lock(writer_mu_);
       writer_stop_ = true;
     }
     writer_cv_.notify_all();
-    writer_thread_.join();
+    for (std::thread& t : writer_threads_) t.join();
+    writer_threads_.clear();
   }
   // Writer completions posted after the progress thread stopped: their
   // batches belong to closed peers and complete with Aborted here.

@@ -32,6 +32,13 @@ struct UcxTransportOptions {
   std::chrono::milliseconds keepalive_interval{200};
   // Blocks at least this large are sent with rendezvous; smaller ones eager.
   size_t rndv_threshold = 64 * 1024;
+  // Same-host batches up to this many bytes are copied on the progress
+  // thread (lower latency); larger ones on the writer thread (0: all).
+  size_t inline_copy_bytes = 4 << 20;
+  // Writer threads for larger same-host batches (at least 1), and the batch
+  // size above which a batch is split across them.
+  int writer_threads = 2;
+  size_t split_copy_bytes = 16 << 20;
   // Cross-host writes with ucp_put_nbx + flush instead of active messages
   // (for hosts with a real RMA lane). Also set by KVBRIDGE_UCX_PATH=put.
   bool force_put = false;

@@ -9,7 +9,12 @@
 // on the progress thread itself (from a callback) they run inline. PostWrites
 // and SendMessage only validate and enqueue, so callbacks may call them.
 // Same-host writes (memcpy into a mapped peer segment, process_vm_writev)
-// run on a separate writer thread so they never stall UCX progress.
+// run on a separate writer thread so they never stall UCX progress, except
+// batches of at most options.inline_copy_bytes, copied on the progress
+// thread itself (no thread hop for a small request). There are
+// options.writer_threads writers; a batch of more than
+// options.split_copy_bytes is split into that many parts by bytes, one per
+// writer, so a large transfer uses more than one core's copy bandwidth.
 //
 // Paths, chosen per imported region at ImportRegion and logged at info:
 // same host and options.same_host_paths: kSharedMemory when the region is
@@ -215,6 +220,8 @@ class UcxTransport final : public Transport {
   void StopAwaitingAck(Batch* batch);
   void SendAck(ucp_ep_h reply_ep, uint64_t connection, uint64_t batch, const Status& st);
   void StartSameHostOps(Batch* batch, std::vector<ResolvedOp> ops);
+  Status WriteSameHost(const Peer& peer, const std::vector<ResolvedOp>& ops);
+  void FinishSameHostPart(const std::shared_ptr<Peer>& peer, uint64_t seq, const Status& st);
   void FinishPart(Batch* batch);
   void FlushMessages(const std::shared_ptr<Peer>& peer);
   void SendNow(const std::shared_ptr<Peer>& peer, std::string payload, bool ordered);
@@ -262,7 +269,7 @@ class UcxTransport final : public Transport {
   std::condition_variable writer_cv_;
   std::deque<std::function<void()>> writer_jobs_;  // GUARDED_BY(writer_mu_)
   bool writer_stop_ = false;                       // GUARDED_BY(writer_mu_)
-  std::thread writer_thread_;
+  std::vector<std::thread> writer_threads_;
 };
 
 }  // namespace kvbridge::internal::ucx
