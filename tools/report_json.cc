@@ -3,37 +3,20 @@
 #include <algorithm>
 #include <chrono>
 
+#include "connector/record_json.h"
+
 namespace kvbridge::tools {
 
-nlohmann::json RankToJson(const RankId& r) {
-  return {{"role", RoleName(r.role)},
-          {"dp", r.dp},
-          {"tp", r.tp},
-          {"pp", r.pp},
-          {"cp", r.cp},
-          {"host", r.host},
-          {"pid", r.pid},
-          {"name", r.ShortName()}};
-}
+// The connector's forms (what the registry stores) plus the CLI's extras, so
+// a field added there shows up here too.
+nlohmann::json RankToJson(const RankId& r) { return internal::RankIdToJson(r); }
 
 nlohmann::json FailureToJson(const FailureRecord& f) {
-  double gap = std::chrono::duration<double>(f.detected_at - f.last_sign_of_life).count();
-  return {{"room", f.room},
-          {"generation", f.generation},
-          {"origin", RankToJson(f.origin)},
-          {"cause", FailureCauseName(f.cause)},
-          {"code", StatusCodeName(f.code())},
-          {"detail", f.detail},
-          {"phase", PhaseName(f.phase)},
-          {"detected_by", RankToJson(f.detected_by)},
-          {"mechanism", f.mechanism},
-          {"detected_at_us",
-           std::chrono::duration_cast<std::chrono::microseconds>(f.detected_at.time_since_epoch())
-               .count()},
-          {"silence_s", gap},
-          {"hint", f.hint},
-          {"is_from_another_rank", f.is_from_another_rank},
-          {"message", f.Message()}};
+  nlohmann::json j = internal::FailureRecordToJson(f);
+  // Seconds between the last sign of life and detection; Python exposes it
+  // as KVTransferError.silence_s.
+  j["silence_s"] = std::chrono::duration<double>(f.detected_at - f.last_sign_of_life).count();
+  return j;
 }
 
 nlohmann::json StatsToJson(const ManagerStats& s) {

@@ -11,7 +11,10 @@
 
 namespace kvbridge::tools {
 
+// internal::RankIdToJson.
 nlohmann::json RankToJson(const RankId& rank);
+// internal::FailureRecordToJson plus "silence_s" (detected_at minus
+// last_sign_of_life, in seconds).
 nlohmann::json FailureToJson(const FailureRecord& record);
 nlohmann::json StatsToJson(const ManagerStats& stats);
 
