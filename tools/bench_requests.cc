@@ -35,6 +35,7 @@ struct RequestsFlags {
   int layers = 32, heads = 8, head_dim = 128, page_size = 16;
   int big_tokens = 4096;
   int big_requests = 8, big_concurrency = 2;
+  int check_stride = 16;
   int small_requests = 200;
   std::string raw_bytes = "1G";
   std::string raw_region = "256M";
@@ -58,10 +59,20 @@ struct SweepResult {
   double rps() const { return seconds > 0 ? succeeded / seconds : 0; }
 };
 
+// Every sweep first runs warm-up requests that are not measured: enough to
+// take every page of the pool once (the workers hand pages out first in,
+// first out), so each page has been written through the peer's mapping
+// before the measured requests, as in a server that has run for a while.
+int Warmup(int pages, int pool_pages, int concurrency) {
+  return std::max(concurrency, (pool_pages + std::max(pages, 1) - 1) / std::max(pages, 1));
+}
+
 std::vector<std::string> WorkerArgs(const RequestsFlags& f, int tokens, int requests,
                                     int concurrency) {
   int pages = (tokens + f.page_size - 1) / f.page_size;
   int pool_pages = concurrency * (pages + 1) + 16;
+  const int warmup = Warmup(pages, pool_pages, concurrency);
+  requests += warmup;
   std::vector<std::string> a = {"--requests",     std::to_string(requests),
                                 "--concurrency",  std::to_string(concurrency),
                                 "--min-tokens",   std::to_string(tokens),
@@ -73,7 +84,13 @@ std::vector<std::string> WorkerArgs(const RequestsFlags& f, int tokens, int requ
                                 "--page-size",    std::to_string(f.page_size),
                                 "--pool-pages",   std::to_string(pool_pages),
                                 "--deadline-s",   std::to_string(std::max(5, f.timeout_s - 10)),
-                                "--progress-ms",  "0"};
+                                "--progress-ms",  "0",
+                                "--warmup",       std::to_string(warmup),
+                                "--check-stride", std::to_string(f.check_stride)};
+  // 1 request in flight: poll as fast as a busy scheduler can (latency);
+  // more: poll every 100 us and leave the cores to the copy, as a scheduler
+  // running forward passes does.
+  a.insert(a.end(), {"--step-us", concurrency == 1 ? "0" : "100"});
   if (f.path == "tcp") {
     a.insert(a.end(), {"--ucx-only", "--ucx-tls", "tcp"});
   } else {
@@ -105,7 +122,7 @@ SweepResult RunSweep(const RequestsFlags& f, const std::string& name, int tokens
   Cluster& c = **started;
   const auto t0 = Clock::now();
   Status st = c.CollectReports(std::chrono::seconds(f.timeout_s));
-  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!st.ok()) r.error = st.ToString() + " (logs in " + log_dir + ")";
   // Latency: the decode ranks' percentiles (the worst rank's, for tp > 1).
   for (int d = 0; d < c.decode_tp(); ++d) {
@@ -122,9 +139,14 @@ SweepResult RunSweep(const RequestsFlags& f, const std::string& name, int tokens
     r.failed = std::max(r.failed, j.value("failed", uint64_t{0}));
     r.p50_us = std::max(r.p50_us, j.value("p50_us", 0.0));
     r.p99_us = std::max(r.p99_us, j.value("p99_us", 0.0));
+    // The measured window: first measured SendMetadata to last Success.
+    r.seconds = std::max(r.seconds, j.value("window_seconds", 0.0));
+    if (j.value("warmup_failed", uint64_t{0}) > 0 && r.error.empty())
+      r.error = p.name + " failed warm-up requests (logs in " + log_dir + ")";
     if (j.value("corrupt_pages", uint64_t{0}) > 0 && r.error.empty())
       r.error = p.name + " saw corrupt pages";
   }
+  if (r.seconds <= 0) r.seconds = wall;
   if (r.failed > 0 && r.error.empty())
     r.error = std::to_string(r.failed) + " requests failed (logs in " + log_dir + ")";
   c.Shutdown(milliseconds(10000));
@@ -177,9 +199,10 @@ int RunBenchRequests(const RequestsFlags& f) {
   FILE* note = f.json ? stderr : stdout;
   std::fprintf(note,
                "[bench] requests over %s: prefill tp%d -> decode tp%d, %d layers x %d kv heads x "
-               "%d x 2 B, page %d\n",
+               "%d x 2 B, page %d; pattern checked in 1 page of %d; each sweep starts with "
+               "unmeasured warm-up requests that use every pool page once\n",
                f.path.c_str(), f.prefill_tp, f.decode_tp, f.layers, f.heads, f.head_dim,
-               f.page_size);
+               f.page_size, f.check_stride);
   std::fflush(note);
   std::string raw_error;
   double raw = f.no_raw ? 0 : RawTransportGbps(f, &raw_error);
@@ -212,6 +235,7 @@ int RunBenchRequests(const RequestsFlags& f) {
                             {"head_dim", f.head_dim},
                             {"dtype_bytes", 2},
                             {"page_size", f.page_size}}},
+                          {"check_stride", f.check_stride},
                           {"raw_transport_gbps", raw},
                           {"ratio_to_raw", ratio},
                           {"targets",
@@ -288,6 +312,11 @@ void AddBenchRequestsCommand(CLI::App& bench, std::function<int()>& run) {
   cmd->add_option("--raw-region", f->raw_region, "Region size of the raw transport measurement")
       ->capture_default_str();
   cmd->add_flag("--no-raw", f->no_raw, "Skip the raw transport measurement");
+  cmd->add_option("--check-stride", f->check_stride,
+                  "Workers fill and check the pattern in 1 page of N (every page still moves); "
+                  "1 = every byte, as the tests and the demo do")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--timeout", f->timeout_s, "Give up on a sweep after this many seconds")
       ->check(CLI::Range(5, 86400))
       ->capture_default_str();

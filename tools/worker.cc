@@ -10,6 +10,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -54,6 +55,12 @@ struct WorkerFlags {
   int progress_ms = 0;  // > 0: a PROGRESS line on stdout this often
   int room_mod = 0;     // > 0: room ids wrap to 1..room_mod (reuse)
   int abort_every = 0;  // decode, > 0: abort every Nth room after SendMetadata
+  // Scheduler step pacing; 0 = yield the CPU only.
+  int step_us = 200;
+  // The first N rooms are not in the figures (bytes, latency).
+  int warmup = 0;
+  // Fill and check the pattern in 1 page of this many.
+  int check_stride = 1;
 };
 
 struct RoomPlan {
@@ -107,6 +114,7 @@ struct Live {
   int pages_sent = 0;
   Clock::time_point t0;
   bool failed = false;
+  bool warmup = false;  // not in the figures
   Clock::time_point failed_at;
 };
 
@@ -194,6 +202,11 @@ int RunWorker(const WorkerFlags& f) {
   };
   auto last_progress = Clock::now();
   const auto started = Clock::now();
+  // The measured window (after --warmup rooms): first admission to last
+  // finish; warm-up rooms are counted apart.
+  std::optional<Clock::time_point> window_start;
+  Clock::time_point window_end{};
+  uint64_t warmup_ok = 0, warmup_failed = 0;
   // Stdin commands while running, read only with --progress-ms (the demo's
   // --duration): "pause" stops admitting and answers "PAUSED {admitted}";
   // "limit M" then admits up to M rooms in all, the same M on every rank, so
@@ -240,10 +253,15 @@ int RunWorker(const WorkerFlags& f) {
       aux_free.pop_front();
       if (f.shape.state_item_len > 0) l->state = {static_cast<int32_t>(l->aux)};
       l->t0 = Clock::now();
+      l->warmup = static_cast<int>(next) < f.warmup;
+      if (!l->warmup && !window_start) window_start = l->t0;
       if (prefill) {
         auto s = KVSender::Create(m, l->plan.room);
         if (!s.ok()) return 4;
         l->sender = std::move(s).value();
+        // The forward pass: it runs while decode bootstraps and sends its
+        // metadata, as in sglang, so it is not part of the transfer.
+        (*pool)->Fill(l->plan.room, l->pages, l->aux, l->state, f.check_stride);
       } else {
         auto r = KVReceiver::Create(m, l->plan.room);
         if (!r.ok()) return 4;
@@ -271,7 +289,6 @@ int RunWorker(const WorkerFlags& f) {
       Live& l = **it;
       KVPoll p = prefill ? l.sender->Poll() : l.receiver->Poll();
       if (prefill && p == KVPoll::kWaitingForInput && !l.started) {
-        (*pool)->Fill(l.plan.room, l.pages, l.aux, l.state);
         l.started = l.sender->Init(l.plan.pages, l.aux).ok();
       }
       if (prefill && l.started && l.pages_sent < l.plan.pages + (l.plan.pages == 0) &&
@@ -294,16 +311,23 @@ int RunWorker(const WorkerFlags& f) {
       o.success = p == KVPoll::kSuccess;
       o.latency_us = std::chrono::duration<double, std::micro>(Clock::now() - l.t0).count();
       if (o.success && !prefill) {
-        uint64_t bad = (*pool)->CountCorruptPages(l.plan.room, l.pages);
+        uint64_t bad = (*pool)->CountCorruptPages(l.plan.room, l.pages, 0, f.check_stride);
         report.corrupt_pages += bad;
-        report.verified_pages += l.pages.size() * (*pool)->num_kv_buffers();
+        const uint64_t checked = (l.pages.size() + f.check_stride - 1) / f.check_stride;
+        report.verified_pages += checked * (*pool)->num_kv_buffers();
         if (!(*pool)->AuxMatches(l.plan.room, l.aux) ||
             !(*pool)->StateMatches(l.plan.room, l.state))
           ++report.corrupt_pages;
-        report.bytes += l.pages.size() * (*pool)->num_kv_buffers() * (*pool)->page_bytes();
+        if (!l.warmup)
+          report.bytes += l.pages.size() * (*pool)->num_kv_buffers() * (*pool)->page_bytes();
       }
       o.failure = prefill ? l.sender->Failure() : l.receiver->Failure();
-      report.outcomes.push_back(o);
+      if (l.warmup) {
+        ++(o.success ? warmup_ok : warmup_failed);
+      } else {
+        report.outcomes.push_back(o);
+        window_end = Clock::now();
+      }
       if (!prefill && !o.success) {
         l.failed_at = Clock::now();
         draining.push_back(std::move(*it));  // pages go back only once quiesced
@@ -342,7 +366,12 @@ int RunWorker(const WorkerFlags& f) {
                        .dump()
                 << std::endl;
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));  // scheduler step pacing
+    // Scheduler step pacing: a real scheduler polls once per forward step.
+    if (f.step_us > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(f.step_us));
+    } else {
+      std::this_thread::yield();
+    }
   }
   report.nonterminal = live.size() + (limit - next);
   report.requests = static_cast<int>(limit);
@@ -352,6 +381,10 @@ int RunWorker(const WorkerFlags& f) {
   draining.clear();
   report.stats_after = m.Stats();
   nlohmann::json out = ReportToJson(m.self(), report);
+  out["warmup_succeeded"] = warmup_ok;
+  out["warmup_failed"] = warmup_failed;
+  out["window_seconds"] =
+      window_start ? std::chrono::duration<double>(window_end - *window_start).count() : 0.0;
   // What this rank knows of other ranks' failures (sglang's "exception from
   // another rank"): a sibling whose own rooms succeeded still names the rank.
   if (std::optional<FailureRecord> rf = m.RecentRankFailure())
@@ -411,6 +444,18 @@ void AddWorkerCommand(CLI::App& app, std::function<int()>& run) {
                   "Decode: abort every Nth room right after SendMetadata, reuse its pages once "
                   "Quiesced()")
       ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--step-us", f->step_us,
+                  "Scheduler step: sleep this long between polls of every room (0 = only yield)")
+      ->check(CLI::Range(0, 1000000));
+  cmd->add_option("--warmup", f->warmup,
+                  "The first N rooms warm the path up and are left out of bytes, latency and "
+                  "window_seconds")
+      ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--check-stride", f->check_stride,
+                  "Fill and check the pattern in 1 page of N (positions 0, N, 2N...; the others "
+                  "still move): a benchmark's sample, so pattern work does not compete with the "
+                  "copy")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->callback([f, &run] {
     if (f->min_tokens > f->max_tokens)
       throw CLI::ValidationError("--min-tokens", "larger than --max-tokens");
