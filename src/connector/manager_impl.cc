@@ -254,9 +254,33 @@ FailureRecord ManagerImpl::MakeRecord(const RankId& origin, FailureCause cause, 
   r.detected_at = std::chrono::system_clock::now();
   r.last_sign_of_life = r.detected_at;
   r.hint = std::string(FailureHint(cause));
-  r.is_from_another_rank = !(origin.SameRank(self_) && origin.pid == self_.pid);
+  r.is_from_another_rank = IsFromAnotherRank(origin);
   return r;
 }
+
+bool ManagerImpl::IsFromAnotherRank(const RankId& origin) const {
+  return !(origin.SameRank(self_) && origin.pid == self_.pid);
+}
+
+template <typename Room>
+bool ManagerImpl::MarkRoomFailedLocked(Room& room, FailureRecord& record) {
+  if (room.failure) return false;
+  record.room = room.room;
+  record.is_from_another_rank = IsFromAnotherRank(record.origin);
+  room.failure = record;
+  room.state.store(static_cast<int>(KVPoll::kFailed), std::memory_order_release);
+  ++failed_;
+  if (metrics_) {
+    metrics_->Failed(record.cause);
+    metrics_->Finished(
+        false,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - room.created).count());
+  }
+  KVB_LOG_WARN("{}", record.Message());
+  return true;
+}
+template bool ManagerImpl::MarkRoomFailedLocked(SenderRoom&, FailureRecord&);
+template bool ManagerImpl::MarkRoomFailedLocked(ReceiverRoom&, FailureRecord&);
 
 void ManagerImpl::OnMessage(std::string_view bytes) {
   KVB_LOG_TRACE("control message of {} bytes", bytes.size());

@@ -149,6 +149,16 @@ class ManagerImpl {
   void CheckSiblings(const std::vector<RankStatus>& ranks);
   FailureRecord MakeRecord(const RankId& origin, FailureCause cause, std::string detail,
                            Phase phase, std::string mechanism) const;
+  // Whether a failure that started at `origin` comes from another rank or
+  // process (FailureRecord::is_from_another_rank).
+  bool IsFromAnotherRank(const RankId& origin) const;
+  // What failing a request does on either side (SenderRoom, ReceiverRoom):
+  // sets record.room and is_from_another_rank, keeps the record as the
+  // room's failure, turns poll() to kFailed, counts, meters and logs it.
+  // False, changing nothing, when the room had failed already. The caller
+  // then tells the peers.
+  template <typename Room>
+  bool MarkRoomFailedLocked(Room& room, FailureRecord& record);
 
   // Prefill internals (sender_side.cc).
   void OnMeta(const RankId& from, MetaMsg meta, Outbox& out);

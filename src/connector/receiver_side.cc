@@ -412,20 +412,8 @@ void ManagerImpl::OnQuiesced(const RankId& from, const QuiescedMsg& msg, Outbox&
 }
 
 void ManagerImpl::FailReceiverLocked(ReceiverRoom& room, FailureRecord record, Outbox& out) {
-  if (room.failure) return;
-  record.room = room.room;
   record.generation = room.generation;
-  record.is_from_another_rank = !(record.origin.SameRank(self_) && record.origin.pid == self_.pid);
-  room.failure = record;
-  room.state.store(static_cast<int>(KVPoll::kFailed), std::memory_order_release);
-  ++failed_;
-  if (metrics_) {
-    metrics_->Failed(record.cause);
-    metrics_->Finished(
-        false,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - room.created).count());
-  }
-  KVB_LOG_WARN("{}", record.Message());
+  if (!MarkRoomFailedLocked(room, record)) return;
   for (ReceiverSource& src : room.sources) {
     if (!src.meta_sent) src.quiesced = true;  // prefill never saw the pages
     Peer* peer = FindPeerLocked(src.peer_key);

@@ -274,19 +274,7 @@ void ManagerImpl::DrainFlowLocked(SenderRoom& room, SenderFlow& flow, Outbox& ou
 }
 
 void ManagerImpl::FailSenderLocked(SenderRoom& room, FailureRecord record, Outbox& out) {
-  if (room.failure) return;
-  record.room = room.room;
-  record.is_from_another_rank = !(record.origin.SameRank(self_) && record.origin.pid == self_.pid);
-  room.failure = record;
-  room.state.store(static_cast<int>(KVPoll::kFailed), std::memory_order_release);
-  ++failed_;
-  if (metrics_) {
-    metrics_->Failed(record.cause);
-    metrics_->Finished(
-        false,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - room.created).count());
-  }
-  KVB_LOG_WARN("{}", record.Message());
+  if (!MarkRoomFailedLocked(room, record)) return;
   for (auto& [rank, flow] : room.flows) {
     if (flow.told || flow.closed) continue;
     flow.told = true;
