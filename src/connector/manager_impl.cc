@@ -446,13 +446,8 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
     r.phase = room->phase;
     FailSenderLocked(*room, r, out);
   }
+  const bool cannot_write = FailedPeerCannotWriteLocked(peer);  // peer.failure is base
   for (auto& [id, room] : receivers_) {
-    // Only a process that is gone (or a broken link to another host) can
-    // write nothing more; a stopped or merely silent one may still land
-    // writes, so its requests wait for its Quiesced answer.
-    const bool cannot_write =
-        base.cause == FailureCause::kPeerExited ||
-        (base.cause == FailureCause::kPeerUnreachable && peer.id.host != self_.host);
     bool touches = false;
     for (ReceiverSource& src : room->sources) {
       if (src.peer_key != peer.key) continue;
@@ -472,6 +467,12 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
   for (auto it = pending_meta_.begin(); it != pending_meta_.end();) {
     it = PeerKey(it->second.from) == peer.key ? pending_meta_.erase(it) : std::next(it);
   }
+}
+
+bool ManagerImpl::FailedPeerCannotWriteLocked(const Peer& peer) const {
+  const FailureCause c = peer.failure ? peer.failure->cause : FailureCause::kPeerExited;
+  return c == FailureCause::kPeerExited ||
+         (c == FailureCause::kPeerUnreachable && peer.id.host != self_.host);
 }
 
 void ManagerImpl::TickerLoop() {

@@ -136,6 +136,13 @@ class ManagerImpl {
   void FailPeerLocked(Peer& peer, FailureCause cause, std::string detail, std::string mechanism,
                       Outbox& out);
   void FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base, Outbox& out);
+  // Whether a failed peer can no longer write into this rank's pages, so
+  // requests it fed are quiet without its Quiesced answer. Only a process
+  // that is gone (or a broken link to another host) can write nothing more;
+  // a stopped or merely silent one, or one unreachable on this host where
+  // /proc says it lives, may still land writes. `peer.failure` says why it
+  // failed; without one it counts as exited.
+  bool FailedPeerCannotWriteLocked(const Peer& peer) const;
 
   // Failure propagation (propagation.cc).
   void RegistryLoop();

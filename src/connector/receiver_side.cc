@@ -422,10 +422,7 @@ void ManagerImpl::FailReceiverLocked(ReceiverRoom& room, FailureRecord record, O
       continue;
     }
     if (peer->failed) {
-      // See FailPeerWithRecordLocked: only a gone process is quiet for sure.
-      const FailureCause c = peer->failure ? peer->failure->cause : FailureCause::kPeerExited;
-      if (c == FailureCause::kPeerExited ||
-          (c == FailureCause::kPeerUnreachable && peer->id.host != self_.host)) {
+      if (FailedPeerCannotWriteLocked(*peer)) {
         src.quiesced = true;
       } else if (!src.told && src.meta_sent) {
         Send(out, *peer, RoomFailedMsg{room.room, room.generation, false, record}, true);
