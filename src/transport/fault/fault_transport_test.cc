@@ -10,44 +10,16 @@
 #include <vector>
 
 #include "transport/loopback/loopback_transport.h"
+#include "transport/test_util.h"
 
 namespace kvbridge::internal {
 namespace {
 
+using ::kvbridge::internal::testing::Completions;
+using ::kvbridge::internal::testing::Failures;
+using ::kvbridge::internal::testing::Gate;
 using ::testing::HasSubstr;
 using Ms = std::chrono::milliseconds;
-
-// Collects statuses from callbacks; Wait blocks until n have arrived.
-class Completions {
- public:
-  WriteCallback Callback() {
-    return [this](const Status& s) {
-      std::lock_guard<std::mutex> lock(mu_);
-      statuses_.push_back(s);
-      threads_.push_back(std::this_thread::get_id());
-      cv_.notify_all();
-    };
-  }
-  std::vector<Status> Wait(size_t n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return statuses_.size() >= n; });
-    return statuses_;
-  }
-  size_t Count() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return statuses_.size();
-  }
-  std::thread::id Thread(size_t i) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return threads_.at(i);
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Status> statuses_;
-  std::vector<std::thread::id> threads_;
-};
 
 // Messages received by one target, with whether the watched bytes were
 // already written when each arrived.
@@ -84,49 +56,6 @@ class Inbox {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::pair<std::string, bool>> got_;
-};
-
-class Failures {
- public:
-  PeerFailureHandler Handler() {
-    return [this](PeerId peer, const Status& why) {
-      std::lock_guard<std::mutex> lock(mu_);
-      calls_.emplace_back(peer, why);
-      cv_.notify_all();
-    };
-  }
-  std::vector<std::pair<PeerId, Status>> Wait(size_t n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return calls_.size() >= n; });
-    return calls_;
-  }
-  size_t Count() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return calls_.size();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::pair<PeerId, Status>> calls_;
-};
-
-class Gate {
- public:
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return open_; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
 };
 
 // fault(loopback "prefill") -> loopback "decode" (peer) and "decode2" (other).
