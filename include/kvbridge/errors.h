@@ -60,8 +60,12 @@ struct RankId {
   std::string host;
   int pid = 0;
   uint64_t incarnation = 0;  // new for every process start
+  // Which instance of its role (ManagerOptions::instance_id); empty for a
+  // deployment with one instance per role. Part of the position.
+  std::string instance;
 
-  // "prefill tp1" (dp/pp/cp shown when non-zero).
+  // "prefill tp1" (dp/pp/cp shown when non-zero; "decode[b] tp1" for
+  // instance "b").
   std::string ShortName() const;
   // "prefill tp1 (host a, pid 1234)".
   std::string ToString() const;

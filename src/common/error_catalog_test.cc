@@ -166,5 +166,21 @@ TEST(ParseErrorCatalog, RejectsDuplicatesAndEntriesWithoutMeaning) {
   EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(RankIdTest, InstanceIsPartOfTheNameAndThePosition) {
+  RankId a;
+  a.role = Role::kDecode;
+  a.tp = 1;
+  a.host = "h";
+  a.pid = 7;
+  RankId b = a;
+  b.instance = "b";
+  EXPECT_EQ(a.ShortName(), "decode tp1");
+  EXPECT_EQ(b.ShortName(), "decode[b] tp1");
+  EXPECT_EQ(b.ToString(), "decode[b] tp1 (host h, pid 7)");
+  EXPECT_FALSE(a.SameRank(b));
+  b.instance.clear();
+  EXPECT_TRUE(a.SameRank(b));
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

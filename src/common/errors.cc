@@ -145,6 +145,7 @@ std::string_view PhaseName(Phase phase) {
 std::string RankId::ShortName() const {
   if (role == Role::kBootstrap) return "bootstrap server";
   std::string s(RoleName(role));
+  if (!instance.empty()) s += fmt::format("[{}]", instance);
   if (dp != 0) s += fmt::format(" dp{}", dp);
   s += fmt::format(" tp{}", tp);
   if (pp != 0) s += fmt::format(" pp{}", pp);
@@ -158,7 +159,8 @@ std::string RankId::ToString() const {
 }
 
 bool RankId::SameRank(const RankId& o) const {
-  return role == o.role && dp == o.dp && tp == o.tp && pp == o.pp && cp == o.cp;
+  return role == o.role && dp == o.dp && tp == o.tp && pp == o.pp && cp == o.cp &&
+         instance == o.instance;
 }
 
 std::string FailureRecord::Message() const {

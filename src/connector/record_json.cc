@@ -30,6 +30,7 @@ Result<RankId> RankIdFromJson(const nlohmann::json& j, const char* what) {
     r.host = j.value("host", std::string());
     r.pid = j.value("pid", 0);
     r.incarnation = j.value("incarnation", uint64_t{0});
+    r.instance = j.value("instance", std::string());
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgumentError(std::string(what) + ": " + e.what());
   }
@@ -47,6 +48,7 @@ nlohmann::json RankIdToJson(const RankId& r) {
           {"host", r.host},
           {"pid", r.pid},
           {"incarnation", r.incarnation},
+          {"instance", r.instance},
           {"name", r.ShortName()}};
 }
 

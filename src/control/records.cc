@@ -41,6 +41,16 @@ Status NonEmpty(const char* name, const std::string& value) {
 
 }  // namespace
 
+Status ValidateInstanceId(const char* field, const std::string& id) {
+  bool ok = id.size() <= 64;
+  for (char c : id)
+    ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' ||
+                c == '-');
+  if (ok) return Status::Ok();
+  return InvalidArgumentError(std::string(field) + " '" + id +
+                              "' must be at most 64 of [A-Za-z0-9._:-]");
+}
+
 std::string_view RankRoleName(RankRole role) {
   return role == RankRole::kPrefill ? "prefill" : "decode";
 }
@@ -58,11 +68,13 @@ std::string RankKey::ToString() const {
 }
 
 std::string RankRecord::Describe() const {
-  return std::string(RankRoleName(role)) + " " + key().ToString() + " (host " + host + ", pid " +
-         std::to_string(pid) + ", incarnation " + std::to_string(incarnation) + ")";
+  return std::string(RankRoleName(role)) + (instance.empty() ? "" : "[" + instance + "]") + " " +
+         key().ToString() + " (host " + host + ", pid " + std::to_string(pid) + ", incarnation " +
+         std::to_string(incarnation) + ")";
 }
 
 Status RankRecord::Validate() const {
+  RETURN_IF_ERROR(ValidateInstanceId("instance", instance));
   RETURN_IF_ERROR(SizeAndRank("attn_tp_size", attn_tp_size, "attn_tp_rank", attn_tp_rank));
   RETURN_IF_ERROR(SizeAndRank("attn_cp_size", attn_cp_size, "attn_cp_rank", attn_cp_rank));
   RETURN_IF_ERROR(SizeAndRank("attn_dp_size", attn_dp_size, "attn_dp_rank", attn_dp_rank));
@@ -115,6 +127,7 @@ json RankRecord::ToJson() const {
               {"host", host},
               {"pid", pid},
               {"incarnation", incarnation},
+              {"instance", instance},
               {"transport_address", Base64Encode(transport_address)},
               {"layout", layout}};
 }
@@ -142,6 +155,7 @@ Result<RankRecord> RankRecord::FromJson(const json& j) {
   RETURN_IF_ERROR(f.String("host", &r.host));
   RETURN_IF_ERROR(f.Int("pid", int64_t{1}, std::numeric_limits<int64_t>::max(), &r.pid));
   RETURN_IF_ERROR(f.Uint64("incarnation", &r.incarnation));
+  if (f.Has("instance")) RETURN_IF_ERROR(f.String("instance", &r.instance));
   if (f.Has("transport_address")) {
     std::string encoded;
     RETURN_IF_ERROR(f.String("transport_address", &encoded));

@@ -69,6 +69,7 @@ struct RankRecord {
   std::string host;                                  // host name of the process, non-empty
   int64_t pid = 0;                                   // > 0
   uint64_t incarnation = 0;                          // non-zero, new for every process start
+  std::string instance;                              // ManagerOptions::instance_id; may be empty
   std::string transport_address;                     // binary; base64 in JSON; may be empty
   nlohmann::json layout = nlohmann::json::object();  // opaque, filled by the connector
 
@@ -142,6 +143,10 @@ struct RegistryOptions {
 
 // InvalidArgument naming the bad option.
 Status ValidateRegistryOptions(const RegistryOptions& options);
+
+// An instance id (ManagerOptions::instance_id): empty, or up to 64 of
+// [A-Za-z0-9._:-]. InvalidArgument naming `field` and the value.
+Status ValidateInstanceId(const char* field, const std::string& id);
 
 class Registry {
  public:

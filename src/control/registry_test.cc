@@ -69,6 +69,7 @@ TEST(RankRecordTest, JsonRoundTripKeepsEveryField) {
   r.attn_cp_rank = 1;
   r.pp_size = 3;
   r.pp_rank = 2;
+  r.instance = "decode-b:8001";
   json j = r.ToJson();
   EXPECT_EQ(j["role"], "prefill");
   EXPECT_EQ(j["transport_address"], "AAF1Y3j/");
@@ -78,6 +79,10 @@ TEST(RankRecordTest, JsonRoundTripKeepsEveryField) {
   EXPECT_EQ(back->transport_address, r.transport_address);
   EXPECT_EQ(back->incarnation, 0xfedcba9876543210ull);
   EXPECT_EQ(back->key(), (RankKey{0, 1, 1, 2}));
+  EXPECT_EQ(back->instance, "decode-b:8001");
+  EXPECT_EQ(back->Describe(),
+            "prefill[decode-b:8001] dp0 cp1 tp1 pp2 (host node-a, pid 1001, "
+            "incarnation 18364758544493064720)");
 }
 
 TEST(RankRecordTest, AcceptsSglangRoleSpellingAndOptionalFields) {
@@ -130,6 +135,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadField{[](json& j) { j["incarnation"] = 0; }, "incarnation"},
                       BadField{[](json& j) { j["incarnation"] = -5; }, "'incarnation'"},
                       BadField{[](json& j) { j["transport_address"] = "!!"; }, "transport_address"},
+                      BadField{[](json& j) { j["instance"] = "a b"; }, "instance 'a b'"},
+                      BadField{[](json& j) { j["instance"] = 3; }, "'instance'"},
                       BadField{[](json& j) { j["layout"] = json::array(); }, "'layout'"},
                       BadField{[](json& j) {
                                  j["attn_tp_size"] = 1024;

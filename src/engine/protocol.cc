@@ -18,6 +18,7 @@ void PutRank(WireWriter& w, const RankId& r) {
   w.Bytes(r.host);
   w.I64(r.pid);
   w.U64(r.incarnation);
+  w.Bytes(r.instance);
 }
 bool GetInt(WireReader& r, int* v) {
   int64_t x;
@@ -30,7 +31,8 @@ bool GetRank(WireReader& rd, RankId* r) {
   if (!rd.U8(&role) || role > static_cast<uint8_t>(Role::kBootstrap)) return false;
   r->role = static_cast<Role>(role);
   return GetInt(rd, &r->dp) && GetInt(rd, &r->tp) && GetInt(rd, &r->pp) && GetInt(rd, &r->cp) &&
-         rd.Bytes(&r->host) && GetInt(rd, &r->pid) && rd.U64(&r->incarnation);
+         rd.Bytes(&r->host) && GetInt(rd, &r->pid) && rd.U64(&r->incarnation) &&
+         rd.Bytes(&r->instance);
 }
 
 void PutInts(WireWriter& w, const std::vector<int32_t>& v) {

@@ -43,6 +43,7 @@ void ExpectSameRecord(const FailureRecord& a, const FailureRecord& b) {
   EXPECT_EQ(a.detail, b.detail);
   EXPECT_EQ(a.phase, b.phase);
   EXPECT_EQ(a.detected_by.ToString(), b.detected_by.ToString());
+  EXPECT_EQ(a.detected_by.instance, b.detected_by.instance);
   EXPECT_EQ(a.mechanism, b.mechanism);
   EXPECT_EQ(a.detected_at, b.detected_at);
   EXPECT_EQ(a.last_sign_of_life, b.last_sign_of_life);
@@ -68,11 +69,13 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
       RankFailedMsg{Record()},
   };
   for (const MessageBody& body : bodies) {
-    std::string bytes = EncodeMessage(Rank(Role::kDecode, 3), body);
+    RankId from = Rank(Role::kDecode, 3);
+    from.instance = "decode-b";
+    std::string bytes = EncodeMessage(from, body);
     Result<Message> m = DecodeMessage(bytes);
     ASSERT_TRUE(m.ok()) << "type " << body.index() << ": " << m.status().ToString();
     EXPECT_EQ(m->body.index(), body.index());
-    EXPECT_EQ(m->from.ToString(), "decode tp3 pp1 (host host-a, pid 1234)");
+    EXPECT_EQ(m->from.ToString(), "decode[decode-b] tp3 pp1 (host host-a, pid 1234)");
     EXPECT_EQ(m->from.incarnation, 0xfeedbeefcafeull);
   }
   auto meta =
