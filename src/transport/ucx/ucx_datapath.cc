@@ -235,22 +235,21 @@ void UcxTransport::FinishSameHostPart(const std::shared_ptr<Peer>& peer, uint64_
 }
 
 void UcxTransport::StartSameHostOps(Batch* batch, std::vector<ResolvedOp> ops) {
-  ++batch->outstanding;
   std::shared_ptr<Peer> peer = batch->peer;
   uint64_t seq = batch->seq;
   uint64_t bytes = 0;
   for (const auto& op : ops) bytes += op.length;
-  if (bytes <= options_.inline_copy_bytes) {
-    // Small: copied here, on the progress thread, without two thread hops
-    // (to the writer and back); it stalls progress for at most a few
-    // hundred microseconds. Completion order across batches does not
-    // matter: an ordered message waits for every batch before it.
-    FinishSameHostPart(peer, seq, WriteSameHost(*peer, ops));
-    return;
-  }
-  // Large: split into parts of about equal bytes, one per writer thread.
+  // Small batches are copied here, on the progress thread, without two
+  // thread hops (to a writer and back); that stalls progress for at most a
+  // few hundred microseconds. Batches over split_copy_bytes are split into
+  // parts of about equal bytes copied at once: by every writer thread, and
+  // by this thread too when the batch is small enough to copy inline.
+  // Completion order does not matter: an ordered message waits for every
+  // part of every batch before it.
+  const bool inline_part = bytes <= options_.inline_copy_bytes;
   const size_t writers = static_cast<size_t>(std::max(1, options_.writer_threads));
-  const size_t parts = bytes > options_.split_copy_bytes ? std::min(writers, ops.size()) : 1;
+  const size_t parts =
+      bytes > options_.split_copy_bytes ? std::min(writers + (inline_part ? 1 : 0), ops.size()) : 1;
   const uint64_t per_part = (bytes + parts - 1) / parts;
   std::vector<std::vector<ResolvedOp>> split(1);
   uint64_t in_part = 0;
@@ -262,13 +261,14 @@ void UcxTransport::StartSameHostOps(Batch* batch, std::vector<ResolvedOp> ops) {
     in_part += op.length;
     split.back().push_back(std::move(op));
   }
-  batch->outstanding += static_cast<int>(split.size()) - 1;
-  for (auto& part : split) {
-    PostToWriter([this, peer, seq, ops = std::move(part)] {
+  batch->outstanding += static_cast<int>(split.size());
+  for (size_t i = inline_part ? 1 : 0; i < split.size(); ++i) {
+    PostToWriter([this, peer, seq, ops = std::move(split[i])] {
       Status st = WriteSameHost(*peer, ops);
       Post([this, peer, seq, st] { FinishSameHostPart(peer, seq, st); });
     });
   }
+  if (inline_part) FinishSameHostPart(peer, seq, WriteSameHost(*peer, split[0]));
 }
 
 void UcxTransport::OnPartDone(Batch* batch, ucs_status_t status) {

@@ -36,9 +36,10 @@ struct UcxTransportOptions {
   // thread (lower latency); larger ones on the writer thread (0: all).
   size_t inline_copy_bytes = 4 << 20;
   // Writer threads for larger same-host batches (at least 1), and the batch
-  // size above which a batch is split across them.
+  // size above which a batch is split into parts copied at once (by the
+  // writers, plus the progress thread for a batch it copies inline).
   int writer_threads = 2;
-  size_t split_copy_bytes = 16 << 20;
+  size_t split_copy_bytes = 1 << 20;
   // Cross-host writes with ucp_put_nbx + flush instead of active messages
   // (for hosts with a real RMA lane). Also set by KVBRIDGE_UCX_PATH=put.
   bool force_put = false;

@@ -13,8 +13,9 @@
 // batches of at most options.inline_copy_bytes, copied on the progress
 // thread itself (no thread hop for a small request). There are
 // options.writer_threads writers; a batch of more than
-// options.split_copy_bytes is split into that many parts by bytes, one per
-// writer, so a large transfer uses more than one core's copy bandwidth.
+// options.split_copy_bytes is split into parts of about equal bytes copied
+// at once, one per writer (plus one on the progress thread for a batch it
+// copies inline), so a transfer uses more than one core's copy bandwidth.
 //
 // Paths, chosen per imported region at ImportRegion and logged at info:
 // same host and options.same_host_paths: kSharedMemory when the region is
