@@ -2,30 +2,16 @@
 // path) on a small region and prints one JSON object with the documented
 // fields; every result is verified at the target.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/integration/subprocess_util.h"
+
 namespace {
 
-struct CommandOutput {
-  int exit_status = -1;
-  std::string out;
-};
-
-CommandOutput RunCommand(const std::string& command) {
-  CommandOutput r;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) r.out.append(buf, n);
-  int status = pclose(pipe);
-  r.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using kvbridge::testing::CommandOutput;
+using kvbridge::testing::RunCommand;
 
 TEST(BenchTransport, JsonHasEveryPathAndSizeVerified) {
   const std::string cmd = std::string(KVB_BIN_DIR) +

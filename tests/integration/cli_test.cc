@@ -10,7 +10,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -26,28 +25,16 @@ using internal::RankRecord;
 using internal::RankRole;
 using nlohmann::json;
 using std::chrono::milliseconds;
+using testing::CommandOutput;
+using testing::RunCommand;
 using testing::Subprocess;
 
 const std::string kCli = std::string(KVB_BIN_DIR) + "/kvbridge";
 
-struct CommandOutput {
-  int exit_status = -1;
-  std::string out;  // stdout and stderr together
-};
-
 // Runs `kvbridge ARGS` through the shell, stderr folded into the output
 // unless `stderr_too` is false.
 CommandOutput Cli(const std::string& args, bool stderr_too = true) {
-  CommandOutput r;
-  const std::string command = kCli + " " + args + (stderr_too ? " 2>&1" : " 2>/dev/null");
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) r.out.append(buf, n);
-  int status = pclose(pipe);
-  r.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return RunCommand(kCli + " " + args + (stderr_too ? " 2>&1" : " 2>/dev/null"));
 }
 
 bool Contains(const std::string& haystack, const std::string& needle) {

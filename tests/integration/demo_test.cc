@@ -5,32 +5,18 @@
 // The runs use a reduced layout (4 layers, 64-dim heads) to stay short; the
 // process layout (bootstrap + prefill tp 2 + decode tp 2) is the demo's.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "tests/integration/subprocess_util.h"
 
 namespace {
 
 using nlohmann::json;
 
-struct CommandOutput {
-  int exit_status = -1;
-  std::string out;
-};
-
-CommandOutput RunCommand(const std::string& command) {
-  CommandOutput r;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) r.out.append(buf, n);
-  int status = pclose(pipe);
-  r.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using kvbridge::testing::CommandOutput;
+using kvbridge::testing::RunCommand;
 
 const char* kSmall =
     " --layers 4 --head-dim 64 --min-tokens 16 --max-tokens 1024"

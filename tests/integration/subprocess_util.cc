@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -24,6 +25,18 @@ int RemainingMs(Clock::time_point deadline) {
 }
 
 }  // namespace
+
+CommandOutput RunCommand(const std::string& command) {
+  CommandOutput r;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) r.out.append(buf, n);
+  int status = pclose(pipe);
+  r.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
 
 Result<Subprocess> Subprocess::Spawn(const std::string& program,
                                      const std::vector<std::string>& args,

@@ -1,5 +1,6 @@
 // A child process for multi-process tests: spawn a program, talk to it line by
-// line over its stdin/stdout, kill it, and wait for it with a deadline.
+// line over its stdin/stdout, kill it, and wait for it with a deadline. And
+// RunCommand, for a command that only has to run to its end (the CLI tests).
 //
 // Every wait takes a timeout and returns DeadlineExceeded when it runs out, so
 // tests wait on conditions, never sleep. stderr is inherited (the child's logs
@@ -20,6 +21,14 @@
 #include "kvbridge/status.h"
 
 namespace kvbridge::testing {
+
+struct CommandOutput {
+  int exit_status = -1;  // -1: it could not start or did not exit normally
+  std::string out;       // stdout; stderr too where the command says 2>&1
+};
+
+// Runs `command` through the shell (popen) and waits for it to end.
+CommandOutput RunCommand(const std::string& command);
 
 class Subprocess {
  public:
