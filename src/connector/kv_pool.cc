@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "engine/plan.h"
 #include "kvbridge/memory.h"
@@ -61,19 +62,39 @@ bool RunMatches(const uint8_t* src, uint64_t bytes, uint64_t seed) {
 
 }  // namespace
 
+LayerRange LayersOfStage(int layers, int pp_size, int pp_rank) {
+  if (layers < 0 || pp_size < 1 || pp_rank < 0 || pp_rank >= pp_size) return {};
+  const int base = layers / pp_size;
+  const int extra = layers % pp_size;
+  // Stages [pp_size - 1 - extra, pp_size - 1) hold one more layer.
+  auto count = [&](int r) { return base + (r >= pp_size - 1 - extra && r < pp_size - 1 ? 1 : 0); };
+  int first = 0;
+  for (int r = 0; r < pp_rank; ++r) first += count(r);
+  return {first, count(pp_rank)};
+}
+
 Result<std::unique_ptr<KvPool>> KvPool::Create(const PoolOptions& o) {
   const ModelShape& s = o.shape;
   if (s.layers < 1 || s.total_kv_heads < 1 || s.head_dim < 1 || s.dtype_bytes < 1 ||
       s.page_size < 1 || o.num_pages < 1 || o.tp_size < 1 || o.tp_rank < 0 ||
       o.tp_rank >= o.tp_size)
     return InvalidArgumentError("pool shape has a non-positive size or a bad tp rank");
+  const int num_layers = o.num_layers < 0 ? s.layers - o.first_layer : o.num_layers;
+  if (o.first_layer < 0 || num_layers < 1 || o.first_layer + num_layers > s.layers) {
+    return InvalidArgumentError("pool layers [" + std::to_string(o.first_layer) + ", " +
+                                std::to_string(o.first_layer + num_layers) +
+                                ") are empty or outside the model's " + std::to_string(s.layers) +
+                                " layers");
+  }
   std::unique_ptr<KvPool> p(new KvPool());
   p->opts_ = o;
+  p->first_layer_ = o.first_layer;
+  p->num_layers_ = num_layers;
   HeadRange heads = s.mla ? HeadRange{0, 1} : HeadsOfRank(s.total_kv_heads, o.tp_size, o.tp_rank);
   p->kv_heads_ = heads.count;
   p->first_head_ = heads.first;
   p->item_len_ = static_cast<uint64_t>(s.page_size) * p->kv_heads_ * s.head_dim * s.dtype_bytes;
-  int buffers = s.mla ? s.layers : 2 * s.layers;
+  int buffers = s.mla ? num_layers : 2 * num_layers;
   for (int i = 0; i < buffers; ++i) {
     uint8_t* b = p->Alloc(p->item_len_ * o.num_pages);
     if (b == nullptr) return ResourceExhaustedError("cannot allocate kv buffer");
@@ -119,6 +140,12 @@ KvPool::~KvPool() {
   }
 }
 
+uint64_t KvPool::GlobalBuffer(size_t b) const {
+  const uint64_t n = static_cast<uint64_t>(num_layers_);
+  const uint64_t half = b / n;  // 0: K (MLA: the layer's buffer), 1: V
+  return half * opts_.shape.layers + first_layer_ + b % n;
+}
+
 uint64_t KvPool::head_bytes() const {
   return static_cast<uint64_t>(opts_.shape.head_dim) * opts_.shape.dtype_bytes;
 }
@@ -145,8 +172,8 @@ KVArgs KvPool::Args() const {
   a.page_size = opts_.shape.page_size;
   a.kv_head_num = kv_heads_;
   a.total_kv_head_num = opts_.shape.total_kv_heads;
-  a.prefill_start_layer = 0;
-  a.prefill_end_layer = opts_.shape.layers;
+  a.prefill_start_layer = first_layer_;
+  a.prefill_end_layer = first_layer_ + num_layers_;
   a.dtype = opts_.shape.dtype_bytes == 2 ? "bfloat16" : "float32";
   return a;
 }
@@ -157,7 +184,7 @@ void KvPool::Fill(uint64_t room, std::span<const int32_t> pages, int64_t aux_ind
   for (size_t b = 0; b < kv_.size(); ++b) {
     for (size_t i = 0; i < pages.size(); i += std::max(stride, 1)) {
       uint8_t* page = kv_[b] + static_cast<uint64_t>(pages[i]) * item_len_;
-      const uint64_t seed = Seed(room, b, i);
+      const uint64_t seed = Seed(room, GlobalBuffer(b), i);
       for (int t = 0; t < opts_.shape.page_size; ++t)
         for (int h = 0; h < kv_heads_; ++h)
           FillRun(page + (static_cast<uint64_t>(t) * kv_heads_ + h) * hb, hb,
@@ -184,7 +211,7 @@ uint64_t KvPool::CountCorruptPages(uint64_t room, std::span<const int32_t> pages
       const uint64_t position = first_position + i;
       if (position % stride != 0) continue;
       const uint8_t* page = kv_[b] + static_cast<uint64_t>(pages[i]) * item_len_;
-      const uint64_t seed = Seed(room, b, position);
+      const uint64_t seed = Seed(room, GlobalBuffer(b), position);
       bool ok = true;
       for (int t = 0; ok && t < opts_.shape.page_size; ++t)
         for (int h = 0; ok && h < kv_heads_; ++h)

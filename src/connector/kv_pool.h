@@ -5,7 +5,10 @@
 // The pattern of a page depends on (room, buffer, position of the page in the
 // request, token, global head), never on where the page sits in either pool
 // or on how heads are split across tp ranks, so decode can verify what any
-// mix of prefill ranks wrote.
+// mix of prefill ranks wrote. "buffer" is the global buffer identity (K or V
+// of model layer l; MLA: layer l), not the index in this pool: a pool holding
+// only a pipeline stage's layers writes the pattern a pool of every layer
+// expects in the same layer, and a page landing in another layer is corrupt.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +21,19 @@
 #include "kvbridge/status.h"
 
 namespace kvbridge::internal {
+
+// The layers [first, first + count) that pipeline stage `pp_rank` of
+// `pp_size` holds: sglang's (and vLLM's) get_pp_indices without a custom
+// partition: layers / pp_size each, the remainder one apiece to the stages
+// just before the last (the last stage also runs the LM head). count is 0
+// when there are fewer layers than stages; {0, 0} for out-of-range input.
+struct LayerRange {
+  int first = 0;
+  int count = 0;
+
+  friend bool operator==(const LayerRange&, const LayerRange&) = default;
+};
+LayerRange LayersOfStage(int layers, int pp_size, int pp_rank);
 
 struct ModelShape {
   int layers = 32;
@@ -34,6 +50,12 @@ struct PoolOptions {
   ModelShape shape;
   int tp_size = 1;
   int tp_rank = 0;
+  // Layers [first_layer, first_layer + num_layers) of shape.layers held by
+  // this pool (a pipeline stage's); num_layers -1 = up to the last layer.
+  // MHA: K buffers of these layers then V buffers (sglang's order); MLA: one
+  // buffer per layer.
+  int first_layer = 0;
+  int num_layers = -1;
   int num_pages = 1024;  // page slots per kv buffer
   int aux_rows = 64;
   int state_slots = 64;
@@ -45,8 +67,11 @@ class KvPool {
   static Result<std::unique_ptr<KvPool>> Create(const PoolOptions& options);
   ~KvPool();
 
-  // KVArgs for a manager over this pool (layers [0, layers)).
+  // KVArgs for a manager over this pool (prefill_start_layer/end_layer are
+  // the pool's layer range).
   KVArgs Args() const;
+  int first_layer() const { return first_layer_; }
+  int num_layers() const { return num_layers_; }
   int kv_heads() const { return kv_heads_; }
   int first_head() const { return first_head_; }
   uint64_t head_bytes() const;
@@ -73,7 +98,13 @@ class KvPool {
  private:
   KvPool() = default;
   uint8_t* Alloc(size_t bytes);
+  // The global identity of kv buffer `b` of this pool: K of layer l is l, V
+  // of layer l is shape.layers + l (MLA: l). Equal to `b` when the pool holds
+  // every layer.
+  uint64_t GlobalBuffer(size_t b) const;
   PoolOptions opts_;
+  int first_layer_ = 0;
+  int num_layers_ = 0;
   int kv_heads_ = 1;
   int first_head_ = 0;
   uint64_t item_len_ = 0;
