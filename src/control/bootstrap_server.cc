@@ -2,17 +2,12 @@
 // Handlers translate requests to registry calls and Status to HTTP; every
 // decision about ranks lives in the registry.
 #include <httplib.h>
-#include <sys/socket.h>
 
-#include <atomic>
-#include <cerrno>
 #include <charconv>
-#include <cstring>
 #include <limits>
-#include <mutex>
-#include <thread>
 
 #include "common/log.h"
+#include "control/http_server.h"
 #include "control/http_status.h"
 #include "control/json_fields.h"
 #include "control/metrics.h"
@@ -30,7 +25,6 @@ using nlohmann::json;
 // Large enough that every rank of a big instance can connect at once.
 constexpr int kListenBacklog = 512;
 constexpr size_t kMaxBodyBytes = 4 << 20;
-constexpr auto kStartTimeout = std::chrono::seconds(10);
 
 void ReplyJson(httplib::Response& res, const json& body) {
   res.status = 200;
@@ -121,11 +115,6 @@ Status PutHeartbeat(internal::Registry& registry, const json& body) {
   return registry.Heartbeat(*role, dp, cp, tp, pp, incarnation);
 }
 
-std::string JoinHostPort(const std::string& host, int port) {
-  bool v6 = host.find(':') != std::string::npos;
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
-
 }  // namespace
 
 struct BootstrapServer::Impl {
@@ -133,12 +122,7 @@ struct BootstrapServer::Impl {
   std::unique_ptr<internal::Registry> registry;
   std::shared_ptr<internal::MetricsRegistry> metrics;
   httplib::Server http;
-  std::thread thread;
-  int port = 0;
-  std::string address;
-  std::atomic<int> last_socket{-1};
-  std::mutex stop_mu;
-  bool stopped = false;  // guarded by stop_mu
+  internal::HttpServerThread serving;  // after `http`: stops serving before it goes
 
   void AddRoutes();
   void AddMetrics();
@@ -306,57 +290,15 @@ Result<std::unique_ptr<BootstrapServer>> BootstrapServer::Start(
   impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   impl->http.set_payload_max_length(kMaxBodyBytes);
   impl->http.set_keep_alive_timeout(1);  // bounds how long Stop() waits for idle clients
-  // httplib's default sets SO_REUSEPORT, which would let a second server bind
-  // the same port and split the ranks between two registries. SO_REUSEADDR
-  // alone still allows a quick restart while refusing a live port.
-  std::atomic<int>* last_socket = &impl->last_socket;
-  impl->http.set_socket_options([last_socket](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    last_socket->store(sock);
-  });
   impl->AddRoutes();
   impl->AddMetrics();
 
-  errno = 0;
-  int port = options.port;
-  bool bound;
-  if (port == 0) {
-    port = impl->http.bind_to_any_port(options.host);
-    bound = port > 0;
-  } else {
-    bound = impl->http.bind_to_port(options.host, port);
-  }
-  const int bind_errno = errno;
-  const std::string where = JoinHostPort(options.host, options.port);
-  if (!bound) {
-    Status s = bind_errno == EADDRINUSE
-                   ? AlreadyExistsError("bootstrap server cannot listen on " + where +
-                                        ": address already in use")
-                   : UnavailableError("bootstrap server cannot listen on " + where + ": " +
-                                      (bind_errno != 0 ? std::strerror(bind_errno)
-                                                       : "cannot resolve or bind the host"));
-    KVB_LOG_ERROR("{}", s.message());
-    return s;
-  }
-  // httplib listens with a backlog of 5; ranks of a large instance register
-  // at the same moment, so widen it (listen() again only updates it).
-  if (int fd = impl->last_socket.load(); fd >= 0) ::listen(fd, kListenBacklog);
-  impl->port = port;
-  impl->address = JoinHostPort(options.host, port);
-
-  httplib::Server* http = &impl->http;
-  impl->thread = std::thread([http] { http->listen_after_bind(); });
-  const auto deadline = std::chrono::steady_clock::now() + kStartTimeout;
-  while (!impl->http.is_running()) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      impl->http.stop();
-      impl->thread.join();
-      return InternalError("bootstrap server on " + impl->address + " did not start serving");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  KVB_LOG_INFO("bootstrap server listening on {}", impl->address);
+  // Not SO_REUSEPORT (see HttpServerThread): a second server on the port
+  // would split the ranks between two registries. Ranks of a large instance
+  // register at the same moment, hence the wide backlog.
+  RETURN_IF_ERROR(impl->serving.Start(impl->http, options.host, options.port, "bootstrap server",
+                                      kListenBacklog));
+  KVB_LOG_INFO("bootstrap server listening on {}", impl->serving.address());
   return std::unique_ptr<BootstrapServer>(new BootstrapServer(std::move(impl)));
 }
 
@@ -364,17 +306,12 @@ BootstrapServer::BootstrapServer(std::unique_ptr<Impl> impl) : impl_(std::move(i
 
 BootstrapServer::~BootstrapServer() { Stop(); }
 
-int BootstrapServer::port() const { return impl_->port; }
+int BootstrapServer::port() const { return impl_->serving.port(); }
 
-std::string BootstrapServer::address() const { return impl_->address; }
+std::string BootstrapServer::address() const { return impl_->serving.address(); }
 
 void BootstrapServer::Stop() {
-  std::lock_guard<std::mutex> lock(impl_->stop_mu);
-  if (impl_->stopped) return;
-  impl_->stopped = true;
-  impl_->http.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
-  KVB_LOG_INFO("bootstrap server on {} stopped", impl_->address);
+  if (impl_->serving.Stop()) KVB_LOG_INFO("bootstrap server on {} stopped", address());
 }
 
 }  // namespace kvbridge

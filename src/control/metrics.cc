@@ -1,15 +1,12 @@
 #include "control/metrics.h"
 
 #include <httplib.h>
-#include <sys/socket.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <thread>
 
 #include "common/log.h"
+#include "control/http_server.h"
 
 namespace kvbridge::internal {
 namespace {
@@ -104,13 +101,6 @@ std::string LabelText(const MetricLabels& labels, const std::string& extra = "")
   }
   return out + "}";
 }
-
-std::string JoinHostPort(const std::string& host, int port) {
-  bool v6 = host.find(':') != std::string::npos;
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
-
-constexpr auto kStartTimeout = std::chrono::seconds(10);
 
 }  // namespace
 
@@ -303,11 +293,7 @@ std::string MetricsRegistry::Render() {
 struct MetricsServer::Impl {
   std::shared_ptr<MetricsRegistry> registry;
   httplib::Server http;
-  std::thread thread;
-  int port = 0;
-  std::string address;
-  std::mutex stop_mu;
-  bool stopped = false;  // GUARDED_BY(stop_mu)
+  HttpServerThread serving;  // after `http`: stops serving before it goes
 };
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(
@@ -321,65 +307,21 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   impl->registry = std::move(registry);
   impl->http.new_task_queue = [] { return new httplib::ThreadPool(2); };
   impl->http.set_keep_alive_timeout(1);  // bounds how long Stop() waits for idle scrapers
-  // Not SO_REUSEPORT (httplib's default): a second server must not share the port.
-  impl->http.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
   MetricsRegistry* reg = impl->registry.get();
   impl->http.Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
     res.set_content(reg->Render(), kMetricsContentType);
   });
 
-  errno = 0;
-  bool bound;
-  int bound_port = port;
-  if (port == 0) {
-    bound_port = impl->http.bind_to_any_port(host);
-    bound = bound_port > 0;
-  } else {
-    bound = impl->http.bind_to_port(host, port);
-  }
-  const int bind_errno = errno;
-  const std::string where = JoinHostPort(host, port);
-  if (!bound) {
-    Status s = bind_errno == EADDRINUSE
-                   ? AlreadyExistsError("metrics server cannot listen on " + where +
-                                        ": address already in use")
-                   : UnavailableError("metrics server cannot listen on " + where + ": " +
-                                      (bind_errno != 0 ? std::strerror(bind_errno)
-                                                       : "cannot resolve or bind the host"));
-    KVB_LOG_ERROR("{}", s.message());
-    return s;
-  }
-  impl->port = bound_port;
-  impl->address = JoinHostPort(host, bound_port);
-  httplib::Server* http = &impl->http;
-  impl->thread = std::thread([http] { http->listen_after_bind(); });
-  const auto deadline = std::chrono::steady_clock::now() + kStartTimeout;
-  while (!impl->http.is_running()) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      impl->http.stop();
-      impl->thread.join();
-      return InternalError("metrics server on " + impl->address + " did not start serving");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  KVB_LOG_INFO("metrics at http://{}/metrics", impl->address);
+  RETURN_IF_ERROR(impl->serving.Start(impl->http, host, port, "metrics server"));
+  KVB_LOG_INFO("metrics at http://{}/metrics", impl->serving.address());
   return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(impl)));
 }
 
 MetricsServer::MetricsServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MetricsServer::~MetricsServer() { Stop(); }
-int MetricsServer::port() const { return impl_->port; }
-std::string MetricsServer::address() const { return impl_->address; }
+int MetricsServer::port() const { return impl_->serving.port(); }
+std::string MetricsServer::address() const { return impl_->serving.address(); }
 
-void MetricsServer::Stop() {
-  std::lock_guard<std::mutex> lock(impl_->stop_mu);
-  if (impl_->stopped) return;
-  impl_->stopped = true;
-  impl_->http.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
-}
+void MetricsServer::Stop() { impl_->serving.Stop(); }
 
 }  // namespace kvbridge::internal
