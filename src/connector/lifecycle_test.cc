@@ -82,5 +82,80 @@ TEST(RestartTest, RestartedPrefillRankServesNewRequestsThroughANewEndpoint) {
   EXPECT_EQ((*c)->decode[0].manager->Stats().peers_connected, 1u);
 }
 
+// One request through every rank: a receiver on each decode rank, a sender
+// on each prefill rank; all must reach Success with intact pages.
+void TransferAll(TestCluster& c, uint64_t room) {
+  std::vector<int32_t> src{1, 2, 3}, dst{7, 8, 9};
+  std::vector<std::unique_ptr<KVReceiver>> rx;
+  std::vector<std::unique_ptr<KVSender>> tx;
+  for (auto& d : c.decode) {
+    rx.push_back(std::move(KVReceiver::Create(*d.manager, room)).value());
+    ASSERT_TRUE(rx.back()->Init(0).ok());
+    ASSERT_TRUE(rx.back()->SendMetadata(dst, 0, {}).ok());
+  }
+  for (auto& p : c.prefill) {
+    p.pool->Fill(room, src, 0, {});
+    tx.push_back(std::move(KVSender::Create(*p.manager, room)).value());
+  }
+  for (auto& t : tx) {
+    ASSERT_TRUE(WaitFor([&] { return t->Poll() >= KVPoll::kWaitingForInput || t->Failure(); }));
+    ASSERT_EQ(t->Poll(), KVPoll::kWaitingForInput) << (t->Failure() ? t->Failure()->Message() : "");
+    ASSERT_TRUE(t->Init(3, 0).ok());
+    ASSERT_TRUE(t->Send(src).ok());
+  }
+  for (auto& r : rx) {
+    ASSERT_TRUE(WaitFor([&] {
+      KVPoll p = r->Poll();
+      return p == KVPoll::kSuccess || p == KVPoll::kFailed;
+    }));
+    ASSERT_EQ(r->Poll(), KVPoll::kSuccess) << (r->Failure() ? r->Failure()->Message() : "");
+  }
+  for (auto& d : c.decode) EXPECT_EQ(d.pool->CountCorruptPages(room, dst), 0u);
+}
+
+// A dead sibling blocks new requests on its instance (they fail at once,
+// naming it). Once it restarted at the same position, the very next request
+// goes through: its old process's record no longer blocks, without waiting
+// for the next liveness sweep of the registry.
+TEST(RestartTest, RestartedSiblingNoLongerBlocksNewRequests) {
+  ClusterOptions o;
+  o.prefill_tp = 2;
+  o.decode_tp = 1;
+  o.tweak = [](ManagerOptions& m) {
+    m.heartbeat_interval = std::chrono::milliseconds(50);
+    m.heartbeat_misses = 40;  // no false alarms on a loaded machine
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TransferAll(**c, 1);
+  const RankId old_self = (*c)->prefill[1].manager->self();
+  ManagerOptions mo = (*c)->prefill[1].manager->options();
+  (*c)->prefill[1].manager.reset();
+  // Decode sees the transport go; its sibling learns through the registry
+  // and then fails new requests at once, naming the dead process.
+  KVManager& sibling = *(*c)->prefill[0].manager;
+  uint64_t room = 100;
+  ASSERT_TRUE(WaitFor([&] {
+    auto tx = std::move(KVSender::Create(sibling, ++room)).value();
+    return tx->Poll() == KVPoll::kFailed;
+  }));
+  {
+    auto tx = std::move(KVSender::Create(sibling, ++room)).value();
+    ASSERT_EQ(tx->Poll(), KVPoll::kFailed);
+    EXPECT_TRUE(tx->Failure()->origin.SameRank(old_self)) << tx->Failure()->Message();
+    EXPECT_EQ(tx->Failure()->origin.pid, old_self.pid);
+  }
+  auto restarted = CreateManager(
+      mo, std::move(CreateLoopbackTransport((*c)->fabric(), "prefill tp1 (restarted)")).value());
+  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
+  (*c)->prefill[1].manager = std::move(restarted).value();
+  {
+    // Straight after registration: not failed by the stale record.
+    auto tx = std::move(KVSender::Create(sibling, ++room)).value();
+    EXPECT_NE(tx->Poll(), KVPoll::kFailed) << tx->Failure()->Message();
+  }
+  TransferAll(**c, ++room);
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

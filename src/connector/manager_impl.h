@@ -153,6 +153,15 @@ class ManagerImpl {
   void PublishLocked(const FailureRecord& record);
   // Why a new request on this rank cannot succeed, if it cannot.
   std::optional<FailureRecord> NewRoomBlockerLocked() const;
+  // Called before a new request is admitted: when a dead rank's record would
+  // block it, asks the registry (one round trip, only then) whether a new
+  // incarnation holds that position now and forgets the dead one if so. A
+  // request made after a restarted rank registered is never failed with its
+  // previous process's record. Takes mu_ itself.
+  void ForgetRestartedRanks();
+  // Forgets dead ranks whose position `ranks` shows held by a live new
+  // incarnation.
+  void ForgetRestartedLocked(const std::vector<RankStatus>& ranks);
   void CheckSiblings(const std::vector<RankStatus>& ranks);
   FailureRecord MakeRecord(const RankId& origin, FailureCause cause, std::string detail,
                            Phase phase, std::string mechanism) const;

@@ -47,6 +47,36 @@ std::optional<FailureRecord> ManagerImpl::NewRoomBlockerLocked() const {
   return std::nullopt;
 }
 
+void ManagerImpl::ForgetRestartedRanks() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Only a dead rank's record can be outdated by a restart; a fenced rank
+    // or a lost registry blocks whatever the registry says.
+    if (fatal_ || registry_lost_ || !NewRoomBlockerLocked()) return;
+  }
+  Result<std::vector<RankStatus>> ranks = bootstrap_->ListRanks();
+  if (!ranks.ok()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  ForgetRestartedLocked(*ranks);
+}
+
+void ManagerImpl::ForgetRestartedLocked(const std::vector<RankStatus>& ranks) {
+  for (const RankStatus& s : ranks) {
+    RankId id;
+    id.role = s.record.role == RankRole::kPrefill ? Role::kPrefill : Role::kDecode;
+    id.dp = s.record.attn_dp_rank;
+    id.tp = s.record.attn_tp_rank;
+    id.pp = s.record.pp_rank;
+    id.cp = s.record.attn_cp_rank;
+    auto dead = dead_ranks_.find(PeerKey(id));
+    if (dead == dead_ranks_.end() || dead->second.origin.incarnation == s.record.incarnation ||
+        s.state != Liveness::kAlive)
+      continue;
+    KVB_LOG_INFO("{} restarted (pid {})", id.ShortName(), s.record.pid);
+    dead_ranks_.erase(dead);
+  }
+}
+
 void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out) {
   if (r.origin.role == Role::kBootstrap || !IsRankFailure(r.cause)) return;
   const std::string key = PeerKey(r.origin);
@@ -157,6 +187,7 @@ void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
   Outbox out;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    ForgetRestartedLocked(ranks);
     for (const RankStatus& s : ranks) {
       RankId id;
       id.role = s.record.role == RankRole::kPrefill ? Role::kPrefill : Role::kDecode;
@@ -168,14 +199,6 @@ void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
       id.pid = static_cast<int>(s.record.pid);
       id.incarnation = s.record.incarnation;
       const std::string key = PeerKey(id);
-      // A restarted rank clears what was known about its previous life.
-      auto dead = dead_ranks_.find(key);
-      if (dead != dead_ranks_.end() && dead->second.origin.incarnation != id.incarnation &&
-          s.state == Liveness::kAlive) {
-        KVB_LOG_INFO("{} restarted (pid {})", id.ShortName(), id.pid);
-        dead_ranks_.erase(dead);
-        continue;
-      }
       if (fatal_ || id.role != self_.role || id.dp != self_.dp || id.SameRank(self_)) continue;
       if (s.state == Liveness::kAlive && s.age <= limit) continue;
       if (applied_.count({key, id.incarnation}) || s.dead_by_seq != 0) continue;

@@ -10,6 +10,7 @@
 namespace kvbridge::internal {
 
 Result<std::shared_ptr<ReceiverRoom>> ManagerImpl::NewReceiver(uint64_t room) {
+  ForgetRestartedRanks();  // a restarted sibling or peer no longer blocks
   Outbox out;
   std::shared_ptr<ReceiverRoom> r;
   {

@@ -29,6 +29,7 @@ Status CheckSlots(const char* what, const std::vector<BufferSpan>& bufs,
 }  // namespace
 
 Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
+  ForgetRestartedRanks();  // a restarted sibling or peer no longer blocks
   Outbox out;
   std::shared_ptr<SenderRoom> r;
   {
