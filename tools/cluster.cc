@@ -31,10 +31,10 @@ int RemainingMs(Clock::time_point deadline) {
 
 std::string Errno(const char* what) { return std::string(what) + ": " + strerror(errno); }
 
-std::string FileName(const std::string& name) {
+std::string FileName(const std::string& name, size_t restarts) {
   std::string s = name;
   std::replace(s.begin(), s.end(), ' ', '-');
-  return s + ".log";
+  return s + (restarts > 0 ? ".restart" + std::to_string(restarts) : "") + ".log";
 }
 
 int64_t WallMicros() {
@@ -76,6 +76,7 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o) {
                                 " and decode_tp " + std::to_string(o.decode_tp) + " must be >= 1");
   signal(SIGPIPE, SIG_IGN);  // a dead child must not kill the launcher
   std::unique_ptr<Cluster> c(new Cluster());
+  c->options_ = o;
   c->prefill_tp_ = o.prefill_tp;
   c->decode_tp_ = o.decode_tp;
   const auto ready_deadline = Clock::now() + o.ready_timeout;
@@ -144,6 +145,9 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o) {
 
 Status Cluster::Spawn(int index, const std::vector<std::string>& args, const ClusterOptions& o) {
   const ProcessInfo& info = procs_[index];
+  if (args_.size() < procs_.size()) args_.resize(procs_.size());
+  if (history_.size() < procs_.size()) history_.resize(procs_.size());
+  args_[index] = args;
   int in[2], out[2];
   if (pipe2(in, O_CLOEXEC) != 0) return InternalError(Errno("pipe"));
   if (pipe2(out, O_CLOEXEC) != 0) {
@@ -153,7 +157,7 @@ Status Cluster::Spawn(int index, const std::vector<std::string>& args, const Clu
   }
   int err = -1;
   if (!o.log_dir.empty()) {
-    std::string path = o.log_dir + "/" + FileName(info.name);
+    std::string path = o.log_dir + "/" + FileName(info.name, history_[index].size());
     err = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (err < 0) {
       for (int fd : {in[0], in[1], out[0], out[1]}) close(fd);
@@ -358,6 +362,59 @@ Status Cluster::WriteLine(int index, const std::string& line) {
     done += static_cast<size_t>(n);
   }
   return Status::Ok();
+}
+
+bool Cluster::WaitExit(int index, Clock::time_point deadline) {
+  ProcessInfo& p = procs_[index];
+  int pidfd = -1;
+  for (;;) {
+    // Drain stdout (a child blocked on a full pipe never exits) and reap.
+    Pump(std::chrono::milliseconds(0));
+    TryReap(index, /*block=*/false);
+    if (p.pid <= 0 || p.exit.reaped) break;
+    int left = RemainingMs(deadline);
+    if (left == 0) break;
+    if (pidfd < 0) pidfd = static_cast<int>(syscall(SYS_pidfd_open, p.pid, 0));
+    std::vector<pollfd> fds;
+    if (pidfd >= 0) fds.push_back({pidfd, POLLIN, 0});
+    if (pipes_[index].out >= 0) fds.push_back({pipes_[index].out, POLLIN, 0});
+    poll(fds.data(), fds.size(), std::min(left, 100));
+  }
+  if (pidfd >= 0) close(pidfd);
+  return p.pid <= 0 || p.exit.reaped;
+}
+
+Status Cluster::Restart(int index, const std::vector<std::string>& extra_args,
+                        std::chrono::milliseconds timeout) {
+  if (index < 0 || index >= num_ranks())
+    return InvalidArgumentError("cluster: no rank " + std::to_string(index));
+  if (shut_down_) return FailedPreconditionError("cluster: already shut down");
+  const auto deadline = Clock::now() + timeout;
+  if (!WaitExit(index, deadline))
+    return FailedPreconditionError("cluster: cannot restart " + procs_[index].name + " (pid " +
+                                   std::to_string(procs_[index].pid) + "): still running");
+  // Whatever the old process left in its pipe is its last word; then the
+  // slot is free for the new process.
+  while (pipes_[index].out >= 0 && RemainingMs(deadline) > 0)
+    Pump(std::chrono::milliseconds(std::min(RemainingMs(deadline), 100)));
+  if (pipes_[index].out >= 0) close(pipes_[index].out);
+  if (pipes_[index].in >= 0) close(pipes_[index].in);
+  pipes_[index] = Pipes{};
+  ProcessInfo next;
+  next.role = procs_[index].role;
+  next.tp = procs_[index].tp;
+  next.name = procs_[index].name;
+  history_[index].push_back(std::move(procs_[index]));
+  procs_[index] = std::move(next);
+  std::vector<std::string> args = args_[index];
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  Status s = Spawn(index, args, options_);
+  if (s.ok()) s = WaitReady({index}, std::chrono::milliseconds(RemainingMs(deadline)));
+  if (!s.ok() && procs_[index].pid > 0 && !procs_[index].exit.reaped) {
+    kill(-procs_[index].pid, SIGKILL);
+    TryReap(index, /*block=*/true);
+  }
+  return s;
 }
 
 Status Cluster::CollectReports(std::chrono::milliseconds timeout, const std::vector<int>& skip) {

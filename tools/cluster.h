@@ -10,7 +10,8 @@
 //
 // Indices: ranks are numbered prefill tp0..tpP-1, then decode tp0..tpD-1;
 // the standalone bootstrap server, when there is one, comes last
-// (bootstrap_index()).
+// (bootstrap_index()). A restarted rank keeps its index; what is known of
+// its earlier processes moves to history(index).
 //
 // Thread safety: none; one thread drives a Cluster. Start it from the thread
 // that will outlive the children (PR_SET_PDEATHSIG follows the thread).
@@ -132,6 +133,23 @@ class Cluster {
   // exit). DeadlineExceeded naming the silent ranks after `timeout`.
   Status CollectReports(std::chrono::milliseconds timeout, const std::vector<int>& skip = {});
 
+  // Starts rank `index` again at the same position after its process ended
+  // (e.g. Signal(index, SIGKILL)): same role, tp rank, bootstrap address,
+  // host and arguments, plus `extra_args`; waits up to `timeout` for the old
+  // process to be reaped (it is never killed here) and then for the new
+  // READY. The old ProcessInfo is appended to history(index); process(index)
+  // is the new one. The transport address is not pinned: it is a UCX worker
+  // address (random worker id, the process's pid), new for every process;
+  // "the same address" is the same registry position on the same host and
+  // bootstrap server. Stderr goes to "<name>.restartN.log" under log_dir.
+  // Errors: InvalidArgument (not a rank), FailedPrecondition (the old process
+  // still runs at the deadline), Start's errors for the new process (which
+  // is then killed and reaped).
+  Status Restart(int index, const std::vector<std::string>& extra_args,
+                 std::chrono::milliseconds timeout);
+  // Earlier processes of `index`, oldest first (empty if never restarted).
+  const std::vector<ProcessInfo>& history(int index) const { return history_.at(index); }
+
   // Resumes stopped children (SIGCONT), closes every stdin and waits up to
   // `timeout` for all children to exit; the ones still running are then
   // SIGKILLed. Afterwards exit holds every child's fate. Idempotent.
@@ -140,6 +158,9 @@ class Cluster {
  private:
   Cluster() = default;
   Status Spawn(int index, const std::vector<std::string>& args, const ClusterOptions& options);
+  // Blocks (poll on a pidfd, pumping stdout) until `index` is reaped or the
+  // deadline passes; true once reaped.
+  bool WaitExit(int index, std::chrono::steady_clock::time_point deadline);
   Status WaitReady(const std::vector<int>& indices, std::chrono::milliseconds timeout);
   void HandleLine(int index, const std::string& line);
   void TryReap(int index, bool block);
@@ -156,6 +177,9 @@ class Cluster {
   std::string bootstrap_addr_;
   std::vector<ProcessInfo> procs_;
   std::vector<Pipes> pipes_;
+  ClusterOptions options_;
+  std::vector<std::vector<std::string>> args_;     // what each process was started with
+  std::vector<std::vector<ProcessInfo>> history_;  // earlier processes per index
   bool shut_down_ = false;
 };
 

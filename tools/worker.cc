@@ -18,6 +18,7 @@
 
 #include "connector/api_internal.h"
 #include "connector/kv_pool.h"
+#include "connector/manager_impl.h"
 #include "kvbridge/manager.h"
 #include "kvbridge/receiver.h"
 #include "kvbridge/sender.h"
@@ -55,6 +56,8 @@ struct WorkerFlags {
   int progress_ms = 0;  // > 0: a PROGRESS line on stdout this often
   int room_mod = 0;     // > 0: room ids wrap to 1..room_mod (reuse)
   int abort_every = 0;  // decode, > 0: abort every Nth room after SendMetadata
+  // Start at this request of the plan (a restarted rank rejoins there).
+  int first_request = 0;
   // Scheduler step pacing; 0 = yield the CPU only.
   int step_us = 200;
   // The first N rooms are not in the figures (bytes, latency).
@@ -172,7 +175,9 @@ int RunWorker(const WorkerFlags& f) {
     return 3;
   }
   KVManager& m = **mgr;
-  std::cout << "READY " << RankToJson(m.self()).dump() << std::endl;
+  nlohmann::json ready = RankToJson(m.self());
+  ready["incarnation"] = m.self().incarnation;
+  std::cout << "READY " << ready.dump() << std::endl;
 
   const std::vector<RoomPlan> plan = Plan(f);
   PageAllocator alloc(f.pool_pages, f.seed * 7919 + (prefill ? 1 : 2));
@@ -182,7 +187,8 @@ int RunWorker(const WorkerFlags& f) {
   std::vector<std::unique_ptr<Live>> live, draining;
   WorkerReport report;
   report.requests = f.requests;
-  size_t next = 0;
+  const size_t first = std::min<size_t>(f.first_request, plan.size());
+  size_t next = first;
   const auto deadline = Clock::now() + std::chrono::seconds(f.deadline_s);
   int finished = 0;
   bool fatal_pending = f.fatal_after >= 0;
@@ -210,9 +216,14 @@ int RunWorker(const WorkerFlags& f) {
   // Stdin commands while running, read only with --progress-ms (the demo's
   // --duration): "pause" stops admitting and answers "PAUSED {admitted}";
   // "limit M" then admits up to M rooms in all, the same M on every rank, so
-  // no room is left half-open.
+  // no room is left half-open. "hold K" admits up to K rooms in all (at
+  // least what it already admitted), answers "HELD {admitted, finished, ...}"
+  // once none is live or draining, and waits there until "limit M" (a fault
+  // test restarts a rank at a point every rank agrees on).
   size_t limit = plan.size();
   bool paused = false;
+  std::optional<size_t> hold_at;
+  bool held_reported = false;
   std::string stdin_buf;
   auto read_commands = [&] {
     pollfd pfd{STDIN_FILENO, POLLIN, 0};
@@ -231,6 +242,10 @@ int RunWorker(const WorkerFlags& f) {
       } else if (cmd.starts_with("limit ")) {
         limit = std::min<size_t>(plan.size(), std::max<size_t>(next, std::stoull(cmd.substr(6))));
         paused = false;
+        hold_at.reset();
+      } else if (cmd.starts_with("hold ")) {
+        hold_at = std::min<size_t>(plan.size(), std::max<size_t>(next, std::stoull(cmd.substr(5))));
+        held_reported = false;
       }
     }
   };
@@ -238,8 +253,9 @@ int RunWorker(const WorkerFlags& f) {
     if (f.progress_ms > 0) read_commands();
     // Admit new rooms.
     const auto since_start = std::chrono::duration<double>(Clock::now() - started).count();
-    while (next < limit && !paused && static_cast<int>(live.size()) < f.concurrency &&
-           (f.rate <= 0 || next < since_start * f.rate)) {
+    while (next < limit && !paused && (!hold_at || next < *hold_at) &&
+           static_cast<int>(live.size()) < f.concurrency &&
+           (f.rate <= 0 || next - first < since_start * f.rate)) {
       auto l = std::make_unique<Live>();
       l->plan = plan[next];
       if (f.room_mod > 0 && room_busy(l->plan.room)) break;  // wait for the old generation
@@ -350,6 +366,18 @@ int RunWorker(const WorkerFlags& f) {
       release(l);
       it = draining.erase(it);
     }
+    if (hold_at && !held_reported && next == *hold_at && live.empty() && draining.empty()) {
+      held_reported = true;
+      uint64_t ok = 0;
+      for (const RoomOutcome& o : report.outcomes) ok += o.success;
+      std::cout << "HELD "
+                << nlohmann::json{{"admitted", next},
+                                  {"finished", finished},
+                                  {"succeeded", ok},
+                                  {"failed", report.outcomes.size() - ok}}
+                       .dump()
+                << std::endl;
+    }
     if (f.progress_ms > 0 &&
         Clock::now() - last_progress >= std::chrono::milliseconds(f.progress_ms)) {
       last_progress = Clock::now();
@@ -374,7 +402,7 @@ int RunWorker(const WorkerFlags& f) {
     }
   }
   report.nonterminal = live.size() + (limit - next);
-  report.requests = static_cast<int>(limit);
+  report.requests = static_cast<int>(limit - first);
   report.stats = m.Stats();
   // Destroy rooms before the manager.
   live.clear();
@@ -389,6 +417,16 @@ int RunWorker(const WorkerFlags& f) {
   // another rank"): a sibling whose own rooms succeeded still names the rank.
   if (std::optional<FailureRecord> rf = m.RecentRankFailure())
     out["rank_failure"] = FailureToJson(*rf);
+  // The processes this rank talks to now and the endpoint it uses for each
+  // (a restarted peer must show its new pid and incarnation).
+  out["peers"] = nlohmann::json::array();
+  for (const internal::PeerSnapshot& p : m.impl().Peers()) {
+    nlohmann::json j = RankToJson(p.id);
+    j["incarnation"] = p.id.incarnation;
+    j["endpoint"] = p.endpoint;
+    j["failed"] = p.failed;
+    out["peers"].push_back(j);
+  }
   std::cout << "REPORT " << out.dump() << std::endl;
   std::string line;
   while (std::getline(std::cin, line) && line != "quit") {
@@ -451,6 +489,9 @@ void AddWorkerCommand(CLI::App& app, std::function<int()>& run) {
                   "The first N rooms warm the path up and are left out of bytes, latency and "
                   "window_seconds")
       ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--first-request", f->first_request,
+                  "Start at this request of the plan (a restarted rank rejoining the stream)")
+      ->check(CLI::Range(0, 1000000));
   cmd->add_option("--check-stride", f->check_stride,
                   "Fill and check the pattern in 1 page of N (positions 0, N, 2N...; the others "
                   "still move): a benchmark's sample, so pattern work does not compete with the "

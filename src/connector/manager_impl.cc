@@ -213,6 +213,13 @@ Peer* ManagerImpl::FindPeerLocked(const std::string& key) {
   return it == peers_.end() ? nullptr : it->second.get();
 }
 
+std::vector<PeerSnapshot> ManagerImpl::Peers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<PeerSnapshot> out;
+  for (const auto& [key, p] : peers_) out.push_back({p->id, p->tpeer, p->ready, p->failed});
+  return out;
+}
+
 Peer* ManagerImpl::PeerFromLocked(const RankId& from) {
   Peer* p = FindPeerLocked(PeerKey(from));
   if (p == nullptr || p->id.incarnation != from.incarnation) return nullptr;

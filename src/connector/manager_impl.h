@@ -51,6 +51,16 @@ struct Peer {
   std::chrono::system_clock::time_point last_heard_wall = std::chrono::system_clock::now();
 };
 
+// A peer as this rank knows it now: the process (pid, incarnation) it talks
+// to at that position and the transport endpoint it uses (the worker's
+// report; restart tests check a restarted rank got a new one).
+struct PeerSnapshot {
+  RankId id;
+  PeerId endpoint = 0;
+  bool ready = false;
+  bool failed = false;
+};
+
 struct PendingMeta {
   MetaMsg meta;
   RankId from;
@@ -95,6 +105,7 @@ class ManagerImpl {
   // The latest failure of another rank (or of this one) that this rank
   // knows of: what a request that did not fail here should blame.
   std::optional<FailureRecord> RecentRankFailure() const;
+  std::vector<PeerSnapshot> Peers() const;
   // Best effort from a dying process (fatal signal, std::terminate): tell
   // peers and the registry who died and why. Never blocks for long.
   void LastWords(const std::string& reason);
