@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -249,6 +250,150 @@ TEST(FaultMatrixTest, TwoHundredRoomsInFlightWhenARankDies) {
   }
   c.Shutdown(milliseconds(10000));
 }
+
+// Scenario 7: a peer restarted at the same address. One rank of a prefill
+// tp2 + decode tp2 pair is SIGKILLed with rooms in flight; every survivor
+// names it; it is started again at the same position (same role, tp rank,
+// host, bootstrap server and arguments); new requests then succeed through
+// the new process on every rank and no page is corrupt.
+//
+// "The same address": a rank's transport address is a UCX worker address
+// blob (random worker id, the process's pid, its memfd segments), new for
+// every process and not pinnable, so the restarted rank comes back at the
+// same registry position on the same host and bootstrap server, which is
+// where its peers look it up. Stale state cannot pass unnoticed: Meta sent
+// over the old endpoint, writes through the remote keys the old decode
+// process handed out, or a survivor still blocking on the old process's
+// failure record would fail or time out the new requests (all must
+// succeed); a write into the wrong pages is a corrupt page; and every peer
+// of the restarted rank reports the pid and incarnation it talks to now.
+struct RestartCase {
+  Role role;
+  std::string name;  // of the victim
+};
+
+class FaultMatrixRestartTest : public ::testing::TestWithParam<RestartCase> {};
+
+TEST_P(FaultMatrixRestartTest, RankRestartedAtTheSamePositionServesNewRequests) {
+  const RestartCase& rc = GetParam();
+  // A long plan; "hold" and "limit" cut it to two waves every rank agrees on.
+  Matrix m = Launch(2, 2, Workload(4000, 24));
+  ASSERT_TRUE(m.cluster);
+  Cluster& c = *m.cluster;
+  std::map<int, json> held;  // rank index -> its HELD line
+  c.on_line = [&](int i, const std::string& line) {
+    if (line.starts_with("HELD ")) held[i] = json::parse(line.substr(5));
+  };
+  WaitForProgress(c, 20);
+  const int victim = c.RankIndex(rc.role, 1);
+  ASSERT_EQ(c.process(victim).name, rc.name);
+  const int old_pid = c.process(victim).pid;
+  const uint64_t old_incarnation = c.process(victim).ready["incarnation"].get<uint64_t>();
+  ASSERT_TRUE(c.Signal(victim, SIGKILL).ok());
+
+  // The stream goes on until every survivor has failed requests over it.
+  std::vector<int> survivors;
+  for (int i = 0; i < c.num_ranks(); ++i)
+    if (i != victim) survivors.push_back(i);
+  Status s = c.PumpUntil(
+      [&] {
+        for (int i : survivors) {
+          const auto& p = c.process(i).progress;
+          if (!p || (*p)["failed"].get<uint64_t>() == 0) return false;
+        }
+        return true;
+      },
+      milliseconds(60000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  // Wave 1 ends at one request index K on every survivor: each first holds
+  // at what it admitted, then all move to the largest; the rooms a lagging
+  // rank admits on the way fail at once.
+  auto all_held = [&](uint64_t at) {
+    for (int i : survivors)
+      if (!held.count(i) || held[i]["admitted"].get<uint64_t>() < at) return false;
+    return true;
+  };
+  for (int i : survivors) ASSERT_TRUE(c.WriteLine(i, "hold 0").ok());
+  s = c.PumpUntil([&] { return all_held(0); }, milliseconds(60000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  uint64_t k = 0;
+  for (int i : survivors) k = std::max(k, held[i]["admitted"].get<uint64_t>());
+  for (int i : survivors) {
+    if (held[i]["admitted"].get<uint64_t>() == k) continue;
+    held.erase(i);
+    ASSERT_TRUE(c.WriteLine(i, "hold " + std::to_string(k)).ok());
+  }
+  s = c.PumpUntil([&] { return all_held(k); }, milliseconds(60000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (int i : survivors) EXPECT_EQ(held[i]["admitted"].get<uint64_t>(), k) << c.process(i).name;
+
+  // The same position, a new process; it joins the stream at request K.
+  s = c.Restart(victim, {"--first-request", std::to_string(k)}, milliseconds(60000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(c.history(victim).size(), 1u);
+  EXPECT_EQ(c.history(victim)[0].pid, old_pid);
+  EXPECT_EQ(c.history(victim)[0].exit.signal, SIGKILL);
+  const int new_pid = c.process(victim).pid;
+  const uint64_t new_incarnation = c.process(victim).ready["incarnation"].get<uint64_t>();
+  EXPECT_NE(new_pid, old_pid);
+  EXPECT_NE(new_incarnation, old_incarnation);
+  EXPECT_EQ(c.process(victim).ready["name"], rc.name);
+  EXPECT_EQ(c.process(victim).ready["host"], c.history(victim)[0].ready["host"]);
+
+  // Wave 2: requests K+1..M on every rank, the restarted one included,
+  // straight away (no waiting for the survivors to notice the restart).
+  constexpr uint64_t kWave2 = 100;
+  const uint64_t limit = k + kWave2;
+  ASSERT_TRUE(c.WriteLine(victim, "limit " + std::to_string(limit)).ok());
+  for (int i : survivors) ASSERT_TRUE(c.WriteLine(i, "limit " + std::to_string(limit)).ok());
+  s = c.CollectReports(milliseconds(120000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+
+  // Wave 1's failures all name the killed process; every survivor had some.
+  ExpectSurvivorsReport(
+      c, {victim},
+      {.origin = rc.name, .origin_pid = old_pid, .causes = {"peer_exited", "peer_unreachable"}});
+  for (int i = 0; i < c.num_ranks(); ++i) {
+    const ProcessInfo& p = c.process(i);
+    SCOPED_TRACE(p.name);
+    ASSERT_TRUE(p.report.has_value()) << p.exit.ToString();
+    const json& r = *p.report;
+    // Every request of wave 2 (rooms K+1..M) succeeded, on every rank.
+    for (const json& f : r["failures"])
+      EXPECT_LE(f["room"].get<uint64_t>(), k) << "a new request failed: " << f.dump();
+    EXPECT_GE(r["succeeded"].get<uint64_t>(), kWave2);
+    EXPECT_EQ(r["corrupt_pages"].get<int>(), 0);
+    EXPECT_EQ(r["nonterminal"].get<int>(), 0);
+  }
+  const json& restarted = *c.process(victim).report;
+  EXPECT_EQ(restarted["requests"].get<uint64_t>(), kWave2);
+  EXPECT_EQ(restarted["succeeded"].get<uint64_t>(), kWave2);
+  EXPECT_EQ(restarted["rank"]["pid"].get<int>(), new_pid);
+  // The ranks that exchange data with it talk to the new process: their
+  // peer at its position is the new incarnation, never the old endpoint.
+  int peers_of_victim = 0;
+  for (int i : survivors) {
+    const ProcessInfo& p = c.process(i);
+    for (const json& peer : (*p.report)["peers"]) {
+      if (peer["name"] != rc.name) continue;
+      ++peers_of_victim;
+      EXPECT_EQ(peer["pid"].get<int>(), new_pid) << p.name << ": " << peer.dump();
+      EXPECT_EQ(peer["incarnation"].get<uint64_t>(), new_incarnation) << p.name;
+      EXPECT_FALSE(peer["failed"].get<bool>()) << p.name;
+    }
+  }
+  EXPECT_GE(peers_of_victim, 1) << "no survivor exchanges data with " << rc.name;
+  c.Shutdown(milliseconds(10000));
+}
+
+INSTANTIATE_TEST_SUITE_P(Victim, FaultMatrixRestartTest,
+                         ::testing::Values(RestartCase{Role::kPrefill, "prefill tp1"},
+                                           RestartCase{Role::kDecode, "decode tp1"}),
+                         [](const auto& info) {
+                           std::string n = info.param.name;
+                           std::replace(n.begin(), n.end(), ' ', '_');
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace kvbridge::tools
