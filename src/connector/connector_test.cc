@@ -1,94 +1,12 @@
 #include <gtest/gtest.h>
 
-#include <numeric>
-#include <random>
 #include <set>
 
+#include "connector/connector_test_util.h"
 #include "connector/test_cluster.h"
 
 namespace kvbridge::internal {
 namespace {
-
-std::vector<int32_t> Scattered(int count, int pool_pages, uint32_t seed) {
-  std::vector<int32_t> all(pool_pages);
-  std::iota(all.begin(), all.end(), 0);
-  std::mt19937 rng(seed);
-  std::shuffle(all.begin(), all.end(), rng);
-  all.resize(count);
-  // Keep some runs consecutive, as a paged allocator does.
-  std::sort(all.begin(), all.begin() + count / 2);
-  return all;
-}
-
-struct Request {
-  uint64_t room;
-  std::vector<int32_t> src, dst;
-  int64_t src_aux = 1, dst_aux = 2;
-  std::vector<int32_t> src_state{3}, dst_state{5};
-  std::vector<std::unique_ptr<KVSender>> senders;
-  std::vector<std::unique_ptr<KVReceiver>> receivers;
-};
-
-// Creates receivers + metadata and senders, waits for WaitingForInput.
-void Start(TestCluster& c, Request& r, bool senders_first) {
-  auto make_senders = [&] {
-    for (auto& p : c.prefill) {
-      auto s = KVSender::Create(*p.manager, r.room);
-      ASSERT_TRUE(s.ok()) << s.status().ToString();
-      r.senders.push_back(std::move(s).value());
-    }
-  };
-  if (senders_first) make_senders();
-  for (auto& d : c.decode) {
-    auto rc = KVReceiver::Create(*d.manager, r.room);
-    ASSERT_TRUE(rc.ok()) << rc.status().ToString();
-    ASSERT_TRUE((*rc)->Init(0).ok());
-    ASSERT_TRUE((*rc)->SendMetadata(r.dst, r.dst_aux, r.dst_state).ok());
-    r.receivers.push_back(std::move(rc).value());
-  }
-  if (!senders_first) make_senders();
-  for (auto& p : c.prefill) p.pool->Fill(r.room, r.src, r.src_aux, r.src_state);
-  ASSERT_TRUE(WaitFor([&] {
-    for (auto& s : r.senders)
-      if (s->Poll() != KVPoll::kWaitingForInput) return false;
-    return true;
-  })) << "senders stuck in "
-      << KVPollName(r.senders[0]->Poll());
-  for (auto& s : r.senders) ASSERT_TRUE(s->Init(r.src.size(), r.src_aux).ok());
-}
-
-void SendChunks(Request& r, const std::vector<int>& chunk_sizes) {
-  size_t pos = 0;
-  for (size_t c = 0; c < chunk_sizes.size(); ++c) {
-    std::span<const int32_t> chunk(r.src.data() + pos, chunk_sizes[c]);
-    pos += chunk_sizes[c];
-    bool last = pos == r.src.size();
-    for (auto& s : r.senders) {
-      Status st =
-          s->Send(chunk, last ? std::span<const int32_t>(r.src_state) : std::span<const int32_t>());
-      ASSERT_TRUE(st.ok()) << st.ToString();
-    }
-  }
-}
-
-void ExpectDelivered(TestCluster& c, Request& r) {
-  ASSERT_TRUE(WaitFor([&] {
-    for (auto& s : r.senders)
-      if (s->Poll() != KVPoll::kSuccess) return false;
-    for (auto& d : r.receivers)
-      if (d->Poll() != KVPoll::kSuccess) return false;
-    return true;
-  })) << "sender "
-      << KVPollName(r.senders[0]->Poll()) << ", receiver " << KVPollName(r.receivers[0]->Poll())
-      << (r.receivers[0]->Failure() ? ": " + r.receivers[0]->Failure()->Message() : "")
-      << (r.senders[0]->Failure() ? ": " + r.senders[0]->Failure()->Message() : "");
-  for (auto& d : r.receivers) EXPECT_TRUE(d->Quiesced());
-  for (size_t i = 0; i < c.decode.size(); ++i) {
-    EXPECT_EQ(c.decode[i].pool->CountCorruptPages(r.room, r.dst), 0u) << "decode tp" << i;
-    EXPECT_TRUE(c.decode[i].pool->AuxMatches(r.room, r.dst_aux)) << "decode tp" << i;
-    EXPECT_TRUE(c.decode[i].pool->StateMatches(r.room, r.dst_state)) << "decode tp" << i;
-  }
-}
 
 struct TpCase {
   int prefill_tp;

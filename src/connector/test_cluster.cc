@@ -8,11 +8,21 @@ Result<std::unique_ptr<TestCluster>> TestCluster::Create(const ClusterOptions& o
   so.host = "127.0.0.1";
   so.port = 0;
   ASSIGN_OR_RETURN(c->server, BootstrapServer::Start(so));
-  auto make = [&](Role role, int tp_size, int rank, std::vector<ClusterRank>* out) -> Status {
+  if (o.prefill_pp < 1 || o.decode_pp < 1 || o.prefill_tp < 1 || o.decode_tp < 1)
+    return InvalidArgumentError("cluster sizes must be >= 1");
+  c->prefill_tp_ = o.prefill_tp;
+  c->decode_tp_ = o.decode_tp;
+  auto make = [&](Role role, int tp_size, int pp_size, int index,
+                  std::vector<ClusterRank>* out) -> Status {
+    const int tp_rank = index % tp_size;
+    const int pp_rank = index / tp_size;
+    const LayerRange layers = LayersOfStage(o.shape.layers, pp_size, pp_rank);
     PoolOptions po;
     po.shape = o.shape;
     po.tp_size = tp_size;
-    po.tp_rank = rank;
+    po.tp_rank = tp_rank;
+    po.first_layer = layers.first;
+    po.num_layers = layers.count;
     po.num_pages = o.num_pages;
     ClusterRank r;
     ASSIGN_OR_RETURN(r.pool, KvPool::Create(po));
@@ -20,23 +30,26 @@ Result<std::unique_ptr<TestCluster>> TestCluster::Create(const ClusterOptions& o
     mo.role = role;
     mo.args = r.pool->Args();
     mo.parallel.tp_size = tp_size;
-    mo.parallel.tp_rank = rank;
+    mo.parallel.tp_rank = tp_rank;
+    mo.parallel.pp_size = pp_size;
+    mo.parallel.pp_rank = pp_rank;
     mo.is_mla = o.shape.mla;
     mo.bootstrap_addr = c->server->address();
     mo.start_bootstrap_server = false;
     if (o.tweak) o.tweak(mo);
-    ASSIGN_OR_RETURN(std::unique_ptr<Transport> t,
-                     CreateLoopbackTransport(
-                         c->fabric_, std::string(RoleName(role)) + " tp" + std::to_string(rank)));
-    if (o.wrap) t = o.wrap(std::move(t), role, rank);
+    std::string name = std::string(RoleName(role));
+    if (pp_size > 1) name += " pp" + std::to_string(pp_rank);
+    name += " tp" + std::to_string(tp_rank);
+    ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, CreateLoopbackTransport(c->fabric_, name));
+    if (o.wrap) t = o.wrap(std::move(t), role, index);
     ASSIGN_OR_RETURN(r.manager, CreateManager(mo, std::move(t)));
     out->push_back(std::move(r));
     return Status();
   };
-  for (int p = 0; p < o.prefill_tp; ++p)
-    RETURN_IF_ERROR(make(Role::kPrefill, o.prefill_tp, p, &c->prefill));
-  for (int d = 0; d < o.decode_tp; ++d)
-    RETURN_IF_ERROR(make(Role::kDecode, o.decode_tp, d, &c->decode));
+  for (int i = 0; i < o.prefill_pp * o.prefill_tp; ++i)
+    RETURN_IF_ERROR(make(Role::kPrefill, o.prefill_tp, o.prefill_pp, i, &c->prefill));
+  for (int i = 0; i < o.decode_pp * o.decode_tp; ++i)
+    RETURN_IF_ERROR(make(Role::kDecode, o.decode_tp, o.decode_pp, i, &c->decode));
   return c;
 }
 

@@ -34,11 +34,16 @@ struct ClusterOptions {
                    .state_item_len = 16};
   int prefill_tp = 1;
   int decode_tp = 1;
+  // Pipeline stages: every (pp, tp) rank is created, with
+  // ParallelLayout::pp_size/pp_rank set and its pool holding that stage's
+  // layers (LayersOfStage: sglang's split of shape.layers).
+  int prefill_pp = 1;
+  int decode_pp = 1;
   int num_pages = 64;
   // Adjusts each manager's options before it is created.
   std::function<void(ManagerOptions&)> tweak;
-  // Wraps each transport (e.g. in a FaultTransport); index = creation order,
-  // prefill ranks first.
+  // Wraps each transport (e.g. in a FaultTransport); the int is the rank's
+  // index in TestCluster::prefill or ::decode (its tp rank when pp is 1).
   std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>, Role, int)> wrap;
 };
 
@@ -47,13 +52,25 @@ class TestCluster {
   static Result<std::unique_ptr<TestCluster>> Create(const ClusterOptions& options);
   ~TestCluster();
 
+  // pp-major: rank (pp_rank, tp_rank) is at index pp_rank * tp + tp_rank, so
+  // with pp 1 the index is the tp rank.
   std::vector<ClusterRank> prefill;
   std::vector<ClusterRank> decode;
+  ClusterRank& prefill_at(int pp_rank, int tp_rank) {
+    return prefill.at(pp_rank * prefill_tp_ + tp_rank);
+  }
+  ClusterRank& decode_at(int pp_rank, int tp_rank) {
+    return decode.at(pp_rank * decode_tp_ + tp_rank);
+  }
+  int prefill_pp() const { return static_cast<int>(prefill.size()) / prefill_tp_; }
+  int decode_pp() const { return static_cast<int>(decode.size()) / decode_tp_; }
   std::unique_ptr<BootstrapServer> server;
   const std::shared_ptr<LoopbackFabric>& fabric() const { return fabric_; }
 
  private:
   std::shared_ptr<LoopbackFabric> fabric_ = std::make_shared<LoopbackFabric>();
+  int prefill_tp_ = 1;
+  int decode_tp_ = 1;
 };
 
 // Polls `cond` until it holds or `timeout` passes. Returns whether it held.

@@ -1,0 +1,116 @@
+// Helpers shared by the connector's transfer tests (connector_test.cc,
+// pp_test.cc): a request's pages, bringing it to WaitingForInput on every
+// rank of a TestCluster, sending it in chunks and checking every byte that
+// landed.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "connector/test_cluster.h"
+
+namespace kvbridge::internal {
+
+// `count` distinct pages of a pool of `pool_pages`, shuffled by `seed`, the
+// first half sorted (runs of consecutive pages, as a paged allocator gives).
+inline std::vector<int32_t> Scattered(int count, int pool_pages, uint32_t seed) {
+  std::vector<int32_t> all(pool_pages);
+  std::iota(all.begin(), all.end(), 0);
+  std::mt19937 rng(seed);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(count);
+  std::sort(all.begin(), all.begin() + count / 2);
+  return all;
+}
+
+struct Request {
+  uint64_t room = 0;
+  std::vector<int32_t> src = {}, dst = {};
+  int64_t src_aux = 1, dst_aux = 2;
+  std::vector<int32_t> src_state{3}, dst_state{5};
+  // One per rank, in the cluster's order (TestCluster::prefill / ::decode).
+  std::vector<std::unique_ptr<KVSender>> senders = {};
+  std::vector<std::unique_ptr<KVReceiver>> receivers = {};
+};
+
+// Creates receivers (Init + SendMetadata) and senders on every rank, fills
+// every prefill pool with the request's pattern, waits for WaitingForInput
+// and calls Init on every sender.
+inline void Start(TestCluster& c, Request& r, bool senders_first) {
+  auto make_senders = [&] {
+    for (auto& p : c.prefill) {
+      auto s = KVSender::Create(*p.manager, r.room);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      r.senders.push_back(std::move(s).value());
+    }
+  };
+  if (senders_first) make_senders();
+  for (auto& d : c.decode) {
+    auto rc = KVReceiver::Create(*d.manager, r.room);
+    ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+    Status init = (*rc)->Init(0);
+    ASSERT_TRUE(init.ok()) << init.ToString();
+    Status meta = (*rc)->SendMetadata(r.dst, r.dst_aux, r.dst_state);
+    ASSERT_TRUE(meta.ok()) << meta.ToString();
+    r.receivers.push_back(std::move(rc).value());
+  }
+  if (!senders_first) make_senders();
+  for (auto& p : c.prefill) p.pool->Fill(r.room, r.src, r.src_aux, r.src_state);
+  ASSERT_TRUE(WaitFor([&] {
+    for (auto& s : r.senders)
+      if (s->Poll() != KVPoll::kWaitingForInput) return false;
+    return true;
+  })) << "senders stuck in "
+      << KVPollName(r.senders[0]->Poll());
+  for (auto& s : r.senders) ASSERT_TRUE(s->Init(r.src.size(), r.src_aux).ok());
+}
+
+// Sends the request's pages in chunks of `chunk_sizes` from every sender; the
+// chunk completing the pages carries the state slots.
+inline void SendChunks(Request& r, const std::vector<int>& chunk_sizes) {
+  size_t pos = 0;
+  for (size_t c = 0; c < chunk_sizes.size(); ++c) {
+    std::span<const int32_t> chunk(r.src.data() + pos, chunk_sizes[c]);
+    pos += chunk_sizes[c];
+    bool last = pos == r.src.size();
+    for (auto& s : r.senders) {
+      Status st =
+          s->Send(chunk, last ? std::span<const int32_t>(r.src_state) : std::span<const int32_t>());
+      ASSERT_TRUE(st.ok()) << st.ToString();
+    }
+  }
+}
+
+// Waits for Success on every sender and receiver, then checks every byte of
+// every destination page on every decode rank, and the aux row and state
+// slots on the decode ranks that receive them: all of them with decode pp 1,
+// else those of the last decode stage (which the last prefill stage feeds).
+inline void ExpectDelivered(TestCluster& c, Request& r) {
+  ASSERT_TRUE(WaitFor([&] {
+    for (auto& s : r.senders)
+      if (s->Poll() != KVPoll::kSuccess) return false;
+    for (auto& d : r.receivers)
+      if (d->Poll() != KVPoll::kSuccess) return false;
+    return true;
+  })) << "sender "
+      << KVPollName(r.senders[0]->Poll()) << ", receiver " << KVPollName(r.receivers[0]->Poll())
+      << (r.receivers[0]->Failure() ? ": " + r.receivers[0]->Failure()->Message() : "")
+      << (r.senders[0]->Failure() ? ": " + r.senders[0]->Failure()->Message() : "");
+  for (auto& d : r.receivers) EXPECT_TRUE(d->Quiesced());
+  const size_t first_with_aux = c.decode.size() - c.decode.size() / c.decode_pp();
+  for (size_t i = 0; i < c.decode.size(); ++i) {
+    EXPECT_EQ(c.decode[i].pool->CountCorruptPages(r.room, r.dst), 0u) << "decode rank " << i;
+    if (i < first_with_aux) continue;
+    EXPECT_TRUE(c.decode[i].pool->AuxMatches(r.room, r.dst_aux)) << "decode rank " << i;
+    EXPECT_TRUE(c.decode[i].pool->StateMatches(r.room, r.dst_state)) << "decode rank " << i;
+  }
+}
+
+}  // namespace kvbridge::internal
