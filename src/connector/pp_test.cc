@@ -77,7 +77,9 @@ INSTANTIATE_TEST_SUITE_P(
                       PpCase{4, 1, 1, 1, 4, 2, false},  // one layer per stage
                       PpCase{2, 1, 1, 1, 4, 1, true},   // MLA
                       PpCase{2, 2, 1, 1, 4, 1, true},   // MLA with a dummy rank per stage
-                      PpCase{2, 1, 1, 2, 4, 1, true}),  // MLA, decode tp 2
+                      PpCase{2, 1, 1, 2, 4, 1, true},   // MLA, decode tp 2
+                      PpCase{2, 2, 2, 2, 4, 4, false},  // decode pp = prefill pp
+                      PpCase{2, 1, 2, 2, 6, 2, true}),  // MLA, decode pp = prefill pp
     [](const auto& info) {
       const PpCase& p = info.param;
       return std::string(p.mla ? "mla" : "mha") + "_pp" + std::to_string(p.prefill_pp) + "tp" +
@@ -130,6 +132,24 @@ TEST(PpTest, AuxAndStateComeFromTheLastStageOnly) {
   EXPECT_EQ(bytes(0, 1), pages);
   EXPECT_EQ(bytes(1, 0), pages + aux_and_state);  // lowest tp rank, last stage
   EXPECT_EQ(bytes(1, 1), pages);
+}
+
+// With decode pp = prefill pp, stage s of prefill feeds stage s of decode;
+// only the last decode stage gets aux and state (from the last prefill stage).
+TEST(PpTest, StageToStageAuxGoesToTheLastDecodeStageOnly) {
+  ClusterOptions o = Options({2, 1, 2, 1, 4, 4, false});
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Request r{.room = 6};
+  r.src = Scattered(5, o.num_pages, 7);
+  r.dst = Scattered(5, o.num_pages, 8);
+  Start(**c, r, false);
+  SendChunks(r, {5});
+  ExpectDelivered(**c, r);
+  EXPECT_FALSE((*c)->decode_at(0, 0).pool->AuxMatches(r.room, r.dst_aux));
+  EXPECT_FALSE((*c)->decode_at(0, 0).pool->StateMatches(r.room, r.dst_state));
+  EXPECT_TRUE((*c)->decode_at(1, 0).pool->AuxMatches(r.room, r.dst_aux));
+  EXPECT_TRUE((*c)->decode_at(1, 0).pool->StateMatches(r.room, r.dst_state));
 }
 
 // Stages run their own chunking (a stage's chunk may be empty): decode
@@ -199,6 +219,33 @@ TEST(PpTest, DecodePrefixChunkHasNoPagesOnAnyStage) {
   EXPECT_EQ((*c)->decode[0].pool->CountCorruptPages(12, dst_tail, /*first_position=*/2), 0u);
   EXPECT_TRUE((*c)->decode[0].pool->AuxMatches(12, 2));
   EXPECT_TRUE((*c)->decode[0].pool->PagesHold(prefix_pages, kFiller));
+}
+
+// sglang's rule: decode pp is 1 (decode gathers every stage) or equal to
+// prefill pp (stage to stage). Anything else fails at Init, naming both.
+TEST(PpTest, DecodePpThatDoesNotLineUpFailsAtInit) {
+  for (auto [prefill_pp, decode_pp] : {std::pair{2, 3}, {1, 2}, {4, 2}}) {
+    SCOPED_TRACE("prefill pp " + std::to_string(prefill_pp) + ", decode pp " +
+                 std::to_string(decode_pp));
+    ClusterOptions o = Options({prefill_pp, 1, decode_pp, 1, 12, 4, false});
+    auto c = TestCluster::Create(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    for (auto& d : (*c)->decode) {
+      auto rx = std::move(KVReceiver::Create(*d.manager, 3)).value();
+      Status s = rx->Init(0);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+      const std::string want =
+          "prefill " + std::to_string(prefill_pp) + ", decode " + std::to_string(decode_pp);
+      EXPECT_NE(s.message().find("pp size"), std::string::npos) << s.ToString();
+      EXPECT_NE(s.message().find(want), std::string::npos) << s.ToString();
+      EXPECT_EQ(rx->Poll(), KVPoll::kFailed);
+      ASSERT_TRUE(rx->Failure().has_value());
+      EXPECT_EQ(rx->Failure()->cause, FailureCause::kLayoutMismatch);
+      std::vector<int32_t> pages{1, 2};
+      EXPECT_FALSE(rx->SendMetadata(pages, 0, {}).ok());
+      EXPECT_TRUE(rx->Quiesced());
+    }
+  }
 }
 
 }  // namespace

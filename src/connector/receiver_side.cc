@@ -126,8 +126,10 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
       if (FlowsFromPrefill(flows, p).empty() && p % layout_.tp_size == self_.tp)
         ranks.emplace_back(p, true);
     }
+    ASSIGN_OR_RETURN(std::vector<int> stages,
+                     PrefillStagesOfDecode(info.pp_size, opts_.parallel.pp_size, self_.pp));
     std::vector<ReceiverSource> sources;
-    for (int pp = 0; pp < info.pp_size; ++pp) {
+    for (int pp : stages) {
       for (auto [tp, dummy] : ranks) {
         RankId pos;
         pos.role = Role::kPrefill;

@@ -208,6 +208,23 @@ std::vector<HeadSlice> FlowsFromPrefill(std::span<const HeadSlice> flows, int pr
   return out;
 }
 
+Result<std::vector<int>> PrefillStagesOfDecode(int prefill_pp, int decode_pp, int decode_pp_rank) {
+  if (prefill_pp < 1 || decode_pp < 1 || decode_pp_rank < 0 || decode_pp_rank >= decode_pp) {
+    return InvalidArgumentError(fmt::format("bad pp shape: prefill pp {}, decode pp rank {} of {}",
+                                            prefill_pp, decode_pp_rank, decode_pp));
+  }
+  if (decode_pp == prefill_pp) return std::vector<int>{decode_pp_rank};
+  if (decode_pp != 1) {
+    return FailedPreconditionError(
+        fmt::format("pp size mismatch: prefill {}, decode {} (decode pp size must be 1 or equal "
+                    "to prefill's)",
+                    prefill_pp, decode_pp));
+  }
+  std::vector<int> stages(prefill_pp);
+  for (int s = 0; s < prefill_pp; ++s) stages[s] = s;
+  return stages;
+}
+
 Status CheckPageIndices(const RankLayout& layout, std::span<const int32_t> pages, bool unique) {
   uint64_t bound = layout.kv.empty() ? 0 : UINT64_MAX;
   for (const BufferSpan& b : layout.kv) {

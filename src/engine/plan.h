@@ -98,6 +98,15 @@ Result<std::vector<HeadSlice>> ComputeFlows(int prefill_tp, int decode_tp, int t
 std::vector<HeadSlice> FlowsToDecode(std::span<const HeadSlice> flows, int decode_rank);
 std::vector<HeadSlice> FlowsFromPrefill(std::span<const HeadSlice> flows, int prefill_rank);
 
+// The prefill pp stages that decode pp rank `decode_pp_rank` of `decode_pp`
+// reads from (sglang's rule): every stage when decode_pp is 1 (decode holds
+// every layer), only stage `decode_pp_rank` when decode_pp equals prefill_pp
+// (stage to stage; the layer ranges are then checked like any layout).
+// FailedPrecondition naming both sizes for any other pair, e.g.
+// "pp size mismatch: prefill 2, decode 3 (...)"; InvalidArgument for a size
+// < 1 or a rank out of range.
+Result<std::vector<int>> PrefillStagesOfDecode(int prefill_pp, int decode_pp, int decode_pp_rank);
+
 enum class BufferClass : uint8_t { kKv = 0, kAux = 1, kState = 2 };
 
 // One contiguous copy: `length` bytes at src buffer `src_buffer` + src_offset

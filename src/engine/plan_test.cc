@@ -133,6 +133,40 @@ TEST(ComputeFlowsTest, BadShapesAreInvalidArgument) {
   }
 }
 
+// ------------------------------------------------------- PrefillStagesOfDecode
+
+TEST(PrefillStagesOfDecodeTest, DecodeOfEveryLayerReadsEveryStage) {
+  EXPECT_EQ(PrefillStagesOfDecode(1, 1, 0).value(), (std::vector<int>{0}));
+  EXPECT_EQ(PrefillStagesOfDecode(3, 1, 0).value(), (std::vector<int>{0, 1, 2}));
+}
+
+TEST(PrefillStagesOfDecodeTest, EqualPpIsStageToStage) {
+  EXPECT_EQ(PrefillStagesOfDecode(2, 2, 0).value(), (std::vector<int>{0}));
+  EXPECT_EQ(PrefillStagesOfDecode(2, 2, 1).value(), (std::vector<int>{1}));
+  EXPECT_EQ(PrefillStagesOfDecode(4, 4, 3).value(), (std::vector<int>{3}));
+}
+
+TEST(PrefillStagesOfDecodeTest, OtherPairsAreFailedPreconditionNamingBoth) {
+  for (auto [p, d] : std::vector<std::pair<int, int>>{{1, 2}, {2, 3}, {4, 2}, {2, 4}}) {
+    for (int rank = 0; rank < d; ++rank) {
+      Result<std::vector<int>> r = PrefillStagesOfDecode(p, d, rank);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+      EXPECT_THAT(r.status().message(), HasSubstr("pp size mismatch: prefill " + std::to_string(p) +
+                                                  ", decode " + std::to_string(d)));
+    }
+  }
+}
+
+TEST(PrefillStagesOfDecodeTest, BadShapesAreInvalidArgument) {
+  for (auto [p, d, rank] : std::vector<std::tuple<int, int, int>>{
+           {0, 1, 0}, {1, 0, 0}, {2, 2, 2}, {2, 2, -1}, {2, 1, 1}}) {
+    Result<std::vector<int>> r = PrefillStagesOfDecode(p, d, rank);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  }
+}
+
 // The prefill rank a decode rank must read `head` from: among the prefill
 // ranks holding it, candidate d % count.
 int ExpectedSource(int total, int prefill_tp, int decode_rank, int head) {
