@@ -69,6 +69,13 @@ struct ManagerOptions {
   KVArgs args;
   ParallelLayout parallel;
   bool is_mla = false;
+  // Which instance of its role this rank belongs to, when several decode
+  // instances (or prefill instances, one bootstrap server each) share a
+  // registry: a failure then reaches only the failed rank's own instance's
+  // siblings, and the others keep serving. Every rank of an instance passes
+  // the same id (sglang: e.g. the server's dist-init address). Empty: one
+  // instance per role. Up to 64 of [A-Za-z0-9._:-].
+  std::string instance_id;
 
   // Bootstrap server "host:port". Prefill rank 0 starts an embedded server on
   // that port when `start_bootstrap_server` and none answers there.

@@ -130,6 +130,10 @@ class KVConfig:
     waiting_timeout_s: float = 30.0
     transfer_timeout_s: float = 10.0
     metrics_port: int = 0
+    # Several decode instances against one prefill: each decode instance's
+    # ranks pass the same id, distinct per instance (e.g. the server's
+    # dist-init address). Empty: one instance per role.
+    instance_id: str = ""
 
     def to_dict(self) -> dict:
         return dict(bootstrap_addr=self.bootstrap_addr,
@@ -141,7 +145,8 @@ class KVConfig:
                     bootstrap_timeout_ms=int(self.bootstrap_timeout_s * 1000),
                     waiting_timeout_ms=int(self.waiting_timeout_s * 1000),
                     transfer_timeout_ms=int(self.transfer_timeout_s * 1000),
-                    metrics_port=int(self.metrics_port))
+                    metrics_port=int(self.metrics_port),
+                    instance_id=str(self.instance_id))
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)

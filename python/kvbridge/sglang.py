@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import sys
 from typing import Any, List, Optional
 
@@ -109,7 +110,17 @@ class KVBridgeKVManager(BaseKVManager):
     def _config(self, bootstrap_addr: str) -> KVConfig:
         host = getattr(self.server_args, "host", None) or "127.0.0.1"
         return KVConfig(bootstrap_addr=bootstrap_addr, start_bootstrap_server=False,
-                        advertise_host="127.0.0.1" if host in ("0.0.0.0", "::") else host)
+                        advertise_host="127.0.0.1" if host in ("0.0.0.0", "::") else host,
+                        instance_id=self._instance_id(host))
+
+    def _instance_id(self, host: str) -> str:
+        """Decode: the server's own address, the same on all its ranks and
+        different for every decode server sharing a prefill instance."""
+        if self._mode != "decode":
+            return ""
+        port = getattr(self.server_args, "port", None)
+        ident = f"{host}:{port}" if port is not None else host
+        return re.sub(r"[^A-Za-z0-9._:-]", "_", ident)[:64]
 
     def register_to_bootstrap(self, bootstrap_addr: Optional[str] = None) -> None:
         """Creates the rank's manager; prefill registers with bootstrap here."""

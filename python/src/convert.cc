@@ -151,6 +151,7 @@ ManagerOptions ManagerOptionsFromDict(const py::dict& d) {
   o.args = ArgsFromDict(Field<py::dict>(d, "args", py::dict(), &seen));
   o.parallel = ParallelFromDict(Field<py::dict>(d, "parallel", py::dict(), &seen));
   o.is_mla = Field<bool>(d, "is_mla", o.is_mla, &seen);
+  o.instance_id = Field<std::string>(d, "instance_id", o.instance_id, &seen);
   o.bootstrap_addr = Field<std::string>(d, "bootstrap_addr", o.bootstrap_addr, &seen);
   o.start_bootstrap_server =
       Field<bool>(d, "start_bootstrap_server", o.start_bootstrap_server, &seen);
@@ -180,6 +181,7 @@ py::dict RankToDict(const RankId& r) {
   d["host"] = r.host;
   d["pid"] = r.pid;
   d["incarnation"] = r.incarnation;
+  d["instance"] = r.instance;
   d["name"] = r.ShortName();
   return d;
 }

@@ -33,7 +33,8 @@ def sglang_args(kv, aux, engine_rank=0):
 def test_adapter_moves_a_request_like_sglang(bootstrap):
     host, port = bootstrap.split(":")
     server_args = types.SimpleNamespace(disaggregation_bootstrap_port=int(port), host=host,
-                                        tp_size=1, dp_size=1, kv_cache_dtype="auto", device="cpu")
+                                        port=30001, tp_size=1, dp_size=1, kv_cache_dtype="auto",
+                                        device="cpu")
     pkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
     dkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
     paux, daux = np.zeros((4, 16), np.uint8), np.zeros((4, 16), np.uint8)
@@ -42,6 +43,9 @@ def test_adapter_moves_a_request_like_sglang(bootstrap):
     pm = ks.KVBridgeKVManager(sglang_args(pkv, paux), Mode.PREFILL, server_args, False)
     dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE, server_args, False)
     recv = ks.KVBridgeKVReceiver(dm, bootstrap, 77)
+    # A decode server is its own instance (several may share the prefill).
+    assert dm.core().rank["instance"] == f"{host}:30001"
+    assert pm.core().rank["instance"] == ""
     recv.init(0)
     recv.send_metadata(np.array([3, 4], np.int32), 1, None, 0)
     send = ks.KVBridgeKVSender(pm, bootstrap, 77, [0], 0)

@@ -52,6 +52,11 @@ Status ValidateOptions(const ManagerOptions& o) {
   }
   if (o.heartbeat_interval.count() <= 0 || o.heartbeat_misses < 1)
     return InvalidArgumentError("heartbeat_interval and heartbeat_misses must be positive");
+  RETURN_IF_ERROR(ValidateInstanceId("instance_id", o.instance_id));
+  if (o.role == Role::kPrefill && !o.instance_id.empty())
+    return InvalidArgumentError("instance_id '" + o.instance_id +
+                                "' on a prefill rank: prefill instances are told apart by their "
+                                "bootstrap server; leave it empty");
   return Status();
 }
 
@@ -87,6 +92,7 @@ Status ManagerImpl::Start() {
   self_.host = ThisHost().host;
   self_.pid = ThisHost().pid;
   self_.incarnation = NewIncarnation();
+  self_.instance = opts_.instance_id;
   SetLogIdentity(self_.ShortName());
 
   layout_.is_mla = opts_.is_mla;
@@ -166,6 +172,7 @@ Status ManagerImpl::Start() {
   rec.host = self_.host;
   rec.pid = self_.pid;
   rec.incarnation = self_.incarnation;
+  rec.instance = self_.instance;
   rec.transport_address = transport_->Address();
   rec.layout = LayoutToJson(layout_);
   Status registered = bootstrap_->RegisterRank(rec);
@@ -205,7 +212,9 @@ ManagerImpl::~ManagerImpl() {
 }
 
 std::string ManagerImpl::PeerKey(const RankId& id) {
-  return fmt::format("{}/dp{}/tp{}/pp{}/cp{}", RoleName(id.role), id.dp, id.tp, id.pp, id.cp);
+  return fmt::format("{}{}/dp{}/tp{}/pp{}/cp{}", RoleName(id.role),
+                     id.instance.empty() ? "" : "[" + id.instance + "]", id.dp, id.tp, id.pp,
+                     id.cp);
 }
 
 Peer* ManagerImpl::FindPeerLocked(const std::string& key) {

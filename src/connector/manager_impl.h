@@ -164,6 +164,14 @@ class ManagerImpl {
   void PublishLocked(const FailureRecord& record);
   // Why a new request on this rank cannot succeed, if it cannot.
   std::optional<FailureRecord> NewRoomBlockerLocked() const;
+  // Same role, dp and instance, another position: a rank whose failure fails
+  // this rank's requests.
+  bool IsSibling(const RankId& id) const;
+  // Prefill: whether every decode rank met (live or dead) is of `instance`.
+  bool OnlyDecodeInstanceLocked(const std::string& instance) const;
+  // Prefill: a dead rank of `decode`'s instance (same dp), if any: a request
+  // from that instance cannot complete.
+  const FailureRecord* DeadRankOfInstanceLocked(const RankId& decode) const;
   // Called before a new request is admitted: when a dead rank's record would
   // block it, asks the registry (one round trip, only then) whether a new
   // incarnation holds that position now and forgets the dead one if so. A

@@ -19,6 +19,21 @@ bool IsRankFailure(FailureCause c) {
 
 RankRole ToRankRole(Role r) { return r == Role::kPrefill ? RankRole::kPrefill : RankRole::kDecode; }
 
+// The rank a registry record describes.
+RankId RankIdOf(const RankRecord& record) {
+  RankId id;
+  id.role = record.role == RankRole::kPrefill ? Role::kPrefill : Role::kDecode;
+  id.dp = record.attn_dp_rank;
+  id.tp = record.attn_tp_rank;
+  id.pp = record.pp_rank;
+  id.cp = record.attn_cp_rank;
+  id.host = record.host;
+  id.pid = static_cast<int>(record.pid);
+  id.incarnation = record.incarnation;
+  id.instance = record.instance;
+  return id;
+}
+
 }  // namespace
 
 void ManagerImpl::PublishLocked(const FailureRecord& record) {
@@ -37,14 +52,38 @@ std::optional<FailureRecord> ManagerImpl::NewRoomBlockerLocked() const {
   if (fatal_) return fatal_;
   if (registry_lost_) return registry_lost_;
   for (const auto& [key, record] : dead_ranks_) {
-    if (record.origin.role == self_.role && record.origin.dp == self_.dp &&
-        !record.origin.SameRank(self_))
-      return record;  // a sibling of this instance is gone
-    // Prefill: a rank of the decode instance is gone (instances are told
-    // apart by dp), so its requests' metadata would never come.
-    if (self_.role == Role::kPrefill && record.origin.role == Role::kDecode) return record;
+    if (IsSibling(record.origin)) return record;  // a sibling of this instance is gone
+    // Prefill: a rank of the decode instance is gone, so its requests'
+    // metadata would never come. With several decode instances, which one a
+    // new request is from shows only when its metadata arrives
+    // (DeadRankOfInstanceLocked); here only when every decode rank met is
+    // of the dead rank's instance.
+    if (self_.role == Role::kPrefill && record.origin.role == Role::kDecode &&
+        OnlyDecodeInstanceLocked(record.origin.instance))
+      return record;
   }
   return std::nullopt;
+}
+
+bool ManagerImpl::IsSibling(const RankId& id) const {
+  return id.role == self_.role && id.dp == self_.dp && id.instance == self_.instance &&
+         !id.SameRank(self_);
+}
+
+bool ManagerImpl::OnlyDecodeInstanceLocked(const std::string& instance) const {
+  for (const auto& [key, peer] : peers_)
+    if (peer->id.role == Role::kDecode && peer->id.instance != instance) return false;
+  for (const auto& [key, record] : dead_ranks_)
+    if (record.origin.role == Role::kDecode && record.origin.instance != instance) return false;
+  return true;
+}
+
+const FailureRecord* ManagerImpl::DeadRankOfInstanceLocked(const RankId& decode) const {
+  for (const auto& [key, record] : dead_ranks_)
+    if (record.origin.role == Role::kDecode && record.origin.instance == decode.instance &&
+        record.origin.dp == decode.dp && !record.origin.SameRank(decode))
+      return &record;
+  return nullptr;
 }
 
 void ManagerImpl::ForgetRestartedRanks() {
@@ -62,12 +101,7 @@ void ManagerImpl::ForgetRestartedRanks() {
 
 void ManagerImpl::ForgetRestartedLocked(const std::vector<RankStatus>& ranks) {
   for (const RankStatus& s : ranks) {
-    RankId id;
-    id.role = s.record.role == RankRole::kPrefill ? Role::kPrefill : Role::kDecode;
-    id.dp = s.record.attn_dp_rank;
-    id.tp = s.record.attn_tp_rank;
-    id.pp = s.record.pp_rank;
-    id.cp = s.record.attn_cp_rank;
+    const RankId id = RankIdOf(s.record);
     auto dead = dead_ranks_.find(PeerKey(id));
     if (dead == dead_ranks_.end() || dead->second.origin.incarnation == s.record.incarnation ||
         s.state != Liveness::kAlive)
@@ -100,12 +134,13 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out) {
   Peer* peer = FindPeerLocked(key);
   if (peer != nullptr && peer->id.incarnation == r.origin.incarnation && !peer->failed)
     FailPeerWithRecordLocked(*peer, r, out);
-  const bool sibling = r.origin.role == self_.role && r.origin.dp == self_.dp;
+  const bool sibling = IsSibling(r.origin);
   for (auto& [id, room] : senders_) {
     if (room->failure || room->poll() == KVPoll::kSuccess) continue;
     bool touches = sibling;
     for (auto& [rank, flow] : room->flows)
-      touches = touches || (r.origin.role == Role::kDecode && flow.decode.dp == r.origin.dp);
+      touches = touches || (r.origin.role == Role::kDecode && flow.decode.dp == r.origin.dp &&
+                            flow.decode.instance == r.origin.instance);
     if (touches) FailSenderLocked(*room, r, out);
   }
   for (auto& [id, room] : receivers_) {
@@ -189,17 +224,9 @@ void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
     std::lock_guard<std::mutex> lock(mu_);
     ForgetRestartedLocked(ranks);
     for (const RankStatus& s : ranks) {
-      RankId id;
-      id.role = s.record.role == RankRole::kPrefill ? Role::kPrefill : Role::kDecode;
-      id.dp = s.record.attn_dp_rank;
-      id.tp = s.record.attn_tp_rank;
-      id.pp = s.record.pp_rank;
-      id.cp = s.record.attn_cp_rank;
-      id.host = s.record.host;
-      id.pid = static_cast<int>(s.record.pid);
-      id.incarnation = s.record.incarnation;
+      const RankId id = RankIdOf(s.record);
       const std::string key = PeerKey(id);
-      if (fatal_ || id.role != self_.role || id.dp != self_.dp || id.SameRank(self_)) continue;
+      if (fatal_ || !IsSibling(id)) continue;
       if (s.state == Liveness::kAlive && s.age <= limit) continue;
       if (applied_.count({key, id.incarnation}) || s.dead_by_seq != 0) continue;
       ProcessState ps = id.host == self_.host ? GetProcessState(id.pid) : ProcessState::kUnknown;

@@ -373,6 +373,12 @@ void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg 
     }
     return;
   }
+  if (!room.failure) {
+    // The request is from a decode instance with a dead rank: that rank's
+    // metadata will never come.
+    if (const FailureRecord* dead = DeadRankOfInstanceLocked(from))
+      FailSenderLocked(room, *dead, out);
+  }
   if (room.failure) {
     // Tell decode at once why; nothing was or will be written.
     FailureRecord r = *room.failure;
