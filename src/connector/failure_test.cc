@@ -84,7 +84,9 @@ TEST(FailurePropagationTest, ReportFatalReachesEverySiblingAndPeer) {
   auto late = std::move(KVSender::Create(*(*c)->prefill[0].manager, 6)).value();
   ASSERT_TRUE(WaitFor([&] { return late->Poll() == KVPoll::kFailed; }));
   ExpectAttributed(late->Failure(), origin, {FailureCause::kLocalError});
-  EXPECT_TRUE((*c)->decode[0].manager->RecentRankFailure().has_value());
+  // Decode learns of the rank (not just of its requests) from the RankFailed
+  // message or the registry, whichever comes first.
+  EXPECT_TRUE(WaitFor([&] { return (*c)->decode[0].manager->RecentRankFailure().has_value(); }));
 }
 
 TEST(FailurePropagationTest, VanishedPrefillRankIsNamedByEverySurvivor) {
