@@ -241,11 +241,41 @@ TEST(PpTest, DecodePpThatDoesNotLineUpFailsAtInit) {
       EXPECT_EQ(rx->Poll(), KVPoll::kFailed);
       ASSERT_TRUE(rx->Failure().has_value());
       EXPECT_EQ(rx->Failure()->cause, FailureCause::kLayoutMismatch);
+      // No single rank is to blame: the record names the prefill instance's
+      // first rank, not a prefill rank at this decode rank's tp/pp.
+      EXPECT_EQ(rx->Failure()->origin.ShortName(), "prefill tp0") << rx->Failure()->Message();
       std::vector<int32_t> pages{1, 2};
       EXPECT_FALSE(rx->SendMetadata(pages, 0, {}).ok());
       EXPECT_TRUE(rx->Quiesced());
     }
   }
+}
+
+// A layout mismatch found against one prefill rank names that rank (its tp
+// and pp), not a prefill rank at the decode rank's own position.
+TEST(PpTest, LayoutMismatchNamesTheIncompatiblePrefillRank) {
+  ClusterOptions o = Options({2, 2, 1, 1, 4, 4, false});
+  o.tweak = [](ManagerOptions& m) {
+    // Prefill tp1 pp1 says its pages are twice as large: bytes per head per
+    // token no longer match decode's.
+    if (m.role == Role::kPrefill && m.parallel.pp_rank == 1 && m.parallel.tp_rank == 1)
+      for (uint64_t& len : m.args.kv_item_lens) len *= 2;
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto rx = std::move(KVReceiver::Create(*(*c)->decode[0].manager, 4)).value();
+  Status s = rx->Init(0);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("bytes per head per token mismatch for layer 2"), std::string::npos)
+      << s.ToString();
+  ASSERT_TRUE(rx->Failure().has_value());
+  const FailureRecord f = *rx->Failure();
+  EXPECT_EQ(f.cause, FailureCause::kLayoutMismatch);
+  EXPECT_EQ(f.origin.role, Role::kPrefill);
+  EXPECT_EQ(f.origin.tp, 1) << f.Message();
+  EXPECT_EQ(f.origin.pp, 1) << f.Message();
+  EXPECT_TRUE(f.is_from_another_rank);
+  EXPECT_NE(f.Message().find("prefill tp1 pp1"), std::string::npos) << f.Message();
 }
 
 }  // namespace

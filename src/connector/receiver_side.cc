@@ -74,6 +74,7 @@ Status ManagerImpl::ReceiverInit(const std::shared_ptr<ReceiverRoom>& room, int 
 
 Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
   std::lock_guard<std::mutex> resolve(resolve_mu_);
+  std::optional<RankId> incompatible;  // the prefill rank whose layout does not fit
   Status s = [&]() -> Status {
     if (!prefill_info_) {
       ASSIGN_OR_RETURN(ParallelInfo info, bootstrap_->GetParallelInfo());
@@ -136,12 +137,16 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
         pos.dp = room->prefill_dp_rank;
         pos.tp = tp;
         pos.pp = pp;
-        ASSIGN_OR_RETURN(std::string key, EnsurePrefillPeer(pos));
+        Result<std::string> key = EnsurePrefillPeer(pos);
+        if (!key.ok()) {
+          if (key.status().code() == StatusCode::kFailedPrecondition) incompatible = pos;
+          return key.status();
+        }
         ReceiverSource src;
-        src.peer_key = key;
+        src.peer_key = *key;
         src.dummy = dummy;
         std::lock_guard<std::mutex> lock(mu_);
-        src.prefill = FindPeerLocked(key)->id;
+        src.prefill = FindPeerLocked(*key)->id;
         sources.push_back(std::move(src));
       }
     }
@@ -168,10 +173,13 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
                                : FailureCause::kInvalidRequest;
       RankId origin = self_;
       if (cause == FailureCause::kLayoutMismatch) {
+        // The prefill rank whose layout does not fit; for a mismatch of the
+        // two instances' shapes (e.g. pp sizes), the instance's first rank.
+        // Never this decode rank's tp/pp under a prefill role: that names a
+        // rank that may not exist.
+        origin = incompatible.value_or(RankId{});
         origin.role = Role::kPrefill;
         origin.dp = room->prefill_dp_rank;
-        origin.host.clear();
-        origin.pid = 0;
       }
       FailReceiverLocked(
           *room, MakeRecord(origin, cause, s.message(), Phase::kBootstrapping, "layout check"),
