@@ -4,7 +4,9 @@
 // the wrong layer is corrupt).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "connector/connector_test_util.h"
 #include "connector/test_cluster.h"
@@ -170,7 +172,13 @@ TEST(PpTest, StagesChunkIndependentlyAndEmptyChunksStillConclude) {
   ASSERT_TRUE(first.Send(std::span<const int32_t>()).ok());  // nothing this time
   ASSERT_TRUE(last.Send(src.first(10), r.src_state).ok());
   ASSERT_TRUE(WaitFor([&] { return last.Poll() == KVPoll::kSuccess; }));
-  // Decode waits for the first stage.
+  // Decode waits for the first stage: whatever notifications it has seen
+  // (their order across stages is not fixed), it is not done before the
+  // first stage's last chunk. The pause lets the last stage's notification
+  // arrive; the check holds with or without it.
+  ASSERT_TRUE(WaitFor([&] { return r.receivers[0]->Poll() == KVPoll::kTransferring; }))
+      << KVPollName(r.receivers[0]->Poll());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(r.receivers[0]->Poll(), KVPoll::kTransferring);
   ASSERT_TRUE(first.Send(src.subspan(3)).ok());
   ExpectDelivered(**c, r);
