@@ -52,11 +52,19 @@ ClusterOptions TwoByTwo() {
   ClusterOptions o;
   o.prefill_tp = 2;
   o.decode_tp = 2;
-  o.tweak = [](ManagerOptions& m) {
-    m.heartbeat_interval = std::chrono::milliseconds(50);
-    m.heartbeat_misses = 40;  // no false alarms on a loaded machine
-  };
+  o.tweak = TolerantLiveness;
   return o;
+}
+
+// Wraps every transport of the cluster in a FaultTransport, collected in
+// creation order (prefill ranks first).
+std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>, Role, int)> WrapInFaults(
+    std::vector<FaultTransport*>* faults) {
+  return [faults](std::unique_ptr<Transport> t, Role, int) -> std::unique_ptr<Transport> {
+    auto f = std::make_unique<FaultTransport>(std::move(t));
+    faults->push_back(f.get());
+    return f;
+  };
 }
 
 TEST(FailurePropagationTest, ReportFatalReachesEverySiblingAndPeer) {
@@ -92,11 +100,7 @@ TEST(FailurePropagationTest, ReportFatalReachesEverySiblingAndPeer) {
 TEST(FailurePropagationTest, VanishedPrefillRankIsNamedByEverySurvivor) {
   std::vector<FaultTransport*> faults;
   ClusterOptions o = TwoByTwo();
-  o.wrap = [&](std::unique_ptr<Transport> t, Role, int) -> std::unique_ptr<Transport> {
-    auto f = std::make_unique<FaultTransport>(std::move(t));
-    faults.push_back(f.get());
-    return f;
-  };
+  o.wrap = WrapInFaults(&faults);
   auto c = TestCluster::Create(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   Room r;
@@ -122,11 +126,7 @@ TEST(FailurePropagationTest, StalledTransferHitsTheTransferDeadlineNamingPeerAnd
   std::vector<FaultTransport*> faults;
   ClusterOptions o;
   o.tweak = [](ManagerOptions& m) { m.transfer_timeout = std::chrono::milliseconds(300); };
-  o.wrap = [&](std::unique_ptr<Transport> t, Role, int) -> std::unique_ptr<Transport> {
-    auto f = std::make_unique<FaultTransport>(std::move(t));
-    faults.push_back(f.get());
-    return f;
-  };
+  o.wrap = WrapInFaults(&faults);
   auto c = TestCluster::Create(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   Room r;
@@ -154,11 +154,7 @@ TEST(FailurePropagationTest, StalledTransferHitsTheTransferDeadlineNamingPeerAnd
 TEST(AbortTest, DecodeAbortWaitsForInFlightWritesBeforeQuiescing) {
   std::vector<FaultTransport*> faults;
   ClusterOptions o;
-  o.wrap = [&](std::unique_ptr<Transport> t, Role, int) -> std::unique_ptr<Transport> {
-    auto f = std::make_unique<FaultTransport>(std::move(t));
-    faults.push_back(f.get());
-    return f;
-  };
+  o.wrap = WrapInFaults(&faults);
   auto c = TestCluster::Create(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   Room r;

@@ -9,13 +9,6 @@
 namespace kvbridge::internal {
 namespace {
 
-using std::chrono::milliseconds;
-
-void Liveness(ManagerOptions& m) {
-  m.heartbeat_interval = milliseconds(50);
-  m.heartbeat_misses = 40;  // no false alarms on a loaded machine
-}
-
 // A prefill tp1 instance and decode instance "a" (tp2) from TestCluster,
 // plus decode instance "b" (tp2) on the same fabric and bootstrap server.
 struct TwoDecodeInstances {
@@ -29,7 +22,7 @@ struct TwoDecodeInstances {
   Status Start() {
     options.decode_tp = 2;
     options.tweak = [](ManagerOptions& m) {
-      Liveness(m);
+      TolerantLiveness(m);
       if (m.role == Role::kDecode) m.instance_id = "a";
     };
     ASSIGN_OR_RETURN(cluster, TestCluster::Create(options));
@@ -49,7 +42,7 @@ struct TwoDecodeInstances {
       mo.bootstrap_addr = cluster->server->address();
       mo.start_bootstrap_server = false;
       mo.instance_id = "b";
-      Liveness(mo);
+      TolerantLiveness(mo);
       ASSIGN_OR_RETURN(
           std::unique_ptr<Transport> t,
           CreateLoopbackTransport(cluster->fabric(), "decode[b] tp" + std::to_string(tp)));

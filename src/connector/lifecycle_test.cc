@@ -121,10 +121,7 @@ TEST(RestartTest, RestartedSiblingNoLongerBlocksNewRequests) {
   ClusterOptions o;
   o.prefill_tp = 2;
   o.decode_tp = 1;
-  o.tweak = [](ManagerOptions& m) {
-    m.heartbeat_interval = std::chrono::milliseconds(50);
-    m.heartbeat_misses = 40;  // no false alarms on a loaded machine
-  };
+  o.tweak = TolerantLiveness;
   auto c = TestCluster::Create(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   TransferAll(**c, 1);

@@ -59,6 +59,11 @@ TestCluster::~TestCluster() {
   for (auto& r : prefill) r.manager.reset();
 }
 
+void TolerantLiveness(ManagerOptions& m) {
+  m.heartbeat_interval = std::chrono::milliseconds(50);
+  m.heartbeat_misses = 40;
+}
+
 bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!cond()) {

@@ -73,6 +73,10 @@ class TestCluster {
   int decode_tp_ = 1;
 };
 
+// Heartbeats every 50 ms with 40 misses allowed: failures are detected by
+// the mechanism a test aims at, with no false alarms on a loaded machine.
+void TolerantLiveness(ManagerOptions& m);
+
 // Polls `cond` until it holds or `timeout` passes. Returns whether it held.
 bool WaitFor(const std::function<bool()>& cond,
              std::chrono::milliseconds timeout = std::chrono::seconds(30));
