@@ -157,7 +157,7 @@ Status ManagerImpl::Start() {
   }
 
   RankRecord rec;
-  rec.role = opts_.role == Role::kPrefill ? RankRole::kPrefill : RankRole::kDecode;
+  rec.role = ToRankRole(opts_.role);
   rec.attn_tp_size = p.tp_size;
   rec.attn_tp_rank = p.tp_rank;
   rec.attn_cp_size = p.cp_size;

@@ -67,6 +67,10 @@ struct PendingMeta {
   SteadyTime at;
 };
 
+// The registry's role for a rank, and the rank a registry record describes.
+RankRole ToRankRole(Role r);
+RankId RankIdOf(const RankRecord& record);
+
 class ManagerImpl {
  public:
   // `transport` replaces the UCX transport (tests: loopback, fault wrapper).

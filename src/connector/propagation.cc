@@ -17,6 +17,8 @@ bool IsRankFailure(FailureCause c) {
          c == FailureCause::kPeerUnresponsive || c == FailureCause::kLocalError;
 }
 
+}  // namespace
+
 RankRole ToRankRole(Role r) { return r == Role::kPrefill ? RankRole::kPrefill : RankRole::kDecode; }
 
 // The rank a registry record describes.
@@ -33,8 +35,6 @@ RankId RankIdOf(const RankRecord& record) {
   id.instance = record.instance;
   return id;
 }
-
-}  // namespace
 
 void ManagerImpl::PublishLocked(const FailureRecord& record) {
   const bool self_record = record.origin.SameRank(self_);

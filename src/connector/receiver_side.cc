@@ -215,10 +215,7 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos) {
   RETURN_IF_ERROR(CheckCompatible(layout, layout_));
   auto peer = std::make_unique<Peer>();
   peer->key = key;
-  peer->id = pos;
-  peer->id.host = rec->host;
-  peer->id.pid = static_cast<int>(rec->pid);
-  peer->id.incarnation = rec->incarnation;
+  peer->id = RankIdOf(*rec);
   peer->address = rec->transport_address;
   peer->layout = std::move(layout);
   peer->tp_size = rec->attn_tp_size;
