@@ -39,7 +39,9 @@ struct ManagerStats {
   uint64_t bytes_written = 0;    // prefill: payload bytes posted and completed
   uint64_t write_ops = 0;        // coalesced writes posted
   uint64_t chunks_sent = 0;
-  uint64_t stale_messages_dropped = 0;  // late messages of an old generation
+  // Late messages dropped: of an old room generation, or failure records
+  // about a process that was already replaced at its position.
+  uint64_t stale_messages_dropped = 0;
   uint64_t pending_metadata = 0;        // metadata waiting for its sender
   uint64_t peers_connected = 0;
 };

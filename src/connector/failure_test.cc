@@ -2,6 +2,7 @@
 // transport (the process-level fault matrix is in tests/integration).
 #include <gtest/gtest.h>
 
+#include "connector/manager_impl.h"
 #include "connector/test_cluster.h"
 #include "transport/fault/fault_transport.h"
 
@@ -183,6 +184,88 @@ TEST(AbortTest, DecodeAbortWaitsForInFlightWritesBeforeQuiescing) {
   ASSERT_TRUE(next.senders[0]->Send(next.src).ok());
   ASSERT_TRUE(WaitFor([&] { return next.receivers[0]->Poll() == KVPoll::kSuccess; }));
   EXPECT_TRUE((*c)->decode[0].pool->PagesHold(r.dst, 0x33));
+}
+
+// Mutes the first `n` endpoints that ranks of `role` open (their messages
+// vanish, like an endpoint stuck in wire-up); the FaultTransport of the
+// first such rank lands in *faults. Liveness: 50 ms x 10.
+ClusterOptions MuteFirstConnects(Role role, int n, FaultTransport** faults) {
+  ClusterOptions o;
+  o.tweak = [](ManagerOptions& m) {
+    m.heartbeat_interval = std::chrono::milliseconds(50);
+    m.heartbeat_misses = 10;
+  };
+  o.wrap = [=](std::unique_ptr<Transport> t, Role r, int) -> std::unique_ptr<Transport> {
+    if (r != role) return t;
+    auto f = std::make_unique<FaultTransport>(std::move(t));
+    f->MuteNextConnects(n);
+    if (*faults == nullptr) *faults = f.get();
+    return f;
+  };
+  return o;
+}
+
+void ExpectTransferSucceeds(TestCluster& c, uint64_t id) {
+  Room r;
+  Open(c, id, r);
+  for (auto& s : r.senders) ASSERT_TRUE(s->Send(r.src).ok());
+  for (auto& rx : r.receivers) {
+    ASSERT_TRUE(WaitFor([&] {
+      KVPoll p = rx->Poll();
+      return p == KVPoll::kSuccess || p == KVPoll::kFailed;
+    }));
+    ASSERT_EQ(rx->Poll(), KVPoll::kSuccess) << rx->Failure()->Message();
+  }
+  EXPECT_EQ(c.decode[0].pool->CountCorruptPages(id, r.dst), 0u);
+}
+
+// Decode's first endpoint to prefill is mute: its Hello (and whatever
+// followed it) never arrives. Decode must not take prefill's silence for a
+// failure: it sends the Hello again on a new endpoint and the request
+// completes.
+TEST(HandshakeTest, HelloLostOnAMuteEndpointIsSentAgainOnANewOne) {
+  FaultTransport* faults = nullptr;
+  auto c = TestCluster::Create(MuteFirstConnects(Role::kDecode, 1, &faults));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ExpectTransferSucceeds(**c, 3);
+  EXPECT_GE(faults->counters().muted_dropped, 1u);  // the first Hello
+  std::vector<PeerSnapshot> peers = (*c)->decode[0].manager->impl().Peers();
+  ASSERT_EQ(peers.size(), 1u);
+  EXPECT_FALSE(peers[0].failed);
+  EXPECT_EQ((*c)->prefill[0].manager->Stats().rooms_failed, 0u);
+  EXPECT_EQ((*c)->decode[0].manager->Stats().rooms_failed, 0u);
+}
+
+// Prefill's endpoint back to decode is mute: it got the Hello but its answer
+// (and its heartbeats) never arrive. Decode's second Hello makes prefill
+// answer on a new endpoint of its own.
+TEST(HandshakeTest, LostAnswerIsGivenAgainOnANewEndpoint) {
+  FaultTransport* faults = nullptr;
+  auto c = TestCluster::Create(MuteFirstConnects(Role::kPrefill, 1, &faults));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ExpectTransferSucceeds(**c, 4);
+  EXPECT_GE(faults->counters().muted_dropped, 1u);  // the first HelloAck
+  EXPECT_EQ((*c)->prefill[0].manager->Stats().rooms_failed, 0u);
+  EXPECT_EQ((*c)->decode[0].manager->Stats().rooms_failed, 0u);
+  ExpectTransferSucceeds(**c, 5);
+}
+
+// A prefill rank that never answers the handshake (every endpoint to it is
+// mute) is blamed once the retries are spent, by name and as unresponsive.
+TEST(HandshakeTest, RankThatNeverAnswersIsNamedUnresponsive) {
+  FaultTransport* faults = nullptr;
+  auto c = TestCluster::Create(MuteFirstConnects(Role::kDecode, 1000, &faults));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto rx = std::move(KVReceiver::Create(*(*c)->decode[0].manager, 6)).value();
+  ASSERT_TRUE(rx->Init(0).ok());
+  const std::vector<int32_t> dst{1, 2};
+  ASSERT_TRUE(rx->SendMetadata(dst, 0, {}).ok());
+  ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kFailed; }));
+  ExpectAttributed(rx->Failure(), (*c)->prefill[0].manager->self(),
+                   {FailureCause::kPeerUnresponsive});
+  EXPECT_NE(rx->Failure()->detail.find("handshake"), std::string::npos)
+      << rx->Failure()->Message();
+  EXPECT_GE(faults->counters().muted_dropped, 3u);  // several Hellos, each on a new endpoint
 }
 
 }  // namespace

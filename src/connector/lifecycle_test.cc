@@ -4,7 +4,9 @@
 
 #include <sstream>
 
+#include "connector/record_json.h"
 #include "connector/test_cluster.h"
+#include "control/bootstrap_client.h"
 
 namespace kvbridge::internal {
 namespace {
@@ -152,6 +154,70 @@ TEST(RestartTest, RestartedSiblingNoLongerBlocksNewRequests) {
     EXPECT_NE(tx->Poll(), KVPoll::kFailed) << tx->Failure()->Message();
   }
   TransferAll(**c, ++room);
+}
+
+// A failure record about a process that was already replaced at its
+// position (read late from the registry, or from a slow detector) names a
+// process no live request involves: it fails nothing, on the sibling or on
+// decode, and is counted as stale.
+TEST(RestartTest, LateRecordAboutAReplacedProcessFailsNoLiveRequest) {
+  ClusterOptions o;
+  o.prefill_tp = 2;
+  o.decode_tp = 1;
+  o.tweak = TolerantLiveness;
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TransferAll(**c, 1);
+  KVManager& sibling = *(*c)->prefill[0].manager;
+  KVManager& decode = *(*c)->decode[0].manager;
+  // A request in flight on every rank when the late record comes.
+  const uint64_t room = 2;
+  std::vector<int32_t> src{1, 2, 3}, dst{7, 8, 9};
+  auto rx = std::move(KVReceiver::Create(decode, room)).value();
+  ASSERT_TRUE(rx->Init(0).ok());
+  ASSERT_TRUE(rx->SendMetadata(dst, 0, {}).ok());
+  std::vector<std::unique_ptr<KVSender>> tx;
+  for (auto& p : (*c)->prefill) {
+    p.pool->Fill(room, src, 0, {});
+    tx.push_back(std::move(KVSender::Create(*p.manager, room)).value());
+  }
+  for (auto& t : tx)
+    ASSERT_TRUE(WaitFor([&] { return t->Poll() == KVPoll::kWaitingForInput; }))
+        << KVPollName(t->Poll());
+  // prefill tp1's previous process (an incarnation the ranks never heard
+  // of) exited; the record of it reaches the registry only now.
+  FailureRecord late;
+  late.origin = (*c)->prefill[1].manager->self();
+  late.origin.incarnation ^= 0x5a5a5a5a5a5a5a5aull;
+  late.origin.pid += 1;
+  late.cause = FailureCause::kPeerExited;
+  late.detail = "process exited";
+  late.phase = Phase::kTransferring;
+  late.detected_by = decode.self();
+  late.mechanism = "transport error";
+  late.detected_at = std::chrono::system_clock::now();
+  late.last_sign_of_life = late.detected_at;
+  const uint64_t sibling_stale = sibling.Stats().stale_messages_dropped;
+  const uint64_t decode_stale = decode.Stats().stale_messages_dropped;
+  auto client = BootstrapClient::Create(sibling.options().bootstrap_addr, std::chrono::seconds(5));
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_TRUE((*client)->PublishFailure(FailureRecordToJson(late)).ok());
+  ASSERT_TRUE(WaitFor([&] {
+    return sibling.Stats().stale_messages_dropped > sibling_stale &&
+           decode.Stats().stale_messages_dropped > decode_stale;
+  })) << "the late record was not read as stale";
+  for (auto& t : tx) {
+    ASSERT_NE(t->Poll(), KVPoll::kFailed) << t->Failure()->Message();
+    ASSERT_TRUE(t->Init(3, 0).ok());
+    ASSERT_TRUE(t->Send(src).ok());
+  }
+  ASSERT_TRUE(WaitFor([&] {
+    KVPoll p = rx->Poll();
+    return p == KVPoll::kSuccess || p == KVPoll::kFailed;
+  }));
+  ASSERT_EQ(rx->Poll(), KVPoll::kSuccess) << rx->Failure()->Message();
+  EXPECT_EQ((*c)->decode[0].pool->CountCorruptPages(room, dst), 0u);
+  TransferAll(**c, 3);  // and new requests are not blocked by it either
 }
 
 }  // namespace

@@ -235,8 +235,12 @@ Peer* ManagerImpl::PeerFromLocked(const RankId& from) {
   return p;
 }
 
-void ManagerImpl::Send(Outbox& out, const Peer& peer, const MessageBody& body, bool urgent) {
+void ManagerImpl::Send(Outbox& out, Peer& peer, const MessageBody& body, bool urgent) {
   if (peer.tpeer == 0) return;
+  if (!peer.acked) {
+    peer.held.emplace_back(urgent, EncodeMessage(self_, body));
+    return;
+  }
   (urgent ? out.urgent : out.messages).emplace_back(peer.tpeer, EncodeMessage(self_, body));
 }
 
@@ -322,9 +326,7 @@ void ManagerImpl::OnMessage(std::string_view bytes) {
         [&](auto& body) {
           using T = std::decay_t<decltype(body)>;
           if constexpr (std::is_same_v<T, HelloAckMsg>) {
-            if (peer != nullptr && body.code != StatusCode::kOk && !peer->failed) {
-              FailPeerLocked(*peer, FailureCause::kLayoutMismatch, body.message, "handshake", out);
-            }
+            if (peer != nullptr) OnHelloAckLocked(*peer, body, out);
           } else if constexpr (std::is_same_v<T, MetaMsg>) {
             OnMeta(m.from, std::move(body), out);
           } else if constexpr (std::is_same_v<T, NotifyMsg>) {
@@ -346,16 +348,49 @@ void ManagerImpl::OnMessage(std::string_view bytes) {
   Flush(out);
 }
 
+void ManagerImpl::OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& out) {
+  if (peer.failed) return;
+  if (ack.code != StatusCode::kOk) {
+    FailPeerLocked(peer, FailureCause::kLayoutMismatch, ack.message, "handshake", out);
+    return;
+  }
+  if (peer.acked) return;  // the answer to a Hello sent again
+  peer.acked = true;
+  if (peer.hello_attempts > 1)
+    KVB_LOG_INFO("{} answered handshake attempt {}", peer.key, peer.hello_attempts);
+  for (auto& [urgent, bytes] : peer.held)
+    (urgent ? out.urgent : out.messages).emplace_back(peer.tpeer, std::move(bytes));
+  peer.held.clear();
+}
+
 void ManagerImpl::OnHello(const RankId& from, HelloMsg hello) {
   // Runs on a transport thread; Connect and ImportRegion are allowed there.
   std::lock_guard<std::mutex> resolve(resolve_mu_);
   Outbox out;
   PeerId stale = 0;
+  bool answered_again = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Peer* old = FindPeerLocked(PeerKey(from));
-    if (old != nullptr && old->id.incarnation == from.incarnation && old->ready) return;
-    if (old != nullptr) {
+    if (old != nullptr && old->id.incarnation == from.incarnation && old->ready) {
+      // The same process again: it did not hear our answer. A failed peer
+      // stays failed (it learns so from the RankFailed it gets).
+      if (old->failed) return;
+      bool in_use = false;
+      for (auto& [id, room] : senders_)
+        for (auto& [rank, flow] : room->flows) in_use = in_use || flow.peer_key == old->key;
+      if (in_use) {
+        // Requests already flow over our endpoint to it: answer on it again.
+        Send(out, *old, HelloAckMsg{StatusCode::kOk, "", transport_->Address()});
+        answered_again = true;
+      } else {
+        // Our endpoint to it may be the stuck one: answer on a new one.
+        KVB_LOG_INFO("{} sent its Hello again; answering on a new endpoint", from.ToString());
+        stale = old->tpeer;
+        by_tpeer_.erase(old->tpeer);
+        peers_.erase(PeerKey(from));
+      }
+    } else if (old != nullptr) {
       if (!old->failed) {
         FailPeerLocked(*old, FailureCause::kPeerExited,
                        fmt::format("restarted as pid {}", from.pid), "new incarnation", out);
@@ -366,6 +401,7 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello) {
     }
   }
   Flush(out);
+  if (answered_again) return;
   if (stale != 0) transport_->Disconnect(stale);
 
   auto peer = std::make_unique<Peer>();
@@ -443,6 +479,7 @@ void ManagerImpl::FailPeerLocked(Peer& peer, FailureCause cause, std::string det
 void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base, Outbox& out) {
   peer.failed = true;
   peer.failure = base;
+  peer.held.clear();
   if (base.cause != FailureCause::kLayoutMismatch) {
     dead_ranks_[peer.key] = base;
     applied_.insert({peer.key, peer.id.incarnation});
@@ -506,6 +543,7 @@ void ManagerImpl::Tick() {
   const SteadyTime now = std::chrono::steady_clock::now();
   const auto silence_limit = opts_.heartbeat_interval * opts_.heartbeat_misses;
   std::vector<PeerId> beats;
+  std::vector<std::string> retry_hello;
   Outbox out;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -525,6 +563,27 @@ void ManagerImpl::Tick() {
         beats.push_back(peer->tpeer);
       // A rank that failed itself (fatal error, fenced) blames nobody else.
       if (peer->failed || !peer->ready || fatal_) continue;
+      if (!peer->acked) {
+        // The handshake is not answered: a lost Hello is sent again on a new
+        // endpoint, waiting longer each time, before the rank is blamed.
+        const auto wait = silence_limit * std::min(1 << std::min(peer->hello_attempts - 1, 3), 4);
+        if (now - peer->hello_at <= wait) continue;
+        ProcessState ps =
+            peer->id.host == self_.host ? GetProcessState(peer->id.pid) : ProcessState::kUnknown;
+        const double waited = std::chrono::duration<double>(now - peer->last_heard).count();
+        if (ps == ProcessState::kExited) {
+          FailPeerLocked(*peer, FailureCause::kPeerExited, "process exited", "handshake", out);
+        } else if (now - peer->last_heard > silence_limit * 10) {
+          std::string what = ps == ProcessState::kStopped ? DescribeProcessState(ps) + ", " : "";
+          FailPeerLocked(*peer, FailureCause::kPeerUnresponsive,
+                         fmt::format("{}no answer to {} handshake attempts in {:.2f} s", what,
+                                     peer->hello_attempts, waited),
+                         "handshake", out);
+        } else {
+          retry_hello.push_back(key);
+        }
+        continue;
+      }
       if (now - peer->last_heard <= silence_limit) continue;
       ProcessState ps =
           peer->id.host == self_.host ? GetProcessState(peer->id.pid) : ProcessState::kUnknown;
@@ -547,6 +606,7 @@ void ManagerImpl::Tick() {
   Flush(out);
   std::string beat = EncodeMessage(self_, HeartbeatMsg{heartbeat_seq_.fetch_add(1)});
   for (PeerId p : beats) transport_->SendUrgentMessage(p, beat).IgnoreError();
+  for (const std::string& key : retry_hello) RetryHello(key);
   if (opts_.role == Role::kDecode) RetryUnresolved();
 }
 

@@ -45,6 +45,14 @@ struct Peer {
   RemoteRegionSet remote;  // prefill side: decode's imported regions
   int tp_size = 0;
   bool ready = false;
+  // Decode side: the prefill rank answered our Hello. Until it does, what
+  // we send it waits in `held`: a Hello that gets no answer is sent again on
+  // a new endpoint (the old one may be stuck in wire-up), and anything that
+  // went over the old endpoint would be lost with it.
+  bool acked = true;
+  int hello_attempts = 0;
+  SteadyTime hello_at{};
+  std::vector<std::pair<bool, std::string>> held;  // (urgent, encoded message)
   bool failed = false;
   std::optional<FailureRecord> failure;  // why it failed (room 0)
   SteadyTime last_heard = std::chrono::steady_clock::now();
@@ -133,13 +141,13 @@ class ManagerImpl {
   explicit ManagerImpl(const ManagerOptions& options);
   Status Start();
   void Flush(Outbox& out);
-  void Send(Outbox& out, const Peer& peer, const MessageBody& body, bool urgent = false);
+  // Queues `body` for `peer`; held until the handshake with it is answered.
+  void Send(Outbox& out, Peer& peer, const MessageBody& body, bool urgent = false);
 
   // Messages and transport events (manager_impl.cc).
   void OnMessage(std::string_view bytes);
   void OnPeerFailure(PeerId peer, const Status& why);
   void OnHello(const RankId& from, HelloMsg hello);
-  void OnHelloAck(const RankId& from, const HelloAckMsg& ack);
   void Tick();
   void TickerLoop();
 
@@ -164,7 +172,13 @@ class ManagerImpl {
   void RegistryRound(uint64_t round);
   // Applies a failure of another rank learned from the registry or a peer:
   // fails the peer, sibling requests, or requests of the failed instance.
-  void ApplyRankFailureLocked(const FailureRecord& record, Outbox& out);
+  // `live` (key -> incarnation the registry lists alive, fetched after the
+  // record) tells a record about a process that was already replaced.
+  void ApplyRankFailureLocked(const FailureRecord& record, Outbox& out,
+                              const std::map<std::string, uint64_t>* live = nullptr);
+  // The record's origin is a process another live incarnation has replaced
+  // at its position (by `live`, or by the peer this rank talks to there).
+  bool ReplacedLocked(const RankId& origin, const std::map<std::string, uint64_t>* live);
   void PublishLocked(const FailureRecord& record);
   // Why a new request on this rank cannot succeed, if it cannot.
   std::optional<FailureRecord> NewRoomBlockerLocked() const;
@@ -213,6 +227,11 @@ class ManagerImpl {
   // Decode internals (receiver_side.cc).
   Status ResolveSources(const std::shared_ptr<ReceiverRoom>& room);
   Result<std::string> EnsurePrefillPeer(const RankId& position);
+  HelloMsg MakeHello() const;
+  // Sends the Hello to the prefill rank at `key` again on a new endpoint and
+  // drops the old one (the Hello on it got no answer).
+  void RetryHello(const std::string& key);
+  void OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& out);
   void SendMetaLocked(ReceiverRoom& room, Outbox& out);
   void OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out);
   void OnPrefillRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out);

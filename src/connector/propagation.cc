@@ -111,9 +111,33 @@ void ManagerImpl::ForgetRestartedLocked(const std::vector<RankStatus>& ranks) {
   }
 }
 
-void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out) {
+bool ManagerImpl::ReplacedLocked(const RankId& origin,
+                                 const std::map<std::string, uint64_t>* live) {
+  const std::string key = PeerKey(origin);
+  if (live != nullptr) {
+    auto it = live->find(key);
+    if (it != live->end() && it->second != origin.incarnation) return true;
+  }
+  const Peer* p = FindPeerLocked(key);
+  return p != nullptr && p->ready && p->acked && !p->failed &&
+         p->id.incarnation != origin.incarnation;
+}
+
+void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
+                                         const std::map<std::string, uint64_t>* live) {
   if (r.origin.role == Role::kBootstrap || !IsRankFailure(r.cause)) return;
   const std::string key = PeerKey(r.origin);
+  if (!r.origin.SameRank(self_) && !applied_.count({key, r.origin.incarnation}) &&
+      ReplacedLocked(r.origin, live)) {
+    // Late news of a process that has already been replaced (a slow
+    // detector, a record read after the restart): the requests running now
+    // belong to its successor, so nothing fails. Rooms that involved the
+    // old process failed when it was replaced.
+    applied_.insert({key, r.origin.incarnation});
+    ++stale_dropped_;
+    KVB_LOG_INFO("ignoring a late failure record about a replaced process: {}", r.Message());
+    return;
+  }
   if (r.origin.SameRank(self_)) {
     if (r.origin.incarnation != self_.incarnation || fatal_) return;
     // Others declared this process failed (e.g. it was stopped): it is fenced
@@ -201,12 +225,24 @@ void ManagerImpl::RegistryRound(uint64_t round) {
   Result<FailureBatch> batch = bootstrap_->FailuresSince(failure_seq_);
   if (batch.ok()) {
     failure_seq_ = batch->latest_seq;
+    // Who is alive now, read after the records: a record about a process
+    // already replaced at its position must not fail its successor's rooms.
+    std::map<std::string, uint64_t> live;
+    bool have_live = false;
+    if (!batch->records.empty()) {
+      Result<std::vector<RankStatus>> ranks = bootstrap_->ListRanks();
+      if (ranks.ok()) {
+        have_live = true;
+        for (const RankStatus& s : *ranks)
+          if (s.state == Liveness::kAlive) live[PeerKey(RankIdOf(s.record))] = s.record.incarnation;
+      }
+    }
     Outbox out;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const nlohmann::json& j : batch->records) {
         Result<FailureRecord> r = FailureRecordFromJson(j);
-        if (r.ok()) ApplyRankFailureLocked(*r, out);
+        if (r.ok()) ApplyRankFailureLocked(*r, out, have_live ? &live : nullptr);
       }
     }
     Flush(out);

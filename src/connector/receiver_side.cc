@@ -220,8 +220,7 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos) {
   peer->layout = std::move(layout);
   peer->tp_size = rec->attn_tp_size;
   ASSIGN_OR_RETURN(peer->tpeer, transport_->Connect(rec->transport_address));
-  HelloMsg hello{layout_, layout_.tp_size, transport_->Address(), kv_keys_, aux_keys_, state_keys_};
-  Status sent = transport_->SendMessage(peer->tpeer, EncodeMessage(self_, hello));
+  Status sent = transport_->SendMessage(peer->tpeer, EncodeMessage(self_, MakeHello()));
   if (!sent.ok()) {
     transport_->Disconnect(peer->tpeer);
     return sent.WithContext(key);
@@ -241,6 +240,9 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos) {
     }
     dead_ranks_.erase(key);
     peer->ready = true;
+    peer->acked = false;
+    peer->hello_attempts = 1;
+    peer->hello_at = std::chrono::steady_clock::now();
     peer->last_heard = std::chrono::steady_clock::now();
     peer->last_heard_wall = std::chrono::system_clock::now();
     by_tpeer_[peer->tpeer] = peer.get();
@@ -252,6 +254,56 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos) {
   KVB_LOG_INFO("connected to {} via {}", key,
                path.ok() ? DataPathName(*path) : std::string_view("?"));
   return key;
+}
+
+HelloMsg ManagerImpl::MakeHello() const {
+  return HelloMsg{layout_, layout_.tp_size, transport_->Address(), kv_keys_, aux_keys_, state_keys_};
+}
+
+void ManagerImpl::RetryHello(const std::string& key) {
+  std::lock_guard<std::mutex> resolve(resolve_mu_);
+  std::string address;
+  PeerId old_tpeer = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer* p = FindPeerLocked(key);
+    if (p == nullptr || p->acked || p->failed) return;
+    address = p->address;
+    old_tpeer = p->tpeer;
+  }
+  Result<PeerId> conn = transport_->Connect(address);
+  Status sent = conn.status();
+  if (sent.ok()) sent = transport_->SendMessage(*conn, EncodeMessage(self_, MakeHello()));
+  bool replaced = false;
+  int attempt = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer* p = FindPeerLocked(key);
+    if (p != nullptr && !p->acked && !p->failed && p->tpeer == old_tpeer) {
+      // Counted even when the new endpoint could not be opened: the next
+      // try waits longer, and the rank is blamed once the budget is spent.
+      attempt = ++p->hello_attempts;
+      p->hello_at = std::chrono::steady_clock::now();
+      if (sent.ok()) {
+        by_tpeer_.erase(old_tpeer);
+        p->tpeer = *conn;
+        by_tpeer_[p->tpeer] = p;
+        replaced = true;
+      }
+    }
+  }
+  if (!sent.ok()) {
+    KVB_LOG_WARN("handshake with {}: cannot send it again: {}", key, sent.ToString());
+    if (conn.ok()) transport_->Disconnect(*conn);
+    return;
+  }
+  if (!replaced) {  // answered (or failed) meanwhile
+    transport_->Disconnect(*conn);
+    return;
+  }
+  KVB_LOG_WARN("no answer from {} to the handshake; sent it again on a new endpoint (attempt {})",
+               key, attempt);
+  transport_->Disconnect(old_tpeer);
 }
 
 Status ManagerImpl::ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& room,

@@ -64,7 +64,12 @@ Status FaultTransport::DeregisterMemory(RegionId id) {
 Result<PeerId> FaultTransport::Connect(std::string_view peer_address) {
   ASSIGN_OR_RETURN(PeerId peer, inner_->Connect(peer_address));
   std::lock_guard<std::mutex> lock(mu_);
-  peers_[peer];
+  PeerInfo& info = peers_[peer];
+  if (mute_connects_ > 0) {
+    --mute_connects_;
+    info.muted = true;
+    KVB_LOG_INFO("endpoint {} on {} is mute (fault injection)", peer, name_);
+  }
   return peer;
 }
 
@@ -172,6 +177,10 @@ Status FaultTransport::SendMessage(PeerId peer, std::string payload) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(PeerInfo * info, OpenPeerLocked(peer));
+    if (info->muted) {
+      ++counters_.muted_dropped;
+      return Status::Ok();
+    }
     if (drop_messages_) {
       ++counters_.messages_dropped;
       return Status::Ok();
@@ -193,7 +202,11 @@ Status FaultTransport::SendMessage(PeerId peer, std::string payload) {
 Status FaultTransport::SendUrgentMessage(PeerId peer, std::string payload) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(OpenPeerLocked(peer).status());
+    ASSIGN_OR_RETURN(PeerInfo * info, OpenPeerLocked(peer));
+    if (info->muted) {
+      ++counters_.muted_dropped;
+      return Status::Ok();
+    }
     if (drop_urgent_) {
       ++counters_.urgent_dropped;
       return Status::Ok();
@@ -286,6 +299,11 @@ size_t FaultTransport::HeldBatches() const {
     for (const Item& item : info.queue) n += item.held ? 1 : 0;
   }
   return n;
+}
+
+void FaultTransport::MuteNextConnects(int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  mute_connects_ = n;
 }
 
 void FaultTransport::DropMessages(bool drop) {

@@ -47,6 +47,7 @@ struct FaultCounters {
   uint64_t messages_dropped = 0;    // by DropMessages, or queued to a peer that died
   uint64_t urgent_forwarded = 0;    // SendUrgentMessage handed to the inner transport
   uint64_t urgent_dropped = 0;      // by DropUrgentMessages
+  uint64_t muted_dropped = 0;       // sent on an endpoint MuteNextConnects muted
   uint64_t peers_vanished = 0;
 };
 
@@ -96,6 +97,10 @@ class FaultTransport final : public Transport {
   // Urgent messages (heartbeats) are accepted (OK) and discarded: the peer
   // looks unresponsive while its data path still works.
   void DropUrgentMessages(bool drop);
+  // The next `n` endpoints that Connect opens are mute: every message sent
+  // on them, ordered or urgent, is accepted (OK) and discarded, like an
+  // endpoint stuck in wire-up. Endpoints opened later work.
+  void MuteNextConnects(int n);
   // Treats `peer` as dead: the failure handler is called once with
   // Unavailable naming it; queued batches complete with that Status, batches
   // already in the inner transport complete with it when the inner finishes
@@ -115,6 +120,7 @@ class FaultTransport final : public Transport {
     std::chrono::steady_clock::time_point not_before;
   };
   struct PeerInfo {
+    bool muted = false;
     bool failed = false;
     bool vanished = false;
     Status failure;
@@ -150,6 +156,7 @@ class FaultTransport final : public Transport {
   bool hold_ = false;                        // guarded by mu_
   bool drop_messages_ = false;               // guarded by mu_
   bool drop_urgent_ = false;                 // guarded by mu_
+  int mute_connects_ = 0;                    // guarded by mu_
   FaultCounters counters_;                   // guarded by mu_
   std::deque<Task> tasks_;                   // guarded by mu_: run by the worker
   bool stopping_ = false;                    // guarded by mu_

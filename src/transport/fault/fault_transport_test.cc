@@ -264,6 +264,23 @@ TEST(FaultTransportTest, UrgentMessagesFlowWhileWritesAreHeld) {
   EXPECT_EQ(h.f->SendUrgentMessage(h.peer, "x").code(), StatusCode::kUnavailable);
 }
 
+TEST(FaultTransportTest, MutedEndpointSwallowsMessagesAndANewOneDelivers) {
+  Harness h;
+  h.f->MuteNextConnects(1);
+  const PeerId muted = h.f->Connect(h.decode->Address()).value();
+  const PeerId fresh = h.f->Connect(h.decode->Address()).value();
+  ASSERT_TRUE(h.f->SendMessage(muted, "hello 1").ok());
+  ASSERT_TRUE(h.f->SendUrgentMessage(muted, "beat 1").ok());
+  ASSERT_TRUE(h.f->SendMessage(fresh, "hello 2").ok());
+  // Per-sender order on the loopback: "hello 2" arriving means nothing sent
+  // before it on a working endpoint is still on its way.
+  auto got = h.inbox.WaitFor("hello 2");
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].first, "hello 2");
+  EXPECT_EQ(h.f->counters().muted_dropped, 2u);
+  EXPECT_EQ(h.f->counters().messages_forwarded, 1u);
+}
+
 TEST(FaultTransportTest, VanishFailsHeldBatchesOnceAndLaterCalls) {
   Harness h;
   h.f->HoldWrites();
