@@ -17,17 +17,15 @@
 #include <string>
 #include <string_view>
 
+#include "common/process.h"
+
 extern char** environ;
 
 namespace kvbridge::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int RemainingMs(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return left.count() < 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
-}
+using internal::RemainingMs;
 
 std::string Errno(const char* what) { return std::string(what) + ": " + strerror(errno); }
 

@@ -1,5 +1,6 @@
 #include "common/process.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <fstream>
@@ -44,6 +45,12 @@ std::string DescribeProcessState(ProcessState state) {
       return "state unknown";
   }
   return "state unknown";
+}
+
+int RemainingMs(std::chrono::steady_clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return left.count() < 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
 }
 
 }  // namespace kvbridge::internal

@@ -1,6 +1,7 @@
 // What another process on this host is doing, from /proc.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 namespace kvbridge::internal {
@@ -15,5 +16,9 @@ enum class ProcessState {
 ProcessState GetProcessState(int pid);
 // "stopped (SIGSTOP or a debugger)", "exited", ...
 std::string DescribeProcessState(ProcessState state);
+
+// Milliseconds from now to `deadline` as poll(2) takes them: 0 once it has
+// passed, at most 2^30 (so any far deadline still fits an int).
+int RemainingMs(std::chrono::steady_clock::time_point deadline);
 
 }  // namespace kvbridge::internal

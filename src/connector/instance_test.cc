@@ -58,6 +58,7 @@ struct TwoDecodeInstances {
 };
 
 struct Request {
+  Request(uint64_t r, std::vector<ClusterRank>* d) : room(r), decode(d) {}
   uint64_t room;
   std::vector<ClusterRank>* decode;
   std::vector<int32_t> src{1, 2, 3, 4}, dst{10, 11, 12, 13};
@@ -103,8 +104,8 @@ TEST(DecodeInstancesTest, TwoInstancesAtTheSamePositionsBothDeliver) {
   ASSERT_TRUE(c.Start().ok());
   EXPECT_EQ(c.a()[1].manager->self().ShortName(), "decode[a] tp1");
   EXPECT_EQ(c.b[1].manager->self().ShortName(), "decode[b] tp1");
-  Request ra{.room = 1, .decode = &c.a()};
-  Request rb{.room = 2, .decode = &c.b};
+  Request ra(1, &c.a());
+  Request rb(2, &c.b);
   rb.src = {5, 6, 7, 8};  // both in flight at once: their own source pages and aux row
   rb.src_aux = 1;
   rb.dst = {20, 21, 22, 23};
@@ -118,8 +119,8 @@ TEST(DecodeInstancesTest, TwoInstancesAtTheSamePositionsBothDeliver) {
 TEST(DecodeInstancesTest, AFailedRankFailsOnlyItsOwnInstance) {
   TwoDecodeInstances c;
   ASSERT_TRUE(c.Start().ok());
-  Request ra{.room = 1, .decode = &c.a()};
-  Request rb{.room = 2, .decode = &c.b};
+  Request ra(1, &c.a());
+  Request rb(2, &c.b);
   rb.src = {5, 6, 7, 8};
   rb.src_aux = 1;
   Open(c.prefill(), ra);
@@ -143,7 +144,7 @@ TEST(DecodeInstancesTest, AFailedRankFailsOnlyItsOwnInstance) {
   // Instance a: its request in flight completes, and prefill keeps taking
   // new ones from it.
   SendAndExpectDelivered(ra);
-  Request again{.room = 3, .decode = &c.a()};
+  Request again(3, &c.a());
   again.dst = {30, 31, 32, 33};
   Open(c.prefill(), again);
   SendAndExpectDelivered(again);

@@ -12,17 +12,15 @@
 #include <cstring>
 #include <utility>
 
+#include "common/process.h"
+
 extern char** environ;
 
 namespace kvbridge::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int RemainingMs(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return left.count() < 0 ? 0 : static_cast<int>(left.count());
-}
+using internal::RemainingMs;
 
 }  // namespace
 
