@@ -42,7 +42,7 @@ struct ManagerStats {
   // Late messages dropped: of an old room generation, or failure records
   // about a process that was already replaced at its position.
   uint64_t stale_messages_dropped = 0;
-  uint64_t pending_metadata = 0;        // metadata waiting for its sender
+  uint64_t pending_metadata = 0;  // metadata waiting for its sender
   uint64_t peers_connected = 0;
 };
 

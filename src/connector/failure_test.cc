@@ -263,8 +263,7 @@ TEST(HandshakeTest, RankThatNeverAnswersIsNamedUnresponsive) {
   ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kFailed; }));
   ExpectAttributed(rx->Failure(), (*c)->prefill[0].manager->self(),
                    {FailureCause::kPeerUnresponsive});
-  EXPECT_NE(rx->Failure()->detail.find("handshake"), std::string::npos)
-      << rx->Failure()->Message();
+  EXPECT_NE(rx->Failure()->detail.find("handshake"), std::string::npos) << rx->Failure()->Message();
   EXPECT_GE(faults->counters().muted_dropped, 3u);  // several Hellos, each on a new endpoint
 }
 

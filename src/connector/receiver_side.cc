@@ -257,7 +257,8 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos) {
 }
 
 HelloMsg ManagerImpl::MakeHello() const {
-  return HelloMsg{layout_, layout_.tp_size, transport_->Address(), kv_keys_, aux_keys_, state_keys_};
+  return HelloMsg{layout_,  layout_.tp_size, transport_->Address(),
+                  kv_keys_, aux_keys_,       state_keys_};
 }
 
 void ManagerImpl::RetryHello(const std::string& key) {
