@@ -265,6 +265,9 @@ TEST(HandshakeTest, RankThatNeverAnswersIsNamedUnresponsive) {
                    {FailureCause::kPeerUnresponsive});
   EXPECT_NE(rx->Failure()->detail.find("handshake"), std::string::npos) << rx->Failure()->Message();
   EXPECT_GE(faults->counters().muted_dropped, 3u);  // several Hellos, each on a new endpoint
+  // Its metadata never left decode (held until an answer): the pages can be
+  // handed back at once, although an unresponsive rank might still wake up.
+  EXPECT_TRUE(WaitFor([&] { return rx->Quiesced(); }, std::chrono::seconds(5)));
 }
 
 }  // namespace

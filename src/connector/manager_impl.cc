@@ -499,7 +499,9 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
     r.phase = room->phase;
     FailSenderLocked(*room, r, out);
   }
-  const bool cannot_write = FailedPeerCannotWriteLocked(peer);  // peer.failure is base
+  // A peer that never answered our Hello never got our metadata (it was
+  // held): it cannot write into our pages, whatever became of it.
+  const bool cannot_write = FailedPeerCannotWriteLocked(peer) || !peer.acked;
   for (auto& [id, room] : receivers_) {
     bool touches = false;
     for (ReceiverSource& src : room->sources) {

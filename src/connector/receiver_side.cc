@@ -220,15 +220,12 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos) {
   peer->layout = std::move(layout);
   peer->tp_size = rec->attn_tp_size;
   ASSIGN_OR_RETURN(peer->tpeer, transport_->Connect(rec->transport_address));
-  Status sent = transport_->SendMessage(peer->tpeer, EncodeMessage(self_, MakeHello()));
-  if (!sent.ok()) {
-    transport_->Disconnect(peer->tpeer);
-    return sent.WithContext(key);
-  }
   const PeerId tpeer = peer->tpeer;
+  Peer* const mine = peer.get();
   PeerId stale = 0;
   Outbox out;
   {
+    // In the table before the Hello leaves: its answer can come at once.
     std::lock_guard<std::mutex> lock(mu_);
     Peer* old = FindPeerLocked(key);
     if (old != nullptr) {
@@ -250,6 +247,19 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos) {
   }
   Flush(out);
   if (stale != 0) transport_->Disconnect(stale);
+  Status sent = transport_->SendMessage(tpeer, EncodeMessage(self_, MakeHello()));
+  if (!sent.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = peers_.find(key);
+      if (it != peers_.end() && it->second.get() == mine) {
+        by_tpeer_.erase(tpeer);
+        peers_.erase(it);
+      }
+    }
+    transport_->Disconnect(tpeer);
+    return sent.WithContext(key);
+  }
   Result<DataPath> path = transport_->PathTo(tpeer);
   KVB_LOG_INFO("connected to {} via {}", key,
                path.ok() ? DataPathName(*path) : std::string_view("?"));
@@ -273,38 +283,43 @@ void ManagerImpl::RetryHello(const std::string& key) {
     old_tpeer = p->tpeer;
   }
   Result<PeerId> conn = transport_->Connect(address);
-  Status sent = conn.status();
-  if (sent.ok()) sent = transport_->SendMessage(*conn, EncodeMessage(self_, MakeHello()));
-  bool replaced = false;
+  bool swapped = false;
   int attempt = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Peer* p = FindPeerLocked(key);
     if (p != nullptr && !p->acked && !p->failed && p->tpeer == old_tpeer) {
-      // Counted even when the new endpoint could not be opened: the next
-      // try waits longer, and the rank is blamed once the budget is spent.
+      // Counted even when no new endpoint could be opened: the next try
+      // waits longer, and the rank is blamed once the budget is spent.
       attempt = ++p->hello_attempts;
       p->hello_at = std::chrono::steady_clock::now();
-      if (sent.ok()) {
+      if (conn.ok()) {
+        // Swapped before the Hello leaves: its answer flushes what is held
+        // onto the new endpoint, never the stuck one.
         by_tpeer_.erase(old_tpeer);
         p->tpeer = *conn;
         by_tpeer_[p->tpeer] = p;
-        replaced = true;
+        swapped = true;
       }
     }
   }
-  if (!sent.ok()) {
-    KVB_LOG_WARN("handshake with {}: cannot send it again: {}", key, sent.ToString());
-    if (conn.ok()) transport_->Disconnect(*conn);
+  if (!conn.ok()) {
+    KVB_LOG_WARN("handshake with {}: cannot open a new endpoint: {}", key,
+                 conn.status().ToString());
     return;
   }
-  if (!replaced) {  // answered (or failed) meanwhile
+  if (!swapped) {  // answered (or failed) meanwhile
     transport_->Disconnect(*conn);
+    return;
+  }
+  transport_->Disconnect(old_tpeer);
+  Status sent = transport_->SendMessage(*conn, EncodeMessage(self_, MakeHello()));
+  if (!sent.ok()) {
+    KVB_LOG_WARN("handshake with {}: cannot send it again: {}", key, sent.ToString());
     return;
   }
   KVB_LOG_WARN("no answer from {} to the handshake; sent it again on a new endpoint (attempt {})",
                key, attempt);
-  transport_->Disconnect(old_tpeer);
 }
 
 Status ManagerImpl::ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& room,
