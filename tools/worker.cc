@@ -34,6 +34,8 @@ using Clock = std::chrono::steady_clock;
 struct WorkerFlags {
   std::string role = "prefill";
   int tp_size = 1, tp_rank = 0;
+  // Pipeline stage: the pool holds only this stage's layers.
+  int pp_size = 1, pp_rank = 0;
   std::string bootstrap = "127.0.0.1:8998";
   bool embedded_bootstrap = false;
   int requests = 50, concurrency = 8;
@@ -123,10 +125,17 @@ struct Live {
 
 int RunWorker(const WorkerFlags& f) {
   const bool prefill = f.role == "prefill";
+  // Decode: aux and state come from prefill's last stage, to decode's last
+  // stage (every rank when decode pp is 1); other stages only get pages.
+  const bool checks_aux = f.pp_rank == f.pp_size - 1;
   internal::PoolOptions po;
   po.shape = f.shape;
   po.tp_size = f.tp_size;
   po.tp_rank = f.tp_rank;
+  // This stage's layers, split the way TestCluster and sglang split them.
+  const internal::LayerRange layers = internal::LayersOfStage(f.shape.layers, f.pp_size, f.pp_rank);
+  po.first_layer = layers.first;
+  po.num_layers = layers.count;
   po.num_pages = f.pool_pages;
   po.aux_rows = std::max(64, f.concurrency * 2);
   po.state_slots = po.aux_rows;
@@ -141,6 +150,8 @@ int RunWorker(const WorkerFlags& f) {
   mo.args = (*pool)->Args();
   mo.parallel.tp_size = f.tp_size;
   mo.parallel.tp_rank = f.tp_rank;
+  mo.parallel.pp_size = f.pp_size;
+  mo.parallel.pp_rank = f.pp_rank;
   mo.is_mla = f.shape.mla;
   mo.bootstrap_addr = f.bootstrap;
   mo.start_bootstrap_server = f.embedded_bootstrap;
@@ -159,7 +170,11 @@ int RunWorker(const WorkerFlags& f) {
     internal::UcxTransportOptions to;
     to.tls = f.ucx_tls;
     to.same_host_paths = !f.ucx_only;
-    to.name = f.role + " tp" + std::to_string(f.tp_rank);
+    RankId self;
+    self.role = mo.role;
+    self.tp = f.tp_rank;
+    self.pp = f.pp_rank;
+    to.name = self.ShortName();
     auto ucx = internal::CreateUcxTransport(to);
     if (!ucx.ok()) {
       std::cerr << "worker: " << ucx.status().ToString() << "\n";
@@ -331,8 +346,8 @@ int RunWorker(const WorkerFlags& f) {
         report.corrupt_pages += bad;
         const uint64_t checked = (l.pages.size() + f.check_stride - 1) / f.check_stride;
         report.verified_pages += checked * (*pool)->num_kv_buffers();
-        if (!(*pool)->AuxMatches(l.plan.room, l.aux) ||
-            !(*pool)->StateMatches(l.plan.room, l.state))
+        if (checks_aux && (!(*pool)->AuxMatches(l.plan.room, l.aux) ||
+                           !(*pool)->StateMatches(l.plan.room, l.state)))
           ++report.corrupt_pages;
         if (!l.warmup)
           report.bytes += l.pages.size() * (*pool)->num_kv_buffers() * (*pool)->page_bytes();
@@ -443,6 +458,11 @@ void AddWorkerCommand(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--role", f->role)->check(CLI::IsMember({"prefill", "decode"}))->required();
   cmd->add_option("--tp-size", f->tp_size)->check(CLI::Range(1, 64));
   cmd->add_option("--tp-rank", f->tp_rank)->check(CLI::Range(0, 63));
+  cmd->add_option("--pp-size", f->pp_size, "Pipeline stages of this instance")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--pp-rank", f->pp_rank,
+                  "This rank's stage; its pool holds only that stage's layers")
+      ->check(CLI::Range(0, 63));
   cmd->add_option("--bootstrap", f->bootstrap);
   cmd->add_flag("--embedded-bootstrap", f->embedded_bootstrap);
   cmd->add_option("--requests", f->requests)->check(CLI::Range(0, 1000000));
@@ -500,6 +520,14 @@ void AddWorkerCommand(CLI::App& app, std::function<int()>& run) {
   cmd->callback([f, &run] {
     if (f->min_tokens > f->max_tokens)
       throw CLI::ValidationError("--min-tokens", "larger than --max-tokens");
+    if (f->pp_rank >= f->pp_size)
+      throw CLI::ValidationError(
+          "--pp-rank",
+          std::to_string(f->pp_rank) + " is not below --pp-size " + std::to_string(f->pp_size));
+    if (f->pp_size > f->shape.layers)
+      throw CLI::ValidationError("--pp-size", std::to_string(f->pp_size) + " stages for " +
+                                                  std::to_string(f->shape.layers) +
+                                                  " layers: a stage would hold none");
     run = [f] { return RunWorker(*f); };
   });
 }

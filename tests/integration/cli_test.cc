@@ -276,6 +276,9 @@ TEST(CliFlags, BadFlagsAreUsageErrors) {
       {"bootstrap --port 70000", "--port"},
       {"bootstrap --port abc", "--port"},
       {"explain a b", "b"},
+      {"worker --role prefill --pp-size 2 --pp-rank 2", "--pp-rank: 2 is not below --pp-size 2"},
+      {"worker --role decode --pp-rank 1", "--pp-rank: 1 is not below --pp-size 1"},
+      {"worker --role prefill --layers 2 --pp-size 3", "--pp-size: 3 stages for 2 layers"},
   };
   for (const Case& c : cases) {
     CommandOutput r = Cli(c.args);
