@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "common/process.h"
+#include "kvbridge/errors.h"
 
 extern char** environ;
 
@@ -69,23 +70,35 @@ Result<int> PickFreePort() {
 
 Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o) {
   if (o.binary.empty()) return InvalidArgumentError("cluster: no kvbridge binary given");
-  if (o.prefill_tp < 1 || o.decode_tp < 1)
+  if (o.prefill_tp < 1 || o.decode_tp < 1 || o.prefill_pp < 1 || o.decode_pp < 1)
     return InvalidArgumentError("cluster: prefill_tp " + std::to_string(o.prefill_tp) +
-                                " and decode_tp " + std::to_string(o.decode_tp) + " must be >= 1");
+                                ", decode_tp " + std::to_string(o.decode_tp) + ", prefill_pp " +
+                                std::to_string(o.prefill_pp) + " and decode_pp " +
+                                std::to_string(o.decode_pp) + " must be >= 1");
   signal(SIGPIPE, SIG_IGN);  // a dead child must not kill the launcher
   std::unique_ptr<Cluster> c(new Cluster());
   c->options_ = o;
   c->prefill_tp_ = o.prefill_tp;
   c->decode_tp_ = o.decode_tp;
+  c->prefill_pp_ = o.prefill_pp;
+  c->decode_pp_ = o.decode_pp;
   const auto ready_deadline = Clock::now() + o.ready_timeout;
   auto left = [&] { return std::chrono::milliseconds(RemainingMs(ready_deadline)); };
 
   // Rank slots first so that indices are stable; the bootstrap goes last.
   for (int i = 0; i < c->num_ranks(); ++i) {
     ProcessInfo p;
-    p.role = i < o.prefill_tp ? Role::kPrefill : Role::kDecode;
-    p.tp = i < o.prefill_tp ? i : i - o.prefill_tp;
-    p.name = std::string(RoleName(p.role)) + " tp" + std::to_string(p.tp);
+    const bool prefill = i < c->prefill_ranks();
+    const int tp_size = prefill ? o.prefill_tp : o.decode_tp;
+    const int side_index = prefill ? i : i - c->prefill_ranks();
+    p.role = prefill ? Role::kPrefill : Role::kDecode;
+    p.tp = side_index % tp_size;
+    p.pp = side_index / tp_size;
+    RankId id;
+    id.role = p.role;
+    id.tp = p.tp;
+    id.pp = p.pp;
+    p.name = id.ShortName();
     c->procs_.push_back(p);
     c->pipes_.emplace_back();
   }
@@ -106,17 +119,22 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o) {
 
   auto args_for = [&](int i) {
     const ProcessInfo& p = c->procs_[i];
-    std::vector<std::string> a = {
-        "worker",
-        "--role",
-        std::string(RoleName(p.role)),
-        "--tp-size",
-        std::to_string(p.role == Role::kPrefill ? o.prefill_tp : o.decode_tp),
-        "--tp-rank",
-        std::to_string(p.tp),
-        "--bootstrap",
-        c->bootstrap_addr_};
-    if (p.role == Role::kPrefill && p.tp == 0 && o.bootstrap == BootstrapMode::kEmbedded)
+    const bool prefill = p.role == Role::kPrefill;
+    std::vector<std::string> a = {"worker",
+                                  "--role",
+                                  std::string(RoleName(p.role)),
+                                  "--tp-size",
+                                  std::to_string(prefill ? o.prefill_tp : o.decode_tp),
+                                  "--tp-rank",
+                                  std::to_string(p.tp),
+                                  "--bootstrap",
+                                  c->bootstrap_addr_};
+    // Only with pp > 1, so pp 1 ranks start with exactly the flags they
+    // always had.
+    const int pp_size = prefill ? o.prefill_pp : o.decode_pp;
+    if (pp_size > 1)
+      a.insert(a.end(), {"--pp-size", std::to_string(pp_size), "--pp-rank", std::to_string(p.pp)});
+    if (prefill && p.tp == 0 && p.pp == 0 && o.bootstrap == BootstrapMode::kEmbedded)
       a.push_back("--embedded-bootstrap");
     a.insert(a.end(), o.worker_args.begin(), o.worker_args.end());
     const auto& role_args = p.role == Role::kPrefill ? o.prefill_args : o.decode_args;
@@ -401,6 +419,7 @@ Status Cluster::Restart(int index, const std::vector<std::string>& extra_args,
   ProcessInfo next;
   next.role = procs_[index].role;
   next.tp = procs_[index].tp;
+  next.pp = procs_[index].pp;
   next.name = procs_[index].name;
   history_[index].push_back(std::move(procs_[index]));
   procs_[index] = std::move(next);

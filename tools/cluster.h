@@ -8,10 +8,11 @@
 // "PROGRESS {json}", "REPORT {json}"); the launcher reads every pipe with
 // poll() against a deadline and never sleeps to synchronise.
 //
-// Indices: ranks are numbered prefill tp0..tpP-1, then decode tp0..tpD-1;
-// the standalone bootstrap server, when there is one, comes last
-// (bootstrap_index()). A restarted rank keeps its index; what is known of
-// its earlier processes moves to history(index).
+// Indices: prefill ranks first, then decode ranks, each side pp-major
+// (stage s, tp rank t at s * tp + t: with pp 1, prefill tp0..tpP-1 then
+// decode tp0..tpD-1); the standalone bootstrap server, when there is one,
+// comes last (bootstrap_index()). A restarted rank keeps its index; what is
+// known of its earlier processes moves to history(index).
 //
 // Thread safety: none; one thread drives a Cluster. Start it from the thread
 // that will outlive the children (PR_SET_PDEATHSIG follows the thread).
@@ -43,10 +44,15 @@ struct ClusterOptions {
   std::string binary;
   int prefill_tp = 1;
   int decode_tp = 1;
+  // Pipeline stages per side: pp x tp ranks, each started with --pp-size and
+  // --pp-rank (its pool holds that stage's layers of --layers). Decode pp
+  // must be 1 or prefill's (the connector fails every room otherwise).
+  int prefill_pp = 1;
+  int decode_pp = 1;
   BootstrapMode bootstrap = BootstrapMode::kEmbedded;
   // Flags for every worker, then per role, then per rank index (e.g.
-  // {"--layers", "2"}). The launcher adds --role, --tp-size, --tp-rank and
-  // --bootstrap itself.
+  // {"--layers", "2"}). The launcher adds --role, --tp-size, --tp-rank,
+  // --pp-size, --pp-rank (pp > 1 only) and --bootstrap itself.
   std::vector<std::string> worker_args;
   std::vector<std::string> prefill_args;
   std::vector<std::string> decode_args;
@@ -72,7 +78,10 @@ struct ExitInfo {
 struct ProcessInfo {
   Role role = Role::kPrefill;
   int tp = 0;
-  std::string name;  // "prefill tp0", "decode tp1", "bootstrap"
+  int pp = 0;
+  // RankId::ShortName of the rank: "prefill tp0", "decode tp1",
+  // "prefill tp1 pp1" (pp shown when non-zero), or "bootstrap".
+  std::string name;
   pid_t pid = -1;
   nlohmann::json ready;                    // the READY object
   std::optional<nlohmann::json> progress;  // the latest PROGRESS object
@@ -98,11 +107,17 @@ class Cluster {
   Cluster(const Cluster&) = delete;
   Cluster& operator=(const Cluster&) = delete;
 
-  // Number of worker ranks (prefill + decode).
-  int num_ranks() const { return prefill_tp_ + decode_tp_; }
+  // Number of worker ranks (prefill + decode, every stage).
+  int num_ranks() const { return prefill_ranks() + decode_pp_ * decode_tp_; }
+  int prefill_ranks() const { return prefill_pp_ * prefill_tp_; }
   int prefill_tp() const { return prefill_tp_; }
   int decode_tp() const { return decode_tp_; }
-  int RankIndex(Role role, int tp) const { return role == Role::kPrefill ? tp : prefill_tp_ + tp; }
+  int prefill_pp() const { return prefill_pp_; }
+  int decode_pp() const { return decode_pp_; }
+  // The index of rank (tp, pp) of a side; pp 0 is the only stage with pp 1.
+  int RankIndex(Role role, int tp, int pp = 0) const {
+    return role == Role::kPrefill ? pp * prefill_tp_ + tp : prefill_ranks() + pp * decode_tp_ + tp;
+  }
   // Index of the standalone bootstrap process, -1 when embedded.
   int bootstrap_index() const { return bootstrap_index_; }
   // Every process (ranks then bootstrap).
@@ -134,7 +149,7 @@ class Cluster {
   Status CollectReports(std::chrono::milliseconds timeout, const std::vector<int>& skip = {});
 
   // Starts rank `index` again at the same position after its process ended
-  // (e.g. Signal(index, SIGKILL)): same role, tp rank, bootstrap address,
+  // (e.g. Signal(index, SIGKILL)): same role, tp and pp rank, bootstrap address,
   // host and arguments, plus `extra_args`; waits up to `timeout` for the old
   // process to be reaped (it is never killed here) and then for the new
   // READY. The old ProcessInfo is appended to history(index); process(index)
@@ -173,6 +188,8 @@ class Cluster {
   };
   int prefill_tp_ = 0;
   int decode_tp_ = 0;
+  int prefill_pp_ = 1;
+  int decode_pp_ = 1;
   int bootstrap_index_ = -1;
   std::string bootstrap_addr_;
   std::vector<ProcessInfo> procs_;
