@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "connector/kv_pool.h"
 #include "tools/cluster.h"
 
 namespace kvbridge::tools {
@@ -155,6 +156,93 @@ INSTANTIATE_TEST_SUITE_P(
                       TpCase{"mha_1to2", 1, 2, false}, TpCase{"mha_2to1", 2, 1, false},
                       TpCase{"mha_4to2", 4, 2, false}, TpCase{"mla_2to2", 2, 2, true}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// --- Pipeline parallel layouts -------------------------------------------
+
+// Prefill stages as processes of their own, each holding its stage's layers
+// (LayersOfStage) and writing them into decode's matching layers; the
+// pattern is keyed by the model layer, so a page in the wrong layer is
+// corrupt. 3 layers split 2 + 1: an uneven split. Decode pp 1 gathers every
+// stage; decode pp 2 pairs stage s with stage s.
+struct PpCase {
+  const char* name;
+  int prefill_tp;
+  int prefill_pp;
+  int decode_tp;
+  int decode_pp;
+};
+
+void PrintTo(const PpCase& c, std::ostream* os) { *os << c.name; }
+
+class ConnectorPp : public ::testing::TestWithParam<PpCase> {};
+
+TEST_P(ConnectorPp, EveryStageLandsVerifiedInItsLayers) {
+  const PpCase& pc = GetParam();
+  const int requests = 12, layers = 3;
+  ClusterOptions o;
+  o.prefill_tp = pc.prefill_tp;
+  o.prefill_pp = pc.prefill_pp;
+  o.decode_tp = pc.decode_tp;
+  o.decode_pp = pc.decode_pp;
+  o.worker_args = {"--layers",       std::to_string(layers),
+                   "--heads",        "8",
+                   "--head-dim",     "16",
+                   "--page-size",    "16",
+                   "--requests",     std::to_string(requests),
+                   "--concurrency",  "4",
+                   "--min-tokens",   "16",
+                   "--max-tokens",   "512",
+                   "--chunk-tokens", "128",
+                   "--pool-pages",   "256"};
+  Outcome out;
+  ASSERT_TRUE(RunCluster(o, &out));
+  const int prefill_ranks = pc.prefill_pp * pc.prefill_tp;
+  ASSERT_EQ(out.reports.size(), static_cast<size_t>(prefill_ranks + pc.decode_pp * pc.decode_tp));
+  ExpectAllClean(out, requests, pc.name);
+
+  // Each process is the rank it was started as (pp-major indices).
+  for (size_t i = 0; i < out.reports.size(); ++i) {
+    const bool prefill = static_cast<int>(i) < prefill_ranks;
+    const int side = prefill ? static_cast<int>(i) : static_cast<int>(i) - prefill_ranks;
+    const int tp = prefill ? pc.prefill_tp : pc.decode_tp;
+    const json& rank = out.reports[i]["rank"];
+    EXPECT_EQ(rank.value("role", ""), prefill ? "prefill" : "decode") << i;
+    EXPECT_EQ(rank.value("tp", -1), side % tp) << i;
+    EXPECT_EQ(rank.value("pp", -1), side / tp) << i;
+  }
+
+  // Every stage wrote exactly its layers' share of the pages decode
+  // verified, and nothing else: page bytes are proportional to a stage's
+  // layer count; on top of them the last stage writes one aux row per room
+  // to each decode rank of the last decode stage (the worker's aux rows are
+  // ModelShape's default size; no state).
+  uint64_t received = 0;
+  for (int i = prefill_ranks; i < static_cast<int>(out.reports.size()); ++i)
+    received += out.reports[i].value("bytes", uint64_t{0});
+  ASSERT_GT(received, 0u);
+  const uint64_t aux =
+      static_cast<uint64_t>(internal::ModelShape{}.aux_item_len) * requests * pc.decode_tp;
+  uint64_t written = 0;
+  for (int pp = 0; pp < pc.prefill_pp; ++pp) {
+    uint64_t stage = 0;
+    for (int tp = 0; tp < pc.prefill_tp; ++tp)
+      stage += out.reports[pp * pc.prefill_tp + tp]["stats"].value("bytes_written", uint64_t{0});
+    if (pp == pc.prefill_pp - 1) {
+      ASSERT_GE(stage, aux);
+      stage -= aux;
+    }
+    const int stage_layers = internal::LayersOfStage(layers, pc.prefill_pp, pp).count;
+    EXPECT_EQ(stage * layers, received * stage_layers) << "stage " << pp;
+    written += stage;
+  }
+  EXPECT_EQ(written, received);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ConnectorPp,
+                         ::testing::Values(PpCase{"pp2tp1_to_pp1tp1", 1, 2, 1, 1},
+                                           PpCase{"pp2tp2_to_pp1tp2", 2, 2, 2, 1},
+                                           PpCase{"pp2tp1_to_pp2tp1", 1, 2, 1, 2}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // The benchmark's model layout (32 layers, 8 kv heads x 128 x 2 bytes, page
 // 16), tp 2 -> 2, a few requests up to 1k tokens.
@@ -334,6 +422,39 @@ TEST(Cluster, SignalsAndReapsByIndex) {
   EXPECT_FALSE(cl.process(2).exit.exited);
   EXPECT_EQ(cl.process(2).exit.signal, SIGKILL);
   EXPECT_EQ(Cluster::Start(ClusterOptions{}).status().code(), StatusCode::kInvalidArgument);
+}
+
+// With pp > 1 every (pp, tp) rank is a process of its own, named and
+// indexed by its position: prefill stage 0 then stage 1, then decode.
+TEST(Cluster, PipelineStagesAreRanksOfTheirOwn) {
+  ClusterOptions o;
+  o.binary = Binary();
+  o.prefill_tp = 2;
+  o.prefill_pp = 2;
+  o.decode_tp = 1;
+  o.worker_args = Concat(kSmallLayout, {"--requests", "0"});
+  auto c = Cluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Cluster& cl = **c;
+  ASSERT_EQ(cl.num_ranks(), 5);
+  EXPECT_EQ(cl.prefill_ranks(), 4);
+  EXPECT_EQ(cl.RankIndex(Role::kPrefill, 1, 0), 1);
+  EXPECT_EQ(cl.RankIndex(Role::kPrefill, 0, 1), 2);
+  EXPECT_EQ(cl.RankIndex(Role::kDecode, 0), 4);
+  for (int i = 0; i < cl.num_ranks(); ++i) {
+    const ProcessInfo& p = cl.process(i);
+    EXPECT_EQ(p.ready.value("name", ""), p.name);
+    EXPECT_EQ(p.ready.value("tp", -1), p.tp) << p.name;
+    EXPECT_EQ(p.ready.value("pp", -1), p.pp) << p.name;
+  }
+  EXPECT_EQ(cl.process(cl.RankIndex(Role::kPrefill, 1, 1)).name, "prefill tp1 pp1");
+  EXPECT_EQ(cl.process(cl.RankIndex(Role::kPrefill, 1, 0)).name, "prefill tp1");
+  ASSERT_TRUE(cl.CollectReports(30s).ok());
+  cl.Shutdown(20s);
+  for (int i = 0; i < cl.num_ranks(); ++i)
+    EXPECT_EQ(cl.process(i).exit.ToString(), "exit 0") << cl.process(i).name;
+  o.decode_pp = 0;
+  EXPECT_EQ(Cluster::Start(o).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
