@@ -215,6 +215,7 @@ int RunWorker(const WorkerFlags& f) {
   // Pages scrubbed after a quiesced failure must still hold the filler when
   // handed out again: a byte that landed later is a late write.
   std::vector<bool> scrubbed(f.pool_pages, false);
+  std::vector<uint64_t> scrubbed_by(f.pool_pages, 0);  // the failed room that last held it
   auto room_busy = [&](uint64_t room) {
     for (const auto* set : {&live, &draining})
       for (const auto& l : *set)
@@ -278,7 +279,11 @@ int RunWorker(const WorkerFlags& f) {
       for (int32_t page : l->pages) {
         if (!scrubbed[page]) continue;
         scrubbed[page] = false;
-        if (!(*pool)->PagesHold(std::span<const int32_t>(&page, 1), 0)) ++report.corrupt_pages;
+        if (!(*pool)->PagesHold(std::span<const int32_t>(&page, 1), 0)) {
+          ++report.corrupt_pages;
+          std::cerr << "worker: page " << page << " was written after room " << scrubbed_by[page]
+                    << " failed and quiesced\n";
+        }
       }
       l->aux = aux_free.front();
       aux_free.pop_front();
@@ -344,6 +349,9 @@ int RunWorker(const WorkerFlags& f) {
       if (o.success && !prefill) {
         uint64_t bad = (*pool)->CountCorruptPages(l.plan.room, l.pages, 0, f.check_stride);
         report.corrupt_pages += bad;
+        if (bad > 0)
+          std::cerr << "worker: room " << l.plan.room << " succeeded with " << bad
+                    << " corrupt page buffers\n";
         const uint64_t checked = (l.pages.size() + f.check_stride - 1) / f.check_stride;
         report.verified_pages += checked * (*pool)->num_kv_buffers();
         if (checks_aux && (!(*pool)->AuxMatches(l.plan.room, l.aux) ||
@@ -377,7 +385,10 @@ int RunWorker(const WorkerFlags& f) {
       if (!l.receiver->Quiesced()) ++report.unquiesced;
       (*pool)->Scrub(l.pages, 0);
       if (l.receiver->Quiesced())
-        for (int32_t page : l.pages) scrubbed[page] = true;
+        for (int32_t page : l.pages) {
+          scrubbed[page] = true;
+          scrubbed_by[page] = l.plan.room;
+        }
       release(l);
       it = draining.erase(it);
     }

@@ -238,7 +238,7 @@ Peer* ManagerImpl::PeerFromLocked(const RankId& from) {
 void ManagerImpl::Send(Outbox& out, Peer& peer, const MessageBody& body, bool urgent) {
   if (peer.tpeer == 0) return;
   if (!peer.acked) {
-    peer.held.emplace_back(urgent, EncodeMessage(self_, body));
+    peer.held.push_back(EncodeMessage(self_, body));
     return;
   }
   (urgent ? out.urgent : out.messages).emplace_back(peer.tpeer, EncodeMessage(self_, body));
@@ -358,8 +358,7 @@ void ManagerImpl::OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& o
   peer.acked = true;
   if (peer.hello_attempts > 1)
     KVB_LOG_INFO("{} answered handshake attempt {}", peer.key, peer.hello_attempts);
-  for (auto& [urgent, bytes] : peer.held)
-    (urgent ? out.urgent : out.messages).emplace_back(peer.tpeer, std::move(bytes));
+  for (std::string& bytes : peer.held) out.messages.emplace_back(peer.tpeer, std::move(bytes));
   peer.held.clear();
 }
 

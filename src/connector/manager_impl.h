@@ -52,7 +52,9 @@ struct Peer {
   bool acked = true;
   int hello_attempts = 0;
   SteadyTime hello_at{};
-  std::vector<std::pair<bool, std::string>> held;  // (urgent, encoded message)
+  // Encoded messages, sent in this order (all as ordered messages: nothing
+  // was written to the peer before it answered, so none needs to overtake).
+  std::vector<std::string> held;
   bool failed = false;
   std::optional<FailureRecord> failure;  // why it failed (room 0)
   SteadyTime last_heard = std::chrono::steady_clock::now();
