@@ -3,7 +3,9 @@
 #include <set>
 
 #include "connector/connector_test_util.h"
+#include "connector/manager_impl.h"
 #include "connector/test_cluster.h"
+#include "engine/protocol.h"
 
 namespace kvbridge::internal {
 namespace {
@@ -185,6 +187,62 @@ TEST(ConnectorTest, ReusedRoomMetadataBeforeItsSenderIsNotFailedByTheOldAbort) {
   ASSERT_TRUE(r.senders[0]->Init(r.src.size(), r.src_aux).ok());
   SendChunks(r, {2});
   ExpectDelivered(**c, r);
+}
+
+// Decode failed a request and its notice reached prefill before the
+// request's metadata (two decode threads flushed in the other order).
+// Prefill has answered "quiesced" and decode took its pages back: the
+// metadata that follows must never be adopted, whether the sender is live
+// already or created afterwards, or its writes would land in those pages.
+TEST(ConnectorTest, AbortThatOvertakesItsMetadataWinsOverIt) {
+  auto c = TestCluster::Create(ClusterOptions{});
+  ASSERT_TRUE(c.ok());
+  Request warm{.room = 1};
+  warm.src = {1, 2};
+  warm.dst = {7, 8};
+  Start(**c, warm, false);  // the handshake is done
+  SendChunks(warm, {2});
+  ExpectDelivered(**c, warm);
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  KVManager& decode = *(*c)->decode[0].manager;
+  // Decode's messages, in the order the race delivers them, on an endpoint
+  // of decode's own transport.
+  Transport& dt = decode.impl().transport();
+  const PeerId to_prefill = dt.Connect(prefill.impl().transport().Address()).value();
+  auto send = [&](const MessageBody& body) {
+    ASSERT_TRUE(dt.SendMessage(to_prefill, EncodeMessage(decode.self(), body)).ok());
+  };
+  auto meta = [](uint64_t room, uint64_t generation) {
+    MetaMsg m;
+    m.room = room;
+    m.generation = generation;
+    m.pages = {5, 6};
+    m.aux_index = 0;
+    return m;
+  };
+  FailureRecord aborted;
+  aborted.origin = decode.self();
+  aborted.cause = FailureCause::kAborted;
+  aborted.detail = "aborted by the application";
+  aborted.phase = Phase::kWaitingForInput;
+  aborted.detected_by = decode.self();
+  aborted.mechanism = "Abort()";
+
+  auto live = std::move(KVSender::Create(prefill, 20)).value();
+  send(RoomFailedMsg{20, 7001, false, aborted});
+  send(meta(20, 7001));
+  ASSERT_TRUE(WaitFor([&] { return live->Poll() == KVPoll::kFailed; })) << KVPollName(live->Poll());
+  EXPECT_EQ(live->Failure()->cause, FailureCause::kAborted);
+
+  send(RoomFailedMsg{21, 7002, false, aborted});
+  send(meta(21, 7002));
+  send(meta(22, 7003));  // processed after the two above: a sync point
+  ASSERT_TRUE(WaitFor([&] { return prefill.Stats().pending_metadata >= 1; }));
+  EXPECT_EQ(prefill.Stats().pending_metadata, 1u) << "room 21's metadata was kept";
+  auto late = std::move(KVSender::Create(prefill, 21)).value();
+  ASSERT_TRUE(WaitFor([&] { return late->Poll() == KVPoll::kFailed; })) << KVPollName(late->Poll());
+  EXPECT_EQ(late->Failure()->cause, FailureCause::kAborted);
+  dt.Disconnect(to_prefill);
 }
 
 TEST(ConnectorTest, SecondLiveReceiverOrSenderIsRefused) {

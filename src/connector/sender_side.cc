@@ -355,8 +355,16 @@ void ManagerImpl::OnMeta(const RankId& from, MetaMsg meta, Outbox& out) {
     Send(out, *peer, RoomFailedMsg{meta.room, meta.generation, true, r});
     return;
   }
+  auto abort = pending_abort_.find({meta.room, from.tp});
+  if (abort != pending_abort_.end() && abort->second.generation == meta.generation) {
+    // Decode failed this very request and its notice overtook the metadata:
+    // nothing may be written; the sender, when it comes, fails with it.
+    FailureRecord r = abort->second.record;
+    Send(out, *peer, RoomFailedMsg{meta.room, meta.generation, true, r});
+    return;
+  }
   // A newer use of the room by that decode rank supersedes an old abort.
-  pending_abort_.erase({meta.room, from.tp});
+  if (abort != pending_abort_.end()) pending_abort_.erase(abort);
   pending_meta_[{meta.room, from.tp}] =
       PendingMeta{std::move(meta), from, std::chrono::steady_clock::now()};
 }
@@ -372,6 +380,16 @@ void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg 
           PendingMeta{std::move(meta), from, std::chrono::steady_clock::now()};
     }
     return;
+  }
+  if (auto abort = pending_abort_.find({meta.room, from.tp}); abort != pending_abort_.end()) {
+    // Same generation: decode failed this request before its metadata got
+    // here (the notice overtook it); adopting it would write into pages
+    // decode already took back. Another generation: an older use's late
+    // notice, superseded by this metadata.
+    FailureRecord r = abort->second.record;
+    const bool this_request = abort->second.generation == meta.generation;
+    pending_abort_.erase(abort);
+    if (this_request && !room.failure) FailSenderLocked(room, r, out);
   }
   if (!room.failure) {
     // The request is from a decode instance with a dead rank: that rank's
@@ -477,9 +495,11 @@ void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& ms
     auto pm = pending_meta_.find({msg.room, from.tp});
     if (pm != pending_meta_.end() && pm->second.meta.generation == msg.generation)
       pending_meta_.erase(pm);
-    if (it == senders_.end() || !it->second->live)
-      pending_abort_[{msg.room, from.tp}] =
-          PendingAbort{msg.record, msg.generation, std::chrono::steady_clock::now()};
+    // Remembered even with a live sender: the notice may have overtaken its
+    // request's metadata (sent by another decode thread just before), which
+    // must then not be adopted.
+    pending_abort_[{msg.room, from.tp}] =
+        PendingAbort{msg.record, msg.generation, std::chrono::steady_clock::now()};
     Send(out, *peer, QuiescedMsg{msg.room, msg.generation});
     return;
   }
