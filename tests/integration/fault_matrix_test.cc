@@ -88,18 +88,25 @@ void ExpectSurvivorsReport(Cluster& c, const std::vector<int>& victims, const Ex
     EXPECT_EQ(r["corrupt_pages"].get<int>(), 0);
     EXPECT_EQ(r["stats_after"]["rooms_live"].get<int>(), 0) << "leaked per-room state";
     EXPECT_EQ(r["finished"].get<int>(), r["requests"].get<int>());
-    if (e.every_rank_failed_some) EXPECT_GT(r["failed"].get<int>(), 0) << r.dump();
+    if (e.every_rank_failed_some) {
+      EXPECT_GT(r["failed"].get<int>(), 0) << r.dump();
+    }
     for (const json& f : r["failures"]) {
       SCOPED_TRACE(f.dump());
       ASSERT_TRUE(f.contains("origin")) << "failure without origin";
       EXPECT_NE(f["cause"].get<std::string>(), "unknown");
       EXPECT_EQ(f["origin"]["name"].get<std::string>(), e.origin);
-      if (e.origin_pid > 0) EXPECT_EQ(f["origin"]["pid"].get<int>(), e.origin_pid);
+      if (e.origin_pid > 0) {
+        EXPECT_EQ(f["origin"]["pid"].get<int>(), e.origin_pid);
+      }
       EXPECT_NE(std::find(e.causes.begin(), e.causes.end(), f["cause"].get<std::string>()),
                 e.causes.end());
-      if (!e.detail_has.empty())
+      if (!e.detail_has.empty()) {
         EXPECT_NE(f["detail"].get<std::string>().find(e.detail_has), std::string::npos);
-      if (!e.phase.empty()) EXPECT_EQ(f["phase"].get<std::string>(), e.phase);
+      }
+      if (!e.phase.empty()) {
+        EXPECT_EQ(f["phase"].get<std::string>(), e.phase);
+      }
       EXPECT_FALSE(f["mechanism"].get<std::string>().empty());
       EXPECT_FALSE(f["hint"].get<std::string>().empty());
       // sglang's flag: set exactly when the origin is another rank.
