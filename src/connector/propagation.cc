@@ -223,34 +223,33 @@ void ManagerImpl::RegistryRound(uint64_t round) {
     if (!seq.ok()) KVB_LOG_WARN("failure record not published: {}", seq.status().ToString());
   }
   Result<FailureBatch> batch = bootstrap_->FailuresSince(failure_seq_);
-  if (batch.ok()) {
-    failure_seq_ = batch->latest_seq;
-    // Who is alive now, read after the records: a record about a process
-    // already replaced at its position must not fail its successor's rooms.
+  if (batch.ok()) failure_seq_ = batch->latest_seq;
+  const bool have_records = batch.ok() && !batch->records.empty();
+  // Who is alive now, read after the records (one read serves both uses):
+  // a record about a process already replaced at its position must not fail
+  // its successor's rooms; every third round it also checks the siblings.
+  std::optional<std::vector<RankStatus>> ranks;
+  if (have_records || round % 3 == 0) {
+    Result<std::vector<RankStatus>> listed = bootstrap_->ListRanks();
+    if (listed.ok()) ranks = std::move(listed).value();
+  }
+  if (have_records) {
     std::map<std::string, uint64_t> live;
-    bool have_live = false;
-    if (!batch->records.empty()) {
-      Result<std::vector<RankStatus>> ranks = bootstrap_->ListRanks();
-      if (ranks.ok()) {
-        have_live = true;
-        for (const RankStatus& s : *ranks)
-          if (s.state == Liveness::kAlive) live[PeerKey(RankIdOf(s.record))] = s.record.incarnation;
-      }
+    if (ranks) {
+      for (const RankStatus& s : *ranks)
+        if (s.state == Liveness::kAlive) live[PeerKey(RankIdOf(s.record))] = s.record.incarnation;
     }
     Outbox out;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const nlohmann::json& j : batch->records) {
         Result<FailureRecord> r = FailureRecordFromJson(j);
-        if (r.ok()) ApplyRankFailureLocked(*r, out, have_live ? &live : nullptr);
+        if (r.ok()) ApplyRankFailureLocked(*r, out, ranks ? &live : nullptr);
       }
     }
     Flush(out);
   }
-  if (round % 3 == 0) {
-    Result<std::vector<RankStatus>> ranks = bootstrap_->ListRanks();
-    if (ranks.ok()) CheckSiblings(*ranks);
-  }
+  if (round % 3 == 0 && ranks) CheckSiblings(*ranks);
 }
 
 void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
