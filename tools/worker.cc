@@ -213,9 +213,10 @@ int RunWorker(const WorkerFlags& f) {
     aux_free.push_back(l.aux);
   };
   // Pages scrubbed after a quiesced failure must still hold the filler when
-  // handed out again: a byte that landed later is a late write.
-  std::vector<bool> scrubbed(f.pool_pages, false);
-  std::vector<uint64_t> scrubbed_by(f.pool_pages, 0);  // the failed room that last held it
+  // handed out again: a byte that landed later is a late write. Per page:
+  // the failed room whose scrub it holds, or kNotScrubbed.
+  constexpr uint64_t kNotScrubbed = UINT64_MAX;  // never a room id of the plan
+  std::vector<uint64_t> scrubbed_by(f.pool_pages, kNotScrubbed);
   auto room_busy = [&](uint64_t room) {
     for (const auto* set : {&live, &draining})
       for (const auto& l : *set)
@@ -265,6 +266,15 @@ int RunWorker(const WorkerFlags& f) {
       }
     }
   };
+  // Where the stream stands, for the HELD and PROGRESS lines.
+  auto tally = [&] {
+    uint64_t ok = 0;
+    for (const RoomOutcome& o : report.outcomes) ok += o.success;
+    return nlohmann::json{{"admitted", next},
+                          {"finished", finished},
+                          {"succeeded", ok},
+                          {"failed", report.outcomes.size() - ok}};
+  };
   while ((next < limit || !live.empty() || !draining.empty()) && Clock::now() < deadline) {
     if (f.progress_ms > 0) read_commands();
     // Admit new rooms.
@@ -277,11 +287,11 @@ int RunWorker(const WorkerFlags& f) {
       if (f.room_mod > 0 && room_busy(l->plan.room)) break;  // wait for the old generation
       if (!alloc.Take(l->plan.pages, &l->pages) || aux_free.empty()) break;
       for (int32_t page : l->pages) {
-        if (!scrubbed[page]) continue;
-        scrubbed[page] = false;
+        const uint64_t failed_room = std::exchange(scrubbed_by[page], kNotScrubbed);
+        if (failed_room == kNotScrubbed) continue;
         if (!(*pool)->PagesHold(std::span<const int32_t>(&page, 1), 0)) {
           ++report.corrupt_pages;
-          std::cerr << "worker: page " << page << " was written after room " << scrubbed_by[page]
+          std::cerr << "worker: page " << page << " was written after room " << failed_room
                     << " failed and quiesced\n";
         }
       }
@@ -385,40 +395,22 @@ int RunWorker(const WorkerFlags& f) {
       if (!l.receiver->Quiesced()) ++report.unquiesced;
       (*pool)->Scrub(l.pages, 0);
       if (l.receiver->Quiesced())
-        for (int32_t page : l.pages) {
-          scrubbed[page] = true;
-          scrubbed_by[page] = l.plan.room;
-        }
+        for (int32_t page : l.pages) scrubbed_by[page] = l.plan.room;
       release(l);
       it = draining.erase(it);
     }
     if (hold_at && !held_reported && next == *hold_at && live.empty() && draining.empty()) {
       held_reported = true;
-      uint64_t ok = 0;
-      for (const RoomOutcome& o : report.outcomes) ok += o.success;
-      std::cout << "HELD "
-                << nlohmann::json{{"admitted", next},
-                                  {"finished", finished},
-                                  {"succeeded", ok},
-                                  {"failed", report.outcomes.size() - ok}}
-                       .dump()
-                << std::endl;
+      std::cout << "HELD " << tally().dump() << std::endl;
     }
     if (f.progress_ms > 0 &&
         Clock::now() - last_progress >= std::chrono::milliseconds(f.progress_ms)) {
       last_progress = Clock::now();
-      uint64_t ok = 0;
-      for (const RoomOutcome& o : report.outcomes) ok += o.success;
-      std::cout << "PROGRESS "
-                << nlohmann::json{{"admitted", next},
-                                  {"finished", finished},
-                                  {"succeeded", ok},
-                                  {"failed", report.outcomes.size() - ok},
-                                  {"bytes", report.bytes},
-                                  {"verified_pages", report.verified_pages},
-                                  {"corrupt_pages", report.corrupt_pages}}
-                       .dump()
-                << std::endl;
+      nlohmann::json progress = tally();
+      progress["bytes"] = report.bytes;
+      progress["verified_pages"] = report.verified_pages;
+      progress["corrupt_pages"] = report.corrupt_pages;
+      std::cout << "PROGRESS " << progress.dump() << std::endl;
     }
     // Scheduler step pacing: a real scheduler polls once per forward step.
     if (f.step_us > 0) {
