@@ -4,6 +4,7 @@
 
 #include <sstream>
 
+#include "connector/connector_test_util.h"
 #include "connector/record_json.h"
 #include "connector/test_cluster.h"
 #include "control/bootstrap_client.h"
@@ -87,32 +88,21 @@ TEST(RestartTest, RestartedPrefillRankServesNewRequestsThroughANewEndpoint) {
 // One request through every rank: a receiver on each decode rank, a sender
 // on each prefill rank; all must reach Success with intact pages.
 void TransferAll(TestCluster& c, uint64_t room) {
-  std::vector<int32_t> src{1, 2, 3}, dst{7, 8, 9};
-  std::vector<std::unique_ptr<KVReceiver>> rx;
-  std::vector<std::unique_ptr<KVSender>> tx;
-  for (auto& d : c.decode) {
-    rx.push_back(std::move(KVReceiver::Create(*d.manager, room)).value());
-    ASSERT_TRUE(rx.back()->Init(0).ok());
-    ASSERT_TRUE(rx.back()->SendMetadata(dst, 0, {}).ok());
-  }
-  for (auto& p : c.prefill) {
-    p.pool->Fill(room, src, 0, {});
-    tx.push_back(std::move(KVSender::Create(*p.manager, room)).value());
-  }
-  for (auto& t : tx) {
-    ASSERT_TRUE(WaitFor([&] { return t->Poll() >= KVPoll::kWaitingForInput || t->Failure(); }));
-    ASSERT_EQ(t->Poll(), KVPoll::kWaitingForInput) << (t->Failure() ? t->Failure()->Message() : "");
-    ASSERT_TRUE(t->Init(3, 0).ok());
-    ASSERT_TRUE(t->Send(src).ok());
-  }
-  for (auto& r : rx) {
-    ASSERT_TRUE(WaitFor([&] {
-      KVPoll p = r->Poll();
-      return p == KVPoll::kSuccess || p == KVPoll::kFailed;
-    }));
-    ASSERT_EQ(r->Poll(), KVPoll::kSuccess) << (r->Failure() ? r->Failure()->Message() : "");
-  }
-  for (auto& d : c.decode) EXPECT_EQ(d.pool->CountCorruptPages(room, dst), 0u);
+  Request r{.room = room};
+  r.src = {1, 2, 3};
+  r.dst = {7, 8, 9};
+  Start(c, r, false);
+  SendChunks(r, {3});
+  ExpectDelivered(c, r);
+}
+
+// prefill tp2 -> decode tp1: prefill tp1 has a sibling to blame or spare.
+ClusterOptions TwoPrefillsOneDecode() {
+  ClusterOptions o;
+  o.prefill_tp = 2;
+  o.decode_tp = 1;
+  o.tweak = TolerantLiveness;
+  return o;
 }
 
 // A dead sibling blocks new requests on its instance (they fail at once,
@@ -120,11 +110,7 @@ void TransferAll(TestCluster& c, uint64_t room) {
 // goes through: its old process's record no longer blocks, without waiting
 // for the next liveness sweep of the registry.
 TEST(RestartTest, RestartedSiblingNoLongerBlocksNewRequests) {
-  ClusterOptions o;
-  o.prefill_tp = 2;
-  o.decode_tp = 1;
-  o.tweak = TolerantLiveness;
-  auto c = TestCluster::Create(o);
+  auto c = TestCluster::Create(TwoPrefillsOneDecode());
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   TransferAll(**c, 1);
   const RankId old_self = (*c)->prefill[1].manager->self();
@@ -161,29 +147,16 @@ TEST(RestartTest, RestartedSiblingNoLongerBlocksNewRequests) {
 // process no live request involves: it fails nothing, on the sibling or on
 // decode, and is counted as stale.
 TEST(RestartTest, LateRecordAboutAReplacedProcessFailsNoLiveRequest) {
-  ClusterOptions o;
-  o.prefill_tp = 2;
-  o.decode_tp = 1;
-  o.tweak = TolerantLiveness;
-  auto c = TestCluster::Create(o);
+  auto c = TestCluster::Create(TwoPrefillsOneDecode());
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   TransferAll(**c, 1);
   KVManager& sibling = *(*c)->prefill[0].manager;
   KVManager& decode = *(*c)->decode[0].manager;
   // A request in flight on every rank when the late record comes.
-  const uint64_t room = 2;
-  std::vector<int32_t> src{1, 2, 3}, dst{7, 8, 9};
-  auto rx = std::move(KVReceiver::Create(decode, room)).value();
-  ASSERT_TRUE(rx->Init(0).ok());
-  ASSERT_TRUE(rx->SendMetadata(dst, 0, {}).ok());
-  std::vector<std::unique_ptr<KVSender>> tx;
-  for (auto& p : (*c)->prefill) {
-    p.pool->Fill(room, src, 0, {});
-    tx.push_back(std::move(KVSender::Create(*p.manager, room)).value());
-  }
-  for (auto& t : tx)
-    ASSERT_TRUE(WaitFor([&] { return t->Poll() == KVPoll::kWaitingForInput; }))
-        << KVPollName(t->Poll());
+  Request r{.room = 2};
+  r.src = {1, 2, 3};
+  r.dst = {7, 8, 9};
+  Start(**c, r, false);
   // prefill tp1's previous process (an incarnation the ranks never heard
   // of) exited; the record of it reaches the registry only now.
   FailureRecord late;
@@ -206,17 +179,9 @@ TEST(RestartTest, LateRecordAboutAReplacedProcessFailsNoLiveRequest) {
     return sibling.Stats().stale_messages_dropped > sibling_stale &&
            decode.Stats().stale_messages_dropped > decode_stale;
   })) << "the late record was not read as stale";
-  for (auto& t : tx) {
-    ASSERT_NE(t->Poll(), KVPoll::kFailed) << t->Failure()->Message();
-    ASSERT_TRUE(t->Init(3, 0).ok());
-    ASSERT_TRUE(t->Send(src).ok());
-  }
-  ASSERT_TRUE(WaitFor([&] {
-    KVPoll p = rx->Poll();
-    return p == KVPoll::kSuccess || p == KVPoll::kFailed;
-  }));
-  ASSERT_EQ(rx->Poll(), KVPoll::kSuccess) << rx->Failure()->Message();
-  EXPECT_EQ((*c)->decode[0].pool->CountCorruptPages(room, dst), 0u);
+  for (auto& t : r.senders) ASSERT_NE(t->Poll(), KVPoll::kFailed) << t->Failure()->Message();
+  SendChunks(r, {3});
+  ExpectDelivered(**c, r);
   TransferAll(**c, 3);  // and new requests are not blocked by it either
 }
 
