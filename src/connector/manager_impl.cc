@@ -455,8 +455,7 @@ void ManagerImpl::OnPeerFailure(PeerId tpeer, const Status& why) {
     auto it = by_tpeer_.find(tpeer);
     if (it == by_tpeer_.end() || it->second->failed) return;
     Peer& peer = *it->second;
-    ProcessState ps =
-        peer.id.host == self_.host ? GetProcessState(peer.id.pid) : ProcessState::kUnknown;
+    const ProcessState ps = LocalProcessState(peer.id);
     if (ps == ProcessState::kExited) {
       FailPeerLocked(peer, FailureCause::kPeerExited, "process exited", "transport error", out);
     } else {
@@ -464,6 +463,20 @@ void ManagerImpl::OnPeerFailure(PeerId tpeer, const Status& why) {
     }
   }
   Flush(out);
+}
+
+ProcessState ManagerImpl::LocalProcessState(const RankId& id) const {
+  return id.host == self_.host ? GetProcessState(id.pid) : ProcessState::kUnknown;
+}
+
+void ManagerImpl::FailSilentPeerLocked(Peer& peer, ProcessState ps, const std::string& silence,
+                                       const char* mechanism, Outbox& out) {
+  if (ps == ProcessState::kExited) {
+    FailPeerLocked(peer, FailureCause::kPeerExited, "process exited", mechanism, out);
+    return;
+  }
+  const std::string what = ps == ProcessState::kStopped ? DescribeProcessState(ps) + ", " : "";
+  FailPeerLocked(peer, FailureCause::kPeerUnresponsive, what + silence, mechanism, out);
 }
 
 void ManagerImpl::FailPeerLocked(Peer& peer, FailureCause cause, std::string detail,
@@ -569,37 +582,29 @@ void ManagerImpl::Tick() {
         // endpoint, waiting longer each time, before the rank is blamed.
         const auto wait = silence_limit * std::min(1 << std::min(peer->hello_attempts - 1, 3), 4);
         if (now - peer->hello_at <= wait) continue;
-        ProcessState ps =
-            peer->id.host == self_.host ? GetProcessState(peer->id.pid) : ProcessState::kUnknown;
-        const double waited = std::chrono::duration<double>(now - peer->last_heard).count();
-        if (ps == ProcessState::kExited) {
-          FailPeerLocked(*peer, FailureCause::kPeerExited, "process exited", "handshake", out);
-        } else if (now - peer->last_heard > silence_limit * 10) {
-          std::string what = ps == ProcessState::kStopped ? DescribeProcessState(ps) + ", " : "";
-          FailPeerLocked(*peer, FailureCause::kPeerUnresponsive,
-                         fmt::format("{}no answer to {} handshake attempts in {:.2f} s", what,
-                                     peer->hello_attempts, waited),
-                         "handshake", out);
+        const ProcessState ps = LocalProcessState(peer->id);
+        if (ps == ProcessState::kExited || now - peer->last_heard > silence_limit * 10) {
+          FailSilentPeerLocked(
+              *peer, ps,
+              fmt::format("no answer to {} handshake attempts in {:.2f} s", peer->hello_attempts,
+                          std::chrono::duration<double>(now - peer->last_heard).count()),
+              "handshake", out);
         } else {
           retry_hello.push_back(key);
         }
         continue;
       }
       if (now - peer->last_heard <= silence_limit) continue;
-      ProcessState ps =
-          peer->id.host == self_.host ? GetProcessState(peer->id.pid) : ProcessState::kUnknown;
+      const ProcessState ps = LocalProcessState(peer->id);
       // On this host /proc tells the truth: a running peer whose heartbeats
       // queue behind bulk data is busy, not failed. Only a much longer
       // silence (a deadlock) makes it unresponsive.
       if (ps == ProcessState::kRunning && now - peer->last_heard <= silence_limit * 10) continue;
-      double silent = std::chrono::duration<double>(now - peer->last_heard).count();
-      if (ps == ProcessState::kExited) {
-        FailPeerLocked(*peer, FailureCause::kPeerExited, "process exited", "heartbeat", out);
-      } else {
-        std::string what = ps == ProcessState::kStopped ? DescribeProcessState(ps) + ", " : "";
-        FailPeerLocked(*peer, FailureCause::kPeerUnresponsive,
-                       fmt::format("{}silent for {:.2f} s", what, silent), "heartbeat", out);
-      }
+      FailSilentPeerLocked(
+          *peer, ps,
+          fmt::format("silent for {:.2f} s",
+                      std::chrono::duration<double>(now - peer->last_heard).count()),
+          "heartbeat", out);
     }
     TickSendersLocked(now, out);
     TickReceiversLocked(now, out);

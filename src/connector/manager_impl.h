@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/process.h"
 #include "connector/manager_metrics.h"
 #include "connector/rooms.h"
 #include "control/bootstrap_client.h"
@@ -158,6 +159,12 @@ class ManagerImpl {
   Peer* FindPeerLocked(const std::string& key);
   Peer* PeerFromLocked(const RankId& from);  // nullptr when unknown or stale
   // Marks `peer` failed and fails every room touching it.
+  // What /proc says of a rank's process: kUnknown unless it is on this host.
+  ProcessState LocalProcessState(const RankId& id) const;
+  // Blames a silent peer: exited when /proc says so, else unresponsive
+  // (naming a stopped process), `silence` saying what it failed to do.
+  void FailSilentPeerLocked(Peer& peer, ProcessState ps, const std::string& silence,
+                            const char* mechanism, Outbox& out);
   void FailPeerLocked(Peer& peer, FailureCause cause, std::string detail, std::string mechanism,
                       Outbox& out);
   void FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base, Outbox& out);

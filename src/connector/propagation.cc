@@ -264,7 +264,7 @@ void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
       if (fatal_ || !IsSibling(id)) continue;
       if (s.state == Liveness::kAlive && s.age <= limit) continue;
       if (applied_.count({key, id.incarnation}) || s.dead_by_seq != 0) continue;
-      ProcessState ps = id.host == self_.host ? GetProcessState(id.pid) : ProcessState::kUnknown;
+      const ProcessState ps = LocalProcessState(id);
       if (ps == ProcessState::kRunning && s.age <= limit * 10) continue;  // busy, not failed
       FailureCause cause =
           ps == ProcessState::kExited ? FailureCause::kPeerExited : FailureCause::kPeerUnresponsive;
