@@ -44,6 +44,9 @@ struct ManagerStats {
   uint64_t stale_messages_dropped = 0;
   uint64_t pending_metadata = 0;  // metadata waiting for its sender
   uint64_t peers_connected = 0;
+  // Liveness rounds the ticker ran (heartbeats sent, silences and deadlines
+  // checked): one per heartbeat interval while nothing holds it up.
+  uint64_t heartbeat_rounds = 0;
 };
 
 class KVManager {

@@ -20,6 +20,15 @@ ProcessState GetProcessState(int pid) {
   // The state follows the parenthesised command name, which may hold spaces.
   size_t close = line.rfind(')');
   if (close == std::string::npos || close + 2 >= line.size()) return ProcessState::kUnknown;
+  // A process being killed (PF_EXITING in the flags, five fields after the
+  // state) has lost its memory before /proc shows it a zombie: a write into
+  // it already fails "No such process", so it counts as exited too.
+  std::istringstream rest(line.substr(close + 2));
+  std::string state, skip;
+  unsigned long flags = 0;
+  rest >> state >> skip >> skip >> skip >> skip >> skip >> flags;
+  constexpr unsigned long kPfExiting = 0x4;
+  if (rest && (flags & kPfExiting) != 0) return ProcessState::kExited;
   switch (line[close + 2]) {
     case 'Z':
     case 'X':

@@ -211,6 +211,14 @@ TEST(BadInputTest, LayoutMismatchFailsAtInitNamingBothValues) {
   EXPECT_NE(s.message().find("float16"), std::string::npos) << s.message();
   EXPECT_EQ(r->Poll(), KVPoll::kFailed);
   EXPECT_EQ(r->Failure()->cause, FailureCause::kLayoutMismatch);
+  // The record names the incompatible prefill rank in full, as the
+  // registry knows it: no "host ?, pid 0".
+  const RankId prefill = (*c)->prefill[0].manager->self();
+  const RankId& origin = r->Failure()->origin;
+  EXPECT_TRUE(origin.SameRank(prefill)) << r->Failure()->Message();
+  EXPECT_EQ(origin.host, prefill.host) << r->Failure()->Message();
+  EXPECT_EQ(origin.pid, prefill.pid) << r->Failure()->Message();
+  EXPECT_EQ(origin.incarnation, prefill.incarnation);
 }
 
 }  // namespace

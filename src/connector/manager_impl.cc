@@ -187,6 +187,7 @@ Status ManagerImpl::Start() {
   }
   ticker_ = std::thread([this] { TickerLoop(); });
   registry_thread_ = std::thread([this] { RegistryLoop(); });
+  resolver_ = std::thread([this] { ResolverLoop(); });
   KVB_LOG_INFO("manager up: {} incarnation {:#x}, transport {}", self_.ToString(),
                self_.incarnation, transport_->Name());
   return Status();
@@ -200,6 +201,7 @@ ManagerImpl::~ManagerImpl() {
   ticker_cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
   if (registry_thread_.joinable()) registry_thread_.join();
+  if (resolver_.joinable()) resolver_.join();
   engine_.reset();
   metrics_.reset();
   if (transport_) {
@@ -284,7 +286,7 @@ bool ManagerImpl::IsFromAnotherRank(const RankId& origin) const {
 
 template <typename Room>
 bool ManagerImpl::MarkRoomFailedLocked(Room& room, FailureRecord& record) {
-  if (room.failure) return false;
+  if (room.failure || room.poll() == KVPoll::kSuccess) return false;
   record.room = room.room;
   record.is_from_another_rank = IsFromAnotherRank(record.origin);
   room.failure = record;
@@ -448,174 +450,6 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello) {
   Flush(out);
 }
 
-void ManagerImpl::OnPeerFailure(PeerId tpeer, const Status& why) {
-  Outbox out;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = by_tpeer_.find(tpeer);
-    if (it == by_tpeer_.end() || it->second->failed) return;
-    Peer& peer = *it->second;
-    const ProcessState ps = LocalProcessState(peer.id);
-    if (ps == ProcessState::kExited) {
-      FailPeerLocked(peer, FailureCause::kPeerExited, "process exited", "transport error", out);
-    } else {
-      FailPeerLocked(peer, FailureCause::kPeerUnreachable, why.message(), "transport error", out);
-    }
-  }
-  Flush(out);
-}
-
-ProcessState ManagerImpl::LocalProcessState(const RankId& id) const {
-  return id.host == self_.host ? GetProcessState(id.pid) : ProcessState::kUnknown;
-}
-
-void ManagerImpl::FailSilentPeerLocked(Peer& peer, ProcessState ps, const std::string& silence,
-                                       const char* mechanism, Outbox& out) {
-  if (ps == ProcessState::kExited) {
-    FailPeerLocked(peer, FailureCause::kPeerExited, "process exited", mechanism, out);
-    return;
-  }
-  const std::string what = ps == ProcessState::kStopped ? DescribeProcessState(ps) + ", " : "";
-  FailPeerLocked(peer, FailureCause::kPeerUnresponsive, what + silence, mechanism, out);
-}
-
-void ManagerImpl::FailPeerLocked(Peer& peer, FailureCause cause, std::string detail,
-                                 std::string mechanism, Outbox& out) {
-  FailureRecord base =
-      MakeRecord(peer.id, cause, std::move(detail), Phase::kTransferring, std::move(mechanism));
-  base.last_sign_of_life = peer.last_heard_wall;
-  FailPeerWithRecordLocked(peer, base, out);
-  if (cause != FailureCause::kLayoutMismatch) PublishLocked(base);
-}
-
-void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base, Outbox& out) {
-  peer.failed = true;
-  peer.failure = base;
-  peer.held.clear();
-  if (base.cause != FailureCause::kLayoutMismatch) {
-    dead_ranks_[peer.key] = base;
-    applied_.insert({peer.key, peer.id.incarnation});
-  }
-  recent_rank_failure_ = base;
-  KVB_LOG_WARN("peer failed: {}", base.Message());
-  for (auto& [id, room] : senders_) {
-    bool touches = false;
-    for (auto& [rank, flow] : room->flows) {
-      if (flow.peer_key != peer.key) continue;
-      touches = true;
-      flow.closed = true;  // nothing more can be said to a dead peer
-    }
-    if (!touches || room->failure) continue;
-    FailureRecord r = base;
-    r.room = room->room;
-    r.phase = room->phase;
-    FailSenderLocked(*room, r, out);
-  }
-  // A peer that never answered our Hello never got our metadata (it was
-  // held): it cannot write into our pages, whatever became of it.
-  const bool cannot_write = FailedPeerCannotWriteLocked(peer) || !peer.acked;
-  for (auto& [id, room] : receivers_) {
-    bool touches = false;
-    for (ReceiverSource& src : room->sources) {
-      if (src.peer_key != peer.key) continue;
-      touches = true;
-      if (cannot_write) src.quiesced = true;
-    }
-    if (!touches) continue;
-    if (!room->failure && room->poll() != KVPoll::kSuccess) {
-      FailureRecord r = base;
-      r.room = room->room;
-      r.generation = room->generation;
-      r.phase = room->phase;
-      FailReceiverLocked(*room, r, out);
-    }
-    UpdateQuiescedLocked(*room);
-  }
-  for (auto it = pending_meta_.begin(); it != pending_meta_.end();) {
-    it = PeerKey(it->second.from) == peer.key ? pending_meta_.erase(it) : std::next(it);
-  }
-}
-
-bool ManagerImpl::FailedPeerCannotWriteLocked(const Peer& peer) const {
-  const FailureCause c = peer.failure ? peer.failure->cause : FailureCause::kPeerExited;
-  return c == FailureCause::kPeerExited ||
-         (c == FailureCause::kPeerUnreachable && peer.id.host != self_.host);
-}
-
-void ManagerImpl::TickerLoop() {
-  std::unique_lock<std::mutex> lock(ticker_mu_);
-  while (!stop_) {
-    ticker_cv_.wait_for(lock, opts_.heartbeat_interval, [this] { return stop_; });
-    if (stop_) return;
-    lock.unlock();
-    Tick();
-    lock.lock();
-  }
-}
-
-void ManagerImpl::Tick() {
-  const SteadyTime now = std::chrono::steady_clock::now();
-  const auto silence_limit = opts_.heartbeat_interval * opts_.heartbeat_misses;
-  std::vector<PeerId> beats;
-  std::vector<std::string> retry_hello;
-  Outbox out;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (now - last_tick_ > silence_limit) {
-      // This process was stopped or starved, not its peers: start counting
-      // their silence afresh.
-      KVB_LOG_WARN("ticker ran {:.2f} s late; not blaming peers for it",
-                   std::chrono::duration<double>(now - last_tick_).count());
-      for (auto& [key, peer] : peers_) peer->last_heard = now;
-    }
-    last_tick_ = now;
-    for (auto& [key, peer] : peers_) {
-      if (peer->tpeer == 0) continue;
-      // A peer failed for its own reported error is still alive: keep
-      // beating so it does not take our silence for a failure of ours.
-      if (!peer->failed || (peer->failure && peer->failure->cause == FailureCause::kLocalError))
-        beats.push_back(peer->tpeer);
-      // A rank that failed itself (fatal error, fenced) blames nobody else.
-      if (peer->failed || !peer->ready || fatal_) continue;
-      if (!peer->acked) {
-        // The handshake is not answered: a lost Hello is sent again on a new
-        // endpoint, waiting longer each time, before the rank is blamed.
-        const auto wait = silence_limit * std::min(1 << std::min(peer->hello_attempts - 1, 3), 4);
-        if (now - peer->hello_at <= wait) continue;
-        const ProcessState ps = LocalProcessState(peer->id);
-        if (ps == ProcessState::kExited || now - peer->last_heard > silence_limit * 10) {
-          FailSilentPeerLocked(
-              *peer, ps,
-              fmt::format("no answer to {} handshake attempts in {:.2f} s", peer->hello_attempts,
-                          std::chrono::duration<double>(now - peer->last_heard).count()),
-              "handshake", out);
-        } else {
-          retry_hello.push_back(key);
-        }
-        continue;
-      }
-      if (now - peer->last_heard <= silence_limit) continue;
-      const ProcessState ps = LocalProcessState(peer->id);
-      // On this host /proc tells the truth: a running peer whose heartbeats
-      // queue behind bulk data is busy, not failed. Only a much longer
-      // silence (a deadlock) makes it unresponsive.
-      if (ps == ProcessState::kRunning && now - peer->last_heard <= silence_limit * 10) continue;
-      FailSilentPeerLocked(
-          *peer, ps,
-          fmt::format("silent for {:.2f} s",
-                      std::chrono::duration<double>(now - peer->last_heard).count()),
-          "heartbeat", out);
-    }
-    TickSendersLocked(now, out);
-    TickReceiversLocked(now, out);
-  }
-  Flush(out);
-  std::string beat = EncodeMessage(self_, HeartbeatMsg{heartbeat_seq_.fetch_add(1)});
-  for (PeerId p : beats) transport_->SendUrgentMessage(p, beat).IgnoreError();
-  for (const std::string& key : retry_hello) RetryHello(key);
-  if (opts_.role == Role::kDecode) RetryUnresolved();
-}
-
 void ManagerImpl::ReportFatal(const std::string& reason) {
   Outbox out;
   {
@@ -635,7 +469,7 @@ void ManagerImpl::ReportFatal(const std::string& reason) {
       FailSenderLocked(*room, r, out);
     }
     for (auto& [id, room] : receivers_) {
-      if (room->failure || room->poll() == KVPoll::kSuccess) continue;
+      if (room->failure) continue;
       FailureRecord r = *fatal_;
       r.room = room->room;
       r.generation = room->generation;
@@ -664,6 +498,7 @@ ManagerStats ManagerImpl::Stats() const {
   s.chunks_sent = chunks_sent_;
   s.stale_messages_dropped = stale_dropped_;
   s.pending_metadata = pending_meta_.size();
+  s.heartbeat_rounds = heartbeat_seq_.load();
   for (auto& [key, p] : peers_) s.peers_connected += (p->ready && !p->failed) ? 1 : 0;
   return s;
 }

@@ -153,6 +153,10 @@ class ManagerImpl {
   void OnHello(const RankId& from, HelloMsg hello);
   void Tick();
   void TickerLoop();
+  // Bootstrap lookups, connects and handshake retries that the ticker asks
+  // for: they wait on the network, so they run here and never delay a
+  // heartbeat or a liveness check.
+  void ResolverLoop();
 
   // Peers.
   static std::string PeerKey(const RankId& id);
@@ -161,6 +165,10 @@ class ManagerImpl {
   // Marks `peer` failed and fails every room touching it.
   // What /proc says of a rank's process: kUnknown unless it is on this host.
   ProcessState LocalProcessState(const RankId& id) const;
+  // The one reading of a transport error about `peer` (a failed endpoint or
+  // write): exited when /proc on this host says so, else unreachable.
+  std::pair<FailureCause, std::string> TransportErrorCause(const RankId& peer,
+                                                           const Status& why) const;
   // Blames a silent peer: exited when /proc says so, else unresponsive
   // (naming a stopped process), `silence` saying what it failed to do.
   void FailSilentPeerLocked(Peer& peer, ProcessState ps, const std::string& silence,
@@ -217,8 +225,9 @@ class ManagerImpl {
   // What failing a request does on either side (SenderRoom, ReceiverRoom):
   // sets record.room and is_from_another_rank, keeps the record as the
   // room's failure, turns poll() to kFailed, counts, meters and logs it.
-  // False, changing nothing, when the room had failed already. The caller
-  // then tells the peers.
+  // The one rule for final states: false, changing nothing, when the room
+  // had already failed or succeeded (Success and Failed are final; a room
+  // fails once, with its first record). The caller then tells the peers.
   template <typename Room>
   bool MarkRoomFailedLocked(Room& room, FailureRecord& record);
 
@@ -231,11 +240,16 @@ class ManagerImpl {
   void OnChunkDone(const std::shared_ptr<SenderRoom>& room, int decode_rank, const Status& s,
                    uint64_t bytes, uint64_t ops);
   void DrainFlowLocked(SenderRoom& room, SenderFlow& flow, Outbox& out);
+  // Sends the flow's last notice once its writes completed, unless the
+  // request failed first (SenderFlow::final_note).
+  void SendFinalNoteLocked(SenderRoom& room, SenderFlow& flow, Outbox& out);
   void TickSendersLocked(SteadyTime now, Outbox& out);
 
   // Decode internals (receiver_side.cc).
   Status ResolveSources(const std::shared_ptr<ReceiverRoom>& room);
-  Result<std::string> EnsurePrefillPeer(const RankId& position);
+  // Connects to the prefill rank at `position` unless already connected;
+  // `registered` gets the registry's record of it (host, pid) once read.
+  Result<std::string> EnsurePrefillPeer(const RankId& position, RankId* registered);
   HelloMsg MakeHello() const;
   // Sends the Hello to the prefill rank at `key` again on a new endpoint and
   // drops the old one (the Hello on it got no answer).
@@ -305,6 +319,9 @@ class ManagerImpl {
   bool stop_ = false;
   std::thread ticker_;
   std::thread registry_thread_;
+  std::thread resolver_;
+  // Peers whose Hello the ticker found unanswered (guarded by mu_).
+  std::set<std::string> hello_retries_;
 };
 
 }  // namespace kvbridge::internal

@@ -145,10 +145,8 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
     KVB_LOG_ERROR("this rank was declared failed by {}: {}", r.detected_by.ShortName(),
                   r.Message());
     fatal_ = r;
-    for (auto& [id, room] : senders_)
-      if (!room->failure && room->poll() != KVPoll::kSuccess) FailSenderLocked(*room, r, out);
-    for (auto& [id, room] : receivers_)
-      if (!room->failure && room->poll() != KVPoll::kSuccess) FailReceiverLocked(*room, r, out);
+    for (auto& [id, room] : senders_) FailSenderLocked(*room, r, out);
+    for (auto& [id, room] : receivers_) FailReceiverLocked(*room, r, out);
     return;
   }
   if (!applied_.insert({key, r.origin.incarnation}).second) return;
@@ -160,7 +158,6 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
     FailPeerWithRecordLocked(*peer, r, out);
   const bool sibling = IsSibling(r.origin);
   for (auto& [id, room] : senders_) {
-    if (room->failure || room->poll() == KVPoll::kSuccess) continue;
     bool touches = sibling;
     for (auto& [rank, flow] : room->flows)
       touches = touches || (r.origin.role == Role::kDecode && flow.decode.dp == r.origin.dp &&
@@ -168,7 +165,6 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
     if (touches) FailSenderLocked(*room, r, out);
   }
   for (auto& [id, room] : receivers_) {
-    if (room->failure || room->poll() == KVPoll::kSuccess) continue;
     bool touches = sibling || (r.origin.role == Role::kPrefill && room->initialized &&
                                room->prefill_dp_rank == r.origin.dp);
     if (touches) FailReceiverLocked(*room, r, out);

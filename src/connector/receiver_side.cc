@@ -137,9 +137,10 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
         pos.dp = room->prefill_dp_rank;
         pos.tp = tp;
         pos.pp = pp;
-        Result<std::string> key = EnsurePrefillPeer(pos);
+        RankId registered = pos;  // the registry's record of that rank, when read
+        Result<std::string> key = EnsurePrefillPeer(pos, &registered);
         if (!key.ok()) {
-          if (key.status().code() == StatusCode::kFailedPrecondition) incompatible = pos;
+          if (key.status().code() == StatusCode::kFailedPrecondition) incompatible = registered;
           return key.status();
         }
         ReceiverSource src;
@@ -198,7 +199,7 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
   return s;
 }
 
-Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos) {
+Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* registered) {
   const std::string key = PeerKey(pos);
   uint64_t failed_incarnation = 0;
   {
@@ -209,6 +210,7 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos) {
   }
   Result<RankRecord> rec = bootstrap_->GetRank(pos.dp, pos.cp, pos.tp, pos.pp);
   if (!rec.ok()) return rec.status().WithContext(key);
+  *registered = RankIdOf(*rec);
   if (failed_incarnation != 0 && rec->incarnation == failed_incarnation)
     return UnavailableError(key + " failed and has not restarted");
   ASSIGN_OR_RETURN(RankLayout layout, LayoutFromJson(rec->layout));
@@ -471,7 +473,7 @@ void ManagerImpl::OnPrefillRoomFailed(const RankId& from, const RoomFailedMsg& m
     s.told = true;
     if (msg.quiesced) s.quiesced = true;
   }
-  if (room.poll() != KVPoll::kSuccess) FailReceiverLocked(room, msg.record, out);
+  FailReceiverLocked(room, msg.record, out);
   UpdateQuiescedLocked(room);
 }
 
@@ -492,6 +494,8 @@ void ManagerImpl::FailReceiverLocked(ReceiverRoom& room, FailureRecord record, O
   if (!MarkRoomFailedLocked(room, record)) return;
   for (ReceiverSource& src : room.sources) {
     if (!src.meta_sent) src.quiesced = true;  // prefill never saw the pages
+    // Prefill learns why even when no metadata went out: its sender would
+    // otherwise wait for metadata until its deadline and blame itself.
     Peer* peer = FindPeerLocked(src.peer_key);
     if (peer == nullptr) {
       src.quiesced = true;
@@ -506,9 +510,9 @@ void ManagerImpl::FailReceiverLocked(ReceiverRoom& room, FailureRecord record, O
       src.told = true;
       continue;
     }
-    if (src.told || !src.meta_sent) continue;
+    if (src.told) continue;
     src.told = true;
-    Send(out, *peer, RoomFailedMsg{room.room, room.generation, false, record});
+    Send(out, *peer, RoomFailedMsg{room.room, room.generation, !src.meta_sent, record});
   }
   UpdateQuiescedLocked(room);
 }
@@ -527,78 +531,12 @@ void ManagerImpl::ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room) {
   Outbox out;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (room->failure || room->poll() == KVPoll::kSuccess) return;
     FailReceiverLocked(*room,
                        MakeRecord(self_, FailureCause::kAborted, "aborted by the application",
                                   room->phase, "Abort()"),
                        out);
   }
   Flush(out);
-}
-
-void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
-  for (auto& [id, sp] : receivers_) {
-    ReceiverRoom& room = *sp;
-    if (room.failure || !room.initialized || room.poll() == KVPoll::kSuccess) continue;
-    auto elapsed = now - room.phase_since;
-    // Registry lost: requests whose transfer has not started fail naming it
-    // (prefill fails the ones still waiting for metadata the same way, so
-    // the two sides never wait on each other); transfers under way finish.
-    if (registry_lost_ && (!room.resolved || room.poll() == KVPoll::kWaitingForInput)) {
-      FailReceiverLocked(room, *registry_lost_, out);
-      continue;
-    }
-    if (!room.resolved) {
-      if (elapsed <= opts_.bootstrap_timeout) continue;
-      const Status& why = room.last_resolve_error;
-      bool lost = why.message().find("unreachable") != std::string::npos;
-      RankId origin;
-      if (lost) {
-        origin.role = Role::kBootstrap;
-        origin.host = opts_.bootstrap_addr;
-      } else {
-        origin = self_;
-      }
-      FailReceiverLocked(
-          room,
-          MakeRecord(origin, lost ? FailureCause::kRegistryLost : FailureCause::kDeadlineExceeded,
-                     why.ok() ? "prefill instance not found" : why.message(), Phase::kBootstrapping,
-                     lost ? "registry" : "phase deadline"),
-          out);
-      continue;
-    }
-    if (!room.meta) {
-      if (elapsed <= opts_.waiting_timeout) continue;
-      FailReceiverLocked(room,
-                         MakeRecord(self_, FailureCause::kDeadlineExceeded,
-                                    "the application did not call SendMetadata",
-                                    Phase::kWaitingForMetadata, "phase deadline"),
-                         out);
-      continue;
-    }
-    if (elapsed <= opts_.waiting_timeout) continue;
-    for (const ReceiverSource& src : room.sources) {
-      if (src.dummy || src.last_received) continue;
-      FailReceiverLocked(
-          room,
-          MakeRecord(src.prefill, FailureCause::kDeadlineExceeded,
-                     fmt::format("no chunk from {} for {:.1f} s", src.prefill.ShortName(),
-                                 std::chrono::duration<double>(elapsed).count()),
-                     room.phase, "phase deadline"),
-          out);
-      break;
-    }
-  }
-}
-
-void ManagerImpl::RetryUnresolved() {
-  std::vector<std::shared_ptr<ReceiverRoom>> todo;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [id, room] : receivers_)
-      if (room->initialized && !room->resolved && !room->failure) todo.push_back(room);
-  }
-  for (auto& room : todo) ResolveSources(room).IgnoreError();
 }
 
 }  // namespace kvbridge::internal

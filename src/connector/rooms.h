@@ -33,6 +33,11 @@ struct SenderFlow {
   bool quiesce_reply = false;  // decode asked; answer once inflight == 0
   bool told = false;           // decode knows this request failed
   bool closed = false;         // nothing more will be sent to decode
+  // The last chunk's notice. It leaves only once every write of this flow
+  // completed and only while the request has not failed: decode takes
+  // Success from it, so it must never follow a failure after which the
+  // application may have reused the source pages those writes read.
+  std::optional<NotifyMsg> final_note;
 };
 
 struct SenderRoom {

@@ -184,12 +184,13 @@ Status ManagerImpl::SenderSend(const std::shared_ptr<SenderRoom>& sp,
                      static_cast<uint32_t>(src.size())};
       std::shared_ptr<SenderRoom> keep = sp;
       int decode_rank = rank;
-      posts.emplace_back(
-          rank, Outbox::Post{
-                    peer->tpeer, peer->remote, std::move(runs).value(), EncodeMessage(self_, note),
-                    [this, keep, decode_rank](const Status& s, uint64_t bytes, uint64_t ops) {
-                      OnChunkDone(keep, decode_rank, s, bytes, ops);
-                    }});
+      // The last notice waits for the writes' completion (SenderFlow::final_note).
+      posts.emplace_back(rank, Outbox::Post{peer->tpeer, peer->remote, std::move(runs).value(),
+                                            last ? std::string() : EncodeMessage(self_, note),
+                                            [this, keep, decode_rank](
+                                                const Status& s, uint64_t bytes, uint64_t ops) {
+                                              OnChunkDone(keep, decode_rank, s, bytes, ops);
+                                            }});
     }
     if (!result.ok()) {
       FailureCause cause = result.code() == StatusCode::kUnavailable
@@ -201,6 +202,9 @@ Status ManagerImpl::SenderSend(const std::shared_ptr<SenderRoom>& sp,
       for (auto& [rank, post] : posts) {
         // Counted before anything can complete: completions need mu_.
         SenderFlow& flow = room.flows.at(rank);
+        if (last)
+          flow.final_note = NotifyMsg{room.room, flow.meta.generation, flow.next_chunk, true,
+                                      static_cast<uint32_t>(room.num_pages - room.pages_sent)};
         ++flow.next_chunk;
         ++flow.inflight;
         ++room.inflight;
@@ -222,7 +226,6 @@ void ManagerImpl::SenderAbort(const std::shared_ptr<SenderRoom>& room) {
   Outbox out;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (room->failure || room->poll() == KVPoll::kSuccess) return;
     FailSenderLocked(*room,
                      MakeRecord(self_, FailureCause::kAborted, "aborted by the application",
                                 room->phase, "Abort()"),
@@ -252,17 +255,27 @@ void ManagerImpl::OnChunkDone(const std::shared_ptr<SenderRoom>& sp, int decode_
       if (peer != nullptr && peer->failed && peer->failure) {
         r = *peer->failure;
       } else {
-        r = MakeRecord(flow.decode, FailureCause::kPeerUnreachable, s.ToString(),
-                       Phase::kTransferring, "transport error");
+        auto [cause, detail] = TransportErrorCause(flow.decode, s);
+        r = MakeRecord(flow.decode, cause, std::move(detail), Phase::kTransferring,
+                       "transport error");
       }
       r.room = room.room;
       r.generation = flow.meta.generation;
       FailSenderLocked(room, r, out);
     }
     DrainFlowLocked(room, flow, out);
+    SendFinalNoteLocked(room, flow, out);
     UpdateSenderStateLocked(room);
   }
   Flush(out);
+}
+
+void ManagerImpl::SendFinalNoteLocked(SenderRoom& room, SenderFlow& flow, Outbox& out) {
+  if (flow.inflight > 0 || !flow.final_note || room.failure) return;
+  Peer* peer = FindPeerLocked(flow.peer_key);
+  if (peer != nullptr && !peer->failed) Send(out, *peer, *flow.final_note);
+  flow.final_note.reset();
+  flow.closed = true;  // decode has all it needs; a later failure here is not its concern
 }
 
 void ManagerImpl::DrainFlowLocked(SenderRoom& room, SenderFlow& flow, Outbox& out) {
@@ -500,7 +513,16 @@ void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& ms
     // must then not be adopted.
     pending_abort_[{msg.room, from.tp}] =
         PendingAbort{msg.record, msg.generation, std::chrono::steady_clock::now()};
-    Send(out, *peer, QuiescedMsg{msg.room, msg.generation});
+    // A live sender that has no metadata from that rank yet is this
+    // request's: decode failed it before (or without) sending metadata, so
+    // none will come. It fails now with decode's reason instead of waiting
+    // for its deadline.
+    if (it != senders_.end() && it->second->live && !it->second->flows.count(from.tp)) {
+      SenderRoom& room = *it->second;
+      room.aborted_generations[from.tp] = msg.generation;
+      FailSenderLocked(room, msg.record, out);
+    }
+    if (!msg.quiesced) Send(out, *peer, QuiescedMsg{msg.room, msg.generation});
     return;
   }
   SenderRoom& room = *it->second;
@@ -508,74 +530,6 @@ void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& ms
   flow->quiesce_reply = true;
   FailSenderLocked(room, msg.record, out);
   DrainFlowLocked(room, *flow, out);
-}
-
-void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
-  for (auto pm = pending_meta_.begin(); pm != pending_meta_.end();) {
-    pm = now - pm->second.at > opts_.waiting_timeout ? pending_meta_.erase(pm) : std::next(pm);
-  }
-  for (auto o = orphan_failures_.begin(); o != orphan_failures_.end();) {
-    o = now - o->second.at > opts_.waiting_timeout ? orphan_failures_.erase(o) : std::next(o);
-  }
-  for (auto pa = pending_abort_.begin(); pa != pending_abort_.end();) {
-    pa = now - pa->second.at > opts_.waiting_timeout ? pending_abort_.erase(pa) : std::next(pa);
-  }
-  for (auto& [id, sp] : senders_) {
-    SenderRoom& room = *sp;
-    if (room.failure) continue;
-    KVPoll p = room.poll();
-    if (p == KVPoll::kSuccess) continue;
-    if (p == KVPoll::kBootstrapping) {
-      // Metadata that cannot come: registry lost (decode cannot bootstrap),
-      // or a rank of the instances involved is gone.
-      if (auto blocker = NewRoomBlockerLocked()) {
-        FailSenderLocked(room, *blocker, out);
-        continue;
-      }
-    }
-    auto elapsed = now - room.phase_since;
-    if (room.inflight > 0) {
-      if (elapsed <= opts_.transfer_timeout) continue;
-      for (auto& [rank, flow] : room.flows) {
-        if (flow.inflight == 0) continue;
-        FailureRecord r = MakeRecord(
-            flow.decode, FailureCause::kDeadlineExceeded,
-            fmt::format("writes to {} not completed within {:.1f} s", flow.decode.ShortName(),
-                        std::chrono::duration<double>(opts_.transfer_timeout).count()),
-            Phase::kTransferring, "transfer deadline");
-        r.generation = flow.meta.generation;
-        FailSenderLocked(room, r, out);
-        break;
-      }
-      continue;
-    }
-    if (elapsed <= opts_.waiting_timeout) continue;
-    std::string what;
-    Phase phase = room.phase;
-    RankId origin = self_;
-    if (p == KVPoll::kBootstrapping) {
-      phase = Phase::kWaitingForMetadata;
-      std::string missing;
-      for (int d : room.expected_decode) {
-        if (room.flows.count(d)) continue;
-        missing += fmt::format(" tp{}", d);
-        // Name the silent decode rank when this rank has met it.
-        for (auto& [key, peer] : peers_)
-          if (peer->id.role == Role::kDecode && peer->id.tp == d && origin.SameRank(self_))
-            origin = peer->id;
-      }
-      what = missing.empty() ? "no decode rank sent metadata" : "no metadata from decode" + missing;
-    } else {
-      what = "the application sent no chunk";
-    }
-    FailSenderLocked(
-        room,
-        MakeRecord(origin, FailureCause::kDeadlineExceeded,
-                   fmt::format("{} within {:.1f} s", what,
-                               std::chrono::duration<double>(opts_.waiting_timeout).count()),
-                   phase, "phase deadline"),
-        out);
-  }
 }
 
 }  // namespace kvbridge::internal
