@@ -95,4 +95,9 @@ struct FailureRecord {
 // What to do about a cause, one line.
 std::string_view FailureHint(FailureCause cause);
 
+// Whether a cause means the origin rank itself failed (so every request
+// touching it fails and the registry marks it dead), as opposed to one
+// request failing (bad input, abort, deadline, layout) on a healthy rank.
+bool IsRankFailure(FailureCause cause);
+
 }  // namespace kvbridge

@@ -46,6 +46,13 @@ class KVReceiver {
                       std::span<const int32_t> state_indices = {}, int64_t decode_prefix_len = 0);
   KVPoll Poll() const;
   std::optional<FailureRecord> Failure() const;
+  // Why the request failed on some rank of its group, for a rank whose
+  // group state (sglang's MIN over the group's Poll) is Failed while its own
+  // Poll may not be: this rank's record, else the record another rank of
+  // either side published for the request (waiting at most three heartbeat
+  // intervals for it), else the latest rank failure known here, else a
+  // record saying no reason reached this rank. Never empty.
+  FailureRecord GroupFailure() const;
   void Abort();
   bool Quiesced() const;
 

@@ -42,6 +42,13 @@ class KVSender {
   Status Send(std::span<const int32_t> page_indices, std::span<const int32_t> state_indices = {});
   KVPoll Poll() const;
   std::optional<FailureRecord> Failure() const;
+  // Why the request failed on some rank of its group, for a rank whose
+  // group state (sglang's MIN over the group's Poll) is Failed while its own
+  // Poll may not be: this rank's record, else the record another rank of
+  // either side published for the request (waiting at most three heartbeat
+  // intervals for it), else the latest rank failure known here, else a
+  // record saying no reason reached this rank. Never empty.
+  FailureRecord GroupFailure() const;
   // Fails the request with cause kAborted (origin: this rank) and tells
   // decode once nothing of it is in flight.
   void Abort();

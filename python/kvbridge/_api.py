@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import enum
 import json
-import time
-import urllib.request
 from typing import Any, Optional
 
 from kvbridge import _kvbridge
@@ -68,7 +66,6 @@ class KVManager:
                        parallel=dict(vars(layout)) if layout is not None else {})
         self._impl = _kvbridge.Manager(options)
         self.rank = self._impl.self_rank()
-        self._grace_end = float("-inf")
 
     @property
     def bootstrap_addr(self) -> str:
@@ -91,68 +88,6 @@ class KVManager:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def unattributed_failure(self, room: int, state: KVPoll) -> KVTransferError:
-        """What this rank can say when its group failed and it holds no record.
-
-        The manager's latest record of a failed rank comes first, then a
-        record the bootstrap registry published for the room (or for a rank's
-        death); without either, it says plainly that this rank has none.
-        """
-        record = self._await_rank_failure()
-        if record is None:
-            record = self._registry_record(room)
-        if record is not None:
-            exc = from_record(record)
-            if record.get("room") != room:  # a rank's failure, not this room's record
-                exc.failure_reason = (f"room {room}: failed on another rank of this group; "
-                                      f"latest rank failure known here: {exc.message}")
-                exc.args = (exc.failure_reason,)
-            exc.bootstrap_room = room
-            exc.is_from_another_rank = not (exc.origin_pid == self.rank["pid"] and
-                                            exc.origin_role == self.rank["role"])
-            return exc
-        reason = (f"room {room}: another rank of this group reported Failed; "
-                  f"{self.rank['name']} (host {self.rank['host']}, pid {self.rank['pid']}) "
-                  f"is {state.name} and holds no failure record for it, and the bootstrap "
-                  f"registry at {self.bootstrap_addr} has none; look at the other ranks' "
-                  f"errors for this room")
-        return KVTransferError(room, reason, is_from_another_rank=True)
-
-    def _await_rank_failure(self) -> Optional[dict]:
-        """The manager's latest rank failure, waiting one detection window.
-
-        A sibling's failure reaches this rank a moment after the sibling
-        itself turns Failed (and with it the group's MIN), so the first
-        unattributed room of an incident waits up to heartbeat interval x
-        misses for it; later rooms of the same incident do not wait again.
-        Records older than a minute belong to another incident.
-        """
-        window = self.config.heartbeat_interval_ms * self.config.heartbeat_misses / 1000.0
-        now = time.monotonic()
-        if now > self._grace_end + window:
-            self._grace_end = now + window
-        while True:
-            text = self._impl.recent_rank_failure_json()
-            record = json.loads(text) if text is not None else None
-            if record is not None and time.time() - record.get("detected_at_us", 0) / 1e6 < 60:
-                return record
-            if time.monotonic() >= self._grace_end:
-                return None
-            time.sleep(0.005)
-
-    def _registry_record(self, room: int) -> Optional[dict]:
-        url = f"http://{self.bootstrap_addr.split('://', 1)[-1]}/failures?since=0"
-        try:
-            with urllib.request.urlopen(url, timeout=0.5) as reply:
-                records = json.loads(reply.read()).get("records", [])
-        except Exception:  # the registry is best effort here
-            return None
-        for want in (room, 0):
-            hits = [r for r in records if r.get("room") == want and r.get("origin")]
-            if hits:
-                return hits[-1]
-        return None
-
 
 class _Room:
     """What senders and receivers share: poll, failure, clear."""
@@ -170,11 +105,13 @@ class _Room:
         return self._impl.poll()
 
     def failure_exception(self) -> None:
-        """Raises the KVTransferError of this room (always raises)."""
-        record = self._impl.failure_json()
-        if record is not None:
-            raise from_record(record)
-        raise self.kv_mgr.unattributed_failure(self.bootstrap_room, KVPoll(self.poll()))
+        """Raises the KVTransferError of this room (always raises).
+
+        On a rank whose own poll() is not Failed (the group's MIN is), the
+        record comes from the rank that failed the request, through the
+        registry; C++ waits for it without the GIL (Room::GroupFailure).
+        """
+        raise from_record(self._impl.group_failure_json())
 
     def clear(self) -> None:
         """Releases the room (an unfinished request is aborted first)."""

@@ -37,17 +37,6 @@ std::span<const int32_t> Span(const std::optional<Indices>& a) {
   return {a->data(), static_cast<size_t>(a->size())};
 }
 
-// KVManager::RecentRankFailure() when the core has it (it lands with the
-// failure-propagation work); an older core knows nothing to say here.
-template <typename M>
-std::optional<FailureRecord> RecentRankFailure(const M& m) {
-  if constexpr (requires { m.RecentRankFailure(); }) {
-    return m.RecentRankFailure();
-  } else {
-    return std::nullopt;
-  }
-}
-
 // The manager lives as long as any sender or receiver made from it.
 struct ManagerHandle {
   std::unique_ptr<KVManager> manager;
@@ -72,11 +61,6 @@ class PyManager {
   std::string BootstrapAddr() { return handle_->get().bootstrap_addr(); }
   py::dict Stats() { return StatsToDict(handle_->get().Stats()); }
   void ReportFatal(const std::string& reason) { handle_->get().ReportFatal(reason); }
-  std::optional<std::string> RecentRankFailureJson() {
-    std::optional<FailureRecord> f = RecentRankFailure(handle_->get());
-    if (!f) return std::nullopt;
-    return tools::FailureToJson(*f).dump();
-  }
   // Drops this handle's reference; the C++ manager goes when the last room
   // made from it is closed.
   void Close() {
@@ -98,6 +82,19 @@ class RoomHandle {
   std::optional<std::string> FailureJson() const {
     std::optional<FailureRecord> f = room_ ? room_->Failure() : last_failure_;
     if (!f) return std::nullopt;
+    return tools::FailureToJson(*f).dump();
+  }
+  // Why the group failed (Room::GroupFailure); may wait, so without the GIL.
+  std::string GroupFailureJson() const {
+    std::optional<FailureRecord> f = last_failure_;
+    if (room_) {
+      py::gil_scoped_release release;
+      f = room_->GroupFailure();
+    }
+    if (!f)
+      throw StatusError(
+          FailedPreconditionError("room " + std::to_string(room_id_) +
+                                  " was cleared before it failed; it holds no failure record"));
     return tools::FailureToJson(*f).dump();
   }
   uint64_t room() const { return room_id_; }
@@ -214,7 +211,6 @@ PYBIND11_MODULE(_kvbridge, m) {
       .def("self_rank", &PyManager::Self)
       .def("bootstrap_addr", &PyManager::BootstrapAddr)
       .def("stats", &PyManager::Stats)
-      .def("recent_rank_failure_json", &PyManager::RecentRankFailureJson)
       .def("report_fatal", &PyManager::ReportFatal, py::arg("reason"), Release())
       .def("close", &PyManager::Close, Release());
 
@@ -226,6 +222,7 @@ PYBIND11_MODULE(_kvbridge, m) {
       .def("send", &PySender::Send, py::arg("pages"), py::arg("state") = py::none())
       .def("poll", [](const PySender& s) { return PollObject(s.Poll()); })
       .def("failure_json", &PySender::FailureJson)
+      .def("group_failure_json", &PySender::GroupFailureJson)
       .def("abort", &PySender::Abort, Release())
       .def("close", &PySender::Close, Release());
 
@@ -239,6 +236,7 @@ PYBIND11_MODULE(_kvbridge, m) {
            py::arg("state") = py::none(), py::arg("decode_prefix_len") = 0)
       .def("poll", [](const PyReceiver& r) { return PollObject(r.Poll()); })
       .def("failure_json", &PyReceiver::FailureJson)
+      .def("group_failure_json", &PyReceiver::GroupFailureJson)
       .def("quiesced", &PyReceiver::Quiesced)
       .def("abort", &PyReceiver::Abort, Release())
       .def("close", &PyReceiver::Close, Release());

@@ -31,10 +31,12 @@ def silent_port():
 class Rank:
     """A small single-rank pool and its manager, for in-process tests."""
 
-    def __init__(self, role, bootstrap_addr, pages=64, **config):
-        self.kv = [np.zeros((pages, 4, 2, 8), np.uint16) for _ in range(4)]
+    def __init__(self, role, bootstrap_addr, pages=64, tp_size=1, tp_rank=0, **config):
+        heads = 2 // tp_size
+        self.kv = [np.zeros((pages, 4, heads, 8), np.uint16) for _ in range(4)]
         self.aux = np.zeros((8, 32), np.uint8)
-        args = kvbridge.KVArgs(page_size=4, kv_head_num=2, total_kv_head_num=2)
+        args = kvbridge.KVArgs(page_size=4, kv_head_num=heads, total_kv_head_num=2,
+                               tp_size=tp_size, tp_rank=tp_rank)
         for buf in self.kv:
             args.add_kv_buffer(buf, buf[0].nbytes)
         args.add_aux_buffer(self.aux, 32)

@@ -193,3 +193,26 @@ def test_in_process_transfer_and_poll_rate(bootstrap, make_rank):
     assert (d.aux[2] == 7).all() and r.quiesced()
     s.clear()
     r.clear()
+
+
+def test_a_sibling_names_why_its_group_failed_without_waiting_in_python(bootstrap, make_rank):
+    """decode tp1 aborts; decode tp0 (no record of its own) raises tp1's record."""
+    p = make_rank("prefill", bootstrap)
+    d = [make_rank("decode", bootstrap, tp_size=2, tp_rank=i) for i in range(2)]
+    rx = [kvbridge.KVReceiver(r.mgr, bootstrap, 8) for r in d]
+    for r in rx:
+        r.init(0)
+        r.send_metadata(np.array([1, 2], np.int32), aux_index=0)
+    rx[1].abort()
+    assert rx[1].poll() == KVPoll.Failed
+    group = min(r.poll() for r in rx)  # sglang's MIN over the group
+    assert group == KVPoll.Failed
+    for r in rx:  # every rank of the group raises the same record
+        with pytest.raises(kvbridge.KVTransferError) as info:
+            r.failure_exception()
+        e = info.value
+        assert (e.origin_role, e.origin_tp, e.cause) == ("decode", 1, "aborted"), e
+        assert e.bootstrap_room == 8
+        assert e.is_from_another_rank is (r is rx[0])
+    for r in rx:
+        r.clear()

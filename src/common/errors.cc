@@ -126,6 +126,11 @@ bool ParseFailureCause(std::string_view name, FailureCause* cause) {
 StatusCode FailureCauseCode(FailureCause cause) { return Info(cause).code; }
 std::string_view FailureHint(FailureCause cause) { return Info(cause).hint; }
 
+bool IsRankFailure(FailureCause c) {
+  return c == FailureCause::kPeerExited || c == FailureCause::kPeerUnreachable ||
+         c == FailureCause::kPeerUnresponsive || c == FailureCause::kLocalError;
+}
+
 std::string_view PhaseName(Phase phase) {
   switch (phase) {
     case Phase::kBootstrapping:

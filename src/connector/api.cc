@@ -56,6 +56,7 @@ KVPoll KVSender::Poll() const { return room_->poll(); }
 std::optional<FailureRecord> KVSender::Failure() const {
   return manager_.impl().SenderFailure(*room_);
 }
+FailureRecord KVSender::GroupFailure() const { return manager_.impl().GroupFailure(*room_); }
 void KVSender::Abort() { manager_.impl().SenderAbort(room_); }
 
 // KVReceiver.
@@ -82,6 +83,7 @@ KVPoll KVReceiver::Poll() const { return room_->poll(); }
 std::optional<FailureRecord> KVReceiver::Failure() const {
   return manager_.impl().ReceiverFailure(*room_);
 }
+FailureRecord KVReceiver::GroupFailure() const { return manager_.impl().GroupFailure(*room_); }
 void KVReceiver::Abort() { manager_.impl().ReceiverAbort(room_); }
 bool KVReceiver::Quiesced() const { return room_->quiesced.load(std::memory_order_acquire); }
 

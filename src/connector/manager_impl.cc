@@ -299,6 +299,12 @@ bool ManagerImpl::MarkRoomFailedLocked(Room& room, FailureRecord& record) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - room.created).count());
   }
   KVB_LOG_WARN("{}", record.Message());
+  // A request's own failure detected here travels to its other ranks (a
+  // rank failure is published once, by whoever detected it).
+  if (!IsRankFailure(record.cause) && record.detected_by.SameRank(self_) &&
+      record.detected_by.pid == self_.pid)
+    PublishLocked(record);
+  room_records_cv_.notify_all();
   return true;
 }
 template bool ManagerImpl::MarkRoomFailedLocked(SenderRoom&, FailureRecord&);

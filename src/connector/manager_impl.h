@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -196,7 +197,33 @@ class ManagerImpl {
   // The record's origin is a process another live incarnation has replaced
   // at its position (by `live`, or by the peer this rank talks to there).
   bool ReplacedLocked(const RankId& origin, const std::map<std::string, uint64_t>* live);
+  // Queues a record for the registry: a rank failure, or a request's
+  // failure this rank detected (a room record, for the request's other
+  // ranks).
   void PublishLocked(const FailureRecord& record);
+  // Room records (a request failed on another rank for a reason of its own:
+  // bad input, abort, deadline, layout): kept for GroupFailure and applied to
+  // this rank's use of the room id when it is the same request.
+  void ApplyRoomFailureLocked(const FailureRecord& record, Outbox& out);
+  // The same request: the room id matches and this use of it began before
+  // the record was detected.
+  template <typename Room>
+  static bool SameRequest(const Room& room, const FailureRecord& record);
+  // A room record from another rank about `room`'s request, if one came.
+  template <typename Room>
+  std::optional<FailureRecord> RoomRecordLocked(const Room& room) const;
+
+ public:
+  // Why `room`'s request failed on some rank of its group, for a rank whose
+  // group state (sglang's MIN over the group) is Failed while its own may
+  // not be: its own record; else a room record from another rank, asking
+  // the registry once and waiting up to three heartbeat intervals for one;
+  // else the latest rank failure known here; else a record saying that no
+  // reason reached this rank. Blocks only when this rank holds no record.
+  template <typename Room>
+  FailureRecord GroupFailure(const Room& room);
+
+ private:
   // Why a new request on this rank cannot succeed, if it cannot.
   std::optional<FailureRecord> NewRoomBlockerLocked() const;
   // Same role, dp and instance, another position: a rank whose failure fails
@@ -304,7 +331,9 @@ class ManagerImpl {
   std::optional<FailureRecord> registry_lost_;
   std::optional<FailureRecord> recent_rank_failure_;
   std::vector<FailureRecord> publish_queue_;
-  uint64_t failure_seq_ = 0;  // registry thread only
+  std::deque<FailureRecord> room_records_;   // latest first-seen room records of other ranks
+  std::condition_variable room_records_cv_;  // a room record came or a room failed
+  uint64_t failure_seq_ = 0;                 // registry thread only
   SteadyTime last_tick_ = std::chrono::steady_clock::now();
   std::optional<SteadyTime> registry_down_since_;  // registry thread only
   std::mutex resolve_mu_;                          // serializes bootstrap lookups and connects

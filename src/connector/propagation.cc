@@ -10,15 +10,6 @@
 #include "connector/record_json.h"
 
 namespace kvbridge::internal {
-namespace {
-
-bool IsRankFailure(FailureCause c) {
-  return c == FailureCause::kPeerExited || c == FailureCause::kPeerUnreachable ||
-         c == FailureCause::kPeerUnresponsive || c == FailureCause::kLocalError;
-}
-
-}  // namespace
-
 RankRole ToRankRole(Role r) { return r == Role::kPrefill ? RankRole::kPrefill : RankRole::kDecode; }
 
 // The rank a registry record describes.
@@ -36,12 +27,109 @@ RankId RankIdOf(const RankRecord& record) {
   return id;
 }
 
+namespace {
+
+// Bounds on what one rank keeps of failure records (a storm of aborts or
+// bad requests must not grow memory or flood the registry).
+constexpr size_t kMaxQueuedRecords = 1024;
+constexpr size_t kMaxRoomRecords = 256;
+
+bool IsRoomRecord(const FailureRecord& r) {
+  return r.room != 0 && !IsRankFailure(r.cause) && r.cause != FailureCause::kRegistryLost;
+}
+
+}  // namespace
+
 void ManagerImpl::PublishLocked(const FailureRecord& record) {
   const bool self_record = record.origin.SameRank(self_);
   if (fatal_ && !self_record) return;  // a failed rank blames nobody else
-  if (IsRankFailure(record.cause) && record.origin.role != Role::kBootstrap)
-    publish_queue_.push_back(record);
+  const bool rank_record = IsRankFailure(record.cause) && record.origin.role != Role::kBootstrap;
+  if (!rank_record && !IsRoomRecord(record)) return;
+  if (publish_queue_.size() >= kMaxQueuedRecords) {
+    KVB_LOG_WARN("{} failure records wait for the registry; not publishing: {}",
+                 publish_queue_.size(), record.Message());
+    return;
+  }
+  publish_queue_.push_back(record);
 }
+
+template <typename Room>
+bool ManagerImpl::SameRequest(const Room& room, const FailureRecord& record) {
+  return room.room == record.room && room.created_wall <= record.detected_at;
+}
+
+void ManagerImpl::ApplyRoomFailureLocked(const FailureRecord& r, Outbox& out) {
+  if (!IsRoomRecord(r)) return;
+  if (r.detected_by.SameRank(self_) && r.detected_by.incarnation == self_.incarnation) return;
+  for (const FailureRecord& seen : room_records_)
+    if (seen.room == r.room && seen.detected_at == r.detected_at &&
+        seen.detected_by.SameRank(r.detected_by))
+      return;  // applied already (the registry round and GroupFailure both read it)
+  room_records_.push_front(r);
+  if (room_records_.size() > kMaxRoomRecords) room_records_.pop_back();
+  if (auto s = senders_.find(r.room); s != senders_.end() && SameRequest(*s->second, r))
+    FailSenderLocked(*s->second, r, out);
+  if (auto d = receivers_.find(r.room); d != receivers_.end() && SameRequest(*d->second, r))
+    FailReceiverLocked(*d->second, r, out);
+  room_records_cv_.notify_all();
+}
+
+template <typename Room>
+std::optional<FailureRecord> ManagerImpl::RoomRecordLocked(const Room& room) const {
+  for (const FailureRecord& r : room_records_)
+    if (SameRequest(room, r)) return r;
+  return std::nullopt;
+}
+
+template <typename Room>
+FailureRecord ManagerImpl::GroupFailure(const Room& room) {
+  auto known = [&]() -> std::optional<FailureRecord> {
+    if (room.failure) return room.failure;
+    std::optional<FailureRecord> r = RoomRecordLocked(room);
+    if (r) r->is_from_another_rank = IsFromAnotherRank(r->origin);  // as this rank holds it
+    return r;
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto f = known()) return *f;
+  }
+  // One look at the registry now: the record may be there before this
+  // rank's next registry round reads it.
+  Result<FailureBatch> batch = bootstrap_->FailuresSince(0);
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (batch.ok()) {
+      for (const nlohmann::json& j : batch->records) {
+        Result<FailureRecord> r = FailureRecordFromJson(j);
+        if (r.ok() && r->room == room.room) ApplyRoomFailureLocked(*r, out);
+      }
+    }
+  }
+  Flush(out);
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto wait = opts_.heartbeat_interval * 3;
+  room_records_cv_.wait_for(lock, wait, [&] { return known().has_value(); });
+  if (auto f = known()) return *f;
+  FailureRecord r;
+  const std::string where = fmt::format("room {} failed on another rank of this group", room.room);
+  if (recent_rank_failure_) {
+    r = *recent_rank_failure_;
+    r.detail = fmt::format("{}; the latest rank failure known here: {}", where, r.detail);
+  } else {
+    r = MakeRecord(self_, FailureCause::kAborted,
+                   fmt::format("{}; no record of why reached {} within {} ms (from its peers or "
+                               "the registry at {})",
+                               where, self_.ShortName(), wait.count(), opts_.bootstrap_addr),
+                   Phase::kTransferring, "group poll");
+    r.hint = "look at the other ranks' errors for this room";
+  }
+  r.room = room.room;
+  r.is_from_another_rank = true;
+  return r;
+}
+template FailureRecord ManagerImpl::GroupFailure(const SenderRoom&);
+template FailureRecord ManagerImpl::GroupFailure(const ReceiverRoom&);
 
 std::optional<FailureRecord> ManagerImpl::RecentRankFailure() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -240,7 +328,9 @@ void ManagerImpl::RegistryRound(uint64_t round) {
       std::lock_guard<std::mutex> lock(mu_);
       for (const nlohmann::json& j : batch->records) {
         Result<FailureRecord> r = FailureRecordFromJson(j);
-        if (r.ok()) ApplyRankFailureLocked(*r, out, ranks ? &live : nullptr);
+        if (!r.ok()) continue;
+        ApplyRankFailureLocked(*r, out, ranks ? &live : nullptr);
+        ApplyRoomFailureLocked(*r, out);
       }
     }
     Flush(out);

@@ -20,6 +20,7 @@
 namespace kvbridge::internal {
 
 using SteadyTime = std::chrono::steady_clock::time_point;
+using WallTime = std::chrono::system_clock::time_point;
 
 // Prefill: one decode rank this request writes to (or only reports to).
 struct SenderFlow {
@@ -44,6 +45,10 @@ struct SenderRoom {
   explicit SenderRoom(uint64_t r) : room(r) {}
   const uint64_t room;
   const SteadyTime created = std::chrono::steady_clock::now();
+  // Wall time, compared with a record's detected_at from another rank: a
+  // room record names this request only if it was detected after this
+  // use of the room id began.
+  const WallTime created_wall = std::chrono::system_clock::now();
   std::atomic<int> state{static_cast<int>(KVPoll::kBootstrapping)};
   // Guarded by ManagerImpl::mu_.
   bool live = true;  // KVSender not destroyed
@@ -84,6 +89,7 @@ struct ReceiverRoom {
   const uint64_t room;
   const uint64_t generation;
   const SteadyTime created = std::chrono::steady_clock::now();
+  const WallTime created_wall = std::chrono::system_clock::now();  // see SenderRoom
   std::atomic<int> state{static_cast<int>(KVPoll::kBootstrapping)};
   std::atomic<bool> quiesced{false};
   // Guarded by ManagerImpl::mu_.

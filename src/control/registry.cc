@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "control/json_fields.h"
+#include "kvbridge/errors.h"
 
 namespace kvbridge::internal {
 namespace {
@@ -204,6 +205,12 @@ class MemoryRegistry final : public Registry {
     JsonFields f(record, "failure record");
     RETURN_IF_ERROR(f.RequireObject());
     ASSIGN_OR_RETURN(std::optional<Origin> origin, ParseOrigin(record));
+    // A request's failure on a healthy rank (bad input, abort, deadline,
+    // layout) travels to the request's other ranks; it marks no rank dead.
+    std::string cause_name;
+    FailureCause cause;
+    if (f.Has("cause")) RETURN_IF_ERROR(f.String("cause", &cause_name));
+    if (ParseFailureCause(cause_name, &cause) && !IsRankFailure(cause)) origin.reset();
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t seq = ++latest_seq_;
     record["seq"] = seq;

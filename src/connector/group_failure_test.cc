@@ -1,0 +1,137 @@
+// Reasons travel (issue 10, defect 4): a request that fails on one rank for
+// a reason of its own (an abort, bad input) fails on every rank of both
+// groups that holds it, with the same record, and a rank whose own room did
+// not fail can still say why its group failed.
+#include <gtest/gtest.h>
+
+#include "connector/connector_test_util.h"
+#include "control/bootstrap_client.h"
+#include "transport/fault/fault_transport.h"
+
+namespace kvbridge::internal {
+namespace {
+
+ClusterOptions TwoByTwo(std::vector<FaultTransport*>* faults = nullptr) {
+  ClusterOptions o;
+  o.prefill_tp = 2;
+  o.decode_tp = 2;
+  o.tweak = TolerantLiveness;
+  if (faults != nullptr) {
+    o.wrap = [faults](std::unique_ptr<Transport> t, Role, int) -> std::unique_ptr<Transport> {
+      auto f = std::make_unique<FaultTransport>(std::move(t));
+      faults->push_back(f.get());
+      return f;
+    };
+  }
+  return o;
+}
+
+void ExpectSameRecord(const FailureRecord& got, const FailureRecord& want) {
+  EXPECT_TRUE(got.origin.SameRank(want.origin)) << got.Message();
+  EXPECT_EQ(got.origin.pid, want.origin.pid) << got.Message();
+  EXPECT_EQ(got.cause, want.cause) << got.Message();
+  EXPECT_EQ(got.detail, want.detail) << got.Message();
+  EXPECT_TRUE(got.detected_by.SameRank(want.detected_by)) << got.Message();
+  EXPECT_TRUE(got.is_from_another_rank) << got.Message();
+}
+
+// Waits until the registry holds a room record for `room` (the barrier for
+// checks that need it published).
+void AwaitRoomRecord(TestCluster& c, uint64_t room) {
+  auto client = BootstrapClient::Create(c.server->address(), std::chrono::milliseconds(2000));
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE(WaitFor([&] {
+    Result<FailureBatch> b = (*client)->FailuresSince(0);
+    if (!b.ok()) return false;
+    for (const auto& j : b->records)
+      if (j.value("room", uint64_t{0}) == room) return true;
+    return false;
+  }));
+}
+
+TEST(GroupFailureTest, AnAbortOnOneDecodeRankFailsEveryRankOfBothGroupsWithItsRecord) {
+  auto c = TestCluster::Create(TwoByTwo());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TestCluster& cluster = **c;
+  Request r{.room = 41, .src = Scattered(8, 64, 5), .dst = Scattered(8, 64, 6)};
+  ASSERT_NO_FATAL_FAILURE(Start(cluster, r, /*senders_first=*/true));
+  r.receivers[1]->Abort();
+  ASSERT_EQ(r.receivers[1]->Poll(), KVPoll::kFailed);
+  const FailureRecord want = *r.receivers[1]->Failure();
+  EXPECT_EQ(want.cause, FailureCause::kAborted);
+  // decode tp0 shares no connection with decode tp1, and prefill tp0 feeds
+  // only decode tp0: both learn it from the registry.
+  for (auto* rx : {r.receivers[0].get()}) {
+    ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kFailed; })) << "decode tp0";
+    ExpectSameRecord(*rx->Failure(), want);
+  }
+  for (size_t i = 0; i < r.senders.size(); ++i) {
+    ASSERT_TRUE(WaitFor([&] { return r.senders[i]->Poll() == KVPoll::kFailed; }))
+        << "prefill tp" << i;
+    ExpectSameRecord(*r.senders[i]->Failure(), want);
+  }
+  for (auto& rx : r.receivers) EXPECT_TRUE(WaitFor([&] { return rx->Quiesced(); }));
+  // Nothing but the request failed: a new one succeeds on every rank.
+  Request next{.room = 42, .src = Scattered(4, 64, 7), .dst = Scattered(4, 64, 8)};
+  ASSERT_NO_FATAL_FAILURE(Start(cluster, next, /*senders_first=*/false));
+  ASSERT_NO_FATAL_FAILURE(SendChunks(next, {4}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(cluster, next));
+}
+
+TEST(GroupFailureTest, ARankThatSucceededNamesWhyItsGroupFailed) {
+  std::vector<FaultTransport*> faults;
+  auto c = TestCluster::Create(TwoByTwo(&faults));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TestCluster& cluster = **c;
+  Request r{.room = 43, .src = Scattered(8, 64, 9), .dst = Scattered(8, 64, 10)};
+  ASSERT_NO_FATAL_FAILURE(Start(cluster, r, /*senders_first=*/false));
+  // prefill tp1's writes (to decode tp1) wait; decode tp0's complete.
+  faults[1]->HoldWrites();
+  ASSERT_NO_FATAL_FAILURE(SendChunks(r, {8}));
+  ASSERT_TRUE(WaitFor([&] { return r.receivers[0]->Poll() == KVPoll::kSuccess; }));
+  r.receivers[1]->Abort();
+  const FailureRecord want = *r.receivers[1]->Failure();
+  faults[1]->ReleaseHeldWrites();
+  ASSERT_NO_FATAL_FAILURE(AwaitRoomRecord(cluster, r.room));
+  // The group's MIN is Failed; decode tp0's own room stays Success (final)
+  // and holds no record of its own, yet it can say why.
+  EXPECT_EQ(r.receivers[0]->Poll(), KVPoll::kSuccess);
+  EXPECT_FALSE(r.receivers[0]->Failure().has_value());
+  FailureRecord got = r.receivers[0]->GroupFailure();
+  ExpectSameRecord(got, want);
+  EXPECT_EQ(got.room, r.room);
+  // The rank that failed answers with its own record at once.
+  FailureRecord own = r.receivers[1]->GroupFailure();
+  EXPECT_EQ(own.detail, want.detail);
+  EXPECT_FALSE(own.is_from_another_rank);
+}
+
+TEST(GroupFailureTest, ARoomRecordIsNotARankDeathAndDoesNotFailALaterUseOfTheRoom) {
+  auto c = TestCluster::Create(TwoByTwo());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TestCluster& cluster = **c;
+  Request r{.room = 44, .src = Scattered(4, 64, 11), .dst = Scattered(4, 64, 12)};
+  ASSERT_NO_FATAL_FAILURE(Start(cluster, r, /*senders_first=*/true));
+  r.receivers[0]->Abort();
+  for (auto& s : r.senders) ASSERT_TRUE(WaitFor([&] { return s->Poll() == KVPoll::kFailed; }));
+  ASSERT_TRUE(WaitFor([&] { return r.receivers[1]->Poll() == KVPoll::kFailed; }));
+  for (auto& rx : r.receivers) ASSERT_TRUE(WaitFor([&] { return rx->Quiesced(); }));
+  r.senders.clear();
+  r.receivers.clear();
+  // The same room id again, after the record: a new request, not failed by
+  // the old record (every rank has read it: each failed its room with it).
+  Request again{.room = 44, .src = Scattered(4, 64, 13), .dst = Scattered(4, 64, 14)};
+  ASSERT_NO_FATAL_FAILURE(Start(cluster, again, /*senders_first=*/false));
+  ASSERT_NO_FATAL_FAILURE(SendChunks(again, {4}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(cluster, again));
+  // The registry lists every rank alive: an abort is not a death.
+  auto client = BootstrapClient::Create(cluster.server->address(), std::chrono::milliseconds(2000));
+  ASSERT_TRUE(client.ok());
+  auto ranks = (*client)->ListRanks();
+  ASSERT_TRUE(ranks.ok());
+  EXPECT_EQ(ranks->size(), 4u);
+  for (const RankStatus& s : *ranks) EXPECT_EQ(s.dead_by_seq, 0u) << s.record.attn_tp_rank;
+}
+
+}  // namespace
+}  // namespace kvbridge::internal
