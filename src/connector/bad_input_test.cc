@@ -214,7 +214,7 @@ TEST(BadInputTest, LayoutMismatchFailsAtInitNamingBothValues) {
   // The record names the incompatible prefill rank in full, as the
   // registry knows it: no "host ?, pid 0".
   const RankId prefill = (*c)->prefill[0].manager->self();
-  const RankId& origin = r->Failure()->origin;
+  const RankId origin = r->Failure()->origin;
   EXPECT_TRUE(origin.SameRank(prefill)) << r->Failure()->Message();
   EXPECT_EQ(origin.host, prefill.host) << r->Failure()->Message();
   EXPECT_EQ(origin.pid, prefill.pid) << r->Failure()->Message();

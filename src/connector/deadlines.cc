@@ -134,7 +134,7 @@ void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
 void ManagerImpl::RetryUnresolved() {
   std::vector<std::shared_ptr<ReceiverRoom>> todo;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (auto& [id, room] : receivers_)
       if (room->initialized && !room->resolved && !room->failure) todo.push_back(room);
   }

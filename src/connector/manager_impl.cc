@@ -202,14 +202,19 @@ ManagerImpl::~ManagerImpl() {
   if (ticker_.joinable()) ticker_.join();
   if (registry_thread_.joinable()) registry_thread_.join();
   if (resolver_.joinable()) resolver_.join();
-  engine_.reset();
-  metrics_.reset();
+  // Transport threads may still deliver messages and completions, which
+  // flush more work: from here on nothing reaches the engine or the
+  // transport, and the engine goes only once no flush is under way.
+  closing_.store(true);
+  while (flushing_.load() != 0) std::this_thread::yield();
+  engine_.reset();  // queued chunks complete Aborted (OnChunkDone: metrics still up)
   if (transport_) {
     for (RegionId id : regions_.kv) transport_->DeregisterMemory(id).IgnoreError();
     for (RegionId id : regions_.aux) transport_->DeregisterMemory(id).IgnoreError();
     for (RegionId id : regions_.state) transport_->DeregisterMemory(id).IgnoreError();
   }
-  transport_.reset();
+  transport_.reset();  // joins its threads: no callback runs after this
+  metrics_.reset();
   embedded_server_.reset();
 }
 
@@ -225,7 +230,7 @@ Peer* ManagerImpl::FindPeerLocked(const std::string& key) {
 }
 
 std::vector<PeerSnapshot> ManagerImpl::Peers() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<PeerSnapshot> out;
   for (const auto& [key, p] : peers_) out.push_back({p->id, p->tpeer, p->ready, p->failed});
   return out;
@@ -247,6 +252,13 @@ void ManagerImpl::Send(Outbox& out, Peer& peer, const MessageBody& body, bool ur
 }
 
 void ManagerImpl::Flush(Outbox& out) {
+  flushing_.fetch_add(1);
+  if (closing_.load()) {  // shutting down: the engine may be gone (~ManagerImpl)
+    flushing_.fetch_sub(1);
+    for (auto& post : out.posts) post.done(AbortedError("manager shut down"), 0, 0);
+    out = Outbox();
+    return;
+  }
   for (auto& [peer, bytes] : out.urgent) {
     Status s = transport_->SendUrgentMessage(peer, std::move(bytes));
     if (!s.ok()) KVB_LOG_DEBUG("urgent message to peer {} not sent: {}", peer, s.ToString());
@@ -262,6 +274,7 @@ void ManagerImpl::Flush(Outbox& out) {
                        std::move(post.notify), std::move(post.done));
   }
   out.posts.clear();
+  flushing_.fetch_sub(1);
 }
 
 FailureRecord ManagerImpl::MakeRecord(const RankId& origin, FailureCause cause, std::string detail,
@@ -324,14 +337,14 @@ void ManagerImpl::OnMessage(std::string_view bytes) {
   }
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Peer* peer = PeerFromLocked(m.from);
     if (peer != nullptr) {
       peer->last_heard = std::chrono::steady_clock::now();
       peer->last_heard_wall = std::chrono::system_clock::now();
     }
     std::visit(
-        [&](auto& body) {
+        [&](auto& body) KVB_REQUIRES(mu_) {
           using T = std::decay_t<decltype(body)>;
           if constexpr (std::is_same_v<T, HelloAckMsg>) {
             if (peer != nullptr) OnHelloAckLocked(*peer, body, out);
@@ -377,7 +390,7 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello) {
   PeerId stale = 0;
   bool answered_again = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Peer* old = FindPeerLocked(PeerKey(from));
     if (old != nullptr && old->id.incarnation == from.incarnation && old->ready) {
       // The same process again: it did not hear our answer. A failed peer
@@ -447,7 +460,7 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello) {
   KVB_LOG_INFO("connected to {} via {}", from.ToString(),
                path.ok() ? DataPathName(*path) : std::string_view("?"));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     dead_ranks_.erase(peer->key);
     peer->ready = true;
     by_tpeer_[peer->tpeer] = peer.get();
@@ -459,7 +472,7 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello) {
 void ManagerImpl::ReportFatal(const std::string& reason) {
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     fatal_ = MakeRecord(self_, FailureCause::kLocalError, reason, Phase::kTransferring,
                         "application report");
     KVB_LOG_ERROR("fatal error reported: {}", reason);
@@ -488,7 +501,7 @@ void ManagerImpl::ReportFatal(const std::string& reason) {
 
 ManagerStats ManagerImpl::Stats() const {
   ManagerStats s;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto count = [&](KVPoll p) {
     if (p == KVPoll::kBootstrapping) ++s.rooms_bootstrapping;
     if (p == KVPoll::kWaitingForInput) ++s.rooms_waiting;

@@ -1,6 +1,7 @@
 // ManagerImpl: the state machines behind KVManager, KVSender and KVReceiver.
 //
-// Lock discipline: one mutex (mu_) guards peers, rooms and pending metadata.
+// Lock discipline: one mutex (mu_) guards peers, rooms and pending metadata;
+// clang's -Wthread-safety checks the annotations (the TSan build).
 // Transport and engine calls are never made while holding it: handlers fill
 // an Outbox under the lock and Flush() it after unlocking, so a transport
 // thread that calls back into us can never deadlock against a caller.
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "common/process.h"
+#include "common/thread_annotations.h"
 #include "connector/manager_metrics.h"
 #include "connector/rooms.h"
 #include "control/bootstrap_client.h"
@@ -146,7 +148,8 @@ class ManagerImpl {
   Status Start();
   void Flush(Outbox& out);
   // Queues `body` for `peer`; held until the handshake with it is answered.
-  void Send(Outbox& out, Peer& peer, const MessageBody& body, bool urgent = false);
+  void Send(Outbox& out, Peer& peer, const MessageBody& body, bool urgent = false)
+      KVB_REQUIRES(mu_);
 
   // Messages and transport events (manager_impl.cc).
   void OnMessage(std::string_view bytes);
@@ -161,8 +164,8 @@ class ManagerImpl {
 
   // Peers.
   static std::string PeerKey(const RankId& id);
-  Peer* FindPeerLocked(const std::string& key);
-  Peer* PeerFromLocked(const RankId& from);  // nullptr when unknown or stale
+  Peer* FindPeerLocked(const std::string& key) KVB_REQUIRES(mu_);
+  Peer* PeerFromLocked(const RankId& from) KVB_REQUIRES(mu_);  // nullptr when unknown or stale
   // Marks `peer` failed and fails every room touching it.
   // What /proc says of a rank's process: kUnknown unless it is on this host.
   ProcessState LocalProcessState(const RankId& id) const;
@@ -173,17 +176,18 @@ class ManagerImpl {
   // Blames a silent peer: exited when /proc says so, else unresponsive
   // (naming a stopped process), `silence` saying what it failed to do.
   void FailSilentPeerLocked(Peer& peer, ProcessState ps, const std::string& silence,
-                            const char* mechanism, Outbox& out);
+                            const char* mechanism, Outbox& out) KVB_REQUIRES(mu_);
   void FailPeerLocked(Peer& peer, FailureCause cause, std::string detail, std::string mechanism,
-                      Outbox& out);
-  void FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base, Outbox& out);
+                      Outbox& out) KVB_REQUIRES(mu_);
+  void FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base, Outbox& out)
+      KVB_REQUIRES(mu_);
   // Whether a failed peer can no longer write into this rank's pages, so
   // requests it fed are quiet without its Quiesced answer. Only a process
   // that is gone (or a broken link to another host) can write nothing more;
   // a stopped or merely silent one, or one unreachable on this host where
   // /proc says it lives, may still land writes. `peer.failure` says why it
   // failed; without one it counts as exited.
-  bool FailedPeerCannotWriteLocked(const Peer& peer) const;
+  bool FailedPeerCannotWriteLocked(const Peer& peer) const KVB_REQUIRES(mu_);
 
   // Failure propagation (propagation.cc).
   void RegistryLoop();
@@ -193,25 +197,27 @@ class ManagerImpl {
   // `live` (key -> incarnation the registry lists alive, fetched after the
   // record) tells a record about a process that was already replaced.
   void ApplyRankFailureLocked(const FailureRecord& record, Outbox& out,
-                              const std::map<std::string, uint64_t>* live = nullptr);
+                              const std::map<std::string, uint64_t>* live = nullptr)
+      KVB_REQUIRES(mu_);
   // The record's origin is a process another live incarnation has replaced
   // at its position (by `live`, or by the peer this rank talks to there).
-  bool ReplacedLocked(const RankId& origin, const std::map<std::string, uint64_t>* live);
+  bool ReplacedLocked(const RankId& origin, const std::map<std::string, uint64_t>* live)
+      KVB_REQUIRES(mu_);
   // Queues a record for the registry: a rank failure, or a request's
   // failure this rank detected (a room record, for the request's other
   // ranks).
-  void PublishLocked(const FailureRecord& record);
+  void PublishLocked(const FailureRecord& record) KVB_REQUIRES(mu_);
   // Room records (a request failed on another rank for a reason of its own:
   // bad input, abort, deadline, layout): kept for GroupFailure and applied to
   // this rank's use of the room id when it is the same request.
-  void ApplyRoomFailureLocked(const FailureRecord& record, Outbox& out);
+  void ApplyRoomFailureLocked(const FailureRecord& record, Outbox& out) KVB_REQUIRES(mu_);
   // The same request: the room id matches and this use of it began before
   // the record was detected.
   template <typename Room>
   static bool SameRequest(const Room& room, const FailureRecord& record);
   // A room record from another rank about `room`'s request, if one came.
   template <typename Room>
-  std::optional<FailureRecord> RoomRecordLocked(const Room& room) const;
+  std::optional<FailureRecord> RoomRecordLocked(const Room& room) const KVB_REQUIRES(mu_);
 
  public:
   // Why `room`'s request failed on some rank of its group, for a rank whose
@@ -225,15 +231,15 @@ class ManagerImpl {
 
  private:
   // Why a new request on this rank cannot succeed, if it cannot.
-  std::optional<FailureRecord> NewRoomBlockerLocked() const;
+  std::optional<FailureRecord> NewRoomBlockerLocked() const KVB_REQUIRES(mu_);
   // Same role, dp and instance, another position: a rank whose failure fails
   // this rank's requests.
   bool IsSibling(const RankId& id) const;
   // Prefill: whether every decode rank met (live or dead) is of `instance`.
-  bool OnlyDecodeInstanceLocked(const std::string& instance) const;
+  bool OnlyDecodeInstanceLocked(const std::string& instance) const KVB_REQUIRES(mu_);
   // Prefill: a dead rank of `decode`'s instance (same dp), if any: a request
   // from that instance cannot complete.
-  const FailureRecord* DeadRankOfInstanceLocked(const RankId& decode) const;
+  const FailureRecord* DeadRankOfInstanceLocked(const RankId& decode) const KVB_REQUIRES(mu_);
   // Called before a new request is admitted: when a dead rank's record would
   // block it, asks the registry (one round trip, only then) whether a new
   // incarnation holds that position now and forgets the dead one if so. A
@@ -242,7 +248,7 @@ class ManagerImpl {
   void ForgetRestartedRanks();
   // Forgets dead ranks whose position `ranks` shows held by a live new
   // incarnation.
-  void ForgetRestartedLocked(const std::vector<RankStatus>& ranks);
+  void ForgetRestartedLocked(const std::vector<RankStatus>& ranks) KVB_REQUIRES(mu_);
   void CheckSiblings(const std::vector<RankStatus>& ranks);
   FailureRecord MakeRecord(const RankId& origin, FailureCause cause, std::string detail,
                            Phase phase, std::string mechanism) const;
@@ -256,21 +262,23 @@ class ManagerImpl {
   // had already failed or succeeded (Success and Failed are final; a room
   // fails once, with its first record). The caller then tells the peers.
   template <typename Room>
-  bool MarkRoomFailedLocked(Room& room, FailureRecord& record);
+  bool MarkRoomFailedLocked(Room& room, FailureRecord& record) KVB_REQUIRES(mu_);
 
   // Prefill internals (sender_side.cc).
-  void OnMeta(const RankId& from, MetaMsg meta, Outbox& out);
-  void AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg meta, Outbox& out);
-  void OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out);
-  void FailSenderLocked(SenderRoom& room, FailureRecord record, Outbox& out);
-  void UpdateSenderStateLocked(SenderRoom& room);
+  void OnMeta(const RankId& from, MetaMsg meta, Outbox& out) KVB_REQUIRES(mu_);
+  void AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg meta, Outbox& out)
+      KVB_REQUIRES(mu_);
+  void OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out)
+      KVB_REQUIRES(mu_);
+  void FailSenderLocked(SenderRoom& room, FailureRecord record, Outbox& out) KVB_REQUIRES(mu_);
+  void UpdateSenderStateLocked(SenderRoom& room) KVB_REQUIRES(mu_);
   void OnChunkDone(const std::shared_ptr<SenderRoom>& room, int decode_rank, const Status& s,
                    uint64_t bytes, uint64_t ops);
-  void DrainFlowLocked(SenderRoom& room, SenderFlow& flow, Outbox& out);
+  void DrainFlowLocked(SenderRoom& room, SenderFlow& flow, Outbox& out) KVB_REQUIRES(mu_);
   // Sends the flow's last notice once its writes completed, unless the
   // request failed first (SenderFlow::final_note).
-  void SendFinalNoteLocked(SenderRoom& room, SenderFlow& flow, Outbox& out);
-  void TickSendersLocked(SteadyTime now, Outbox& out);
+  void SendFinalNoteLocked(SenderRoom& room, SenderFlow& flow, Outbox& out) KVB_REQUIRES(mu_);
+  void TickSendersLocked(SteadyTime now, Outbox& out) KVB_REQUIRES(mu_);
 
   // Decode internals (receiver_side.cc).
   Status ResolveSources(const std::shared_ptr<ReceiverRoom>& room);
@@ -281,14 +289,15 @@ class ManagerImpl {
   // Sends the Hello to the prefill rank at `key` again on a new endpoint and
   // drops the old one (the Hello on it got no answer).
   void RetryHello(const std::string& key);
-  void OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& out);
-  void SendMetaLocked(ReceiverRoom& room, Outbox& out);
-  void OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out);
-  void OnPrefillRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out);
-  void OnQuiesced(const RankId& from, const QuiescedMsg& msg, Outbox& out);
-  void FailReceiverLocked(ReceiverRoom& room, FailureRecord record, Outbox& out);
-  void UpdateQuiescedLocked(ReceiverRoom& room);
-  void TickReceiversLocked(SteadyTime now, Outbox& out);
+  void OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& out) KVB_REQUIRES(mu_);
+  void SendMetaLocked(ReceiverRoom& room, Outbox& out) KVB_REQUIRES(mu_);
+  void OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out) KVB_REQUIRES(mu_);
+  void OnPrefillRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out)
+      KVB_REQUIRES(mu_);
+  void OnQuiesced(const RankId& from, const QuiescedMsg& msg, Outbox& out) KVB_REQUIRES(mu_);
+  void FailReceiverLocked(ReceiverRoom& room, FailureRecord record, Outbox& out) KVB_REQUIRES(mu_);
+  void UpdateQuiescedLocked(ReceiverRoom& room) KVB_REQUIRES(mu_);
+  void TickReceiversLocked(SteadyTime now, Outbox& out) KVB_REQUIRES(mu_);
   void RetryUnresolved();
 
   const ManagerOptions opts_;
@@ -302,12 +311,12 @@ class ManagerImpl {
   std::unique_ptr<BootstrapClient> bootstrap_;
   std::unique_ptr<ManagerMetrics> metrics_;  // null when metrics are off
 
-  mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Peer>> peers_;
-  std::unordered_map<PeerId, Peer*> by_tpeer_;
-  std::unordered_map<uint64_t, std::shared_ptr<SenderRoom>> senders_;
-  std::unordered_map<uint64_t, std::shared_ptr<ReceiverRoom>> receivers_;
-  std::map<std::pair<uint64_t, int>, PendingMeta> pending_meta_;
+  mutable Mutex mu_;
+  std::map<std::string, std::unique_ptr<Peer>> peers_ KVB_GUARDED_BY(mu_);
+  std::unordered_map<PeerId, Peer*> by_tpeer_ KVB_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<SenderRoom>> senders_ KVB_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<ReceiverRoom>> receivers_ KVB_GUARDED_BY(mu_);
+  std::map<std::pair<uint64_t, int>, PendingMeta> pending_meta_ KVB_GUARDED_BY(mu_);
   // Decode failed/aborted a request before prefill created its sender: the
   // sender, when it comes, fails with decode's record instead of waiting.
   struct PendingAbort {
@@ -315,7 +324,7 @@ class ManagerImpl {
     uint64_t generation;
     SteadyTime at;
   };
-  std::map<std::pair<uint64_t, int>, PendingAbort> pending_abort_;
+  std::map<std::pair<uint64_t, int>, PendingAbort> pending_abort_ KVB_GUARDED_BY(mu_);
   // Senders that failed before any metadata arrived: metadata that comes
   // later for the room is answered with the failure instead of waiting.
   struct OrphanFailure {
@@ -323,20 +332,28 @@ class ManagerImpl {
     std::map<int, uint64_t> generations;  // decode tp -> generation it was about
     SteadyTime at;
   };
-  std::map<uint64_t, OrphanFailure> orphan_failures_;
-  std::optional<ParallelInfo> prefill_info_;
-  std::optional<FailureRecord> fatal_;
-  std::map<std::string, FailureRecord> dead_ranks_;     // by peer key
-  std::set<std::pair<std::string, uint64_t>> applied_;  // (key, incarnation) handled
-  std::optional<FailureRecord> registry_lost_;
-  std::optional<FailureRecord> recent_rank_failure_;
-  std::vector<FailureRecord> publish_queue_;
-  std::deque<FailureRecord> room_records_;   // latest first-seen room records of other ranks
-  std::condition_variable room_records_cv_;  // a room record came or a room failed
-  uint64_t failure_seq_ = 0;                 // registry thread only
-  SteadyTime last_tick_ = std::chrono::steady_clock::now();
+  std::map<uint64_t, OrphanFailure> orphan_failures_ KVB_GUARDED_BY(mu_);
+  std::optional<ParallelInfo> prefill_info_ KVB_GUARDED_BY(mu_);
+  std::optional<FailureRecord> fatal_ KVB_GUARDED_BY(mu_);
+  std::map<std::string, FailureRecord> dead_ranks_ KVB_GUARDED_BY(mu_);  // by peer key
+  std::set<std::pair<std::string, uint64_t>> applied_
+      KVB_GUARDED_BY(mu_);  // (key, incarnation) handled
+  std::optional<FailureRecord> registry_lost_ KVB_GUARDED_BY(mu_);
+  std::optional<FailureRecord> recent_rank_failure_ KVB_GUARDED_BY(mu_);
+  std::vector<FailureRecord> publish_queue_ KVB_GUARDED_BY(mu_);
+  std::deque<FailureRecord> room_records_
+      KVB_GUARDED_BY(mu_);                       // latest first-seen room records of other ranks
+  std::condition_variable_any room_records_cv_;  // a room record came or a room failed
+  uint64_t failure_seq_ = 0;                     // registry thread only
+  SteadyTime last_tick_ KVB_GUARDED_BY(mu_) = std::chrono::steady_clock::now();
   std::optional<SteadyTime> registry_down_since_;  // registry thread only
   std::mutex resolve_mu_;                          // serializes bootstrap lookups and connects
+
+  // Shutdown: once closing_ is set no Flush reaches the engine or the
+  // transport; the destructor waits for those under way (flushing_) before
+  // it destroys them.
+  std::atomic<bool> closing_{false};
+  std::atomic<int> flushing_{0};
 
   std::atomic<uint64_t> next_generation_;
   std::atomic<uint64_t> heartbeat_seq_{0};
@@ -349,8 +366,8 @@ class ManagerImpl {
   std::thread ticker_;
   std::thread registry_thread_;
   std::thread resolver_;
-  // Peers whose Hello the ticker found unanswered (guarded by mu_).
-  std::set<std::string> hello_retries_;
+  // Peers whose Hello the ticker found unanswered.
+  std::set<std::string> hello_retries_ KVB_GUARDED_BY(mu_);
 };
 
 }  // namespace kvbridge::internal

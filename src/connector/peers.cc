@@ -12,7 +12,7 @@ namespace kvbridge::internal {
 void ManagerImpl::OnPeerFailure(PeerId tpeer, const Status& why) {
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = by_tpeer_.find(tpeer);
     if (it == by_tpeer_.end() || it->second->failed) return;
     Peer& peer = *it->second;
@@ -125,7 +125,7 @@ void ManagerImpl::ResolverLoop() {
     lock.unlock();
     std::set<std::string> retry_hello;
     {
-      std::lock_guard<std::mutex> state(mu_);
+      MutexLock state(mu_);
       retry_hello.swap(hello_retries_);
     }
     for (const std::string& key : retry_hello) RetryHello(key);
@@ -140,7 +140,7 @@ void ManagerImpl::Tick() {
   std::vector<PeerId> beats;
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (now - last_tick_ > silence_limit) {
       // This process was stopped or starved, not its peers: start counting
       // their silence afresh.

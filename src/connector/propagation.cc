@@ -83,14 +83,14 @@ std::optional<FailureRecord> ManagerImpl::RoomRecordLocked(const Room& room) con
 
 template <typename Room>
 FailureRecord ManagerImpl::GroupFailure(const Room& room) {
-  auto known = [&]() -> std::optional<FailureRecord> {
+  auto known = [&]() KVB_REQUIRES(mu_) -> std::optional<FailureRecord> {
     if (room.failure) return room.failure;
     std::optional<FailureRecord> r = RoomRecordLocked(room);
     if (r) r->is_from_another_rank = IsFromAnotherRank(r->origin);  // as this rank holds it
     return r;
   };
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (auto f = known()) return *f;
   }
   // One look at the registry now: the record may be there before this
@@ -98,7 +98,7 @@ FailureRecord ManagerImpl::GroupFailure(const Room& room) {
   Result<FailureBatch> batch = bootstrap_->FailuresSince(0);
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (batch.ok()) {
       for (const nlohmann::json& j : batch->records) {
         Result<FailureRecord> r = FailureRecordFromJson(j);
@@ -107,9 +107,9 @@ FailureRecord ManagerImpl::GroupFailure(const Room& room) {
     }
   }
   Flush(out);
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const auto wait = opts_.heartbeat_interval * 3;
-  room_records_cv_.wait_for(lock, wait, [&] { return known().has_value(); });
+  lock.WaitFor(room_records_cv_, wait, [&]() KVB_REQUIRES(mu_) { return known().has_value(); });
   if (auto f = known()) return *f;
   FailureRecord r;
   const std::string where = fmt::format("room {} failed on another rank of this group", room.room);
@@ -132,7 +132,7 @@ template FailureRecord ManagerImpl::GroupFailure(const SenderRoom&);
 template FailureRecord ManagerImpl::GroupFailure(const ReceiverRoom&);
 
 std::optional<FailureRecord> ManagerImpl::RecentRankFailure() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return recent_rank_failure_;
 }
 
@@ -176,14 +176,14 @@ const FailureRecord* ManagerImpl::DeadRankOfInstanceLocked(const RankId& decode)
 
 void ManagerImpl::ForgetRestartedRanks() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     // Only a dead rank's record can be outdated by a restart; a fenced rank
     // or a lost registry blocks whatever the registry says.
     if (fatal_ || registry_lost_ || !NewRoomBlockerLocked()) return;
   }
   Result<std::vector<RankStatus>> ranks = bootstrap_->ListRanks();
   if (!ranks.ok()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ForgetRestartedLocked(*ranks);
 }
 
@@ -277,7 +277,7 @@ void ManagerImpl::RegistryRound(uint64_t round) {
                                       self_.pp, self_.incarnation);
   if (beat.code() == StatusCode::kUnavailable) {
     if (!registry_down_since_) registry_down_since_ = now;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!registry_lost_ &&
         now - *registry_down_since_ >= opts_.heartbeat_interval * opts_.heartbeat_misses) {
       RankId origin;
@@ -291,7 +291,7 @@ void ManagerImpl::RegistryRound(uint64_t round) {
   }
   registry_down_since_.reset();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (registry_lost_) {
       KVB_LOG_WARN("bootstrap registry {} reachable again", opts_.bootstrap_addr);
       registry_lost_.reset();
@@ -299,7 +299,7 @@ void ManagerImpl::RegistryRound(uint64_t round) {
   }
   std::vector<FailureRecord> to_publish;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     to_publish.swap(publish_queue_);
   }
   for (const FailureRecord& r : to_publish) {
@@ -325,7 +325,7 @@ void ManagerImpl::RegistryRound(uint64_t round) {
     }
     Outbox out;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       for (const nlohmann::json& j : batch->records) {
         Result<FailureRecord> r = FailureRecordFromJson(j);
         if (!r.ok()) continue;
@@ -342,7 +342,7 @@ void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
   const auto limit = opts_.heartbeat_interval * opts_.heartbeat_misses * 2;
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ForgetRestartedLocked(ranks);
     for (const RankStatus& s : ranks) {
       const RankId id = RankIdOf(s.record);
@@ -372,10 +372,11 @@ void ManagerImpl::LastWords(const std::string& reason) {
       MakeRecord(self_, FailureCause::kLocalError, reason, Phase::kTransferring, "last words");
   std::vector<PeerId> peers;
   {
-    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-    if (lock.owns_lock()) {
+    // A dying process may have died holding the lock: never wait for it.
+    if (mu_.try_lock()) {
       for (auto& [key, peer] : peers_)
         if (!peer->failed && peer->tpeer != 0) peers.push_back(peer->tpeer);
+      mu_.unlock();
     }
   }
   std::string msg = EncodeMessage(self_, RankFailedMsg{r});

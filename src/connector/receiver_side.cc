@@ -14,7 +14,7 @@ Result<std::shared_ptr<ReceiverRoom>> ManagerImpl::NewReceiver(uint64_t room) {
   Outbox out;
   std::shared_ptr<ReceiverRoom> r;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = receivers_.find(room);
     if (it != receivers_.end() && it->second->live)
       return FailedPreconditionError(
@@ -32,21 +32,21 @@ Result<std::shared_ptr<ReceiverRoom>> ManagerImpl::NewReceiver(uint64_t room) {
 void ManagerImpl::ReleaseReceiver(const std::shared_ptr<ReceiverRoom>& room) {
   KVPoll p = room->poll();
   if (p != KVPoll::kSuccess && p != KVPoll::kFailed) ReceiverAbort(room);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   room->live = false;
   auto it = receivers_.find(room->room);
   if (it != receivers_.end() && it->second == room) receivers_.erase(it);
 }
 
 std::optional<FailureRecord> ManagerImpl::ReceiverFailure(const ReceiverRoom& room) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return room.failure;
 }
 
 Status ManagerImpl::ReceiverInit(const std::shared_ptr<ReceiverRoom>& room, int prefill_dp_rank) {
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (room->failure) return room->failure->ToStatus();
     Status bad;
     if (room->initialized) {
@@ -76,21 +76,26 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
   std::lock_guard<std::mutex> resolve(resolve_mu_);
   std::optional<RankId> incompatible;  // the prefill rank whose layout does not fit
   Status s = [&]() -> Status {
-    if (!prefill_info_) {
-      ASSIGN_OR_RETURN(ParallelInfo info, bootstrap_->GetParallelInfo());
-      if (!info.complete())
-        return UnavailableError(fmt::format("{} of {} prefill ranks registered",
-                                            info.ranks_registered, info.ranks_expected));
-      std::lock_guard<std::mutex> lock(mu_);
-      prefill_info_ = info;
+    std::optional<ParallelInfo> known;
+    {
+      MutexLock lock(mu_);
+      known = prefill_info_;
     }
-    const ParallelInfo info = *prefill_info_;
+    if (!known) {
+      ASSIGN_OR_RETURN(ParallelInfo fetched, bootstrap_->GetParallelInfo());
+      if (!fetched.complete())
+        return UnavailableError(fmt::format("{} of {} prefill ranks registered",
+                                            fetched.ranks_registered, fetched.ranks_expected));
+      MutexLock lock(mu_);
+      prefill_info_ = known = fetched;
+    }
+    const ParallelInfo info = *known;
     {
       // A rank of that prefill instance is known dead (and not restarted):
       // the request cannot complete.
       std::vector<std::pair<std::string, FailureRecord>> dead;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         for (const auto& [key, r] : dead_ranks_)
           if (r.origin.role == Role::kPrefill && r.origin.dp == room->prefill_dp_rank)
             dead.emplace_back(key, r);
@@ -99,13 +104,13 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
         Result<RankRecord> now =
             bootstrap_->GetRank(r.origin.dp, r.origin.cp, r.origin.tp, r.origin.pp);
         if (now.ok() && now->incarnation != r.origin.incarnation) {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(mu_);
           dead_ranks_.erase(key);  // restarted
           continue;
         }
         Outbox out;
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(mu_);
           FailReceiverLocked(*room, r, out);
         }
         Flush(out);
@@ -146,14 +151,14 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
         ReceiverSource src;
         src.peer_key = *key;
         src.dummy = dummy;
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         src.prefill = FindPeerLocked(*key)->id;
         sources.push_back(std::move(src));
       }
     }
     Outbox out;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (room->failure || room->resolved) return Status();
       room->sources = std::move(sources);
       room->resolved = true;
@@ -166,7 +171,7 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
   if (s.ok()) return s;
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     room->last_resolve_error = s;
     if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kNotFound) {
       FailureCause cause = s.code() == StatusCode::kFailedPrecondition
@@ -203,7 +208,7 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
   const std::string key = PeerKey(pos);
   uint64_t failed_incarnation = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Peer* p = FindPeerLocked(key);
     if (p != nullptr && p->ready && !p->failed) return key;
     if (p != nullptr && p->failed) failed_incarnation = p->id.incarnation;
@@ -228,7 +233,7 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
   Outbox out;
   {
     // In the table before the Hello leaves: its answer can come at once.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Peer* old = FindPeerLocked(key);
     if (old != nullptr) {
       if (!old->failed)
@@ -252,7 +257,7 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
   Status sent = transport_->SendMessage(tpeer, EncodeMessage(self_, MakeHello()));
   if (!sent.ok()) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       auto it = peers_.find(key);
       if (it != peers_.end() && it->second.get() == mine) {
         by_tpeer_.erase(tpeer);
@@ -278,7 +283,7 @@ void ManagerImpl::RetryHello(const std::string& key) {
   std::string address;
   PeerId old_tpeer = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Peer* p = FindPeerLocked(key);
     if (p == nullptr || p->acked || p->failed) return;
     address = p->address;
@@ -288,7 +293,7 @@ void ManagerImpl::RetryHello(const std::string& key) {
   bool swapped = false;
   int attempt = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Peer* p = FindPeerLocked(key);
     if (p != nullptr && !p->acked && !p->failed && p->tpeer == old_tpeer) {
       // Counted even when no new endpoint could be opened: the next try
@@ -331,7 +336,7 @@ Status ManagerImpl::ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& ro
   Outbox out;
   Status bad;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (room->failure) return room->failure->ToStatus();
     int64_t aux_rows = INT64_MAX, state_rows = INT64_MAX;
     for (const auto& b : layout_.aux) aux_rows = std::min<int64_t>(aux_rows, b.length / b.item_len);
@@ -530,7 +535,7 @@ void ManagerImpl::UpdateQuiescedLocked(ReceiverRoom& room) {
 void ManagerImpl::ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room) {
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     FailReceiverLocked(*room,
                        MakeRecord(self_, FailureCause::kAborted, "aborted by the application",
                                   room->phase, "Abort()"),

@@ -33,7 +33,7 @@ Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
   Outbox out;
   std::shared_ptr<SenderRoom> r;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = senders_.find(room);
     if (it != senders_.end() && it->second->live)
       return FailedPreconditionError(fmt::format("room {} already has a live sender", room));
@@ -61,7 +61,7 @@ Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
 void ManagerImpl::ReleaseSender(const std::shared_ptr<SenderRoom>& room) {
   KVPoll p = room->poll();
   if (p != KVPoll::kSuccess && p != KVPoll::kFailed) SenderAbort(room);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   room->live = false;
   if (room->failure && room->flows.empty())
     orphan_failures_[room->room] = {*room->failure, room->aborted_generations,
@@ -71,7 +71,7 @@ void ManagerImpl::ReleaseSender(const std::shared_ptr<SenderRoom>& room) {
 }
 
 std::optional<FailureRecord> ManagerImpl::SenderFailure(const SenderRoom& room) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return room.failure;
 }
 
@@ -79,7 +79,7 @@ Status ManagerImpl::SenderInit(SenderRoom& room, int64_t num_pages, int64_t aux_
   Outbox out;
   Status result;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (room.failure) return room.failure->ToStatus();
     if (room.initialized) {
       result = FailedPreconditionError(fmt::format("room {}: Init called twice", room.room));
@@ -121,7 +121,7 @@ Status ManagerImpl::SenderSend(const std::shared_ptr<SenderRoom>& sp,
   Outbox out;
   Status result;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (room.failure) return room.failure->ToStatus();
     const int64_t n = static_cast<int64_t>(pages.size());
     if (!room.initialized) {
@@ -225,7 +225,7 @@ Status ManagerImpl::SenderSend(const std::shared_ptr<SenderRoom>& sp,
 void ManagerImpl::SenderAbort(const std::shared_ptr<SenderRoom>& room) {
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     FailSenderLocked(*room,
                      MakeRecord(self_, FailureCause::kAborted, "aborted by the application",
                                 room->phase, "Abort()"),
@@ -238,7 +238,7 @@ void ManagerImpl::OnChunkDone(const std::shared_ptr<SenderRoom>& sp, int decode_
                               const Status& s, uint64_t bytes, uint64_t ops) {
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     SenderRoom& room = *sp;
     bytes_written_ += bytes;
     write_ops_ += ops;

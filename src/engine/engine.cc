@@ -28,18 +28,23 @@ TransferEngine::~TransferEngine() {
 void TransferEngine::PostChunk(PeerId peer, RemoteRegionSet remote, std::vector<CopyRun> runs,
                                std::string notify, ChunkCallback done) {
   Job job{peer, std::move(remote), std::move(runs), std::move(notify), std::move(done)};
+  bool stopped = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) {
-      job.done(AbortedError("transfer engine shut down"), 0, 0);
-      return;
-    }
-    if (running_ || !queue_.empty() || job.runs.size() > inline_max_runs_) {
+      stopped = true;
+    } else if (running_ || !queue_.empty() || job.runs.size() > inline_max_runs_) {
       queue_.push_back(std::move(job));
       cv_.notify_one();
       return;
+    } else {
+      running_ = true;  // the engine thread waits until this one is posted
     }
-    running_ = true;  // the engine thread waits until this one is posted
+  }
+  if (stopped) {
+    // Never under mu_: `done` takes the caller's own locks.
+    job.done(AbortedError("transfer engine shut down"), 0, 0);
+    return;
   }
   Run(std::move(job));
   {
