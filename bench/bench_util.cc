@@ -189,16 +189,16 @@ Status ReadAll(int fd, char* p, size_t n) {
 
 Status Channel::Send(std::string_view frame) {
   uint64_t len = frame.size();
-  RETURN_IF_ERROR(WriteAll(write_fd_, reinterpret_cast<const char*>(&len), sizeof(len)));
+  KVB_RETURN_IF_ERROR(WriteAll(write_fd_, reinterpret_cast<const char*>(&len), sizeof(len)));
   return WriteAll(write_fd_, frame.data(), frame.size());
 }
 
 Result<std::string> Channel::Receive() {
   uint64_t len = 0;
-  RETURN_IF_ERROR(ReadAll(read_fd_, reinterpret_cast<char*>(&len), sizeof(len)));
+  KVB_RETURN_IF_ERROR(ReadAll(read_fd_, reinterpret_cast<char*>(&len), sizeof(len)));
   if (len > (1ull << 30)) return InternalError("oversized frame on bench pipe");
   std::string frame(len, '\0');
-  RETURN_IF_ERROR(ReadAll(read_fd_, frame.data(), len));
+  KVB_RETURN_IF_ERROR(ReadAll(read_fd_, frame.data(), len));
   return frame;
 }
 

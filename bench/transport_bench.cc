@@ -119,7 +119,7 @@ class TargetProcess {
 
   // Sends a command, returns the reply payload after its 'K'.
   Result<std::string> Call(std::string_view command) {
-    RETURN_IF_ERROR(channel_.Send(command));
+    KVB_RETURN_IF_ERROR(channel_.Send(command));
     return ReadReply();
   }
   Result<std::string> ReadReply() {
@@ -209,7 +209,7 @@ Result<double> WriteBlocks(internal::Transport& t, internal::PeerId peer, intern
     return DeadlineExceededError("writes did not complete within 30 s");
   }
   double seconds = SecondsSince(start);
-  RETURN_IF_ERROR(state->first_error);
+  KVB_RETURN_IF_ERROR(state->first_error);
   return seconds;
 }
 
@@ -240,7 +240,7 @@ std::string RangeCommand(char op, const BlockPattern& pattern,
 Result<uint64_t> CountBadSamples(TargetProcess& target, const BlockPattern& pattern,
                                  const std::vector<uint64_t>& samples, const MappedRegion& src,
                                  uint64_t* first_bad = nullptr) {
-  ASSIGN_OR_RETURN(std::string hashes, target.Call(RangeCommand('H', pattern, samples)));
+  KVB_ASSIGN_OR_RETURN(std::string hashes, target.Call(RangeCommand('H', pattern, samples)));
   size_t pos = 0;
   uint64_t got = 0;
   uint64_t bad = 0;
@@ -281,20 +281,20 @@ uint64_t BlocksFor(const TransportBenchOptions& o, uint64_t bs) {
 Status RunPath(const PathSpec& spec, const TransportBenchOptions& o, const MappedRegion& src,
                MappedRegion& ref_dst, std::vector<BenchResult>& results) {
   std::fprintf(stderr, "[bench] %s: starting target process\n", spec.name.c_str());
-  ASSIGN_OR_RETURN(TargetProcess target, TargetProcess::Spawn(spec.name, o.region_size));
-  RETURN_IF_ERROR(target.ReadReply().status());
-  ASSIGN_OR_RETURN(std::string address, target.ReadFrame());
-  ASSIGN_OR_RETURN(std::string remote_key, target.ReadFrame());
+  KVB_ASSIGN_OR_RETURN(TargetProcess target, TargetProcess::Spawn(spec.name, o.region_size));
+  KVB_RETURN_IF_ERROR(target.ReadReply().status());
+  KVB_ASSIGN_OR_RETURN(std::string address, target.ReadFrame());
+  KVB_ASSIGN_OR_RETURN(std::string remote_key, target.ReadFrame());
 
   internal::UcxTransportOptions options = spec.options;
   options.name = "bench initiator " + spec.name;
-  ASSIGN_OR_RETURN(std::unique_ptr<internal::Transport> transport,
-                   internal::CreateUcxTransport(options));
-  ASSIGN_OR_RETURN(internal::RegisteredRegion local,
-                   transport->RegisterMemory(src.data(), src.size(), MemoryKind::kDram));
-  ASSIGN_OR_RETURN(internal::PeerId peer, transport->Connect(address));
-  ASSIGN_OR_RETURN(internal::RemoteRegionId remote, transport->ImportRegion(peer, remote_key));
-  ASSIGN_OR_RETURN(DataPath chosen, transport->PathTo(peer));
+  KVB_ASSIGN_OR_RETURN(std::unique_ptr<internal::Transport> transport,
+                       internal::CreateUcxTransport(options));
+  KVB_ASSIGN_OR_RETURN(internal::RegisteredRegion local,
+                       transport->RegisterMemory(src.data(), src.size(), MemoryKind::kDram));
+  KVB_ASSIGN_OR_RETURN(internal::PeerId peer, transport->Connect(address));
+  KVB_ASSIGN_OR_RETURN(internal::RemoteRegionId remote, transport->ImportRegion(peer, remote_key));
+  KVB_ASSIGN_OR_RETURN(DataPath chosen, transport->PathTo(peer));
   std::string chosen_name(DataPathName(chosen));
   bool mismatch = chosen != spec.expected;
   if (mismatch) {
@@ -311,7 +311,7 @@ Status RunPath(const PathSpec& spec, const TransportBenchOptions& o, const Mappe
     // Faults in page tables and mappings on both sides, warms the transport.
     uint64_t bs = std::min<uint64_t>(o.region_size, 16ull << 20);
     BlockPattern pattern(o.region_size, bs, 1);
-    RETURN_IF_ERROR(
+    KVB_RETURN_IF_ERROR(
         WriteBlocks(*transport, peer, local.id, remote, pattern, pattern.slots(), o.batch, o.depth)
             .status()
             .WithContext("warm-up pass"));

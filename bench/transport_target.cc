@@ -47,12 +47,12 @@ class TargetRegion {
   static Result<TargetRegion> Allocate(bool shared, uint64_t size) {
     TargetRegion r;
     if (shared) {
-      ASSIGN_OR_RETURN(void* p, AllocateSharedBuffer(size));
+      KVB_ASSIGN_OR_RETURN(void* p, AllocateSharedBuffer(size));
       r.shared_ = static_cast<uint8_t*>(p);
       // Fault every page in now, not inside a timed round.
       std::memset(r.shared_, 0, size);
     } else {
-      ASSIGN_OR_RETURN(r.app_, MappedRegion::Allocate(size));
+      KVB_ASSIGN_OR_RETURN(r.app_, MappedRegion::Allocate(size));
     }
     return r;
   }

@@ -4,7 +4,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config clang-format libucx-dev ucx-utils nlohmann-json3-dev
       libcpp-httplib-dev libcli11-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev
       libbenchmark-dev pybind11-dev python3-dev python3-pytest python3-numpy etcd-server
-      etcd-client iproute2 procps)
+      etcd-client iproute2 procps clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs every test: ctest in the normal build, then again under ASan+UBSan.
+# Runs every test: ctest in the normal build, the Python tests, then ctest
+# again under ASan+UBSan and under ThreadSanitizer.
 set -euo pipefail
 build=${1:-build}
 asan=${2:-build-asan}
+tsan=${3:-build-tsan}
 here=$(cd "$(dirname "$0")/.." && pwd)
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$here/tests/lsan.supp:print_suppressions=0}
@@ -14,3 +16,8 @@ PYTHONPATH="$(cd "$build" && pwd)/python" /usr/bin/python3 -m pytest -q -p no:ca
   "$here/python/tests"
 echo "== tests under AddressSanitizer + UndefinedBehaviorSanitizer ($asan)"
 ctest --test-dir "$asan" --output-on-failure --timeout 600
+if [ -d "$tsan" ]; then
+  echo "== tests under ThreadSanitizer ($tsan)"
+  TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tests/tsan.supp} \
+    ctest --test-dir "$tsan" --output-on-failure --timeout 600
+fi

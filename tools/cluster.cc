@@ -109,11 +109,11 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o) {
     c->bootstrap_index_ = static_cast<int>(c->procs_.size());
     c->procs_.push_back(p);
     c->pipes_.emplace_back();
-    RETURN_IF_ERROR(c->Spawn(c->bootstrap_index_, {"demo-bootstrap"}, o));
-    RETURN_IF_ERROR(c->WaitReady({c->bootstrap_index_}, left()));
+    KVB_RETURN_IF_ERROR(c->Spawn(c->bootstrap_index_, {"demo-bootstrap"}, o));
+    KVB_RETURN_IF_ERROR(c->WaitReady({c->bootstrap_index_}, left()));
     c->bootstrap_addr_ = c->procs_[c->bootstrap_index_].ready.value("address", std::string());
   } else {
-    ASSIGN_OR_RETURN(int port, PickFreePort());
+    KVB_ASSIGN_OR_RETURN(int port, PickFreePort());
     c->bootstrap_addr_ = "127.0.0.1:" + std::to_string(port);
   }
 
@@ -147,15 +147,15 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o) {
   std::vector<int> rest;
   int first = 0;
   if (o.bootstrap == BootstrapMode::kEmbedded) {
-    RETURN_IF_ERROR(c->Spawn(0, args_for(0), o));
-    RETURN_IF_ERROR(c->WaitReady({0}, left()));
+    KVB_RETURN_IF_ERROR(c->Spawn(0, args_for(0), o));
+    KVB_RETURN_IF_ERROR(c->WaitReady({0}, left()));
     first = 1;
   }
   for (int i = first; i < c->num_ranks(); ++i) {
-    RETURN_IF_ERROR(c->Spawn(i, args_for(i), o));
+    KVB_RETURN_IF_ERROR(c->Spawn(i, args_for(i), o));
     rest.push_back(i);
   }
-  RETURN_IF_ERROR(c->WaitReady(rest, left()));
+  KVB_RETURN_IF_ERROR(c->WaitReady(rest, left()));
   return c;
 }
 

@@ -39,8 +39,8 @@ struct Snapshot {
 
 Result<Snapshot> Query(const internal::BootstrapClient& client) {
   Snapshot s;
-  ASSIGN_OR_RETURN(s.ranks, client.ListRanks());
-  ASSIGN_OR_RETURN(s.failures, client.FailuresSince(0));
+  KVB_ASSIGN_OR_RETURN(s.ranks, client.ListRanks());
+  KVB_ASSIGN_OR_RETURN(s.failures, client.FailuresSince(0));
   return s;
 }
 

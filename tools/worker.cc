@@ -438,7 +438,7 @@ int RunWorker(const WorkerFlags& f) {
   // The processes this rank talks to now and the endpoint it uses for each
   // (a restarted peer must show its new pid and incarnation).
   out["peers"] = nlohmann::json::array();
-  for (const internal::PeerSnapshot& p : m.impl().Peers()) {
+  for (const internal::PeerSnapshot& p : internal::ManagerAccess::Of(m).Peers()) {
     nlohmann::json j = RankToJson(p.id);
     j["incarnation"] = p.id.incarnation;
     j["endpoint"] = p.endpoint;

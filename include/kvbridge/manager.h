@@ -23,6 +23,7 @@ class KVManager;
 
 namespace internal {
 class ManagerImpl;
+class ManagerAccess;  // the library's own access to the implementation
 class Transport;
 Result<std::unique_ptr<KVManager>> CreateManager(const ManagerOptions& options,
                                                  std::unique_ptr<Transport> transport);
@@ -80,9 +81,8 @@ class KVManager {
   // the rank and the cause instead of a generic error.
   std::optional<FailureRecord> RecentRankFailure() const;
 
-  internal::ManagerImpl& impl() { return *impl_; }
-
  private:
+  friend class internal::ManagerAccess;
   friend Result<std::unique_ptr<KVManager>> internal::CreateManager(
       const ManagerOptions&, std::unique_ptr<internal::Transport>);
   explicit KVManager(std::unique_ptr<internal::ManagerImpl> impl);

@@ -122,16 +122,16 @@ class [[nodiscard]] Result {
 #define KVB_CONCAT_(a, b) KVB_CONCAT_INNER_(a, b)
 
 // Returns from the current function when `expr` (a Status) is not OK.
-#define RETURN_IF_ERROR(expr)                  \
+#define KVB_RETURN_IF_ERROR(expr)              \
   do {                                         \
     ::kvbridge::Status kvb_status_ = (expr);   \
     if (!kvb_status_.ok()) return kvb_status_; \
   } while (0)
 
 // `lhs = value of rexpr` (a Result<T>), or return its error.
-#define ASSIGN_OR_RETURN(lhs, rexpr) \
-  ASSIGN_OR_RETURN_IMPL_(KVB_CONCAT_(kvb_result_, __LINE__), lhs, rexpr)
-#define ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr) \
-  auto tmp = (rexpr);                           \
-  if (!tmp.ok()) return tmp.status();           \
+#define KVB_ASSIGN_OR_RETURN(lhs, rexpr) \
+  KVB_ASSIGN_OR_RETURN_IMPL_(KVB_CONCAT_(kvb_result_, __LINE__), lhs, rexpr)
+#define KVB_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr) \
+  auto tmp = (rexpr);                               \
+  if (!tmp.ok()) return tmp.status();               \
   lhs = std::move(tmp).value()

@@ -57,13 +57,13 @@ Result<int> Half(int v) {
 }
 
 Result<int> Quarter(int v) {
-  ASSIGN_OR_RETURN(int h, Half(v));
-  ASSIGN_OR_RETURN(int q, Half(h));
+  KVB_ASSIGN_OR_RETURN(int h, Half(v));
+  KVB_ASSIGN_OR_RETURN(int q, Half(h));
   return q;
 }
 
 Status CheckEven(int v) {
-  RETURN_IF_ERROR(Half(v).status());
+  KVB_RETURN_IF_ERROR(Half(v).status());
   return Status();
 }
 

@@ -8,6 +8,8 @@
 
 namespace kvbridge {
 
+using internal::ManagerAccess;
+
 KVManager::KVManager(std::unique_ptr<internal::ManagerImpl> impl) : impl_(std::move(impl)) {}
 KVManager::~KVManager() { internal::RemoveLastWords(impl_.get()); }
 
@@ -28,7 +30,7 @@ std::optional<FailureRecord> KVManager::RecentRankFailure() const {
 namespace internal {
 Result<std::unique_ptr<KVManager>> CreateManager(const ManagerOptions& options,
                                                  std::unique_ptr<Transport> transport) {
-  ASSIGN_OR_RETURN(auto impl, ManagerImpl::Create(options, std::move(transport)));
+  KVB_ASSIGN_OR_RETURN(auto impl, ManagerImpl::Create(options, std::move(transport)));
   InstallLastWords(impl.get());
   return std::unique_ptr<KVManager>(new KVManager(std::move(impl)));
 }
@@ -37,54 +39,59 @@ Result<std::unique_ptr<KVManager>> CreateManager(const ManagerOptions& options,
 // KVSender.
 KVSender::KVSender(KVManager& manager, std::shared_ptr<internal::SenderRoom> room)
     : manager_(manager), room_(std::move(room)) {}
-KVSender::~KVSender() { manager_.impl().ReleaseSender(room_); }
+KVSender::~KVSender() { ManagerAccess::Of(manager_).ReleaseSender(room_); }
 
 Result<std::unique_ptr<KVSender>> KVSender::Create(KVManager& manager, uint64_t room) {
   if (manager.options().role != Role::kPrefill)
     return FailedPreconditionError("KVSender needs a prefill manager");
-  ASSIGN_OR_RETURN(auto r, manager.impl().NewSender(room));
+  KVB_ASSIGN_OR_RETURN(auto r, ManagerAccess::Of(manager).NewSender(room));
   return std::unique_ptr<KVSender>(new KVSender(manager, std::move(r)));
 }
 uint64_t KVSender::room() const { return room_->room; }
 Status KVSender::Init(int64_t num_pages, int64_t aux_index) {
-  return manager_.impl().SenderInit(*room_, num_pages, aux_index);
+  return ManagerAccess::Of(manager_).SenderInit(*room_, num_pages, aux_index);
 }
 Status KVSender::Send(std::span<const int32_t> pages, std::span<const int32_t> state) {
-  return manager_.impl().SenderSend(room_, pages, state);
+  return ManagerAccess::Of(manager_).SenderSend(room_, pages, state);
 }
 KVPoll KVSender::Poll() const { return room_->poll(); }
 std::optional<FailureRecord> KVSender::Failure() const {
-  return manager_.impl().SenderFailure(*room_);
+  return ManagerAccess::Of(manager_).SenderFailure(*room_);
 }
-FailureRecord KVSender::GroupFailure() const { return manager_.impl().GroupFailure(*room_); }
-void KVSender::Abort() { manager_.impl().SenderAbort(room_); }
+FailureRecord KVSender::GroupFailure() const {
+  return ManagerAccess::Of(manager_).GroupFailure(*room_);
+}
+void KVSender::Abort() { ManagerAccess::Of(manager_).SenderAbort(room_); }
 
 // KVReceiver.
 KVReceiver::KVReceiver(KVManager& manager, std::shared_ptr<internal::ReceiverRoom> room)
     : manager_(manager), room_(std::move(room)) {}
-KVReceiver::~KVReceiver() { manager_.impl().ReleaseReceiver(room_); }
+KVReceiver::~KVReceiver() { ManagerAccess::Of(manager_).ReleaseReceiver(room_); }
 
 Result<std::unique_ptr<KVReceiver>> KVReceiver::Create(KVManager& manager, uint64_t room) {
   if (manager.options().role != Role::kDecode)
     return FailedPreconditionError("KVReceiver needs a decode manager");
-  ASSIGN_OR_RETURN(auto r, manager.impl().NewReceiver(room));
+  KVB_ASSIGN_OR_RETURN(auto r, ManagerAccess::Of(manager).NewReceiver(room));
   return std::unique_ptr<KVReceiver>(new KVReceiver(manager, std::move(r)));
 }
 uint64_t KVReceiver::room() const { return room_->room; }
 uint64_t KVReceiver::generation() const { return room_->generation; }
 Status KVReceiver::Init(int prefill_dp_rank) {
-  return manager_.impl().ReceiverInit(room_, prefill_dp_rank);
+  return ManagerAccess::Of(manager_).ReceiverInit(room_, prefill_dp_rank);
 }
 Status KVReceiver::SendMetadata(std::span<const int32_t> pages, int64_t aux_index,
                                 std::span<const int32_t> state, int64_t decode_prefix_len) {
-  return manager_.impl().ReceiverSendMetadata(room_, pages, aux_index, state, decode_prefix_len);
+  return ManagerAccess::Of(manager_).ReceiverSendMetadata(room_, pages, aux_index, state,
+                                                          decode_prefix_len);
 }
 KVPoll KVReceiver::Poll() const { return room_->poll(); }
 std::optional<FailureRecord> KVReceiver::Failure() const {
-  return manager_.impl().ReceiverFailure(*room_);
+  return ManagerAccess::Of(manager_).ReceiverFailure(*room_);
 }
-FailureRecord KVReceiver::GroupFailure() const { return manager_.impl().GroupFailure(*room_); }
-void KVReceiver::Abort() { manager_.impl().ReceiverAbort(room_); }
+FailureRecord KVReceiver::GroupFailure() const {
+  return ManagerAccess::Of(manager_).GroupFailure(*room_);
+}
+void KVReceiver::Abort() { ManagerAccess::Of(manager_).ReceiverAbort(room_); }
 bool KVReceiver::Quiesced() const { return room_->quiesced.load(std::memory_order_acquire); }
 
 }  // namespace kvbridge

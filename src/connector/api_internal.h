@@ -12,4 +12,12 @@ namespace kvbridge::internal {
 Result<std::unique_ptr<KVManager>> CreateManager(const ManagerOptions& options,
                                                  std::unique_ptr<Transport> transport);
 
+// The implementation behind a KVManager, for the library itself, its tools
+// and its tests; the public header does not expose it.
+class ManagerAccess {
+ public:
+  static ManagerImpl& Of(KVManager& manager) { return *manager.impl_; }
+  static const ManagerImpl& Of(const KVManager& manager) { return *manager.impl_; }
+};
+
 }  // namespace kvbridge::internal

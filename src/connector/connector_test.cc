@@ -4,8 +4,8 @@
 
 #include "connector/connector_test_util.h"
 #include "connector/manager_impl.h"
+#include "connector/protocol.h"
 #include "connector/test_cluster.h"
-#include "engine/protocol.h"
 
 namespace kvbridge::internal {
 namespace {
@@ -207,8 +207,8 @@ TEST(ConnectorTest, AbortThatOvertakesItsMetadataWinsOverIt) {
   KVManager& decode = *(*c)->decode[0].manager;
   // Decode's messages, in the order the race delivers them, on an endpoint
   // of decode's own transport.
-  Transport& dt = decode.impl().transport();
-  const PeerId to_prefill = dt.Connect(prefill.impl().transport().Address()).value();
+  Transport& dt = ManagerAccess::Of(decode).transport();
+  const PeerId to_prefill = dt.Connect(ManagerAccess::Of(prefill).transport().Address()).value();
   auto send = [&](const MessageBody& body) {
     ASSERT_TRUE(dt.SendMessage(to_prefill, EncodeMessage(decode.self(), body)).ok());
   };

@@ -229,7 +229,7 @@ TEST(HandshakeTest, HelloLostOnAMuteEndpointIsSentAgainOnANewOne) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ExpectTransferSucceeds(**c, 3);
   EXPECT_GE(faults->counters().muted_dropped, 1u);  // the first Hello
-  std::vector<PeerSnapshot> peers = (*c)->decode[0].manager->impl().Peers();
+  std::vector<PeerSnapshot> peers = ManagerAccess::Of(*(*c)->decode[0].manager).Peers();
   ASSERT_EQ(peers.size(), 1u);
   EXPECT_FALSE(peers[0].failed);
   EXPECT_EQ((*c)->prefill[0].manager->Stats().rooms_failed, 0u);

@@ -25,7 +25,7 @@ struct TwoDecodeInstances {
       TolerantLiveness(m);
       if (m.role == Role::kDecode) m.instance_id = "a";
     };
-    ASSIGN_OR_RETURN(cluster, TestCluster::Create(options));
+    KVB_ASSIGN_OR_RETURN(cluster, TestCluster::Create(options));
     for (int tp = 0; tp < 2; ++tp) {
       PoolOptions po;
       po.shape = options.shape;
@@ -33,7 +33,7 @@ struct TwoDecodeInstances {
       po.tp_rank = tp;
       po.num_pages = options.num_pages;
       ClusterRank r;
-      ASSIGN_OR_RETURN(r.pool, KvPool::Create(po));
+      KVB_ASSIGN_OR_RETURN(r.pool, KvPool::Create(po));
       ManagerOptions mo;
       mo.role = Role::kDecode;
       mo.args = r.pool->Args();
@@ -43,10 +43,10 @@ struct TwoDecodeInstances {
       mo.start_bootstrap_server = false;
       mo.instance_id = "b";
       TolerantLiveness(mo);
-      ASSIGN_OR_RETURN(
+      KVB_ASSIGN_OR_RETURN(
           std::unique_ptr<Transport> t,
           CreateLoopbackTransport(cluster->fabric(), "decode[b] tp" + std::to_string(tp)));
-      ASSIGN_OR_RETURN(r.manager, CreateManager(mo, std::move(t)));
+      KVB_ASSIGN_OR_RETURN(r.manager, CreateManager(mo, std::move(t)));
       b.push_back(std::move(r));
     }
     return Status();

@@ -50,13 +50,13 @@ Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
     return InvalidArgumentError("layout field 'dtype' missing or not a string");
   l.is_mla = mla->get<bool>();
   l.dtype = dtype->get<std::string>();
-  RETURN_IF_ERROR(get_int("page_size", &l.page_size));
-  RETURN_IF_ERROR(get_int("tp_size", &l.tp_size));
-  RETURN_IF_ERROR(get_int("tp_rank", &l.tp_rank));
-  RETURN_IF_ERROR(get_int("total_kv_heads", &l.total_kv_heads));
-  RETURN_IF_ERROR(get_int("kv_heads", &l.kv_heads));
-  RETURN_IF_ERROR(get_int("start_layer", &l.start_layer));
-  RETURN_IF_ERROR(get_int("end_layer", &l.end_layer));
+  KVB_RETURN_IF_ERROR(get_int("page_size", &l.page_size));
+  KVB_RETURN_IF_ERROR(get_int("tp_size", &l.tp_size));
+  KVB_RETURN_IF_ERROR(get_int("tp_rank", &l.tp_rank));
+  KVB_RETURN_IF_ERROR(get_int("total_kv_heads", &l.total_kv_heads));
+  KVB_RETURN_IF_ERROR(get_int("kv_heads", &l.kv_heads));
+  KVB_RETURN_IF_ERROR(get_int("start_layer", &l.start_layer));
+  KVB_RETURN_IF_ERROR(get_int("end_layer", &l.end_layer));
   for (auto [name, out] : {std::pair{"kv", &l.kv}, {"aux", &l.aux}, {"state", &l.state}}) {
     auto it = j.find(name);
     if (it == j.end() || !SpansFromJson(*it, out))

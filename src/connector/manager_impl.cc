@@ -38,9 +38,10 @@ Status ValidateOptions(const ManagerOptions& o) {
   if (o.role == Role::kBootstrap) return InvalidArgumentError("role must be prefill or decode");
   const KVArgs& a = o.args;
   if (a.kv_data_ptrs.empty()) return InvalidArgumentError("kv_data_ptrs is empty");
-  RETURN_IF_ERROR(CheckBuffers("kv", a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens));
-  RETURN_IF_ERROR(CheckBuffers("aux", a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens));
-  RETURN_IF_ERROR(CheckBuffers("state", a.state_data_ptrs, a.state_data_lens, a.state_item_lens));
+  KVB_RETURN_IF_ERROR(CheckBuffers("kv", a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens));
+  KVB_RETURN_IF_ERROR(CheckBuffers("aux", a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens));
+  KVB_RETURN_IF_ERROR(
+      CheckBuffers("state", a.state_data_ptrs, a.state_data_lens, a.state_item_lens));
   if (a.page_size < 1) return InvalidArgumentError(fmt::format("page_size {}", a.page_size));
   const ParallelLayout& p = o.parallel;
   for (auto [name, size, rank] : {std::tuple{"tp", p.tp_size, p.tp_rank},
@@ -52,7 +53,7 @@ Status ValidateOptions(const ManagerOptions& o) {
   }
   if (o.heartbeat_interval.count() <= 0 || o.heartbeat_misses < 1)
     return InvalidArgumentError("heartbeat_interval and heartbeat_misses must be positive");
-  RETURN_IF_ERROR(ValidateInstanceId("instance_id", o.instance_id));
+  KVB_RETURN_IF_ERROR(ValidateInstanceId("instance_id", o.instance_id));
   if (o.role == Role::kPrefill && !o.instance_id.empty())
     return InvalidArgumentError("instance_id '" + o.instance_id +
                                 "' on a prefill rank: prefill instances are told apart by their "
@@ -74,10 +75,10 @@ ManagerImpl::ManagerImpl(const ManagerOptions& options)
 
 Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Create(const ManagerOptions& options,
                                                          std::unique_ptr<Transport> transport) {
-  RETURN_IF_ERROR(ValidateOptions(options));
+  KVB_RETURN_IF_ERROR(ValidateOptions(options));
   std::unique_ptr<ManagerImpl> m(new ManagerImpl(options));
   m->transport_ = std::move(transport);
-  RETURN_IF_ERROR(m->Start());
+  KVB_RETURN_IF_ERROR(m->Start());
   return m;
 }
 
@@ -111,14 +112,14 @@ Status ManagerImpl::Start() {
   layout_.kv = Spans(a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens);
   layout_.aux = Spans(a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens);
   layout_.state = Spans(a.state_data_ptrs, a.state_data_lens, a.state_item_lens);
-  RETURN_IF_ERROR(CheckLayout(layout_).WithContext("KVArgs"));
+  KVB_RETURN_IF_ERROR(CheckLayout(layout_).WithContext("KVArgs"));
 
   if (!transport_) {
     UcxTransportOptions t;
     t.tls = opts_.ucx_tls;
     t.same_host_paths = opts_.same_host_path == SameHostPath::kAuto;
     t.name = self_.ShortName();
-    ASSIGN_OR_RETURN(transport_, CreateUcxTransport(t));
+    KVB_ASSIGN_OR_RETURN(transport_, CreateUcxTransport(t));
   }
   transport_->SetMessageHandler([this](std::string_view bytes) { OnMessage(bytes); });
   transport_->SetPeerFailureHandler(
@@ -127,7 +128,7 @@ Status ManagerImpl::Start() {
   auto reg = [&](const std::vector<BufferSpan>& spans, std::vector<RegionId>* ids,
                  std::vector<std::string>* keys) -> Status {
     for (const BufferSpan& s : spans) {
-      ASSIGN_OR_RETURN(
+      KVB_ASSIGN_OR_RETURN(
           RegisteredRegion r,
           transport_->RegisterMemory(reinterpret_cast<void*>(s.addr), s.length, a.memory_kind));
       ids->push_back(r.id);
@@ -135,13 +136,13 @@ Status ManagerImpl::Start() {
     }
     return Status();
   };
-  RETURN_IF_ERROR(reg(layout_.kv, &regions_.kv, &kv_keys_));
-  RETURN_IF_ERROR(reg(layout_.aux, &regions_.aux, &aux_keys_));
-  RETURN_IF_ERROR(reg(layout_.state, &regions_.state, &state_keys_));
+  KVB_RETURN_IF_ERROR(reg(layout_.kv, &regions_.kv, &kv_keys_));
+  KVB_RETURN_IF_ERROR(reg(layout_.aux, &regions_.aux, &aux_keys_));
+  KVB_RETURN_IF_ERROR(reg(layout_.state, &regions_.state, &state_keys_));
   engine_ = std::make_unique<TransferEngine>(*transport_, regions_);
 
-  ASSIGN_OR_RETURN(auto client,
-                   BootstrapClient::Create(opts_.bootstrap_addr, std::chrono::milliseconds(2000)));
+  KVB_ASSIGN_OR_RETURN(
+      auto client, BootstrapClient::Create(opts_.bootstrap_addr, std::chrono::milliseconds(2000)));
   bootstrap_ = std::move(client);
   bool first_prefill = opts_.role == Role::kPrefill && p.tp_rank == 0 && p.dp_rank == 0 &&
                        p.pp_rank == 0 && p.cp_rank == 0;
@@ -181,8 +182,8 @@ Status ManagerImpl::Start() {
     KVB_LOG_WARN("decode rank not listed in the bootstrap registry: {}", registered.ToString());
   }
   if (opts_.metrics_port != 0) {
-    ASSIGN_OR_RETURN(metrics_, ManagerMetrics::Start(opts_.metrics_port, opts_.role,
-                                                     [this] { return Stats(); }));
+    KVB_ASSIGN_OR_RETURN(metrics_, ManagerMetrics::Start(opts_.metrics_port, opts_.role,
+                                                         [this] { return Stats(); }));
     KVB_LOG_INFO("metrics on port {}", metrics_->port());
   }
   ticker_ = std::thread([this] { TickerLoop(); });
@@ -440,7 +441,7 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello) {
   auto import = [&](const std::vector<std::string>& keys,
                     std::vector<RemoteRegionId>* ids) -> Status {
     for (const std::string& key : keys) {
-      ASSIGN_OR_RETURN(RemoteRegionId id, transport_->ImportRegion(peer->tpeer, key));
+      KVB_ASSIGN_OR_RETURN(RemoteRegionId id, transport_->ImportRegion(peer->tpeer, key));
       ids->push_back(id);
     }
     return Status();

@@ -28,10 +28,10 @@
 #include "common/process.h"
 #include "common/thread_annotations.h"
 #include "connector/manager_metrics.h"
+#include "connector/protocol.h"
 #include "connector/rooms.h"
 #include "control/bootstrap_client.h"
 #include "engine/engine.h"
-#include "engine/protocol.h"
 #include "kvbridge/bootstrap.h"
 #include "kvbridge/manager.h"
 #include "kvbridge/options.h"
@@ -168,6 +168,9 @@ class ManagerImpl {
   Peer* PeerFromLocked(const RankId& from) KVB_REQUIRES(mu_);  // nullptr when unknown or stale
   // Marks `peer` failed and fails every room touching it.
   // What /proc says of a rank's process: kUnknown unless it is on this host.
+  // The one same-host test of the connector: whether `id`'s process runs on
+  // this rank's host, so /proc speaks for it.
+  bool OnThisHost(const RankId& id) const;
   ProcessState LocalProcessState(const RankId& id) const;
   // The one reading of a transport error about `peer` (a failed endpoint or
   // write): exited when /proc on this host says so, else unreachable.

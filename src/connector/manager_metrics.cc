@@ -9,30 +9,31 @@ Result<std::unique_ptr<ManagerMetrics>> ManagerMetrics::Start(int port, Role rol
   MetricsRegistry& r = *m->registry_;
   const std::string role_name(RoleName(role));
   const char* kFinished = "Requests (rooms) finished";
-  ASSIGN_OR_RETURN(m->success_, r.GetCounter("kvbridge_transfers_total", kFinished,
-                                             {{"role", role_name}, {"result", "success"}}));
-  ASSIGN_OR_RETURN(m->failed_, r.GetCounter("kvbridge_transfers_total", kFinished,
-                                            {{"role", role_name}, {"result", "failed"}}));
-  ASSIGN_OR_RETURN(m->bytes_,
-                   r.GetCounter("kvbridge_transfer_bytes_total",
-                                "KV payload bytes written and completed", {{"role", role_name}}));
-  ASSIGN_OR_RETURN(m->ops_, r.GetCounter("kvbridge_transfer_write_ops_total",
-                                         "Coalesced writes posted", {{"role", role_name}}));
-  ASSIGN_OR_RETURN(m->latency_, r.GetHistogram("kvbridge_request_latency_seconds",
-                                               "Request latency from creation to a terminal state",
-                                               LatencyBuckets(), {{"role", role_name}}));
+  KVB_ASSIGN_OR_RETURN(m->success_, r.GetCounter("kvbridge_transfers_total", kFinished,
+                                                 {{"role", role_name}, {"result", "success"}}));
+  KVB_ASSIGN_OR_RETURN(m->failed_, r.GetCounter("kvbridge_transfers_total", kFinished,
+                                                {{"role", role_name}, {"result", "failed"}}));
+  KVB_ASSIGN_OR_RETURN(
+      m->bytes_, r.GetCounter("kvbridge_transfer_bytes_total",
+                              "KV payload bytes written and completed", {{"role", role_name}}));
+  KVB_ASSIGN_OR_RETURN(m->ops_, r.GetCounter("kvbridge_transfer_write_ops_total",
+                                             "Coalesced writes posted", {{"role", role_name}}));
+  KVB_ASSIGN_OR_RETURN(m->latency_,
+                       r.GetHistogram("kvbridge_request_latency_seconds",
+                                      "Request latency from creation to a terminal state",
+                                      LatencyBuckets(), {{"role", role_name}}));
   for (FailureCause c : AllFailureCauses()) {
-    ASSIGN_OR_RETURN(Counter * counter,
-                     r.GetCounter("kvbridge_failures_total", "Failed requests by cause",
-                                  {{"cause", std::string(FailureCauseName(c))}}));
+    KVB_ASSIGN_OR_RETURN(Counter * counter,
+                         r.GetCounter("kvbridge_failures_total", "Failed requests by cause",
+                                      {{"cause", std::string(FailureCauseName(c))}}));
     m->causes_.emplace_back(c, counter);
   }
   Gauge* peers = nullptr;
-  ASSIGN_OR_RETURN(
+  KVB_ASSIGN_OR_RETURN(
       peers, r.GetGauge("kvbridge_peers", "Peers this rank talks to", {{"state", "connected"}}));
   std::vector<std::pair<const char*, Gauge*>> rooms;
   for (const char* state : {"bootstrapping", "waiting", "transferring"}) {
-    ASSIGN_OR_RETURN(
+    KVB_ASSIGN_OR_RETURN(
         Gauge * g, r.GetGauge("kvbridge_rooms", "Live requests in each state", {{"state", state}}));
     rooms.emplace_back(state, g);
   }
@@ -43,7 +44,7 @@ Result<std::unique_ptr<ManagerMetrics>> ManagerMetrics::Start(int port, Role rol
     rooms[1].second->Set(static_cast<double>(s.rooms_waiting));
     rooms[2].second->Set(static_cast<double>(s.rooms_transferring));
   });
-  ASSIGN_OR_RETURN(m->server_, MetricsServer::Start(port < 0 ? 0 : port, m->registry_));
+  KVB_ASSIGN_OR_RETURN(m->server_, MetricsServer::Start(port < 0 ? 0 : port, m->registry_));
   return m;
 }
 

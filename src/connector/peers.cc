@@ -29,8 +29,10 @@ std::pair<FailureCause, std::string> ManagerImpl::TransportErrorCause(const Rank
   return {FailureCause::kPeerUnreachable, why.message()};
 }
 
+bool ManagerImpl::OnThisHost(const RankId& id) const { return id.host == self_.host; }
+
 ProcessState ManagerImpl::LocalProcessState(const RankId& id) const {
-  return id.host == self_.host ? GetProcessState(id.pid) : ProcessState::kUnknown;
+  return OnThisHost(id) ? GetProcessState(id.pid) : ProcessState::kUnknown;
 }
 
 void ManagerImpl::FailSilentPeerLocked(Peer& peer, ProcessState ps, const std::string& silence,
@@ -103,7 +105,7 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
 bool ManagerImpl::FailedPeerCannotWriteLocked(const Peer& peer) const {
   const FailureCause c = peer.failure ? peer.failure->cause : FailureCause::kPeerExited;
   return c == FailureCause::kPeerExited ||
-         (c == FailureCause::kPeerUnreachable && peer.id.host != self_.host);
+         (c == FailureCause::kPeerUnreachable && !OnThisHost(peer.id));
 }
 
 void ManagerImpl::TickerLoop() {

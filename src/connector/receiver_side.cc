@@ -82,7 +82,7 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
       known = prefill_info_;
     }
     if (!known) {
-      ASSIGN_OR_RETURN(ParallelInfo fetched, bootstrap_->GetParallelInfo());
+      KVB_ASSIGN_OR_RETURN(ParallelInfo fetched, bootstrap_->GetParallelInfo());
       if (!fetched.complete())
         return UnavailableError(fmt::format("{} of {} prefill ranks registered",
                                             fetched.ranks_registered, fetched.ranks_expected));
@@ -120,7 +120,7 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
     if (room->prefill_dp_rank >= info.attn_dp_size)
       return InvalidArgumentError(fmt::format("prefill dp rank {} out of range [0, {})",
                                               room->prefill_dp_rank, info.attn_dp_size));
-    ASSIGN_OR_RETURN(
+    KVB_ASSIGN_OR_RETURN(
         std::vector<HeadSlice> flows,
         ComputeFlows(info.attn_tp_size, layout_.tp_size, layout_.total_kv_heads, layout_.is_mla));
     std::vector<std::pair<int, bool>> ranks;  // prefill tp rank, dummy
@@ -132,8 +132,8 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
       if (FlowsFromPrefill(flows, p).empty() && p % layout_.tp_size == self_.tp)
         ranks.emplace_back(p, true);
     }
-    ASSIGN_OR_RETURN(std::vector<int> stages,
-                     PrefillStagesOfDecode(info.pp_size, opts_.parallel.pp_size, self_.pp));
+    KVB_ASSIGN_OR_RETURN(std::vector<int> stages,
+                         PrefillStagesOfDecode(info.pp_size, opts_.parallel.pp_size, self_.pp));
     std::vector<ReceiverSource> sources;
     for (int pp : stages) {
       for (auto [tp, dummy] : ranks) {
@@ -218,15 +218,15 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
   *registered = RankIdOf(*rec);
   if (failed_incarnation != 0 && rec->incarnation == failed_incarnation)
     return UnavailableError(key + " failed and has not restarted");
-  ASSIGN_OR_RETURN(RankLayout layout, LayoutFromJson(rec->layout));
-  RETURN_IF_ERROR(CheckCompatible(layout, layout_));
+  KVB_ASSIGN_OR_RETURN(RankLayout layout, LayoutFromJson(rec->layout));
+  KVB_RETURN_IF_ERROR(CheckCompatible(layout, layout_));
   auto peer = std::make_unique<Peer>();
   peer->key = key;
   peer->id = RankIdOf(*rec);
   peer->address = rec->transport_address;
   peer->layout = std::move(layout);
   peer->tp_size = rec->attn_tp_size;
-  ASSIGN_OR_RETURN(peer->tpeer, transport_->Connect(rec->transport_address));
+  KVB_ASSIGN_OR_RETURN(peer->tpeer, transport_->Connect(rec->transport_address));
   const PeerId tpeer = peer->tpeer;
   Peer* const mine = peer.get();
   PeerId stale = 0;

@@ -72,9 +72,9 @@ nlohmann::json FailureRecordToJson(const FailureRecord& f) {
 Result<FailureRecord> FailureRecordFromJson(const nlohmann::json& j) {
   if (!j.is_object()) return InvalidArgumentError("failure record is not an object");
   FailureRecord f;
-  ASSIGN_OR_RETURN(f.origin, RankIdFromJson(j.value("origin", nlohmann::json()), "origin"));
-  ASSIGN_OR_RETURN(f.detected_by,
-                   RankIdFromJson(j.value("detected_by", nlohmann::json()), "detected_by"));
+  KVB_ASSIGN_OR_RETURN(f.origin, RankIdFromJson(j.value("origin", nlohmann::json()), "origin"));
+  KVB_ASSIGN_OR_RETURN(f.detected_by,
+                       RankIdFromJson(j.value("detected_by", nlohmann::json()), "detected_by"));
   std::string cause = j.value("cause", std::string());
   if (!ParseFailureCause(cause, &f.cause))
     return InvalidArgumentError("failure record cause '" + cause + "' unknown");

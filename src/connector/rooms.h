@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "connector/protocol.h"
 #include "engine/plan.h"
-#include "engine/protocol.h"
 #include "kvbridge/errors.h"
 #include "kvbridge/kv_poll.h"
 

@@ -7,7 +7,7 @@ Result<std::unique_ptr<TestCluster>> TestCluster::Create(const ClusterOptions& o
   BootstrapServerOptions so;
   so.host = "127.0.0.1";
   so.port = 0;
-  ASSIGN_OR_RETURN(c->server, BootstrapServer::Start(so));
+  KVB_ASSIGN_OR_RETURN(c->server, BootstrapServer::Start(so));
   if (o.prefill_pp < 1 || o.decode_pp < 1 || o.prefill_tp < 1 || o.decode_tp < 1)
     return InvalidArgumentError("cluster sizes must be >= 1");
   c->prefill_tp_ = o.prefill_tp;
@@ -25,7 +25,7 @@ Result<std::unique_ptr<TestCluster>> TestCluster::Create(const ClusterOptions& o
     po.num_layers = layers.count;
     po.num_pages = o.num_pages;
     ClusterRank r;
-    ASSIGN_OR_RETURN(r.pool, KvPool::Create(po));
+    KVB_ASSIGN_OR_RETURN(r.pool, KvPool::Create(po));
     ManagerOptions mo;
     mo.role = role;
     mo.args = r.pool->Args();
@@ -40,16 +40,16 @@ Result<std::unique_ptr<TestCluster>> TestCluster::Create(const ClusterOptions& o
     std::string name = std::string(RoleName(role));
     if (pp_size > 1) name += " pp" + std::to_string(pp_rank);
     name += " tp" + std::to_string(tp_rank);
-    ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, CreateLoopbackTransport(c->fabric_, name));
+    KVB_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, CreateLoopbackTransport(c->fabric_, name));
     if (o.wrap) t = o.wrap(std::move(t), role, index);
-    ASSIGN_OR_RETURN(r.manager, CreateManager(mo, std::move(t)));
+    KVB_ASSIGN_OR_RETURN(r.manager, CreateManager(mo, std::move(t)));
     out->push_back(std::move(r));
     return Status();
   };
   for (int i = 0; i < o.prefill_pp * o.prefill_tp; ++i)
-    RETURN_IF_ERROR(make(Role::kPrefill, o.prefill_tp, o.prefill_pp, i, &c->prefill));
+    KVB_RETURN_IF_ERROR(make(Role::kPrefill, o.prefill_tp, o.prefill_pp, i, &c->prefill));
   for (int i = 0; i < o.decode_pp * o.decode_tp; ++i)
-    RETURN_IF_ERROR(make(Role::kDecode, o.decode_tp, o.decode_pp, i, &c->decode));
+    KVB_RETURN_IF_ERROR(make(Role::kDecode, o.decode_tp, o.decode_pp, i, &c->decode));
   return c;
 }
 

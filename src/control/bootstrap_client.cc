@@ -72,7 +72,7 @@ Result<std::unique_ptr<BootstrapClient>> BootstrapClient::Create(
     std::string_view address, std::chrono::milliseconds timeout) {
   std::string host;
   int port = 0;
-  RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
+  KVB_RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
   if (timeout.count() <= 0) {
     return InvalidArgumentError("bootstrap client timeout must be > 0 ms, got " +
                                 std::to_string(timeout.count()));
@@ -120,7 +120,7 @@ Status BootstrapClient::Malformed(const std::string& what, const Status& parse_e
 
 Result<json> BootstrapClient::CallJson(const char* method, const std::string& path,
                                        const std::string& body) const {
-  ASSIGN_OR_RETURN(std::string text, Call(method, path, body));
+  KVB_ASSIGN_OR_RETURN(std::string text, Call(method, path, body));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     return Malformed(std::string(method) + " " + path,
@@ -130,7 +130,7 @@ Result<json> BootstrapClient::CallJson(const char* method, const std::string& pa
 }
 
 Status BootstrapClient::RegisterRank(const RankRecord& record) const {
-  RETURN_IF_ERROR(record.Validate());
+  KVB_RETURN_IF_ERROR(record.Validate());
   return CallJson("PUT", "/route", DumpJson(record.ToJson())).status();
 }
 
@@ -142,7 +142,7 @@ Result<RankRecord> BootstrapClient::GetRank(int dp, int cp, int tp, int pp) cons
   const std::string path =
       "/route?prefill_dp_rank=" + std::to_string(dp) + "&prefill_cp_rank=" + std::to_string(cp) +
       "&target_tp_rank=" + std::to_string(tp) + "&target_pp_rank=" + std::to_string(pp);
-  ASSIGN_OR_RETURN(json j, CallJson("GET", path, ""));
+  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", path, ""));
   Result<RankRecord> r = RankRecord::FromJson(j);
   if (!r.ok()) return Malformed("GET " + path, r.status());
   return r;
@@ -151,7 +151,7 @@ Result<RankRecord> BootstrapClient::GetRank(int dp, int cp, int tp, int pp) cons
 Result<ParallelInfo> BootstrapClient::GetParallelInfo() const {
   const std::string path =
       "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1";
-  ASSIGN_OR_RETURN(json j, CallJson("GET", path, ""));
+  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", path, ""));
   Result<ParallelInfo> info = ParallelInfo::FromJson(j);
   if (!info.ok()) return Malformed("GET " + path, info.status());
   return info;
@@ -167,7 +167,7 @@ Status BootstrapClient::Heartbeat(RankRole role, int dp, int cp, int tp, int pp,
 }
 
 Result<std::vector<RankStatus>> BootstrapClient::ListRanks() const {
-  ASSIGN_OR_RETURN(json j, CallJson("GET", "/ranks", ""));
+  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", "/ranks", ""));
   JsonFields f(j, "rank table");
   const json* ranks = nullptr;
   Status s = f.Array("ranks", &ranks);
@@ -186,7 +186,7 @@ Result<uint64_t> BootstrapClient::PublishFailure(const json& record) const {
     return InvalidArgumentError(std::string("failure record: expected a JSON object, got ") +
                                 record.type_name());
   }
-  ASSIGN_OR_RETURN(json j, CallJson("POST", "/failure", DumpJson(record)));
+  KVB_ASSIGN_OR_RETURN(json j, CallJson("POST", "/failure", DumpJson(record)));
   uint64_t seq = 0;
   Status s = JsonFields(j, "publish answer").Uint64("seq", &seq);
   if (!s.ok()) return Malformed("POST /failure", s);
@@ -195,7 +195,7 @@ Result<uint64_t> BootstrapClient::PublishFailure(const json& record) const {
 
 Result<FailureBatch> BootstrapClient::FailuresSince(uint64_t since) const {
   const std::string path = "/failures?since=" + std::to_string(since);
-  ASSIGN_OR_RETURN(json j, CallJson("GET", path, ""));
+  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", path, ""));
   Result<FailureBatch> batch = FailureBatch::FromJson(j);
   if (!batch.ok()) return Malformed("GET " + path, batch.status());
   return batch;

@@ -79,13 +79,13 @@ Status GetRoute(internal::Registry& registry, const httplib::Request& req, json*
   int v[4];
   int minus_ones = 0;
   for (int i = 0; i < 4; ++i) {
-    ASSIGN_OR_RETURN(int64_t value,
-                     QueryInt(req, names[i], -1, internal::kMaxRanksPerInstance, nullptr));
+    KVB_ASSIGN_OR_RETURN(int64_t value,
+                         QueryInt(req, names[i], -1, internal::kMaxRanksPerInstance, nullptr));
     v[i] = static_cast<int>(value);
     if (v[i] == -1) ++minus_ones;
   }
   if (minus_ones == 4) {
-    ASSIGN_OR_RETURN(internal::ParallelInfo info, registry.GetParallelInfo());
+    KVB_ASSIGN_OR_RETURN(internal::ParallelInfo info, registry.GetParallelInfo());
     *out = info.ToJson();
     return Status::Ok();
   }
@@ -93,7 +93,7 @@ Status GetRoute(internal::Registry& registry, const httplib::Request& req, json*
     return InvalidArgumentError(
         "query parameters must be all -1 (parallel info) or all >= 0 (one rank)");
   }
-  ASSIGN_OR_RETURN(internal::RankRecord record, registry.GetRank(v[0], v[1], v[2], v[3]));
+  KVB_ASSIGN_OR_RETURN(internal::RankRecord record, registry.GetRank(v[0], v[1], v[2], v[3]));
   *out = record.ToJson();
   return Status::Ok();
 }
@@ -101,17 +101,17 @@ Status GetRoute(internal::Registry& registry, const httplib::Request& req, json*
 Status PutHeartbeat(internal::Registry& registry, const json& body) {
   JsonFields f(body, "heartbeat");
   std::string role_name;
-  RETURN_IF_ERROR(f.String("role", &role_name));
+  KVB_RETURN_IF_ERROR(f.String("role", &role_name));
   Result<internal::RankRole> role = internal::ParseRankRole(role_name);
   if (!role.ok()) return role.status().WithContext("heartbeat: field 'role'");
   int dp = 0, cp = 0, tp = 0, pp = 0;
   const int max = static_cast<int>(internal::kMaxRanksPerInstance);
-  RETURN_IF_ERROR(f.Int("dp", 0, max, &dp));
-  RETURN_IF_ERROR(f.Int("cp", 0, max, &cp));
-  RETURN_IF_ERROR(f.Int("tp", 0, max, &tp));
-  RETURN_IF_ERROR(f.Int("pp", 0, max, &pp));
+  KVB_RETURN_IF_ERROR(f.Int("dp", 0, max, &dp));
+  KVB_RETURN_IF_ERROR(f.Int("cp", 0, max, &cp));
+  KVB_RETURN_IF_ERROR(f.Int("tp", 0, max, &tp));
+  KVB_RETURN_IF_ERROR(f.Int("pp", 0, max, &pp));
   uint64_t incarnation = 0;
-  RETURN_IF_ERROR(f.Uint64("incarnation", &incarnation));
+  KVB_RETURN_IF_ERROR(f.Uint64("incarnation", &incarnation));
   return registry.Heartbeat(*role, dp, cp, tp, pp, incarnation);
 }
 
@@ -200,8 +200,8 @@ void BootstrapServer::Impl::AddRoutes() {
   };
   http.Put("/route", [&reg, reply](Req req, Res res) {
     Status s = [&]() -> Status {
-      ASSIGN_OR_RETURN(json body, ParseBody(req));
-      ASSIGN_OR_RETURN(internal::RankRecord record, internal::RankRecord::FromJson(body));
+      KVB_ASSIGN_OR_RETURN(json body, ParseBody(req));
+      KVB_ASSIGN_OR_RETURN(internal::RankRecord record, internal::RankRecord::FromJson(body));
       return reg.Register(record);
     }();
     reply(req, res, s, json{{"ok", true}});
@@ -214,7 +214,7 @@ void BootstrapServer::Impl::AddRoutes() {
   http.Get("/health", [](Req, Res res) { res.set_content("OK", "text/plain"); });
   http.Put("/heartbeat", [&reg, reply](Req req, Res res) {
     Status s = [&]() -> Status {
-      ASSIGN_OR_RETURN(json body, ParseBody(req));
+      KVB_ASSIGN_OR_RETURN(json body, ParseBody(req));
       return PutHeartbeat(reg, body);
     }();
     reply(req, res, s, json{{"ok", true}});
@@ -273,7 +273,8 @@ Result<std::unique_ptr<BootstrapServer>> BootstrapServer::Start(
   ro.forget_decode_after = options.forget_decode_after;
   ro.max_failure_records = options.max_failure_records;
   ro.clock = options.clock;
-  RETURN_IF_ERROR(internal::ValidateRegistryOptions(ro).WithContext("bootstrap server options"));
+  KVB_RETURN_IF_ERROR(
+      internal::ValidateRegistryOptions(ro).WithContext("bootstrap server options"));
   if (options.host.empty()) return InvalidArgumentError("bootstrap server options: empty host");
   if (options.port < 0 || options.port > 65535) {
     return InvalidArgumentError("bootstrap server options: port " + std::to_string(options.port) +
@@ -296,8 +297,8 @@ Result<std::unique_ptr<BootstrapServer>> BootstrapServer::Start(
   // Not SO_REUSEPORT (see HttpServerThread): a second server on the port
   // would split the ranks between two registries. Ranks of a large instance
   // register at the same moment, hence the wide backlog.
-  RETURN_IF_ERROR(impl->serving.Start(impl->http, options.host, options.port, "bootstrap server",
-                                      kListenBacklog));
+  KVB_RETURN_IF_ERROR(impl->serving.Start(impl->http, options.host, options.port,
+                                          "bootstrap server", kListenBacklog));
   KVB_LOG_INFO("bootstrap server listening on {}", impl->serving.address());
   return std::unique_ptr<BootstrapServer>(new BootstrapServer(std::move(impl)));
 }

@@ -18,7 +18,7 @@ Status JsonFields::RequireObject() const {
 }
 
 Result<const nlohmann::json*> JsonFields::Get(const char* name) const {
-  RETURN_IF_ERROR(RequireObject());
+  KVB_RETURN_IF_ERROR(RequireObject());
   auto it = j_.find(name);
   if (it == j_.end()) return Error(std::string("missing field '") + name + "'");
   return &*it;
@@ -31,7 +31,7 @@ Status JsonFields::WrongType(const char* name, std::string_view want,
 }
 
 Status JsonFields::Int(const char* name, int64_t min, int64_t max, int64_t* out) const {
-  ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
+  KVB_ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
   if (!v->is_number_integer()) return WrongType(name, "an integer", *v);
   bool in_range;
   int64_t value = 0;
@@ -53,13 +53,13 @@ Status JsonFields::Int(const char* name, int64_t min, int64_t max, int64_t* out)
 
 Status JsonFields::Int(const char* name, int min, int max, int* out) const {
   int64_t v = 0;
-  RETURN_IF_ERROR(Int(name, int64_t{min}, int64_t{max}, &v));
+  KVB_RETURN_IF_ERROR(Int(name, int64_t{min}, int64_t{max}, &v));
   *out = static_cast<int>(v);
   return Status::Ok();
 }
 
 Status JsonFields::Uint64(const char* name, uint64_t* out) const {
-  ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
+  KVB_ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
   if (!v->is_number_integer()) return WrongType(name, "a non-negative integer", *v);
   if (!v->is_number_unsigned() && v->get<int64_t>() < 0) {
     return Error(std::string("field '") + name + "' = " + DumpJson(*v) + " must be >= 0");
@@ -69,28 +69,28 @@ Status JsonFields::Uint64(const char* name, uint64_t* out) const {
 }
 
 Status JsonFields::String(const char* name, std::string* out) const {
-  ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
+  KVB_ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
   if (!v->is_string()) return WrongType(name, "a string", *v);
   *out = v->get<std::string>();
   return Status::Ok();
 }
 
 Status JsonFields::Bool(const char* name, bool* out) const {
-  ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
+  KVB_ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
   if (!v->is_boolean()) return WrongType(name, "a boolean", *v);
   *out = v->get<bool>();
   return Status::Ok();
 }
 
 Status JsonFields::Object(const char* name, nlohmann::json* out) const {
-  ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
+  KVB_ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
   if (!v->is_object()) return WrongType(name, "an object", *v);
   *out = *v;
   return Status::Ok();
 }
 
 Status JsonFields::Array(const char* name, const nlohmann::json** out) const {
-  ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
+  KVB_ASSIGN_OR_RETURN(const nlohmann::json* v, Get(name));
   if (!v->is_array()) return WrongType(name, "an array", *v);
   *out = v;
   return Status::Ok();

@@ -312,7 +312,7 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     res.set_content(reg->Render(), kMetricsContentType);
   });
 
-  RETURN_IF_ERROR(impl->serving.Start(impl->http, host, port, "metrics server"));
+  KVB_RETURN_IF_ERROR(impl->serving.Start(impl->http, host, port, "metrics server"));
   KVB_LOG_INFO("metrics at http://{}/metrics", impl->serving.address());
   return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(impl)));
 }

@@ -10,10 +10,10 @@
 //
 // Usage:
 //   auto registry = std::make_shared<MetricsRegistry>();
-//   ASSIGN_OR_RETURN(Counter* bytes, registry->GetCounter(
+//   KVB_ASSIGN_OR_RETURN(Counter* bytes, registry->GetCounter(
 //       "kvbridge_transfer_bytes_total", "Payload bytes written"));
 //   bytes->Increment(n);  // hot path: one atomic add, no lock
-//   ASSIGN_OR_RETURN(auto server, MetricsServer::Start(9100, registry));
+//   KVB_ASSIGN_OR_RETURN(auto server, MetricsServer::Start(9100, registry));
 //
 // Thread safety: every method of every class here may be called
 // concurrently. Counter, Gauge and Histogram updates are lock-free; creating

@@ -74,11 +74,11 @@ std::string RankRecord::Describe() const {
 }
 
 Status RankRecord::Validate() const {
-  RETURN_IF_ERROR(ValidateInstanceId("instance", instance));
-  RETURN_IF_ERROR(SizeAndRank("attn_tp_size", attn_tp_size, "attn_tp_rank", attn_tp_rank));
-  RETURN_IF_ERROR(SizeAndRank("attn_cp_size", attn_cp_size, "attn_cp_rank", attn_cp_rank));
-  RETURN_IF_ERROR(SizeAndRank("attn_dp_size", attn_dp_size, "attn_dp_rank", attn_dp_rank));
-  RETURN_IF_ERROR(SizeAndRank("pp_size", pp_size, "pp_rank", pp_rank));
+  KVB_RETURN_IF_ERROR(ValidateInstanceId("instance", instance));
+  KVB_RETURN_IF_ERROR(SizeAndRank("attn_tp_size", attn_tp_size, "attn_tp_rank", attn_tp_rank));
+  KVB_RETURN_IF_ERROR(SizeAndRank("attn_cp_size", attn_cp_size, "attn_cp_rank", attn_cp_rank));
+  KVB_RETURN_IF_ERROR(SizeAndRank("attn_dp_size", attn_dp_size, "attn_dp_rank", attn_dp_rank));
+  KVB_RETURN_IF_ERROR(SizeAndRank("pp_size", pp_size, "pp_rank", pp_rank));
   int64_t ranks = int64_t{attn_tp_size} * attn_cp_size;
   ranks = std::min<int64_t>(ranks, kMaxRanksPerInstance + 1) * attn_dp_size;
   ranks = std::min<int64_t>(ranks, kMaxRanksPerInstance + 1) * pp_size;
@@ -88,7 +88,7 @@ Status RankRecord::Validate() const {
         " exceeds " +
         std::to_string(kMaxRanksPerInstance) + " ranks");
   }
-  RETURN_IF_ERROR(NonEmpty("rank_ip", rank_ip));
+  KVB_RETURN_IF_ERROR(NonEmpty("rank_ip", rank_ip));
   if (rank_port < 0 || rank_port > 65535) {
     return InvalidArgumentError("rank record: rank_port = " + std::to_string(rank_port) +
                                 " out of range [0, 65535]");
@@ -97,8 +97,8 @@ Status RankRecord::Validate() const {
     return InvalidArgumentError("rank record: page_size = " + std::to_string(page_size) +
                                 " must be >= 1");
   }
-  RETURN_IF_ERROR(NonEmpty("kv_cache_dtype", kv_cache_dtype));
-  RETURN_IF_ERROR(NonEmpty("host", host));
+  KVB_RETURN_IF_ERROR(NonEmpty("kv_cache_dtype", kv_cache_dtype));
+  KVB_RETURN_IF_ERROR(NonEmpty("host", host));
   if (pid <= 0) {
     return InvalidArgumentError("rank record: pid = " + std::to_string(pid) + " must be > 0");
   }
@@ -136,37 +136,37 @@ Result<RankRecord> RankRecord::FromJson(const json& j) {
   JsonFields f(j, "rank record");
   RankRecord r;
   std::string role;
-  RETURN_IF_ERROR(f.String("role", &role));
+  KVB_RETURN_IF_ERROR(f.String("role", &role));
   Result<RankRole> parsed_role = ParseRankRole(role);
   if (!parsed_role.ok()) return parsed_role.status().WithContext("rank record: field 'role'");
   r.role = *parsed_role;
-  RETURN_IF_ERROR(f.Int("attn_tp_size", 1, kMaxInt, &r.attn_tp_size));
-  RETURN_IF_ERROR(f.Int("attn_tp_rank", 0, kMaxInt, &r.attn_tp_rank));
-  RETURN_IF_ERROR(f.Int("attn_cp_size", 1, kMaxInt, &r.attn_cp_size));
-  RETURN_IF_ERROR(f.Int("attn_cp_rank", 0, kMaxInt, &r.attn_cp_rank));
-  RETURN_IF_ERROR(f.Int("attn_dp_size", 1, kMaxInt, &r.attn_dp_size));
-  RETURN_IF_ERROR(f.Int("attn_dp_rank", 0, kMaxInt, &r.attn_dp_rank));
-  RETURN_IF_ERROR(f.Int("pp_size", 1, kMaxInt, &r.pp_size));
-  RETURN_IF_ERROR(f.Int("pp_rank", 0, kMaxInt, &r.pp_rank));
-  RETURN_IF_ERROR(f.String("rank_ip", &r.rank_ip));
-  RETURN_IF_ERROR(f.Int("rank_port", 0, 65535, &r.rank_port));
-  RETURN_IF_ERROR(f.Int("page_size", 1, kMaxInt, &r.page_size));
-  RETURN_IF_ERROR(f.String("kv_cache_dtype", &r.kv_cache_dtype));
-  RETURN_IF_ERROR(f.String("host", &r.host));
-  RETURN_IF_ERROR(f.Int("pid", int64_t{1}, std::numeric_limits<int64_t>::max(), &r.pid));
-  RETURN_IF_ERROR(f.Uint64("incarnation", &r.incarnation));
-  if (f.Has("instance")) RETURN_IF_ERROR(f.String("instance", &r.instance));
+  KVB_RETURN_IF_ERROR(f.Int("attn_tp_size", 1, kMaxInt, &r.attn_tp_size));
+  KVB_RETURN_IF_ERROR(f.Int("attn_tp_rank", 0, kMaxInt, &r.attn_tp_rank));
+  KVB_RETURN_IF_ERROR(f.Int("attn_cp_size", 1, kMaxInt, &r.attn_cp_size));
+  KVB_RETURN_IF_ERROR(f.Int("attn_cp_rank", 0, kMaxInt, &r.attn_cp_rank));
+  KVB_RETURN_IF_ERROR(f.Int("attn_dp_size", 1, kMaxInt, &r.attn_dp_size));
+  KVB_RETURN_IF_ERROR(f.Int("attn_dp_rank", 0, kMaxInt, &r.attn_dp_rank));
+  KVB_RETURN_IF_ERROR(f.Int("pp_size", 1, kMaxInt, &r.pp_size));
+  KVB_RETURN_IF_ERROR(f.Int("pp_rank", 0, kMaxInt, &r.pp_rank));
+  KVB_RETURN_IF_ERROR(f.String("rank_ip", &r.rank_ip));
+  KVB_RETURN_IF_ERROR(f.Int("rank_port", 0, 65535, &r.rank_port));
+  KVB_RETURN_IF_ERROR(f.Int("page_size", 1, kMaxInt, &r.page_size));
+  KVB_RETURN_IF_ERROR(f.String("kv_cache_dtype", &r.kv_cache_dtype));
+  KVB_RETURN_IF_ERROR(f.String("host", &r.host));
+  KVB_RETURN_IF_ERROR(f.Int("pid", int64_t{1}, std::numeric_limits<int64_t>::max(), &r.pid));
+  KVB_RETURN_IF_ERROR(f.Uint64("incarnation", &r.incarnation));
+  if (f.Has("instance")) KVB_RETURN_IF_ERROR(f.String("instance", &r.instance));
   if (f.Has("transport_address")) {
     std::string encoded;
-    RETURN_IF_ERROR(f.String("transport_address", &encoded));
+    KVB_RETURN_IF_ERROR(f.String("transport_address", &encoded));
     Result<std::string> decoded = Base64Decode(encoded);
     if (!decoded.ok()) {
       return decoded.status().WithContext("rank record: field 'transport_address'");
     }
     r.transport_address = std::move(decoded).value();
   }
-  if (f.Has("layout")) RETURN_IF_ERROR(f.Object("layout", &r.layout));
-  RETURN_IF_ERROR(r.Validate());
+  if (f.Has("layout")) KVB_RETURN_IF_ERROR(f.Object("layout", &r.layout));
+  KVB_RETURN_IF_ERROR(r.Validate());
   return r;
 }
 
@@ -184,14 +184,14 @@ json ParallelInfo::ToJson() const {
 Result<ParallelInfo> ParallelInfo::FromJson(const json& j) {
   JsonFields f(j, "parallel info");
   ParallelInfo p;
-  RETURN_IF_ERROR(f.Int("attn_tp_size", 1, kMaxInt, &p.attn_tp_size));
-  RETURN_IF_ERROR(f.Int("attn_cp_size", 1, kMaxInt, &p.attn_cp_size));
-  RETURN_IF_ERROR(f.Int("attn_dp_size", 1, kMaxInt, &p.attn_dp_size));
-  RETURN_IF_ERROR(f.Int("pp_size", 1, kMaxInt, &p.pp_size));
-  RETURN_IF_ERROR(f.Int("page_size", 1, kMaxInt, &p.page_size));
-  RETURN_IF_ERROR(f.String("kv_cache_dtype", &p.kv_cache_dtype));
-  RETURN_IF_ERROR(f.Int("ranks_registered", 0, kMaxInt, &p.ranks_registered));
-  RETURN_IF_ERROR(f.Int("ranks_expected", 1, kMaxInt, &p.ranks_expected));
+  KVB_RETURN_IF_ERROR(f.Int("attn_tp_size", 1, kMaxInt, &p.attn_tp_size));
+  KVB_RETURN_IF_ERROR(f.Int("attn_cp_size", 1, kMaxInt, &p.attn_cp_size));
+  KVB_RETURN_IF_ERROR(f.Int("attn_dp_size", 1, kMaxInt, &p.attn_dp_size));
+  KVB_RETURN_IF_ERROR(f.Int("pp_size", 1, kMaxInt, &p.pp_size));
+  KVB_RETURN_IF_ERROR(f.Int("page_size", 1, kMaxInt, &p.page_size));
+  KVB_RETURN_IF_ERROR(f.String("kv_cache_dtype", &p.kv_cache_dtype));
+  KVB_RETURN_IF_ERROR(f.Int("ranks_registered", 0, kMaxInt, &p.ranks_registered));
+  KVB_RETURN_IF_ERROR(f.Int("ranks_expected", 1, kMaxInt, &p.ranks_expected));
   return p;
 }
 
@@ -226,18 +226,18 @@ Result<RankStatus> RankStatus::FromJson(const json& j) {
   JsonFields f(j, "rank status");
   RankStatus s;
   json record;
-  RETURN_IF_ERROR(f.Object("record", &record));
-  ASSIGN_OR_RETURN(s.record, RankRecord::FromJson(record));
+  KVB_RETURN_IF_ERROR(f.Object("record", &record));
+  KVB_ASSIGN_OR_RETURN(s.record, RankRecord::FromJson(record));
   int64_t age_ms = 0;
-  RETURN_IF_ERROR(f.Int("age_ms", int64_t{0}, std::numeric_limits<int64_t>::max(), &age_ms));
+  KVB_RETURN_IF_ERROR(f.Int("age_ms", int64_t{0}, std::numeric_limits<int64_t>::max(), &age_ms));
   s.age = std::chrono::milliseconds(age_ms);
   std::string state;
-  RETURN_IF_ERROR(f.String("state", &state));
+  KVB_RETURN_IF_ERROR(f.String("state", &state));
   Result<Liveness> parsed = ParseLiveness(state);
   if (!parsed.ok()) return parsed.status().WithContext("rank status: field 'state'");
   s.state = *parsed;
-  RETURN_IF_ERROR(f.Uint64("restarts", &s.restarts));
-  RETURN_IF_ERROR(f.Uint64("dead_by_seq", &s.dead_by_seq));
+  KVB_RETURN_IF_ERROR(f.Uint64("restarts", &s.restarts));
+  KVB_RETURN_IF_ERROR(f.Uint64("dead_by_seq", &s.dead_by_seq));
   return s;
 }
 
@@ -249,13 +249,13 @@ Result<FailureBatch> FailureBatch::FromJson(const json& j) {
   JsonFields f(j, "failure batch");
   FailureBatch b;
   const json* records = nullptr;
-  RETURN_IF_ERROR(f.Array("records", &records));
+  KVB_RETURN_IF_ERROR(f.Array("records", &records));
   for (const json& r : *records) {
     if (!r.is_object()) return f.Error("every entry of 'records' must be an object");
     b.records.push_back(r);
   }
-  RETURN_IF_ERROR(f.Uint64("latest_seq", &b.latest_seq));
-  RETURN_IF_ERROR(f.Bool("truncated", &b.truncated));
+  KVB_RETURN_IF_ERROR(f.Uint64("latest_seq", &b.latest_seq));
+  KVB_RETURN_IF_ERROR(f.Bool("truncated", &b.truncated));
   return b;
 }
 

@@ -61,25 +61,25 @@ Result<std::optional<Origin>> ParseOrigin(const json& record) {
   auto it = record.find("origin");
   if (it == record.end()) return std::optional<Origin>();
   JsonFields f(*it, "failure record origin");
-  RETURN_IF_ERROR(f.RequireObject());
+  KVB_RETURN_IF_ERROR(f.RequireObject());
   Origin o;
   int* const fields[] = {&o.key.dp, &o.key.cp, &o.key.tp, &o.key.pp};
   const char* const names[] = {"dp", "cp", "tp", "pp"};
   bool complete = true;
   for (int i = 0; i < 4; ++i) {
     if (f.Has(names[i])) {
-      RETURN_IF_ERROR(f.Int(names[i], 0, static_cast<int>(kMaxRanksPerInstance), fields[i]));
+      KVB_RETURN_IF_ERROR(f.Int(names[i], 0, static_cast<int>(kMaxRanksPerInstance), fields[i]));
     } else if (i != 1) {  // cp may be omitted (0)
       complete = false;
     }
   }
   if (f.Has("incarnation")) {
     uint64_t inc = 0;
-    RETURN_IF_ERROR(f.Uint64("incarnation", &inc));
+    KVB_RETURN_IF_ERROR(f.Uint64("incarnation", &inc));
     o.incarnation = inc;
   }
   std::string role;
-  if (f.Has("role")) RETURN_IF_ERROR(f.String("role", &role));
+  if (f.Has("role")) KVB_RETURN_IF_ERROR(f.String("role", &role));
   // An origin outside the rank table (e.g. the registry itself) is stored
   // but marks no rank.
   Result<RankRole> parsed = ParseRankRole(role);
@@ -95,17 +95,17 @@ class MemoryRegistry final : public Registry {
   }
 
   Status Register(const RankRecord& record) override {
-    RETURN_IF_ERROR(record.Validate());
+    KVB_RETURN_IF_ERROR(record.Validate());
     std::lock_guard<std::mutex> lock(mu_);
     const Clock::time_point now = options_.clock();
     ForgetSilentDecodeRanks(now);
     if (record.role == RankRole::kDecode) return RegisterDecode(record, now);
-    RETURN_IF_ERROR(CheckPrefillLayout(record, now));
+    KVB_RETURN_IF_ERROR(CheckPrefillLayout(record, now));
     auto [it, inserted] = prefill_.try_emplace(record.key());
     Entry& e = it->second;
     if (!inserted) {
       if (e.record.incarnation == record.incarnation) {
-        RETURN_IF_ERROR(CheckNotFenced(e));
+        KVB_RETURN_IF_ERROR(CheckNotFenced(e));
       } else {
         ++e.restarts;
         e.dead_by_seq = 0;
@@ -184,7 +184,7 @@ class MemoryRegistry final : public Registry {
                                      ", but the position is now held by incarnation " +
                                      std::to_string(e->record.incarnation));
     }
-    RETURN_IF_ERROR(CheckNotFenced(*e));
+    KVB_RETURN_IF_ERROR(CheckNotFenced(*e));
     e->last_seen = now;
     return Status::Ok();
   }
@@ -203,13 +203,13 @@ class MemoryRegistry final : public Registry {
 
   Result<uint64_t> Publish(json record) override {
     JsonFields f(record, "failure record");
-    RETURN_IF_ERROR(f.RequireObject());
-    ASSIGN_OR_RETURN(std::optional<Origin> origin, ParseOrigin(record));
+    KVB_RETURN_IF_ERROR(f.RequireObject());
+    KVB_ASSIGN_OR_RETURN(std::optional<Origin> origin, ParseOrigin(record));
     // A request's failure on a healthy rank (bad input, abort, deadline,
     // layout) travels to the request's other ranks; it marks no rank dead.
     std::string cause_name;
     FailureCause cause;
-    if (f.Has("cause")) RETURN_IF_ERROR(f.String("cause", &cause_name));
+    if (f.Has("cause")) KVB_RETURN_IF_ERROR(f.String("cause", &cause_name));
     if (ParseFailureCause(cause_name, &cause) && !IsRankFailure(cause)) origin.reset();
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t seq = ++latest_seq_;
@@ -291,7 +291,7 @@ class MemoryRegistry final : public Registry {
   // Requires mu_.
   Status RegisterDecode(const RankRecord& record, Clock::time_point now) {
     auto [it, inserted] = decode_.try_emplace({record.key(), record.incarnation});
-    if (!inserted) RETURN_IF_ERROR(CheckNotFenced(it->second));
+    if (!inserted) KVB_RETURN_IF_ERROR(CheckNotFenced(it->second));
     if (inserted) KVB_LOG_INFO("registry: {} registered", record.Describe());
     it->second.record = record;
     it->second.last_seen = now;

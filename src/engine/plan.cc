@@ -80,7 +80,7 @@ Status CheckLayout(const RankLayout& l) {
         "kv buffer count {} for {} layers [{}, {}) ({}), expected {}", l.kv.size(), NumLayers(l),
         l.start_layer, l.end_layer, l.is_mla ? "MLA" : "MHA K and V", expected_buffers));
   }
-  RETURN_IF_ERROR(CheckBuffers(l.kv, "kv"));
+  KVB_RETURN_IF_ERROR(CheckBuffers(l.kv, "kv"));
   const uint64_t per_page = static_cast<uint64_t>(l.page_size) * static_cast<uint64_t>(l.kv_heads);
   for (size_t i = 0; i < l.kv.size(); ++i) {
     if (l.kv[i].item_len % per_page != 0) {
@@ -89,14 +89,14 @@ Status CheckLayout(const RankLayout& l) {
                       l.kv[i].item_len, l.page_size, l.kv_heads));
     }
   }
-  RETURN_IF_ERROR(CheckBuffers(l.aux, "aux"));
-  RETURN_IF_ERROR(CheckBuffers(l.state, "state"));
+  KVB_RETURN_IF_ERROR(CheckBuffers(l.aux, "aux"));
+  KVB_RETURN_IF_ERROR(CheckBuffers(l.state, "state"));
   return Status::Ok();
 }
 
 Status CheckCompatible(const RankLayout& prefill, const RankLayout& decode) {
-  RETURN_IF_ERROR(CheckLayout(prefill).WithContext("prefill layout"));
-  RETURN_IF_ERROR(CheckLayout(decode).WithContext("decode layout"));
+  KVB_RETURN_IF_ERROR(CheckLayout(prefill).WithContext("prefill layout"));
+  KVB_RETURN_IF_ERROR(CheckLayout(decode).WithContext("decode layout"));
   auto mismatch = [](const char* what, const auto& p, const auto& d) {
     return FailedPreconditionError(fmt::format("{} mismatch: prefill {}, decode {}", what, p, d));
   };
@@ -134,8 +134,8 @@ Status CheckCompatible(const RankLayout& prefill, const RankLayout& decode) {
       }
     }
   }
-  RETURN_IF_ERROR(CheckSameItems(prefill.aux, decode.aux, "aux"));
-  RETURN_IF_ERROR(CheckSameItems(prefill.state, decode.state, "state"));
+  KVB_RETURN_IF_ERROR(CheckSameItems(prefill.aux, decode.aux, "aux"));
+  KVB_RETURN_IF_ERROR(CheckSameItems(prefill.state, decode.state, "state"));
   return Status::Ok();
 }
 

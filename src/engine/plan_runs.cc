@@ -90,11 +90,12 @@ Status CheckSameLength(size_t src, size_t dst, const char* what) {
 Result<std::vector<CopyRun>> PlanKvPages(const RankLayout& prefill, const RankLayout& decode,
                                          const HeadSlice& slice, std::span<const int32_t> src_pages,
                                          std::span<const int32_t> dst_pages) {
-  RETURN_IF_ERROR(CheckCompatible(prefill, decode));
-  RETURN_IF_ERROR(CheckSameLength(src_pages.size(), dst_pages.size(), "page"));
-  RETURN_IF_ERROR(CheckSlice(prefill, decode, slice));
-  RETURN_IF_ERROR(CheckPageIndices(prefill, src_pages, /*unique=*/false).WithContext("source"));
-  RETURN_IF_ERROR(CheckPageIndices(decode, dst_pages, /*unique=*/false).WithContext("destination"));
+  KVB_RETURN_IF_ERROR(CheckCompatible(prefill, decode));
+  KVB_RETURN_IF_ERROR(CheckSameLength(src_pages.size(), dst_pages.size(), "page"));
+  KVB_RETURN_IF_ERROR(CheckSlice(prefill, decode, slice));
+  KVB_RETURN_IF_ERROR(CheckPageIndices(prefill, src_pages, /*unique=*/false).WithContext("source"));
+  KVB_RETURN_IF_ERROR(
+      CheckPageIndices(decode, dst_pages, /*unique=*/false).WithContext("destination"));
 
   const int np = prefill.end_layer - prefill.start_layer;
   const int nd = decode.end_layer - decode.start_layer;
@@ -135,12 +136,12 @@ Result<std::vector<CopyRun>> PlanKvPages(const RankLayout& prefill, const RankLa
 
 Result<std::vector<CopyRun>> PlanAux(const RankLayout& prefill, const RankLayout& decode,
                                      int64_t src_index, int64_t dst_index) {
-  RETURN_IF_ERROR(CheckCompatible(prefill, decode));
+  KVB_RETURN_IF_ERROR(CheckCompatible(prefill, decode));
   std::vector<CopyRun> runs;
   // A model without aux buffers has nothing to send; the index is moot.
   if (prefill.aux.empty()) return runs;
-  RETURN_IF_ERROR(CheckIndex(src_index, ItemCapacity(prefill.aux), "source aux index"));
-  RETURN_IF_ERROR(CheckIndex(dst_index, ItemCapacity(decode.aux), "destination aux index"));
+  KVB_RETURN_IF_ERROR(CheckIndex(src_index, ItemCapacity(prefill.aux), "source aux index"));
+  KVB_RETURN_IF_ERROR(CheckIndex(dst_index, ItemCapacity(decode.aux), "destination aux index"));
   runs.reserve(prefill.aux.size());
   for (size_t b = 0; b < prefill.aux.size(); ++b) {
     const uint64_t item = prefill.aux[b].item_len;
@@ -154,8 +155,8 @@ Result<std::vector<CopyRun>> PlanAux(const RankLayout& prefill, const RankLayout
 Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayout& decode,
                                        std::span<const int32_t> src_slots,
                                        std::span<const int32_t> dst_slots) {
-  RETURN_IF_ERROR(CheckCompatible(prefill, decode));
-  RETURN_IF_ERROR(CheckSameLength(src_slots.size(), dst_slots.size(), "state slot"));
+  KVB_RETURN_IF_ERROR(CheckCompatible(prefill, decode));
+  KVB_RETURN_IF_ERROR(CheckSameLength(src_slots.size(), dst_slots.size(), "state slot"));
   std::vector<CopyRun> runs;
   // A model without state buffers (not hybrid) has nothing to send.
   if (prefill.state.empty()) return runs;
@@ -163,8 +164,8 @@ Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayo
   const uint64_t dst_bound = ItemCapacity(decode.state);
   for (size_t i = 0; i < src_slots.size(); ++i) {
     const auto pos = static_cast<int64_t>(i);
-    RETURN_IF_ERROR(CheckIndex(src_slots[i], src_bound, "source state slot", pos));
-    RETURN_IF_ERROR(CheckIndex(dst_slots[i], dst_bound, "destination state slot", pos));
+    KVB_RETURN_IF_ERROR(CheckIndex(src_slots[i], src_bound, "source state slot", pos));
+    KVB_RETURN_IF_ERROR(CheckIndex(dst_slots[i], dst_bound, "destination state slot", pos));
   }
   for (size_t b = 0; b < prefill.state.size(); ++b) {
     const uint64_t item = prefill.state[b].item_len;

@@ -63,9 +63,9 @@ struct Bootstrap {
 };
 
 Result<Bootstrap> StartBootstrap() {
-  ASSIGN_OR_RETURN(Subprocess proc,
-                   Subprocess::Spawn(kCli, {"bootstrap", "--host", "127.0.0.1", "--port", "0"}));
-  ASSIGN_OR_RETURN(std::string line, proc.ReadLineWithPrefix(kListening, milliseconds(30000)));
+  KVB_ASSIGN_OR_RETURN(Subprocess proc, Subprocess::Spawn(kCli, {"bootstrap", "--host", "127.0.0.1",
+                                                                 "--port", "0"}));
+  KVB_ASSIGN_OR_RETURN(std::string line, proc.ReadLineWithPrefix(kListening, milliseconds(30000)));
   std::string rest = line.substr(sizeof(kListening) - 1);
   return Bootstrap{std::move(proc), rest.substr(0, rest.find(' '))};
 }

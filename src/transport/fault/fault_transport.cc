@@ -48,21 +48,21 @@ void FaultTransport::SetPeerFailureHandler(PeerFailureHandler handler) {
 
 Result<RegisteredRegion> FaultTransport::RegisterMemory(void* addr, size_t length,
                                                         MemoryKind kind) {
-  ASSIGN_OR_RETURN(RegisteredRegion region, inner_->RegisterMemory(addr, length, kind));
+  KVB_ASSIGN_OR_RETURN(RegisteredRegion region, inner_->RegisterMemory(addr, length, kind));
   std::lock_guard<std::mutex> lock(mu_);
   regions_[region.id] = length;
   return region;
 }
 
 Status FaultTransport::DeregisterMemory(RegionId id) {
-  RETURN_IF_ERROR(inner_->DeregisterMemory(id));
+  KVB_RETURN_IF_ERROR(inner_->DeregisterMemory(id));
   std::lock_guard<std::mutex> lock(mu_);
   regions_.erase(id);
   return Status::Ok();
 }
 
 Result<PeerId> FaultTransport::Connect(std::string_view peer_address) {
-  ASSIGN_OR_RETURN(PeerId peer, inner_->Connect(peer_address));
+  KVB_ASSIGN_OR_RETURN(PeerId peer, inner_->Connect(peer_address));
   std::lock_guard<std::mutex> lock(mu_);
   PeerInfo& info = peers_[peer];
   if (mute_connects_ > 0) {
@@ -84,9 +84,9 @@ Result<FaultTransport::PeerInfo*> FaultTransport::OpenPeerLocked(PeerId peer) {
 Result<RemoteRegionId> FaultTransport::ImportRegion(PeerId peer, std::string_view remote_key) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(OpenPeerLocked(peer).status());
+    KVB_RETURN_IF_ERROR(OpenPeerLocked(peer).status());
   }
-  ASSIGN_OR_RETURN(RemoteRegionId id, inner_->ImportRegion(peer, remote_key));
+  KVB_ASSIGN_OR_RETURN(RemoteRegionId id, inner_->ImportRegion(peer, remote_key));
   std::lock_guard<std::mutex> lock(mu_);
   remote_[id] = peer;
   return id;
@@ -139,8 +139,8 @@ Status FaultTransport::PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCa
   std::lock_guard<std::mutex> forward_lock(forward_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ASSIGN_OR_RETURN(PeerInfo * info, OpenPeerLocked(peer));
-    RETURN_IF_ERROR(ValidateLocked(peer, ops));
+    KVB_ASSIGN_OR_RETURN(PeerInfo * info, OpenPeerLocked(peer));
+    KVB_RETURN_IF_ERROR(ValidateLocked(peer, ops));
     Item item;
     item.ops = std::move(ops);
     item.done = std::move(done);
@@ -166,7 +166,7 @@ Status FaultTransport::PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCa
   }
   // Nothing queued ahead of it: straight through, so the inner transport's
   // own validation answers this call.
-  RETURN_IF_ERROR(inner_->PostWrites(peer, std::move(ops), Wrap(peer, std::move(done))));
+  KVB_RETURN_IF_ERROR(inner_->PostWrites(peer, std::move(ops), Wrap(peer, std::move(done))));
   std::lock_guard<std::mutex> lock(mu_);
   ++counters_.batches_forwarded;
   return Status::Ok();
@@ -176,7 +176,7 @@ Status FaultTransport::SendMessage(PeerId peer, std::string payload) {
   std::lock_guard<std::mutex> forward_lock(forward_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ASSIGN_OR_RETURN(PeerInfo * info, OpenPeerLocked(peer));
+    KVB_ASSIGN_OR_RETURN(PeerInfo * info, OpenPeerLocked(peer));
     if (info->muted) {
       ++counters_.muted_dropped;
       return Status::Ok();
@@ -193,7 +193,7 @@ Status FaultTransport::SendMessage(PeerId peer, std::string payload) {
       return Status::Ok();
     }
   }
-  RETURN_IF_ERROR(inner_->SendMessage(peer, std::move(payload)));
+  KVB_RETURN_IF_ERROR(inner_->SendMessage(peer, std::move(payload)));
   std::lock_guard<std::mutex> lock(mu_);
   ++counters_.messages_forwarded;
   return Status::Ok();
@@ -202,7 +202,7 @@ Status FaultTransport::SendMessage(PeerId peer, std::string payload) {
 Status FaultTransport::SendUrgentMessage(PeerId peer, std::string payload) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ASSIGN_OR_RETURN(PeerInfo * info, OpenPeerLocked(peer));
+    KVB_ASSIGN_OR_RETURN(PeerInfo * info, OpenPeerLocked(peer));
     if (info->muted) {
       ++counters_.muted_dropped;
       return Status::Ok();
@@ -212,7 +212,7 @@ Status FaultTransport::SendUrgentMessage(PeerId peer, std::string payload) {
       return Status::Ok();
     }
   }
-  RETURN_IF_ERROR(inner_->SendUrgentMessage(peer, std::move(payload)));
+  KVB_RETURN_IF_ERROR(inner_->SendUrgentMessage(peer, std::move(payload)));
   std::lock_guard<std::mutex> lock(mu_);
   ++counters_.urgent_forwarded;
   return Status::Ok();

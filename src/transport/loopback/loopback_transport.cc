@@ -169,7 +169,7 @@ struct Endpoint {
   }
 
   Status ExecuteBatch(const std::shared_ptr<Peer>& peer, const std::vector<ResolvedOp>& ops) {
-    RETURN_IF_ERROR(PeerGate(*peer));
+    KVB_RETURN_IF_ERROR(PeerGate(*peer));
     Endpoint* target = peer->target.get();
     std::unique_lock<std::mutex> own_lock(region_mu, std::defer_lock);
     std::unique_lock<std::mutex> target_lock(target->region_mu, std::defer_lock);
@@ -439,7 +439,7 @@ Status LoopbackTransport::DeregisterMemory(RegionId id) {
 }
 
 Result<PeerId> LoopbackTransport::Connect(std::string_view peer_address) {
-  ASSIGN_OR_RETURN(loopback_detail::Address a, loopback_detail::DecodeAddress(peer_address));
+  KVB_ASSIGN_OR_RETURN(loopback_detail::Address a, loopback_detail::DecodeAddress(peer_address));
   if (a.fabric_id != ep_->fabric_id) {
     return InvalidArgumentError("loopback address of '" + a.name + "' belongs to another fabric");
   }
@@ -483,9 +483,9 @@ Result<RemoteRegionId> LoopbackTransport::ImportRegion(PeerId peer_id,
   std::shared_ptr<Peer> peer;
   {
     std::lock_guard<std::mutex> lock(ep_->mu);
-    ASSIGN_OR_RETURN(peer, OpenPeerLocked(peer_id));
+    KVB_ASSIGN_OR_RETURN(peer, OpenPeerLocked(peer_id));
   }
-  ASSIGN_OR_RETURN(loopback_detail::RemoteKey key, loopback_detail::DecodeKey(remote_key));
+  KVB_ASSIGN_OR_RETURN(loopback_detail::RemoteKey key, loopback_detail::DecodeKey(remote_key));
   Endpoint* target = peer->target.get();
   if (key.fabric_id != ep_->fabric_id || key.incarnation != target->incarnation) {
     return InvalidArgumentError("remote key of region " + std::to_string(key.region) +
@@ -504,7 +504,7 @@ Result<RemoteRegionId> LoopbackTransport::ImportRegion(PeerId peer_id,
     }
   }
   std::lock_guard<std::mutex> lock(ep_->mu);
-  ASSIGN_OR_RETURN(peer, OpenPeerLocked(peer_id));
+  KVB_ASSIGN_OR_RETURN(peer, OpenPeerLocked(peer_id));
   auto cached = peer->imported.find(key.region);
   if (cached != peer->imported.end()) return cached->second;
   RemoteRegionId id = ep_->next_remote++;
@@ -527,7 +527,7 @@ Status LoopbackTransport::PostWrites(PeerId peer_id, std::vector<WriteOp> ops, W
   resolved.reserve(ops.size());
   {
     std::lock_guard<std::mutex> lock(ep_->mu);
-    ASSIGN_OR_RETURN(peer, OpenPeerLocked(peer_id));
+    KVB_ASSIGN_OR_RETURN(peer, OpenPeerLocked(peer_id));
     std::lock_guard<std::mutex> region_lock(ep_->region_mu);
     for (size_t i = 0; i < ops.size(); ++i) {
       const WriteOp& op = ops[i];
@@ -573,7 +573,7 @@ Status LoopbackTransport::SendMessage(PeerId peer_id, std::string payload) {
   std::shared_ptr<Peer> peer;
   {
     std::lock_guard<std::mutex> lock(ep_->mu);
-    ASSIGN_OR_RETURN(peer, OpenPeerLocked(peer_id));
+    KVB_ASSIGN_OR_RETURN(peer, OpenPeerLocked(peer_id));
   }
   Endpoint* ep = ep_.get();
   bool queued = ep->Enqueue([ep, peer = std::move(peer), payload = std::move(payload)]() mutable {
@@ -587,7 +587,7 @@ Status LoopbackTransport::SendUrgentMessage(PeerId peer_id, std::string payload)
   std::shared_ptr<Peer> peer;
   {
     std::lock_guard<std::mutex> lock(ep_->mu);
-    ASSIGN_OR_RETURN(peer, OpenPeerLocked(peer_id));
+    KVB_ASSIGN_OR_RETURN(peer, OpenPeerLocked(peer_id));
   }
   // Straight onto the target's queue: not behind our own pending batches.
   ep_->DeliverToTarget(*peer, std::move(payload));

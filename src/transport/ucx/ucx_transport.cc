@@ -87,11 +87,11 @@ Status UcxTransport::Init() {
     return FromUcs(ucp_config_modify(config.get(), name, value.c_str()),
                    std::string("config ") + name + "=" + value);
   };
-  if (!options_.tls.empty()) RETURN_IF_ERROR(modify("TLS", options_.tls));
-  RETURN_IF_ERROR(
+  if (!options_.tls.empty()) KVB_RETURN_IF_ERROR(modify("TLS", options_.tls));
+  KVB_RETURN_IF_ERROR(
       modify("KEEPALIVE_INTERVAL", std::to_string(options_.keepalive_interval.count()) + "ms"));
   // The ordering argument in ucx_transport_impl.h relies on one eager lane.
-  RETURN_IF_ERROR(modify("MAX_EAGER_LANES", "1"));
+  KVB_RETURN_IF_ERROR(modify("MAX_EAGER_LANES", "1"));
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
@@ -110,11 +110,11 @@ Status UcxTransport::Init() {
   if (s != UCS_OK) return FromUcs(s, "worker create");
   worker_ = UcpWorker(worker);
   if (ucp_worker_get_efd(worker_.get(), &worker_efd_) != UCS_OK) worker_efd_ = -1;
-  RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmData, DataAmCallback, this));
-  RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmMessage, MessageAmCallback, this));
-  RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmAck, AckAmCallback, this));
+  KVB_RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmData, DataAmCallback, this));
+  KVB_RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmMessage, MessageAmCallback, this));
+  KVB_RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmAck, AckAmCallback, this));
 
-  ASSIGN_OR_RETURN(std::string worker_address, WorkerAddress(worker_.get()));
+  KVB_ASSIGN_OR_RETURN(std::string worker_address, WorkerAddress(worker_.get()));
   address_ = EncodeAddress(AddressBlob{ThisHost(), std::move(worker_address)});
 
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -349,7 +349,7 @@ std::shared_ptr<Peer> UcxTransport::FindPeerLocked(PeerId id) const {
 }
 
 Result<PeerId> UcxTransport::Connect(std::string_view peer_address) {
-  ASSIGN_OR_RETURN(AddressBlob blob, DecodeAddress(peer_address));
+  KVB_ASSIGN_OR_RETURN(AddressBlob blob, DecodeAddress(peer_address));
   auto peer = std::make_shared<Peer>();
   peer->host = blob.host;
   peer->name = "host " + blob.host.host + " pid " + std::to_string(blob.host.pid);
@@ -420,7 +420,7 @@ DataPath UcxTransport::ChoosePath(const Peer& peer, ImportedRegion& region) cons
 }
 
 Result<RemoteRegionId> UcxTransport::ImportRegion(PeerId peer_id, std::string_view remote_key) {
-  ASSIGN_OR_RETURN(RemoteKeyBlob blob, DecodeRemoteKey(remote_key));
+  KVB_ASSIGN_OR_RETURN(RemoteKeyBlob blob, DecodeRemoteKey(remote_key));
   std::shared_ptr<Peer> peer;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -1,4 +1,4 @@
-#include "engine/protocol.h"
+#include "connector/protocol.h"
 
 #include <gtest/gtest.h>
 
