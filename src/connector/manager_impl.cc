@@ -186,9 +186,12 @@ Status ManagerImpl::Start() {
                                                          [this] { return Stats(); }));
     KVB_LOG_INFO("metrics on port {}", metrics_->port());
   }
-  ticker_ = std::thread([this] { TickerLoop(); });
-  registry_thread_ = std::thread([this] { RegistryLoop(); });
-  resolver_ = std::thread([this] { ResolverLoop(); });
+  ticker_ = std::thread([this] { EveryHeartbeat([this] { Tick(); }); });
+  registry_thread_ = std::thread([this] {
+    uint64_t round = 0;
+    EveryHeartbeat([&] { RegistryRound(round++); });
+  });
+  resolver_ = std::thread([this] { EveryHeartbeat([this] { ResolveRound(); }); });
   KVB_LOG_INFO("manager up: {} incarnation {:#x}, transport {}", self_.ToString(),
                self_.incarnation, transport_->Name());
   return Status();

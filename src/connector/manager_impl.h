@@ -14,6 +14,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -156,11 +157,13 @@ class ManagerImpl {
   void OnPeerFailure(PeerId peer, const Status& why);
   void OnHello(const RankId& from, HelloMsg hello);
   void Tick();
-  void TickerLoop();
+  // Runs `round` every heartbeat interval until the manager stops; each of
+  // the ticker, registry and resolver threads is one such loop.
+  void EveryHeartbeat(const std::function<void()>& round);
   // Bootstrap lookups, connects and handshake retries that the ticker asks
-  // for: they wait on the network, so they run here and never delay a
-  // heartbeat or a liveness check.
-  void ResolverLoop();
+  // for: they wait on the network, so they run on the resolver thread and
+  // never delay a heartbeat or a liveness check.
+  void ResolveRound();
 
   // Peers.
   static std::string PeerKey(const RankId& id);
@@ -193,7 +196,6 @@ class ManagerImpl {
   bool FailedPeerCannotWriteLocked(const Peer& peer) const KVB_REQUIRES(mu_);
 
   // Failure propagation (propagation.cc).
-  void RegistryLoop();
   void RegistryRound(uint64_t round);
   // Applies a failure of another rank learned from the registry or a peer:
   // fails the peer, sibling requests, or requests of the failed instance.

@@ -108,32 +108,25 @@ bool ManagerImpl::FailedPeerCannotWriteLocked(const Peer& peer) const {
          (c == FailureCause::kPeerUnreachable && !OnThisHost(peer.id));
 }
 
-void ManagerImpl::TickerLoop() {
+void ManagerImpl::EveryHeartbeat(const std::function<void()>& round) {
   std::unique_lock<std::mutex> lock(ticker_mu_);
   while (!stop_) {
     ticker_cv_.wait_for(lock, opts_.heartbeat_interval, [this] { return stop_; });
     if (stop_) return;
     lock.unlock();
-    Tick();
+    round();
     lock.lock();
   }
 }
 
-void ManagerImpl::ResolverLoop() {
-  std::unique_lock<std::mutex> lock(ticker_mu_);
-  while (!stop_) {
-    ticker_cv_.wait_for(lock, opts_.heartbeat_interval, [this] { return stop_; });
-    if (stop_) return;
-    lock.unlock();
-    std::set<std::string> retry_hello;
-    {
-      MutexLock state(mu_);
-      retry_hello.swap(hello_retries_);
-    }
-    for (const std::string& key : retry_hello) RetryHello(key);
-    if (opts_.role == Role::kDecode) RetryUnresolved();
-    lock.lock();
+void ManagerImpl::ResolveRound() {
+  std::set<std::string> retry_hello;
+  {
+    MutexLock state(mu_);
+    retry_hello.swap(hello_retries_);
   }
+  for (const std::string& key : retry_hello) RetryHello(key);
+  if (opts_.role == Role::kDecode) RetryUnresolved();
 }
 
 void ManagerImpl::Tick() {

@@ -259,18 +259,6 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
   }
 }
 
-void ManagerImpl::RegistryLoop() {
-  uint64_t round = 0;
-  std::unique_lock<std::mutex> lock(ticker_mu_);
-  while (!stop_) {
-    ticker_cv_.wait_for(lock, opts_.heartbeat_interval, [this] { return stop_; });
-    if (stop_) return;
-    lock.unlock();
-    RegistryRound(round++);
-    lock.lock();
-  }
-}
-
 void ManagerImpl::RegistryRound(uint64_t round) {
   const SteadyTime now = std::chrono::steady_clock::now();
   Status beat = bootstrap_->Heartbeat(ToRankRole(self_.role), self_.dp, self_.cp, self_.tp,
