@@ -432,6 +432,32 @@ TEST_F(RegistryTest, FailureRecordMarksItsOriginDeadAndFencesIt) {
   EXPECT_EQ(StatusAt(RankRole::kDecode, 0).state, Liveness::kDead);
 }
 
+TEST_F(RegistryTest, ARequestsOwnFailureMarksNoRankDeadAndAMistypedCauseIsRefused) {
+  ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
+  const json origin{{"role", "prefill"}, {"dp", 0}, {"tp", 0}, {"pp", 0}};
+  // A room record (one request failed on a healthy rank) is kept for the
+  // request's other ranks and marks nobody.
+  for (const char* cause :
+       {"aborted", "invalid_request", "deadline_exceeded", "layout_mismatch", "registry_lost"}) {
+    Result<uint64_t> seq =
+        registry_->Publish(json{{"origin", origin}, {"room", 9}, {"cause", cause}});
+    ASSERT_TRUE(seq.ok()) << cause << ": " << seq.status().ToString();
+    EXPECT_EQ(StatusAt(RankRole::kPrefill, 0).state, Liveness::kAlive) << cause;
+  }
+  Result<FailureBatch> batch = registry_->FailuresSince(0);
+  ASSERT_TRUE(batch.ok());
+  EXPECT_EQ(batch->records.size(), 5u);
+  // A cause that is not a string is refused before anything is kept; an
+  // unknown name is kept and treated as a rank's failure.
+  for (const json& bad : {json(7), json::array({"aborted"}), json{{"x", 1}}}) {
+    ExpectError(registry_->Publish(json{{"origin", origin}, {"cause", bad}}).status(),
+                StatusCode::kInvalidArgument, "'cause'");
+  }
+  EXPECT_EQ(StatusAt(RankRole::kPrefill, 0).state, Liveness::kAlive);
+  ASSERT_TRUE(registry_->Publish(json{{"origin", origin}, {"cause", "no_such_cause"}}).ok());
+  EXPECT_EQ(StatusAt(RankRole::kPrefill, 0).state, Liveness::kDead);
+}
+
 TEST_F(RegistryTest, NewLayoutIsAcceptedOnceEveryOldPrefillRankIsDead) {
   ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
   ASSERT_TRUE(registry_->Register(Prefill(1)).ok());
