@@ -246,13 +246,17 @@ Peer* ManagerImpl::PeerFromLocked(const RankId& from) {
   return p;
 }
 
-void ManagerImpl::Send(Outbox& out, Peer& peer, const MessageBody& body, bool urgent) {
+void ManagerImpl::Send(Outbox& out, Peer& peer, const MessageBody& body, Lane lane) {
   if (peer.tpeer == 0) return;
   if (!peer.acked) {
     peer.held.push_back(EncodeMessage(self_, body));
     return;
   }
-  (urgent ? out.urgent : out.messages).emplace_back(peer.tpeer, EncodeMessage(self_, body));
+  if (lane == Lane::kUrgent) {
+    out.urgent.emplace_back(peer.tpeer, EncodeMessage(self_, body));
+  } else {
+    out.messages.emplace_back(peer.tpeer, EncodeMessage(self_, body), lane == Lane::kOrdered);
+  }
 }
 
 void ManagerImpl::Flush(Outbox& out) {
@@ -268,9 +272,10 @@ void ManagerImpl::Flush(Outbox& out) {
     if (!s.ok()) KVB_LOG_DEBUG("urgent message to peer {} not sent: {}", peer, s.ToString());
   }
   out.urgent.clear();
-  for (auto& [peer, bytes] : out.messages) {
-    Status s = transport_->SendMessage(peer, std::move(bytes));
-    if (!s.ok()) KVB_LOG_DEBUG("message to peer {} not sent: {}", peer, s.ToString());
+  for (OutMessage& m : out.messages) {
+    Status s = m.fenced ? transport_->SendMessage(m.peer, std::move(m.bytes))
+                        : transport_->SendMessageUnfenced(m.peer, std::move(m.bytes));
+    if (!s.ok()) KVB_LOG_DEBUG("message to peer {} not sent: {}", m.peer, s.ToString());
   }
   out.messages.clear();
   for (auto& post : out.posts) {

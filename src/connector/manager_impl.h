@@ -130,8 +130,19 @@ class ManagerImpl {
   void LastWords(const std::string& reason);
 
  private:
+  // How a message travels (Transport): in order behind earlier writes; at
+  // once (failure notices that say writes may still be in flight); or in
+  // order with other messages but behind no write (a notice about writes
+  // that already completed, which must not wait for later requests' writes).
+  enum class Lane { kOrdered, kUrgent, kUnfenced };
+  struct OutMessage {
+    OutMessage(PeerId p, std::string b, bool f = true) : peer(p), bytes(std::move(b)), fenced(f) {}
+    PeerId peer;
+    std::string bytes;
+    bool fenced;
+  };
   struct Outbox {
-    std::vector<std::pair<PeerId, std::string>> messages;
+    std::vector<OutMessage> messages;  // ordered; unfenced ones behind no write
     // Not ordered behind earlier writes: failure notices that say writes may
     // still be in flight, so they must not wait for those writes.
     std::vector<std::pair<PeerId, std::string>> urgent;
@@ -149,7 +160,7 @@ class ManagerImpl {
   Status Start();
   void Flush(Outbox& out);
   // Queues `body` for `peer`; held until the handshake with it is answered.
-  void Send(Outbox& out, Peer& peer, const MessageBody& body, bool urgent = false)
+  void Send(Outbox& out, Peer& peer, const MessageBody& body, Lane lane = Lane::kOrdered)
       KVB_REQUIRES(mu_);
 
   // Messages and transport events (manager_impl.cc).

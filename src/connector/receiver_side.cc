@@ -510,7 +510,7 @@ void ManagerImpl::FailReceiverLocked(ReceiverRoom& room, FailureRecord record, O
       if (FailedPeerCannotWriteLocked(*peer)) {
         src.quiesced = true;
       } else if (!src.told && src.meta_sent) {
-        Send(out, *peer, RoomFailedMsg{room.room, room.generation, false, record}, true);
+        Send(out, *peer, RoomFailedMsg{room.room, room.generation, false, record}, Lane::kUrgent);
       }
       src.told = true;
       continue;

@@ -273,7 +273,8 @@ void ManagerImpl::OnChunkDone(const std::shared_ptr<SenderRoom>& sp, int decode_
 void ManagerImpl::SendFinalNoteLocked(SenderRoom& room, SenderFlow& flow, Outbox& out) {
   if (flow.inflight > 0 || !flow.final_note || room.failure) return;
   Peer* peer = FindPeerLocked(flow.peer_key);
-  if (peer != nullptr && !peer->failed) Send(out, *peer, *flow.final_note);
+  // Its writes completed: it waits for none posted since (other requests').
+  if (peer != nullptr && !peer->failed) Send(out, *peer, *flow.final_note, Lane::kUnfenced);
   flow.final_note.reset();
   flow.closed = true;  // decode has all it needs; a later failure here is not its concern
 }
@@ -298,7 +299,7 @@ void ManagerImpl::FailSenderLocked(SenderRoom& room, FailureRecord record, Outbo
     r.generation = flow.meta.generation;
     // With writes in flight the notice must not queue behind them.
     Send(out, *peer, RoomFailedMsg{room.room, flow.meta.generation, flow.inflight == 0, r},
-         /*urgent=*/flow.inflight > 0);
+         flow.inflight > 0 ? Lane::kUrgent : Lane::kOrdered);
     if (flow.inflight > 0) {
       flow.quiesce_reply = true;
     } else {

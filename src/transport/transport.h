@@ -117,6 +117,14 @@ class Transport {
   // asynchronous; a message to a peer that dies may be lost.
   virtual Status SendMessage(PeerId peer, std::string payload) = 0;
 
+  // Like SendMessage, in order with the other messages to the peer, but not
+  // held behind write batches: for a message about writes that have already
+  // completed (a request's last notice), which must not wait for batches
+  // posted since. The default falls back to SendMessage.
+  virtual Status SendMessageUnfenced(PeerId peer, std::string payload) {
+    return SendMessage(peer, std::move(payload));
+  }
+
   // Like SendMessage but without the ordering guarantee: sent at once, not
   // queued behind earlier writes or messages to the peer. For liveness
   // traffic (heartbeats) that must not wait behind bulk data. The default

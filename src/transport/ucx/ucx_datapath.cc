@@ -305,6 +305,14 @@ void UcxTransport::FinishPart(Batch* batch) {
 }
 
 Status UcxTransport::SendMessage(PeerId peer_id, std::string payload) {
+  return EnqueueMessage(peer_id, std::move(payload), /*fenced=*/true);
+}
+
+Status UcxTransport::SendMessageUnfenced(PeerId peer_id, std::string payload) {
+  return EnqueueMessage(peer_id, std::move(payload), /*fenced=*/false);
+}
+
+Status UcxTransport::EnqueueMessage(PeerId peer_id, std::string payload, bool fenced) {
   std::shared_ptr<Peer> peer;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -312,9 +320,11 @@ Status UcxTransport::SendMessage(PeerId peer_id, std::string payload) {
     if (!peer) return NotFoundError("SendMessage: unknown peer " + std::to_string(peer_id));
     if (peer->dead) return UnavailableError(peer->terminal.message());
   }
-  Post([this, peer, payload = std::move(payload)]() mutable {
+  Post([this, peer, fenced, payload = std::move(payload)]() mutable {
     if (peer->dead) return;
-    peer->messages.push_back(Peer::PendingMessage{peer->next_batch_seq - 1, std::move(payload)});
+    // Batch sequence numbers start at 1: after_seq 0 waits for none.
+    const uint64_t after = fenced ? peer->next_batch_seq - 1 : 0;
+    peer->messages.push_back(Peer::PendingMessage{after, std::move(payload)});
     FlushMessages(peer);
   });
   return Status::Ok();

@@ -182,7 +182,10 @@ class UcxTransport final : public Transport {
   Result<DataPath> PathTo(PeerId peer) const override;
   Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override;
   Status SendMessage(PeerId peer, std::string payload) override;
+  Status SendMessageUnfenced(PeerId peer, std::string payload) override;
   Status SendUrgentMessage(PeerId peer, std::string payload) override;
+  // Queues an ordered message; `fenced`: behind every batch posted so far.
+  Status EnqueueMessage(PeerId peer, std::string payload, bool fenced);
   void Disconnect(PeerId peer) override;
 
   // Called from UCX callbacks (progress thread).
