@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "connector/test_cluster.h"
+#include "transport/fault/fault_transport.h"
 
 namespace kvbridge::internal {
 
@@ -28,6 +29,17 @@ inline std::vector<int32_t> Scattered(int count, int pool_pages, uint32_t seed) 
   all.resize(count);
   std::sort(all.begin(), all.begin() + count / 2);
   return all;
+}
+
+// Wraps every transport of a cluster in a FaultTransport, collected in
+// creation order (prefill ranks first).
+inline std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>, Role, int)>
+WrapInFaults(std::vector<FaultTransport*>* faults) {
+  return [faults](std::unique_ptr<Transport> t, Role, int) -> std::unique_ptr<Transport> {
+    auto f = std::make_unique<FaultTransport>(std::move(t));
+    faults->push_back(f.get());
+    return f;
+  };
 }
 
 struct Request {

@@ -2,8 +2,8 @@
 // transport (the process-level fault matrix is in tests/integration).
 #include <gtest/gtest.h>
 
+#include "connector/connector_test_util.h"
 #include "connector/manager_impl.h"
-#include "connector/test_cluster.h"
 #include "transport/fault/fault_transport.h"
 
 namespace kvbridge::internal {
@@ -55,17 +55,6 @@ ClusterOptions TwoByTwo() {
   o.decode_tp = 2;
   o.tweak = TolerantLiveness;
   return o;
-}
-
-// Wraps every transport of the cluster in a FaultTransport, collected in
-// creation order (prefill ranks first).
-std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>, Role, int)> WrapInFaults(
-    std::vector<FaultTransport*>* faults) {
-  return [faults](std::unique_ptr<Transport> t, Role, int) -> std::unique_ptr<Transport> {
-    auto f = std::make_unique<FaultTransport>(std::move(t));
-    faults->push_back(f.get());
-    return f;
-  };
 }
 
 TEST(FailurePropagationTest, ReportFatalReachesEverySiblingAndPeer) {

@@ -12,11 +12,7 @@ namespace {
 ClusterOptions OneByOneWithFaults(std::vector<FaultTransport*>* faults) {
   ClusterOptions o;
   o.tweak = TolerantLiveness;
-  o.wrap = [faults](std::unique_ptr<Transport> t, Role, int) -> std::unique_ptr<Transport> {
-    auto f = std::make_unique<FaultTransport>(std::move(t));
-    faults->push_back(f.get());
-    return f;
-  };
+  o.wrap = WrapInFaults(faults);
   return o;
 }
 

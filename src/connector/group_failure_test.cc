@@ -16,13 +16,7 @@ ClusterOptions TwoByTwo(std::vector<FaultTransport*>* faults = nullptr) {
   o.prefill_tp = 2;
   o.decode_tp = 2;
   o.tweak = TolerantLiveness;
-  if (faults != nullptr) {
-    o.wrap = [faults](std::unique_ptr<Transport> t, Role, int) -> std::unique_ptr<Transport> {
-      auto f = std::make_unique<FaultTransport>(std::move(t));
-      faults->push_back(f.get());
-      return f;
-    };
-  }
+  if (faults != nullptr) o.wrap = WrapInFaults(faults);
   return o;
 }
 

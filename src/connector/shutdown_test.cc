@@ -22,11 +22,7 @@ TEST_P(ShutdownTest, ManagersGoWhileWritesAndNoticesAreInFlight) {
     TolerantLiveness(m);
     m.metrics_port = -1;  // metrics on: their object goes with the manager
   };
-  o.wrap = [&faults](std::unique_ptr<Transport> t, Role, int) -> std::unique_ptr<Transport> {
-    auto f = std::make_unique<FaultTransport>(std::move(t));
-    faults.push_back(f.get());
-    return f;
-  };
+  o.wrap = WrapInFaults(&faults);
   auto c = TestCluster::Create(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   TestCluster& cluster = **c;
