@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "connector/record_json.h"
+#include "control/record_json.h"
 
 namespace kvbridge::tools {
 

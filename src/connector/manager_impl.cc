@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/process.h"
 #include "connector/layout_json.h"
+#include "control/auth.h"
 #include "transport/shm/shm.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -141,14 +142,18 @@ Status ManagerImpl::Start() {
   KVB_RETURN_IF_ERROR(reg(layout_.state, &regions_.state, &state_keys_));
   engine_ = std::make_unique<TransferEngine>(*transport_, regions_);
 
+  KVB_ASSIGN_OR_RETURN(std::string token, ResolveAuthToken(opts_.auth_token, self_.ShortName()));
   KVB_ASSIGN_OR_RETURN(
-      auto client, BootstrapClient::Create(opts_.bootstrap_addr, std::chrono::milliseconds(2000)));
+      auto client,
+      BootstrapClient::Create(opts_.bootstrap_addr, std::chrono::milliseconds(2000), token));
   bootstrap_ = std::move(client);
   bool first_prefill = opts_.role == Role::kPrefill && p.tp_rank == 0 && p.dp_rank == 0 &&
                        p.pp_rank == 0 && p.cp_rank == 0;
   if (first_prefill && opts_.start_bootstrap_server && !bootstrap_->Health().ok()) {
     BootstrapServerOptions so;
+    so.host = bootstrap_->host();
     so.port = bootstrap_->port();
+    so.auth_token = token;
     so.unresponsive_after = opts_.heartbeat_interval * opts_.heartbeat_misses;
     so.dead_after = std::max(so.dead_after, so.unresponsive_after);
     auto server = BootstrapServer::Start(so);
@@ -178,7 +183,10 @@ Status ManagerImpl::Start() {
   rec.layout = LayoutToJson(layout_);
   Status registered = bootstrap_->RegisterRank(rec);
   if (!registered.ok()) {
-    if (opts_.role == Role::kPrefill) return registered.WithContext("registering with bootstrap");
+    // A wrong secret is a deployment error that no retry mends.
+    if (opts_.role == Role::kPrefill || registered.code() == StatusCode::kUnauthenticated) {
+      return registered.WithContext("registering with bootstrap");
+    }
     KVB_LOG_WARN("decode rank not listed in the bootstrap registry: {}", registered.ToString());
   }
   if (opts_.metrics_port != 0) {

@@ -32,9 +32,12 @@ class BootstrapClient {
  public:
   // `address` is "host:port" or "[ipv6]:port" with port 1..65535;
   // InvalidArgument naming the address otherwise. `timeout` bounds connect,
-  // send and receive of each call (must be > 0).
+  // send and receive of each call (must be > 0). `auth_token` (the
+  // deployment's secret, control/auth.h) goes with every call as a bearer
+  // token; with an empty one the server refuses writes (Unauthenticated).
   static Result<std::unique_ptr<BootstrapClient>> Create(std::string_view address,
-                                                         std::chrono::milliseconds timeout);
+                                                         std::chrono::milliseconds timeout,
+                                                         std::string auth_token);
 
   const std::string& host() const { return host_; }
   int port() const { return port_; }
@@ -59,7 +62,7 @@ class BootstrapClient {
 
  private:
   BootstrapClient(std::string address, std::string host, int port,
-                  std::chrono::milliseconds timeout);
+                  std::chrono::milliseconds timeout, std::string auth_token);
 
   // Sends one request; the body of a 2xx answer, or the error.
   Result<std::string> Call(const char* method, const std::string& path,
@@ -73,6 +76,7 @@ class BootstrapClient {
   std::string host_;
   int port_;
   std::chrono::milliseconds timeout_;
+  std::string auth_token_;
 };
 
 // Splits "host:port" / "[v6]:port" strictly. InvalidArgument naming the text.

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "common/log.h"
+#include "control/auth.h"
 #include "control/http_server.h"
 #include "control/http_status.h"
 #include "control/json_fields.h"
@@ -24,7 +25,14 @@ using nlohmann::json;
 
 // Large enough that every rank of a big instance can connect at once.
 constexpr int kListenBacklog = 512;
-constexpr size_t kMaxBodyBytes = 4 << 20;
+// A rank record with its layout is a few KiB; a failure record less.
+constexpr size_t kMaxBodyBytes = size_t{1} << 20;
+constexpr size_t kMaxFailureBodyBytes = size_t{64} << 10;
+constexpr size_t kMaxHeaders = 64;
+// Seconds a connection may wait for its next request, and a request's
+// client for each read or write.
+constexpr time_t kKeepAliveSeconds = 1;
+constexpr time_t kIoTimeoutSeconds = 2;
 
 void ReplyJson(httplib::Response& res, const json& body) {
   res.status = 200;
@@ -43,12 +51,30 @@ void ReplyError(const httplib::Request& req, httplib::Response& res, const Statu
   }
 }
 
-Result<json> ParseBody(const httplib::Request& req) {
-  json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    return InvalidArgumentError(req.method + " " + req.path + ": request body is not valid JSON");
+Result<json> ParseBody(const httplib::Request& req, size_t max_bytes = kMaxBodyBytes) {
+  return internal::ParseJson(req.body, req.method + " " + req.path + ": request body", max_bytes);
+}
+
+// Whether a request needs the shared secret: every write, and the tables
+// that name processes and their failures. GET /route and /health stay open
+// (any rank must be able to rendezvous, as with sglang's server).
+bool NeedsToken(const httplib::Request& req) {
+  if (req.method == "GET" || req.method == "HEAD") {
+    return req.path == "/ranks" || req.path == "/failures";
   }
-  return j;
+  return true;
+}
+
+// The one gate in front of every route.
+Status Admit(const httplib::Request& req, const std::string& token) {
+  if (req.headers.size() > kMaxHeaders) {
+    return ResourceExhaustedError(
+        req.method + " " + req.path + ": " + std::to_string(req.headers.size()) +
+        " header fields, more than the limit of " + std::to_string(kMaxHeaders));
+  }
+  if (!NeedsToken(req)) return Status::Ok();
+  return internal::CheckBearer(req.get_header_value("Authorization"), token)
+      .WithContext(req.method + " " + req.path);
 }
 
 // An integer query parameter; `fallback` when absent and optional.
@@ -119,6 +145,7 @@ Status PutHeartbeat(internal::Registry& registry, const json& body) {
 
 struct BootstrapServer::Impl {
   BootstrapServerOptions options;
+  std::string token;
   std::unique_ptr<internal::Registry> registry;
   std::shared_ptr<internal::MetricsRegistry> metrics;
   httplib::Server http;
@@ -228,7 +255,7 @@ void BootstrapServer::Impl::AddRoutes() {
     reply(req, res, ranks.status(), out);
   });
   http.Post("/failure", [&reg, reply](Req req, Res res) {
-    Result<json> body = ParseBody(req);
+    Result<json> body = ParseBody(req, kMaxFailureBodyBytes);
     Result<uint64_t> seq =
         body.ok() ? reg.Publish(std::move(body).value()) : Result<uint64_t>(body.status());
     reply(req, res, seq.status(), seq.ok() ? json{{"seq", *seq}} : json());
@@ -240,6 +267,13 @@ void BootstrapServer::Impl::AddRoutes() {
                                                ? reg.FailuresSince(static_cast<uint64_t>(*since))
                                                : Result<internal::FailureBatch>(since.status());
     reply(req, res, batch.status(), batch.ok() ? batch->ToJson() : json());
+  });
+  http.set_pre_routing_handler([this](Req req, Res res) {
+    Status s = Admit(req, token);
+    if (s.ok()) return httplib::Server::HandlerResponse::Unhandled;
+    ReplyError(req, res, s);
+    if (s.code() == StatusCode::kResourceExhausted) res.status = 431;
+    return httplib::Server::HandlerResponse::Handled;
   });
   http.set_error_handler([](Req req, Res res) {
     if (!res.body.empty()) return;  // a handler's own error reply
@@ -285,12 +319,19 @@ Result<std::unique_ptr<BootstrapServer>> BootstrapServer::Start(
   }
 
   auto impl = std::make_unique<Impl>();
+  KVB_ASSIGN_OR_RETURN(impl->token,
+                       internal::ResolveAuthToken(options.auth_token, "bootstrap server"));
   impl->options = options;
   impl->registry = internal::CreateMemoryRegistry(std::move(ro));
   const size_t threads = static_cast<size_t>(options.threads);
-  impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  impl->http.new_task_queue = [threads] { return new internal::ConnectionThreads(threads); };
   impl->http.set_payload_max_length(kMaxBodyBytes);
-  impl->http.set_keep_alive_timeout(1);  // bounds how long Stop() waits for idle clients
+  // An idle connection is closed after this (it also bounds how long Stop()
+  // waits for idle clients); a client that stalls a read or write, after the
+  // I/O timeout.
+  impl->http.set_keep_alive_timeout(kKeepAliveSeconds);
+  impl->http.set_read_timeout(kIoTimeoutSeconds, 0);
+  impl->http.set_write_timeout(kIoTimeoutSeconds, 0);
   impl->AddRoutes();
   impl->AddMetrics();
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <thread>
 
+#include "control/auth.h"
 #include "control/bootstrap_client.h"
 #include "kvbridge/bootstrap.h"
 
@@ -49,7 +50,7 @@ class BootstrapServerTest : public ::testing::Test {
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(server).value();
     Result<std::unique_ptr<BootstrapClient>> client =
-        BootstrapClient::Create(server_->address(), milliseconds(5000));
+        BootstrapClient::Create(server_->address(), milliseconds(5000), AuthTokenFromEnvironment());
     ASSERT_TRUE(client.ok()) << client.status().ToString();
     client_ = std::move(client).value();
   }
@@ -59,6 +60,7 @@ class BootstrapServerTest : public ::testing::Test {
   httplib::Result Raw(const std::string& method, const std::string& path,
                       const std::string& body = "") {
     httplib::Client cli("127.0.0.1", server_->port());
+    cli.set_default_headers({{"Authorization", BearerValue(AuthTokenFromEnvironment())}});
     if (method == "GET") return cli.Get(path);
     if (method == "PUT") return cli.Put(path, body, "application/json");
     if (method == "DELETE") return cli.Delete(path);
@@ -144,7 +146,11 @@ TEST_F(BootstrapServerTest, LivenessAndFailuresOverHttp) {
   Result<uint64_t> seq = client_->PublishFailure(record);
   ASSERT_TRUE(seq.ok()) << seq.status().ToString();
   EXPECT_EQ(*seq, 1u);
-  ASSERT_TRUE(client_->PublishFailure(json{{"room", 43}}).ok());
+  // A request's own failure (an abort) is kept but marks no rank dead.
+  json abort{{"room", 43},
+             {"cause", "aborted"},
+             {"origin", {{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}}}};
+  ASSERT_TRUE(client_->PublishFailure(abort).ok());
   Result<FailureBatch> batch = client_->FailuresSince(0);
   ASSERT_TRUE(batch.ok()) << batch.status().ToString();
   EXPECT_EQ(batch->latest_seq, 2u);
@@ -279,7 +285,7 @@ class BootstrapClientAddressTest : public ::testing::TestWithParam<AddressCase> 
 TEST_P(BootstrapClientAddressTest, ParsesHostPortStrictly) {
   const AddressCase& c = GetParam();
   Result<std::unique_ptr<BootstrapClient>> client =
-      BootstrapClient::Create(c.address, milliseconds(100));
+      BootstrapClient::Create(c.address, milliseconds(100), AuthTokenFromEnvironment());
   if (!c.ok) {
     ASSERT_FALSE(client.ok());
     ExpectError(client.status(), StatusCode::kInvalidArgument, "'" + c.address + "'");
@@ -301,7 +307,7 @@ INSTANTIATE_TEST_SUITE_P(Addresses, BootstrapClientAddressTest,
                                            Bad("")));
 
 TEST(BootstrapClientTest, RejectsNonPositiveTimeout) {
-  ExpectError(BootstrapClient::Create("h:1", milliseconds(0)).status(),
+  ExpectError(BootstrapClient::Create("h:1", milliseconds(0), "").status(),
               StatusCode::kInvalidArgument, "timeout");
 }
 
@@ -318,9 +324,10 @@ TEST(BootstrapClientTest, MalformedAnswersAreInternal) {
   ASSERT_GT(port, 0);
   std::thread t([&] { bad.listen_after_bind(); });
   while (!bad.is_running()) std::this_thread::sleep_for(milliseconds(1));
-  auto client = BootstrapClient::Create("127.0.0.1:" + std::to_string(port), milliseconds(5000));
+  auto client = BootstrapClient::Create("127.0.0.1:" + std::to_string(port), milliseconds(5000),
+                                        AuthTokenFromEnvironment());
   ASSERT_TRUE(client.ok());
-  ExpectError((*client)->ListRanks().status(), StatusCode::kInternal, "not JSON");
+  ExpectError((*client)->ListRanks().status(), StatusCode::kInternal, "not valid JSON");
   ExpectError((*client)->GetRank(0, 0, 0, 0).status(), StatusCode::kInternal, "'role'");
   ExpectError((*client)->GetParallelInfo().status(), StatusCode::kInternal, "attn_tp_size");
   ExpectError((*client)->FailuresSince(0).status(), StatusCode::kInternal, "'records'");

@@ -16,6 +16,22 @@ namespace kvbridge::internal {
 // Serialises without throwing on invalid UTF-8 (replaced by U+FFFD).
 std::string DumpJson(const nlohmann::json& j);
 
+// Deepest nesting of arrays and objects that ParseJson accepts. Every JSON
+// text kvbridge reads comes from another process (a rank, an HTTP client, a
+// registry); nlohmann's dump and comparison recurse, so a text nested 100k
+// deep would overflow the stack long after it parsed.
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses `text` without throwing. InvalidArgument, beginning with `what`
+// ("PUT /route: request body"), when it is larger than `max_bytes`, nested
+// deeper than kMaxJsonDepth (checked before parsing) or not valid JSON.
+Result<nlohmann::json> ParseJson(std::string_view text, std::string_view what,
+                                 size_t max_bytes = size_t{4} << 20);
+
+// The first `max_chars` of `text`, with "... (N bytes)" when it was longer:
+// for log lines and messages that quote what a peer sent.
+std::string Clip(std::string_view text, size_t max_chars = 256);
+
 class JsonFields {
  public:
   // `what` names the object in messages, e.g. "rank record".

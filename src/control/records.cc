@@ -275,6 +275,9 @@ Status ValidateRegistryOptions(const RegistryOptions& o) {
   if (o.max_failure_records == 0) {
     return InvalidArgumentError("registry options: max_failure_records must be >= 1");
   }
+  if (o.max_decode_ranks == 0) {
+    return InvalidArgumentError("registry options: max_decode_ranks must be >= 1");
+  }
   return Status::Ok();
 }
 

@@ -137,6 +137,9 @@ struct RegistryOptions {
   std::chrono::milliseconds forget_decode_after{std::chrono::minutes(10)};
   // Failure records kept; older ones are dropped (FailureBatch::truncated).
   size_t max_failure_records = 1024;
+  // Decode ranks listed at once; a registration beyond is refused
+  // (ResourceExhausted) so that no client can grow the table without bound.
+  size_t max_decode_ranks = 4096;
   // Time source; null = std::chrono::steady_clock::now. Tests inject one.
   std::function<std::chrono::steady_clock::time_point()> clock;
 };
@@ -180,11 +183,12 @@ class Registry {
   // Every registered rank: prefill by position, then decode.
   virtual Result<std::vector<RankStatus>> ListRanks() const = 0;
 
-  // Appends a failure record (a JSON object) and returns its sequence number
-  // (1, 2, ...), also stored in the record as "seq". When the record has an
-  // "origin" object with role "prefill"/"decode" and dp/tp/pp (cp defaults to
-  // 0, incarnation optional), that rank is marked dead. InvalidArgument for a
-  // non-object record or a mistyped origin field.
+  // Appends a failure record and returns its sequence number (1, 2, ...),
+  // also stored in the record as "seq". The record must read as a
+  // FailureRecord (control/record_json.h; InvalidArgument naming the bad
+  // field otherwise) and is kept in that canonical form. A rank failure
+  // (IsRankFailure) whose origin is a prefill/decode rank marks that rank
+  // dead (the incarnation it names, or any when 0).
   virtual Result<uint64_t> Publish(nlohmann::json record) = 0;
 
   // Records with seq > `since`, oldest first, and the latest seq.
