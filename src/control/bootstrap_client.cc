@@ -136,7 +136,7 @@ Result<json> BootstrapClient::CallJson(const char* method, const std::string& pa
 
 Status BootstrapClient::RegisterRank(const RankRecord& record) const {
   KVB_RETURN_IF_ERROR(record.Validate());
-  return CallJson("PUT", "/route", DumpJson(record.ToJson())).status();
+  return Call("PUT", "/route", DumpJson(record.ToJson())).status();
 }
 
 Result<RankRecord> BootstrapClient::GetRank(int dp, int cp, int tp, int pp) const {
@@ -196,6 +196,30 @@ Result<uint64_t> BootstrapClient::PublishFailure(const json& record) const {
   Status s = JsonFields(j, "publish answer").Uint64("seq", &seq);
   if (!s.ok()) return Malformed("POST /failure", s);
   return seq;
+}
+
+Status BootstrapClient::RegisterDpRank(uint64_t room, int dp_rank) const {
+  json body{{"bootstrap_room", room}, {"dp_rank", dp_rank}};
+  return Call("POST", "/register_dp_rank", DumpJson(body)).status();
+}
+
+Result<std::map<uint64_t, int>> BootstrapClient::QueryDpRanks(
+    const std::vector<uint64_t>& rooms) const {
+  KVB_ASSIGN_OR_RETURN(
+      json j, CallJson("POST", "/query_dp_ranks", DumpJson(json{{"bootstrap_rooms", rooms}})));
+  if (!j.is_object())
+    return Malformed("POST /query_dp_ranks", InvalidArgumentError("not an object"));
+  std::map<uint64_t, int> out;
+  for (const auto& [key, value] : j.items()) {
+    uint64_t room = 0;
+    auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), room);
+    if (ec != std::errc() || end != key.data() + key.size() || !value.is_number_integer()) {
+      return Malformed("POST /query_dp_ranks",
+                       InvalidArgumentError("entry '" + Clip(key, 40) + "' is not room: dp_rank"));
+    }
+    out[room] = value.get<int>();
+  }
+  return out;
 }
 
 Result<FailureBatch> BootstrapClient::FailuresSince(uint64_t since) const {

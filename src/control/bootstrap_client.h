@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -59,6 +60,10 @@ class BootstrapClient {
   Result<uint64_t> PublishFailure(const nlohmann::json& record) const;
   // GET /failures?since=N.
   Result<FailureBatch> FailuresSince(uint64_t since) const;
+  // POST /register_dp_rank (sglang: the prefill dp rank a room went to).
+  Status RegisterDpRank(uint64_t room, int dp_rank) const;
+  // POST /query_dp_ranks: the dp rank of each of `rooms` the server knows.
+  Result<std::map<uint64_t, int>> QueryDpRanks(const std::vector<uint64_t>& rooms) const;
 
  private:
   BootstrapClient(std::string address, std::string host, int port,

@@ -62,7 +62,7 @@ bool NeedsToken(const httplib::Request& req) {
   if (req.method == "GET" || req.method == "HEAD") {
     return req.path == "/ranks" || req.path == "/failures";
   }
-  return true;
+  return !(req.method == "POST" && req.path == "/query_dp_ranks");
 }
 
 // The one gate in front of every route.
@@ -121,6 +121,37 @@ Status GetRoute(internal::Registry& registry, const httplib::Request& req, json*
   }
   KVB_ASSIGN_OR_RETURN(internal::RankRecord record, registry.GetRank(v[0], v[1], v[2], v[3]));
   *out = record.ToJson();
+  return Status::Ok();
+}
+
+// POST /register_dp_rank {"bootstrap_room", "dp_rank"} (sglang).
+Status PostDpRank(internal::Registry& registry, const json& body) {
+  JsonFields f(body, "register_dp_rank");
+  uint64_t room = 0;
+  int dp_rank = 0;
+  KVB_RETURN_IF_ERROR(f.Uint64("bootstrap_room", &room));
+  KVB_RETURN_IF_ERROR(
+      f.Int("dp_rank", 0, static_cast<int>(internal::kMaxRanksPerInstance), &dp_rank));
+  return registry.RegisterDpRank(room, dp_rank);
+}
+
+// POST /query_dp_ranks {"bootstrap_rooms": [...]} -> {"<room>": dp_rank}.
+constexpr size_t kMaxQueriedRooms = 65536;
+Status QueryDpRanks(const internal::Registry& registry, const json& body, json* out) {
+  JsonFields f(body, "query_dp_ranks");
+  const json* rooms = nullptr;
+  KVB_RETURN_IF_ERROR(f.Array("bootstrap_rooms", &rooms));
+  if (rooms->size() > kMaxQueriedRooms) {
+    return f.Error("'bootstrap_rooms' has " + std::to_string(rooms->size()) +
+                   " entries, more than the limit of " + std::to_string(kMaxQueriedRooms));
+  }
+  std::vector<uint64_t> ids;
+  for (const json& r : *rooms) {
+    if (!r.is_number_unsigned()) return f.Error("every entry of 'bootstrap_rooms' must be >= 0");
+    ids.push_back(r.get<uint64_t>());
+  }
+  *out = json::object();
+  for (const auto& [room, dp] : registry.QueryDpRanks(ids)) (*out)[std::to_string(room)] = dp;
   return Status::Ok();
 }
 
@@ -186,8 +217,9 @@ void BootstrapServer::Impl::AddMetrics() {
   // Runs for every answer, error replies included, just before it is
   // written: a client that got its answer finds it counted.
   http.set_post_routing_handler([m](const httplib::Request& req, httplib::Response& res) {
-    static const char* const kRoutes[] = {"/route",   "/health",   "/heartbeat", "/ranks",
-                                          "/failure", "/failures", "/metrics"};
+    static const char* const kRoutes[] = {"/route",   "/health",           "/heartbeat",
+                                          "/ranks",   "/failure",          "/failures",
+                                          "/metrics", "/register_dp_rank", "/query_dp_ranks"};
     std::string route = "other";  // unknown paths must not grow the label set
     for (const char* r : kRoutes) {
       if (req.path == r) route = r;
@@ -225,13 +257,47 @@ void BootstrapServer::Impl::AddRoutes() {
       ReplyError(req, res, s);
     }
   };
-  http.Put("/route", [&reg, reply](Req req, Res res) {
+  // sglang answers its writes with a plain "OK".
+  auto reply_ok = [](Req req, Res res, const Status& s) {
+    if (s.ok()) {
+      res.set_content("OK", "text/plain");
+    } else {
+      ReplyError(req, res, s);
+    }
+  };
+  http.Put("/route", [&reg, reply_ok](Req req, Res res) {
     Status s = [&]() -> Status {
       KVB_ASSIGN_OR_RETURN(json body, ParseBody(req));
       KVB_ASSIGN_OR_RETURN(internal::RankRecord record, internal::RankRecord::FromJson(body));
       return reg.Register(record);
     }();
-    reply(req, res, s, json{{"ok", true}});
+    reply_ok(req, res, s);
+  });
+  for (const char* method : {"POST", "DELETE", "PATCH"}) {
+    auto not_allowed = [method](Req req, Res res) {
+      ReplyError(req, res,
+                 Status(StatusCode::kInvalidArgument,
+                        std::string("method ") + method + " not allowed on /route (PUT or GET)"));
+      res.status = 405;
+    };
+    if (std::string(method) == "POST") http.Post("/route", not_allowed);
+    if (std::string(method) == "DELETE") http.Delete("/route", not_allowed);
+    if (std::string(method) == "PATCH") http.Patch("/route", not_allowed);
+  }
+  http.Post("/register_dp_rank", [&reg, reply_ok](Req req, Res res) {
+    Status s = [&]() -> Status {
+      KVB_ASSIGN_OR_RETURN(json body, ParseBody(req, kMaxFailureBodyBytes));
+      return PostDpRank(reg, body);
+    }();
+    reply_ok(req, res, s);
+  });
+  http.Post("/query_dp_ranks", [&reg, reply](Req req, Res res) {
+    json out;
+    Status s = [&]() -> Status {
+      KVB_ASSIGN_OR_RETURN(json body, ParseBody(req));
+      return QueryDpRanks(reg, body, &out);
+    }();
+    reply(req, res, s, out);
   });
   http.Get("/route", [&reg, reply](Req req, Res res) {
     json out;

@@ -87,11 +87,8 @@ TEST_F(BootstrapServerTest, ReportsTheBoundAddress) {
 TEST_F(BootstrapServerTest, RouteLookupsFollowSglangSemantics) {
   ExpectError(client_->GetParallelInfo().status(), StatusCode::kUnavailable, "no prefill rank");
   ASSERT_TRUE(client_->RegisterRank(Prefill(0)).ok());
-  Result<ParallelInfo> info = client_->GetParallelInfo();
-  ASSERT_TRUE(info.ok()) << info.status().ToString();
-  EXPECT_EQ(info->attn_tp_size, 2);
-  EXPECT_EQ(info->ranks_registered, 1);
-  EXPECT_EQ(info->ranks_expected, 2);
+  ExpectError(client_->GetParallelInfo().status(), StatusCode::kUnavailable,
+              "1 of 2 prefill ranks registered");
   Status partial = client_->GetRank(0, 0, 0, 0).status();
   ExpectError(partial, StatusCode::kUnavailable, "1 of 2 prefill ranks registered");
   ExpectError(partial, StatusCode::kUnavailable, server_->address());
@@ -107,13 +104,16 @@ TEST_F(BootstrapServerTest, RouteLookupsFollowSglangSemantics) {
   EXPECT_EQ(r->ToJson(), Prefill(1).ToJson());
   ExpectError(client_->GetRank(0, 0, 2, 0).status(), StatusCode::kNotFound, "tp2");
   ExpectError(client_->GetRank(-1, 0, 0, 0).status(), StatusCode::kInvalidArgument, ">= 0");
-  EXPECT_EQ(client_->GetParallelInfo()->ranks_registered, 2);
+  Result<ParallelInfo> info = client_->GetParallelInfo();
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->attn_tp_size, 2);
+  EXPECT_EQ(info->ranks_registered, 2);
 
   RankRecord conflicting = Prefill(1, 999);
   conflicting.page_size = 32;
   ExpectError(client_->RegisterRank(conflicting), StatusCode::kFailedPrecondition, "page_size 32");
   RankRecord invalid = Prefill(0);
-  invalid.pid = 0;
+  invalid.pid = -5;  // 0 is allowed: an sglang rank does not send one
   ExpectError(client_->RegisterRank(invalid), StatusCode::kInvalidArgument, "pid");
 }
 
@@ -218,7 +218,8 @@ INSTANTIATE_TEST_SUITE_P(
         RawCase{"GET", "/failures?since=x", "", 400, "INVALID_ARGUMENT", "'since'"},
         RawCase{"GET", "/failures?since=-1", "", 400, "INVALID_ARGUMENT", "'since'"},
         RawCase{"GET", "/nowhere", "", 404, "NOT_FOUND", "/nowhere"},
-        RawCase{"DELETE", "/route", "", 404, "NOT_FOUND", "DELETE /route"}));
+        RawCase{"DELETE", "/route", "", 405, "INVALID_ARGUMENT", "DELETE not allowed"},
+        RawCase{"POST", "/route", "{}", 405, "INVALID_ARGUMENT", "POST not allowed"}));
 
 TEST_F(BootstrapServerTest, SecondServerOnTheSamePortIsAlreadyExists) {
   BootstrapServerOptions o;
@@ -328,7 +329,7 @@ TEST(BootstrapClientTest, MalformedAnswersAreInternal) {
                                         AuthTokenFromEnvironment());
   ASSERT_TRUE(client.ok());
   ExpectError((*client)->ListRanks().status(), StatusCode::kInternal, "not valid JSON");
-  ExpectError((*client)->GetRank(0, 0, 0, 0).status(), StatusCode::kInternal, "'role'");
+  ExpectError((*client)->GetRank(0, 0, 0, 0).status(), StatusCode::kInternal, "'attn_tp_size'");
   ExpectError((*client)->GetParallelInfo().status(), StatusCode::kInternal, "attn_tp_size");
   ExpectError((*client)->FailuresSince(0).status(), StatusCode::kInternal, "'records'");
   ExpectError((*client)->PublishFailure(json::object()).status(), StatusCode::kInternal, "'seq'");

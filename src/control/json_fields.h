@@ -40,6 +40,8 @@ class JsonFields {
   // InvalidArgument unless the value is a JSON object.
   Status RequireObject() const;
   bool Has(const char* name) const { return j_.is_object() && j_.contains(name); }
+  // Present and not null (Python's None: sglang sends optional fields so).
+  bool HasValue(const char* name) const { return Has(name) && !j_.at(name).is_null(); }
 
   Status Int(const char* name, int64_t min, int64_t max, int64_t* out) const;
   Status Int(const char* name, int min, int max, int* out) const;

@@ -137,8 +137,18 @@ class MemoryRegistry final : public Registry {
     info.pp_size = ref.pp_size;
     info.page_size = ref.page_size;
     info.kv_cache_dtype = ref.kv_cache_dtype;
+    info.follow_bootstrap_room = ref.follow_bootstrap_room;
+    info.enable_dsa_cache_layer_split = ref.enable_dsa_cache_layer_split;
+    for (const auto& [key, e] : prefill_) {
+      if (info.prefill_http_port == 0) info.prefill_http_port = e.record.prefill_http_port;
+    }
     info.ranks_registered = static_cast<int>(prefill_.size());
     info.ranks_expected = ExpectedRanks(ref);
+    // As sglang's server: decode reads the layout only once it is whole.
+    if (!info.complete()) {
+      return UnavailableError(std::to_string(info.ranks_registered) + " of " +
+                              std::to_string(info.ranks_expected) + " prefill ranks registered");
+    }
     return info;
   }
 
@@ -202,6 +212,32 @@ class MemoryRegistry final : public Registry {
     failures_.emplace_back(seq, std::move(stored));
     while (failures_.size() > options_.max_failure_records) failures_.pop_front();
     return seq;
+  }
+
+  Status RegisterDpRank(uint64_t room, int dp_rank) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Clock::time_point now = options_.clock();
+    std::erase_if(dp_ranks_,
+                  [&](const auto& kv) { return now - kv.second.at > options_.dp_rank_ttl; });
+    if (dp_ranks_.size() >= options_.max_dp_rank_entries && !dp_ranks_.contains(room)) {
+      return ResourceExhaustedError("registry: " + std::to_string(dp_ranks_.size()) +
+                                    " room dp ranks held, the limit (max_dp_rank_entries)");
+    }
+    dp_ranks_[room] = DpRank{dp_rank, now};
+    return Status::Ok();
+  }
+
+  std::map<uint64_t, int> QueryDpRanks(const std::vector<uint64_t>& rooms) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Clock::time_point now = options_.clock();
+    std::map<uint64_t, int> out;
+    for (uint64_t room : rooms) {
+      auto it = dp_ranks_.find(room);
+      if (it != dp_ranks_.end() && now - it->second.at <= options_.dp_rank_ttl) {
+        out[room] = it->second.dp_rank;
+      }
+    }
+    return out;
   }
 
   Result<FailureBatch> FailuresSince(uint64_t since) const override {
@@ -319,7 +355,12 @@ class MemoryRegistry final : public Registry {
   std::map<RankKey, Entry> prefill_;                      // guarded by mu_
   std::map<std::pair<RankKey, uint64_t>, Entry> decode_;  // guarded by mu_
   std::deque<std::pair<uint64_t, json>> failures_;        // guarded by mu_
-  uint64_t latest_seq_ = 0;                               // guarded by mu_
+  struct DpRank {
+    int dp_rank;
+    Clock::time_point at;
+  };
+  std::map<uint64_t, DpRank> dp_ranks_;  // guarded by mu_
+  uint64_t latest_seq_ = 0;              // guarded by mu_
 };
 
 }  // namespace

@@ -125,7 +125,7 @@ TEST_P(RankRecordBadFieldTest, IsInvalidArgumentNamingTheField) {
 INSTANTIATE_TEST_SUITE_P(
     Fields, RankRecordBadFieldTest,
     ::testing::Values(BadField{[](json& j) { j = json::array(); }, "expected a JSON object"},
-                      BadField{[](json& j) { j.erase("role"); }, "'role'"},
+                      BadField{[](json& j) { j["role"] = 7; }, "'role'"},
                       BadField{[](json& j) { j["role"] = "router"; }, "role"},
                       BadField{[](json& j) { j["attn_tp_rank"] = "1"; }, "'attn_tp_rank'"},
                       BadField{[](json& j) { j["attn_tp_rank"] = 2; }, "attn_tp_rank = 2"},
@@ -137,8 +137,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadField{[](json& j) { j["rank_port"] = 70000; }, "'rank_port'"},
                       BadField{[](json& j) { j["page_size"] = 0; }, "'page_size'"},
                       BadField{[](json& j) { j["kv_cache_dtype"] = ""; }, "kv_cache_dtype"},
-                      BadField{[](json& j) { j["host"] = nullptr; }, "'host'"},
-                      BadField{[](json& j) { j["pid"] = 0; }, "'pid'"},
+                      BadField{[](json& j) { j["host"] = 5; }, "'host'"},
+                      BadField{[](json& j) { j["pid"] = -1; }, "'pid'"},
                       BadField{[](json& j) { j["page_size"] = -3; }, "'page_size'"},
                       BadField{[](json& j) { j["incarnation"] = 0; }, "incarnation"},
                       BadField{[](json& j) { j["incarnation"] = -5; }, "'incarnation'"},
@@ -212,17 +212,21 @@ TEST_F(RegistryTest, ParallelInfoCountsPrefillRanksOnly) {
   ExpectError(registry_->GetParallelInfo().status(), StatusCode::kUnavailable, "no prefill");
   ASSERT_TRUE(registry_->Register(Decode(0, 9)).ok());
   ASSERT_TRUE(registry_->Register(Prefill(1, 4)).ok());
+  // As sglang's server: not served until the instance is whole.
+  ExpectError(registry_->GetParallelInfo().status(), StatusCode::kUnavailable,
+              "1 of 4 prefill ranks registered");
+  for (int tp : {0, 2, 3}) ASSERT_TRUE(registry_->Register(Prefill(tp, 4)).ok());
   Result<ParallelInfo> info = registry_->GetParallelInfo();
-  ASSERT_TRUE(info.ok());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
   EXPECT_EQ(info->attn_tp_size, 4);
   EXPECT_EQ(info->attn_cp_size, 1);
   EXPECT_EQ(info->attn_dp_size, 1);
   EXPECT_EQ(info->pp_size, 1);
   EXPECT_EQ(info->page_size, 16);
   EXPECT_EQ(info->kv_cache_dtype, "bfloat16");
-  EXPECT_EQ(info->ranks_registered, 1);
+  EXPECT_EQ(info->ranks_registered, 4);
   EXPECT_EQ(info->ranks_expected, 4);
-  EXPECT_FALSE(info->complete());
+  EXPECT_TRUE(info->complete());
   Result<ParallelInfo> back = ParallelInfo::FromJson(info->ToJson());
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->ToJson(), info->ToJson());
@@ -243,7 +247,7 @@ TEST_P(RegistryConflictTest, IsFailedPreconditionNamingBothValues) {
   Status s = registry_->Register(r);
   ExpectError(s, StatusCode::kFailedPrecondition, GetParam().mine_then_theirs[1]);
   ExpectError(s, StatusCode::kFailedPrecondition, GetParam().mine_then_theirs[0]);
-  EXPECT_EQ(registry_->GetParallelInfo()->ranks_registered, 1);
+  EXPECT_EQ(registry_->ListRanks()->size(), 1u);  // the conflicting rank was not kept
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -498,9 +502,7 @@ TEST_F(RegistryTest, NewLayoutIsAcceptedOnceEveryOldPrefillRankIsDead) {
               "attn_tp_size 4");
   Advance(milliseconds(10001));
   ASSERT_TRUE(registry_->Register(Prefill(0, 4, 900)).ok());
-  Result<ParallelInfo> info = registry_->GetParallelInfo();
-  EXPECT_EQ(info->attn_tp_size, 4);
-  EXPECT_EQ(info->ranks_registered, 1);
+  ExpectError(registry_->GetParallelInfo().status(), StatusCode::kUnavailable, "1 of 4");
   ExpectError(registry_->GetRank(0, 0, 3, 0).status(), StatusCode::kUnavailable, "1 of 4");
 }
 
