@@ -93,5 +93,26 @@ TEST_F(PeerLimitsTest, MetaWithHugeTpSizeNeverReachesThePlanner) {
   EXPECT_EQ(prefill().Stats().pending_metadata, 0u);
 }
 
+// What the wire refuses is refused locally too, naming the limit.
+TEST(PeerLimitsOptionsTest, ParallelSizeAboveTheWireLimitIsRefused) {
+  PoolOptions po;
+  po.num_pages = 8;
+  auto pool = KvPool::Create(po);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto fabric = std::make_shared<LoopbackFabric>();
+  for (int size : {kMaxParallelSize + 1, 1 << 30}) {
+    ManagerOptions mo;
+    mo.role = Role::kDecode;
+    mo.args = (*pool)->Args();
+    mo.parallel.tp_size = size;
+    mo.start_bootstrap_server = false;
+    auto m = CreateManager(mo, std::move(CreateLoopbackTransport(fabric, "decode")).value());
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(m.status().message(),
+              "tp size " + std::to_string(size) + " exceeds the limit of 1024");
+  }
+}
+
 }  // namespace
 }  // namespace kvbridge::internal
