@@ -321,6 +321,14 @@ bool DecodeBody(uint8_t type, WireReader& r, MessageBody* body) {
   return r.Fail(fmt::format("unknown message type {}", type));
 }
 
+// A Hello describes its sender's own rank.
+bool HelloMatchesSender(const Message& m, WireReader& r) {
+  const auto* hello = std::get_if<HelloMsg>(&m.body);
+  if (hello == nullptr || hello->layout.tp_rank == m.from.tp) return true;
+  return r.Fail(
+      fmt::format("layout tp_rank {} is not the sender's tp {}", hello->layout.tp_rank, m.from.tp));
+}
+
 constexpr std::string_view kTypeNames[] = {"Hello",      "HelloAck", "Meta",      "Notify",
                                            "RoomFailed", "Quiesced", "Heartbeat", "RankFailed"};
 static_assert(std::size(kTypeNames) == std::variant_size_v<MessageBody>);
@@ -343,6 +351,7 @@ Result<Message> DecodeMessage(std::string_view bytes) {
   Message m;
   bool ok = r.U32(&magic) && (magic == kMagic || r.Fail(fmt::format("bad magic {:#x}", magic))) &&
             r.U8(&type) && GetRank(r, "sender", &m.from) && DecodeBody(type, r, &m.body) &&
+            HelloMatchesSender(m, r) &&
             (r.AtEnd() || r.Fail(fmt::format("{} bytes after the end", r.remaining())));
   if (!ok) {
     std::string_view name = type < std::size(kTypeNames) ? kTypeNames[type] : "unknown";

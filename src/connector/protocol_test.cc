@@ -61,12 +61,12 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
   layout.is_mla = true;
   layout.page_size = 16;
   layout.dtype = "bfloat16";
-  layout.tp_size = 2;
-  layout.tp_rank = 1;
+  layout.tp_size = 4;
+  layout.tp_rank = 3;  // the sender's tp
   layout.kv = {{0x1000, 4096, 256}};
   layout.aux = {{0x9000, 640, 64}};
   std::vector<MessageBody> bodies = {
-      HelloMsg{layout, 2, "addr", {"k1"}, {"a"}, {}},
+      HelloMsg{layout, 4, "addr", {"k1"}, {"a"}, {}},
       HelloAckMsg{StatusCode::kFailedPrecondition, "page size mismatch", "addr2"},
       MetaMsg{42, 7, 2, true, {1, 5, 9}, 3, {4}, 2},
       NotifyMsg{42, 7, 3, true, 12},
@@ -92,12 +92,12 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
   EXPECT_EQ(meta.prefix_pages, 2);
   EXPECT_TRUE(meta.dummy);
   auto hello =
-      std::get<HelloMsg>(DecodeMessage(EncodeMessage(Rank(Role::kDecode, 0), bodies[0]))->body);
+      std::get<HelloMsg>(DecodeMessage(EncodeMessage(Rank(Role::kDecode, 3), bodies[0]))->body);
   EXPECT_TRUE(hello.layout.is_mla);
   EXPECT_EQ(hello.layout.kv[0].item_len, 256u);
   EXPECT_EQ(hello.kv_keys, (std::vector<std::string>{"k1"}));
-  EXPECT_EQ(hello.tp_size, 2);
-  EXPECT_EQ(hello.layout.tp_rank, 1);
+  EXPECT_EQ(hello.tp_size, 4);
+  EXPECT_EQ(hello.layout.tp_rank, 3);
   auto failed = std::get<RoomFailedMsg>(
       DecodeMessage(EncodeMessage(Rank(Role::kDecode, 0), bodies[4]))->body);
   EXPECT_TRUE(failed.quiesced);
@@ -261,6 +261,13 @@ TEST(ProtocolLimitsTest, EveryCountAndLengthIsBounded) {
     c.edit(h);
     ExpectRejected(EncodeMessage(from, h), c.why);
   }
+  HelloMsg other_rank = GoodHello();
+  other_rank.layout.tp_size = other_rank.tp_size = 4;
+  other_rank.layout.tp_rank = 2;
+  ExpectRejected(EncodeMessage(from, other_rank), "layout tp_rank 2 is not the sender's tp 0");
+  RankId tp2 = from;
+  tp2.tp = 2;
+  EXPECT_TRUE(DecodeMessage(EncodeMessage(tp2, other_rank)).ok());
   RankId long_host = from;
   long_host.host.assign(257, 'h');
   ExpectRejected(EncodeMessage(long_host, HeartbeatMsg{}), "rank host of 257 bytes");
