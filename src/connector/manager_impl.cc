@@ -51,6 +51,9 @@ Status ValidateOptions(const ManagerOptions& o) {
                                   {"cp", p.cp_size, p.cp_rank}}) {
     if (size < 1 || rank < 0 || rank >= size)
       return InvalidArgumentError(fmt::format("{} rank {} of size {}", name, rank, size));
+    if (size > kMaxParallelSize)  // what peers accept on the wire (protocol.h)
+      return InvalidArgumentError(
+          fmt::format("{} size {} exceeds the limit of {}", name, size, kMaxParallelSize));
   }
   if (o.heartbeat_interval.count() <= 0 || o.heartbeat_misses < 1)
     return InvalidArgumentError("heartbeat_interval and heartbeat_misses must be positive");
@@ -344,6 +347,7 @@ void ManagerImpl::OnMessage(std::string_view bytes) {
   KVB_LOG_TRACE("control message of {} bytes", bytes.size());
   Result<Message> decoded = DecodeMessage(bytes);
   if (!decoded.ok()) {
+    ++invalid_dropped_;
     KVB_LOG_WARN("dropping control message: {}", decoded.status().ToString());
     return;
   }
@@ -533,6 +537,7 @@ ManagerStats ManagerImpl::Stats() const {
   s.write_ops = write_ops_;
   s.chunks_sent = chunks_sent_;
   s.stale_messages_dropped = stale_dropped_;
+  s.invalid_messages_dropped = invalid_dropped_;
   s.pending_metadata = pending_meta_.size();
   s.heartbeat_rounds = heartbeat_seq_.load();
   for (auto& [key, p] : peers_) s.peers_connected += (p->ready && !p->failed) ? 1 : 0;
