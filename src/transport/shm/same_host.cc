@@ -111,6 +111,7 @@ SameHostExporter::~SameHostExporter() {
   if (thread_.joinable()) thread_.join();
   close(listen_fd_);
   close(stop_fd_);
+  MutexLock lock(mu_);
   for (auto& [id, e] : regions_) {
     if (e.fd >= 0) close(e.fd);
   }
@@ -122,7 +123,7 @@ Status SameHostExporter::Add(const ExportedRegion& region) {
     e.fd = fcntl(region.segment->fd, F_DUPFD_CLOEXEC, 0);
     if (e.fd < 0) return InternalError("dup of shared segment fd: " + Errno(errno));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto [it, fresh] = regions_.emplace(region.region_id, e);
   if (!fresh) {
     if (e.fd >= 0) close(e.fd);
@@ -132,7 +133,7 @@ Status SameHostExporter::Add(const ExportedRegion& region) {
 }
 
 void SameHostExporter::Remove(uint64_t region_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = regions_.find(region_id);
   if (it == regions_.end()) return;
   if (it->second.fd >= 0) close(it->second.fd);
@@ -140,7 +141,7 @@ void SameHostExporter::Remove(uint64_t region_id) {
 }
 
 uint64_t SameHostExporter::refused() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return refused_;
 }
 
@@ -180,7 +181,7 @@ void SameHostExporter::Answer(int conn) {
   bool granted = false;
   uint64_t refused = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = parsed ? regions_.find(region_id) : regions_.end();
     if (parsed) std::memcpy(token.bytes.data(), token_bytes.data(), token.bytes.size());
     // Unknown region and wrong token get the same answer: no oracle.

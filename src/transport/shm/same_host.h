@@ -26,12 +26,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 
+#include "common/thread_annotations.h"
 #include "kvbridge/status.h"
 #include "transport/region_token.h"
 #include "transport/shm/shm.h"
@@ -77,9 +77,9 @@ class SameHostExporter {
   const int listen_fd_;
   const int stop_fd_;
   const std::string name_;
-  mutable std::mutex mu_;
-  std::map<uint64_t, Entry> regions_;  // GUARDED_BY(mu_)
-  uint64_t refused_ = 0;               // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<uint64_t, Entry> regions_ KVB_GUARDED_BY(mu_);
+  uint64_t refused_ KVB_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 
