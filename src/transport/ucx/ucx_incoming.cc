@@ -185,10 +185,13 @@ void UcxTransport::OnBlockDone(std::pair<uint64_t, uint64_t> key, const Status& 
   if (!st.ok() && in.error.ok()) in.error = st;
   in.lost |= lost;
   if (++in.done < in.expected) return;
-  // Every block of the batch is in our memory (or was refused): tell the
-  // sender. A failed receive means a broken link: the sender sees that.
-  if (!in.lost) SendAck(in.reply_ep, key.first, key.second, in.error);
-  auto peer = incoming_peers_.find(in.reply_ep);
+  // Every block of the batch is in our memory (or was refused). The slot is
+  // freed before the sender hears of it, so that a sender that reacts to
+  // the ACK finds the bound already lowered.
+  const IncomingBatch done = std::move(in);
+  incoming_.erase(it);
+  --open_incoming_;
+  auto peer = incoming_peers_.find(done.reply_ep);
   if (peer != incoming_peers_.end()) {
     --peer->second.open_batches;
     if (peer->second.open_batches == 0 && !peer->second.logged_token &&
@@ -196,8 +199,8 @@ void UcxTransport::OnBlockDone(std::pair<uint64_t, uint64_t> key, const Status& 
       incoming_peers_.erase(peer);
     }
   }
-  --open_incoming_;
-  incoming_.erase(it);
+  // A failed receive means a broken link: the sender sees that.
+  if (!done.lost) SendAck(done.reply_ep, key.first, key.second, done.error);
 }
 
 void UcxTransport::SendAck(ucp_ep_h reply_ep, uint64_t connection, uint64_t batch,
