@@ -50,8 +50,10 @@ void AckDone(void* request, ucs_status_t status, void* user_data) {
 
 }  // namespace
 
-IncomingStats UcxTransport::Stats() const {
-  return IncomingStats{rejected_token_.load(), rejected_limit_.load(), open_incoming_.load()};
+IncomingStats UcxTransport::Stats() {
+  IncomingStats out;
+  RunSync([&] { out = incoming_stats_; });
+  return out;
 }
 
 void UcxTransport::LogOncePerPeer(ucp_ep_h ep, bool IncomingPeer::*flag, const std::string& what) {
@@ -87,7 +89,7 @@ bool UcxTransport::AdmitDataAm(const DataHeader& h, size_t length, ucp_ep_h repl
   }
   // Refusals that keep no state: the sender learns from the ACK.
   if (!token_ok) {
-    ++rejected_token_;
+    ++incoming_stats_.rejected_token;
     LogOncePerPeer(reply_ep, &IncomingPeer::logged_token,
                    "dropped a write into region " + std::to_string(h.region_id) +
                        " without its token; nothing written");
@@ -110,14 +112,14 @@ bool UcxTransport::AdmitDataAm(const DataHeader& h, size_t length, ucp_ep_h repl
                 std::to_string(options_.max_incoming_batches_per_peer) + ")";
     }
     if (!refusal.empty()) {
-      ++rejected_limit_;
+      ++incoming_stats_.rejected_limit;
       LogOncePerPeer(reply_ep, &IncomingPeer::logged_limit, "refused incoming writes: " + refusal);
       SendAck(reply_ep, h.connection, h.batch,
               ResourceExhaustedError("target refused write: " + refusal + "; nothing written"));
       return false;
     }
     ++peer.open_batches;
-    ++open_incoming_;
+    ++incoming_stats_.open_batches;
     IncomingBatch& in = incoming_[key];
     in.expected = h.blocks;
     in.reply_ep = reply_ep;
@@ -138,7 +140,7 @@ ucs_status_t UcxTransport::OnDataAm(const void* header, size_t header_length, vo
   if (header_length != sizeof(DataHeader) || reply_ep == nullptr) {
     // Not one of our senders (they send a full header, token included, with
     // a reply endpoint): nothing to acknowledge, nothing written.
-    ++rejected_token_;
+    ++incoming_stats_.rejected_token;
     LogOncePerPeer(reply_ep, &IncomingPeer::logged_token,
                    "dropped a write with a " + std::to_string(header_length) + "-byte header" +
                        (reply_ep == nullptr ? " and no reply endpoint" : "") +
@@ -190,7 +192,7 @@ void UcxTransport::OnBlockDone(std::pair<uint64_t, uint64_t> key, const Status& 
   // the ACK finds the bound already lowered.
   const IncomingBatch done = std::move(in);
   incoming_.erase(it);
-  --open_incoming_;
+  --incoming_stats_.open_batches;
   auto peer = incoming_peers_.find(done.reply_ep);
   if (peer != incoming_peers_.end()) {
     --peer->second.open_batches;

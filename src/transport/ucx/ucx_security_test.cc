@@ -35,6 +35,7 @@ std::unique_ptr<Transport> Make(const UcxTransportOptions& o) {
   return t.ok() ? std::move(*t) : nullptr;
 }
 
+// Also a barrier with the target's progress thread (see Stats).
 IncomingStats StatsOf(Transport& t) { return static_cast<UcxTransport&>(t).Stats(); }
 
 bool AllZero(const uint8_t* p, size_t n) {
@@ -102,17 +103,20 @@ TEST_F(UcxSecurityTest, WrongOrMissingTokenWritesNothingEagerOrRendezvous) {
       Status st = Write(*key, 0, length);
       EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
       EXPECT_THAT(st.message(), HasSubstr("no valid token"));
-      EXPECT_TRUE(AllZero(dst_.data(), kRegion)) << "forged write of " << length << " landed";
+      // The refusing ACK, then Stats (run on the target's progress thread):
+      // whatever the target did with the message is visible by now.
       EXPECT_EQ(StatsOf(*target_).rejected_token, ++rejected);
+      EXPECT_TRUE(AllZero(dst_.data(), kRegion)) << "forged write of " << length << " landed";
     }
   }
   // The genuine descriptor still writes, at both sizes.
   ASSERT_TRUE(Write(dst_key_, 0, 4096).ok());
   ASSERT_TRUE(Write(dst_key_, 1 << 20, 1 << 20).ok());
+  IncomingStats stats = StatsOf(*target_);
+  EXPECT_EQ(stats.rejected_token, rejected);
+  EXPECT_EQ(stats.open_batches, 0u);
   EXPECT_EQ(std::memcmp(dst_.data(), src_.data(), 4096), 0);
   EXPECT_EQ(std::memcmp(dst_.data() + (1 << 20), src_.data() + (1 << 20), 1 << 20), 0);
-  EXPECT_EQ(StatsOf(*target_).rejected_token, rejected);
-  EXPECT_EQ(StatsOf(*target_).open_batches, 0u);
 }
 
 TEST_F(UcxSecurityTest, ForgedSameHostDescriptorIsRefused) {
@@ -264,9 +268,11 @@ TEST_F(UcxSecurityTest, DataMessageWithoutTokenFieldWritesNothing) {
   ASSERT_EQ(acks.size(), 1u);
   EXPECT_EQ(acks[0].first.batch, 2u);
   EXPECT_EQ(acks[0].first.code, 0);
+  // Stats runs on the target's progress thread: after it, every write the
+  // target made is visible here (the ACK came over a socket).
+  EXPECT_EQ(StatsOf(*target_).rejected_token, 1u);
   EXPECT_TRUE(AllZero(dst_.data(), 8192)) << "the token-less write landed";
   EXPECT_EQ(dst_[8192], 0xab);
-  EXPECT_EQ(StatsOf(*target_).rejected_token, 1u);
 }
 
 TEST_F(UcxSecurityTest, FloodOfOpenBatchesIsRefusedAndStateStaysBounded) {
@@ -303,14 +309,15 @@ TEST_F(UcxSecurityTest, FloodOfOpenBatchesIsRefusedAndStateStaysBounded) {
   EXPECT_EQ(more[kExtra].first.code, 0);
   EXPECT_EQ(more[kExtra + 1].first.batch, 1000u);
   EXPECT_EQ(more[kExtra + 1].first.code, 0);
-  EXPECT_EQ(dst_[4096], 0xcd);
   EXPECT_EQ(StatsOf(*target_).open_batches, kLimit - 1);
+  EXPECT_EQ(dst_[4096], 0xcd);
   // A batch claiming an absurd block count is refused up front.
   DataHeader huge = HeaderFor(dst_key_, 8192, payload.size(), 2000, ~uint64_t{0});
   flooder.Send(&huge, sizeof(huge), payload.data(), payload.size());
   const auto& last = flooder.WaitAcks(kExtra + 3);
   ASSERT_EQ(last.size(), kExtra + 3);
   EXPECT_EQ(last.back().first.code, static_cast<int32_t>(StatusCode::kResourceExhausted));
+  EXPECT_EQ(StatsOf(*target_).rejected_limit, kExtra + 1);
   EXPECT_EQ(dst_[8192], 0);
 }
 

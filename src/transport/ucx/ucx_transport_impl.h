@@ -231,8 +231,10 @@ class UcxTransport final : public Transport {
   // Target side: one data AM of batch `key` was placed (ok), rejected
   // (error) or lost (its receive failed).
   void OnBlockDone(std::pair<uint64_t, uint64_t> key, const Status& st, bool lost);
-  // Counters of the incoming data path; thread-safe.
-  IncomingStats Stats() const;
+  // Counters of the incoming data path, read on the progress thread: also a
+  // barrier (everything the target did before the call has happened).
+  // Thread-safe; not from a UCX callback.
+  IncomingStats Stats();
 
  private:
   explicit UcxTransport(const UcxTransportOptions& options);
@@ -309,9 +311,7 @@ class UcxTransport final : public Transport {
   std::map<uint64_t, std::shared_ptr<Peer>> peers_by_connection_;
   std::map<std::pair<uint64_t, uint64_t>, IncomingBatch> incoming_;
   std::map<ucp_ep_h, IncomingPeer> incoming_peers_;
-  std::atomic<uint64_t> rejected_token_{0};
-  std::atomic<uint64_t> rejected_limit_{0};
-  std::atomic<uint64_t> open_incoming_{0};
+  IncomingStats incoming_stats_;
   // Owner side of the same-host grants; null when same-host paths are off
   // or the socket could not be made (peers then use UCX).
   std::unique_ptr<SameHostExporter> exporter_;
