@@ -85,17 +85,24 @@ except Exception:  # noqa: BLE001
 QUIESCE_WAIT_S = 10.0
 
 
-def _ints(values: Any) -> List[int]:
+_MAX_DEPTH = 8  # sglang nests at most three deep (types, arrays, values)
+
+
+def _ints(values: Any, depth: int = 0) -> List[int]:
     """Every integer of a nested list / tuple / numpy array / tensor, in order."""
     if values is None:
         return []
+    if depth > _MAX_DEPTH:
+        raise ValueError(f"nested deeper than {_MAX_DEPTH} levels")
     if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
         values = values.tolist()  # numpy array or torch tensor (also 0-d)
     if isinstance(values, (list, tuple)):
         out: List[int] = []
         for v in values:
-            out.extend(_ints(v))
+            out.extend(_ints(v, depth + 1))
         return out
+    if isinstance(values, bool) or not isinstance(values, (int, np.integer)):
+        raise TypeError(f"{type(values).__name__} {values!r:.40} is not an integer index")
     return [int(values)]
 
 
@@ -108,7 +115,11 @@ def flat_state_indices(state_indices: Any) -> Optional[List[int]]:
     """
     if state_indices is None:
         return None
-    out = _ints(state_indices)
+    try:
+        out = _ints(state_indices)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise kvbridge.InvalidArgumentError(
+            None, f"state_indices ({type(state_indices).__name__}): {e}") from None
     return out or None
 
 
@@ -179,6 +190,35 @@ def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVAr
     return ours
 
 
+def _wildcard_to_loopback(host: str) -> str:
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+
+def bootstrap_target(server_args: Any) -> str:
+    """Where a prefill rank registers (sglang's register_to_bootstrap): the
+    dist-init host under multi-node, else the server's host; and the
+    disaggregation bootstrap port."""
+    port = getattr(server_args, "disaggregation_bootstrap_port", 8998)
+    dist = getattr(server_args, "dist_init_addr", None)
+    if dist and int(getattr(server_args, "nnodes", 1) or 1) > 1:
+        host = str(dist).rsplit(":", 1)[0].strip("[]")
+    else:
+        host = _wildcard_to_loopback(str(getattr(server_args, "host", None) or ""))
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def advertise_host(server_args: Any) -> str:
+    """The address other ranks reach this one at: sglang's own choice
+    (get_local_ip_auto, as its rank_ip) inside sglang, else the server's
+    host, with a wildcard bind address made loopback."""
+    for module in ("sglang.srt.utils.network", "sglang.srt.utils"):
+        try:
+            return str(__import__(module, fromlist=["get_local_ip_auto"]).get_local_ip_auto())
+        except Exception:  # noqa: BLE001 -- not inside sglang
+            continue
+    return _wildcard_to_loopback(str(getattr(server_args, "host", None) or ""))
+
+
 def _norm_addr(addr: str) -> str:
     addr = addr.split("://", 1)[-1].split("/", 1)[0]
     return addr.replace("localhost:", "127.0.0.1:").replace("0.0.0.0:", "127.0.0.1:")
@@ -216,12 +256,9 @@ class KVBridgeKVManager(BaseKVManager):
             self.register_to_bootstrap()
 
     def _config(self, bootstrap_addr: str) -> KVConfig:
-        host = self.bootstrap_host
-        advertise = getattr(self.server_args, "disaggregation_advertise_host", None)
-        if not advertise:
-            advertise = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         return KVConfig(bootstrap_addr=bootstrap_addr, start_bootstrap_server=False,
-                        advertise_host=advertise, instance_id=self._instance_id(host))
+                        advertise_host=advertise_host(self.server_args),
+                        instance_id=self._instance_id(self.bootstrap_host))
 
     def _instance_id(self, host: str) -> str:
         """Decode: the server's own address, the same on all its ranks and
@@ -235,7 +272,7 @@ class KVBridgeKVManager(BaseKVManager):
     def register_to_bootstrap(self, bootstrap_addr: Optional[str] = None) -> None:
         """Prefill: creates the rank's manager, which registers with bootstrap."""
         if self._core is None:
-            addr = bootstrap_addr or f"{self.bootstrap_host}:{self.bootstrap_port}"
+            addr = bootstrap_addr or bootstrap_target(self.server_args)
             self._core = _Manager(self._args, self._mode, self._config(_norm_addr(addr)),
                                   self.is_mla_backend)
 
@@ -377,15 +414,16 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
             log.warning("room %s: token_position_offset %s is not supported", self.bootstrap_room,
                         token_position_offset)
             return
-        pages = _ints(kv_indices)
-        self._pages += len(pages)
+        pages = kv_indices  # an int32 array reaches C++ without a copy
+        self._pages += len(kv_indices)
         if self._first and self._prefix_pages:
             # kvbridge counts decode's prefix pages and skips them: stand-ins.
-            pages = [0] * self._prefix_pages + pages
+            pages = np.concatenate([np.zeros(self._prefix_pages, np.int64),
+                                    np.asarray(kv_indices, dtype=np.int64).reshape(-1)])
         self._first = False
         state = flat_state_indices(state_indices)
         self._states += len(state or [])
-        self._quiet(self._s.send, np.asarray(pages, dtype=np.int64), state)
+        self._quiet(self._s.send, pages, state)
 
     def should_send_kv_chunk(self, num_pages: int, last_chunk: bool) -> bool:
         return num_pages > 0 or last_chunk  # an empty last chunk still sends aux/state

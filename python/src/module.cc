@@ -187,7 +187,9 @@ class PyReceiver : public RoomHandle<KVReceiver> {
   KVPoll PollSettled() const { return room_ ? room_->PollSettled() : Poll(); }
   bool WaitQuiesced(double timeout_s) const {
     if (!room_) return true;
-    auto ms = std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, timeout_s) * 1000));
+    // NaN and negatives wait not at all; anything past an hour is an hour.
+    const double s = std::min(std::max(0.0, timeout_s), 3600.0);
+    auto ms = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
     return room_->WaitQuiesced(ms);
   }
   uint64_t Generation() { return live().generation(); }

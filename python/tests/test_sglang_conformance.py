@@ -395,3 +395,47 @@ def test_errors_name_the_room(pair):  # papercut: bootstrap_room on a duplicate
         kvbridge.KVSender(pair.pm.core(), pair.addr, 47)
     assert e.value.bootstrap_room == 47
     tx.clear()
+
+
+def test_multi_node_prefill_registers_where_peers_reach_it(monkeypatch):  # M11
+    sa = server_args(8998)
+    sa.host = "0.0.0.0"
+    assert sg.bootstrap_target(sa) == "127.0.0.1:8998"
+    assert sg.advertise_host(sa) == "127.0.0.1"
+    sa.dist_init_addr, sa.nnodes = "10.1.2.3:5000", 2  # multi-node: rank 0's host
+    assert sg.bootstrap_target(sa) == "10.1.2.3:8998"
+    # inside sglang: the address sglang itself registers as rank_ip
+    net = types.ModuleType("sglang.srt.utils.network")
+    net.get_local_ip_auto = lambda: "10.9.9.9"
+    for name, mod in (("sglang", types.ModuleType("sglang")),
+                      ("sglang.srt", types.ModuleType("sglang.srt")),
+                      ("sglang.srt.utils", types.ModuleType("sglang.srt.utils")),
+                      ("sglang.srt.utils.network", net)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    assert sg.advertise_host(sa) == "10.9.9.9"
+
+
+def test_hostile_inputs_get_a_clear_error(pair):
+    from kvbridge import _kvbridge
+    for bad in (0, -1, float("nan"), 1e300):
+        with pytest.raises(kvbridge.InvalidArgumentError, match="timeout_s"):
+            _kvbridge.prefill_info(pair.addr, bad)
+    with pytest.raises(kvbridge.InvalidArgumentError):
+        _kvbridge.prefill_info("no-port-here", 1.0)
+    for bad in (["x"], [[1.5j]], [{"a": 1}], np.array(["a"])):
+        with pytest.raises(kvbridge.InvalidArgumentError, match="state_indices"):
+            sg.flat_state_indices(bad)
+    nested = []
+    for _ in range(5000):
+        nested = [nested]
+    with pytest.raises(kvbridge.InvalidArgumentError):
+        sg.flat_state_indices(nested)
+    # a room's wait bounded whatever the caller asks
+    assert pair.dm.try_ensure_parallel_info(pair.addr)
+    rx = kvbridge.KVReceiver(pair.dm.core(pair.addr), pair.addr, 48)
+    import time
+    t0 = time.monotonic()
+    assert rx._impl.wait_quiesced(float("nan")) is False  # not failed: not quiesced
+    assert rx._impl.wait_quiesced(-5) is False
+    assert time.monotonic() - t0 < 1.0
+    rx.clear()
