@@ -373,6 +373,7 @@ class ManagerImpl {
   uint64_t failure_seq_ = 0;                     // registry thread only
   SteadyTime last_tick_ KVB_GUARDED_BY(mu_) = std::chrono::steady_clock::now();
   std::optional<SteadyTime> registry_down_since_;  // registry thread only
+  bool registry_reached_ = false;                  // registry thread only: a heartbeat answered
   std::mutex resolve_mu_;                          // serializes bootstrap lookups and connects
 
   // Shutdown: once closing_ is set no Flush reaches the engine or the

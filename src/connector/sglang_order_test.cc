@@ -188,5 +188,31 @@ TEST(SglangOrderTest, FailAsGroupTakesTheGroupsRecordAndQuiesces) {
   }
 }
 
+// A decode rank whose bootstrap address never answered: its requests fail
+// saying the registry was never reached, not that it was lost.
+TEST(SglangOrderTest, ARegistryNeverReachedIsNotCalledLost) {
+  PoolOptions po;
+  po.num_pages = 16;
+  auto pool = KvPool::Create(po);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  ManagerOptions mo;
+  mo.role = Role::kDecode;
+  mo.args = (*pool)->Args();
+  mo.bootstrap_addr = "127.0.0.1:1";  // nothing listens there
+  mo.start_bootstrap_server = false;
+  mo.heartbeat_interval = std::chrono::milliseconds(20);
+  mo.heartbeat_misses = 3;
+  auto transport = CreateLoopbackTransport(std::make_shared<LoopbackFabric>(), "decode tp0");
+  ASSERT_TRUE(transport.ok());
+  auto m = CreateManager(mo, std::move(transport).value());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto rx = std::move(KVReceiver::Create(**m, 15)).value();
+  ASSERT_TRUE(rx->Init(0).ok());
+  ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kFailed; }));
+  EXPECT_EQ(rx->Failure()->cause, FailureCause::kRegistryLost);
+  EXPECT_NE(rx->Failure()->detail.find("never reached"), std::string::npos)
+      << rx->Failure()->Message();
+}
+
 }  // namespace
 }  // namespace kvbridge::internal
