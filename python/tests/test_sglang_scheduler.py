@@ -1,10 +1,12 @@
 """sglang's scheduler order through kvbridge.sglang with real processes
-(sg_harness.py): prefill tp2 -> decode tp2, attention dp 2, and a SIGKILL
-of a prefill rank mid-transfer with the freed pages checked after a
-barrier."""
+(sg_harness.py): prefill tp2 -> decode tp2, attention dp 2, two prefill
+instances behind one decode, and a SIGKILL of a prefill rank mid-transfer
+with the freed pages checked after a barrier."""
 
 import os
 import signal
+
+import kvbridge
 
 from harness import room_pages
 from sg_harness import SgCluster, SgSpec
@@ -122,3 +124,30 @@ def test_sigkill_prefill_mid_transfer_sglang_order(bootstrap):
                 if not ok:
                     problems.append(f"{who} room {room}: a write landed in freed pages")
     assert not problems, "\n".join(problems)
+
+
+def test_two_prefill_instances_behind_one_decode_sglang_order(bootstrap):
+    other = kvbridge.BootstrapServer("127.0.0.1", 0)
+    try:
+        ports = [_port(bootstrap), other.port]
+        rooms = list(range(1, 9))
+        of = {room: room % 2 for room in rooms}  # the router's choice of prefill instance
+        specs = [SgSpec("prefill", i, [i], [ports[i]], [r for r in rooms if of[r] == i],
+                        {r: 0 for r in rooms if of[r] == i}, http_port=30500 + i,
+                        deadline_s=30) for i in range(2)]
+        specs.append(SgSpec("decode", 2, [2], ports, rooms, of, http_port=30600,
+                            deadline_s=30))
+        c = SgCluster(specs)
+        c.start()
+        try:
+            reports = c.finish([0, 1, 2], timeout=45)
+        finally:
+            c.stop()
+    finally:
+        other.close()
+    for r in reports.values():
+        assert len(r["outcomes"]) == len(specs[r["index"]].rooms)
+        for room, o in r["outcomes"].items():
+            assert o["state"] == "success", f"{r['role']} {r['index']} room {room}: {o}"
+            if r["role"] == "decode":
+                assert o["corrupt_buffers"] == 0 and o["aux_ok"], f"room {room}: {o}"
