@@ -47,6 +47,24 @@ class SgSpec:
     deadline_s: float = 40.0
     http_port: int = 30000
     stride: int = 0  # rooms per rank in the shared state array (set by SgCluster)
+    # Hybrid model: state types (e.g. ["mamba", "swa"]); each room's state
+    # rows go in sglang's per-type forms (mamba: a list of arrays, swa: an
+    # array, a third type: None).
+    state_types: List[str] = dataclasses.field(default_factory=list)
+
+
+def state_payload(types: List[str], row: int) -> Optional[list]:
+    if not types:
+        return None
+    out: list = []
+    for t in types:
+        out.append([np.array([row], np.int64)] if t == "mamba" else
+                   np.array([row], np.int32) if t == "swa" else None)
+    return out
+
+
+def state_value(room: int, t: int) -> int:
+    return (room * 29 + t * 7 + 1) & 0xFF
 
 
 def _attn_tp(spec: SgSpec) -> int:
@@ -63,7 +81,7 @@ def run_sg_rank(spec: SgSpec, states, progress, go, done, results) -> None:
     tp_rank = spec.engine_rank % attn_tp
     pool = SgPool(spec.role, tp_size=attn_tp, tp_rank=tp_rank, engine_rank=spec.engine_rank,
                   pages=s.pool_pages, heads=s.heads, page_size=s.page_size, layers=s.layers,
-                  system_dp_rank=spec.system_dp_rank)
+                  system_dp_rank=spec.system_dp_rank, state_types=spec.state_types)
     local = s.heads // attn_tp
     heads = np.arange(tp_rank * local, (tp_rank + 1) * local)
     sa = server_args(spec.bootstrap_ports[0], tp_size=spec.tp_size, dp_size=spec.dp_size,
@@ -114,7 +132,8 @@ def run_sg_rank(spec: SgSpec, states, progress, go, done, results) -> None:
                     dst = pages[room]  # pre-allocated only now
                     for arr in pool.kv:
                         arr[dst] = 0
-                    rx.send_metadata(dst, slot[room], None, decode_prefix_len=0)
+                    rx.send_metadata(dst, slot[room], state_payload(spec.state_types, slot[room]),
+                                     decode_prefix_len=0)
                     transfer[room] = queue.pop(room)
                 elif p == KVPoll.Failed:
                     outcome[room] = fail(room, rx)
@@ -136,6 +155,8 @@ def run_sg_rank(spec: SgSpec, states, progress, go, done, results) -> None:
                     bad = sum(int(not np.array_equal(
                         arr[dst], pattern(room, b, np.arange(len(dst)), heads, s)))
                         for b, arr in enumerate(pool.kv))
+                    bad += sum(int(not np.all(st[slot[room]] == state_value(room, t)))
+                               for t, st in enumerate(pool.states))
                     outcome[room] = {"state": "success", "corrupt_buffers": bad,
                                      "aux_ok": bool(np.array_equal(pool.aux[slot[room]],
                                                                    aux_pattern(room, s)))}
@@ -168,6 +189,8 @@ def run_sg_rank(spec: SgSpec, states, progress, go, done, results) -> None:
                 for b, arr in enumerate(pool.kv):
                     arr[src] = pattern(room, b, np.arange(len(src)), heads, s)
                 pool.aux[slot[room]] = aux_pattern(room, s)
+                for t, st in enumerate(pool.states):  # prefill's rows: 8 + slot
+                    st[8 + slot[room]] = state_value(room, t)
                 assert prefix == 0, "this harness's decode holds no prefix"
                 tx.init(len(src), slot[room])
                 inflight[room] = [boot.pop(room), 0]
@@ -180,7 +203,8 @@ def run_sg_rank(spec: SgSpec, states, progress, go, done, results) -> None:
                     if last and room in spec.hold_last_chunk and not go.value:
                         progress[spec.index] |= 1 << slot[room]  # only the last chunk left
                     elif tx.should_send_kv_chunk(k, last):
-                        tx.send(src[sent:sent + k], None)
+                        tx.send(src[sent:sent + k],
+                                state_payload(spec.state_types, 8 + slot[room]) if last else None)
                         inflight[room][1] = sent + k
                 p = group_poll(room, tx)
                 if p == KVPoll.Success:

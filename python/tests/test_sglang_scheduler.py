@@ -151,3 +151,27 @@ def test_two_prefill_instances_behind_one_decode_sglang_order(bootstrap):
             assert o["state"] == "success", f"{r['role']} {r['index']} room {room}: {o}"
             if r["role"] == "decode":
                 assert o["corrupt_buffers"] == 0 and o["aux_ok"], f"room {room}: {o}"
+
+
+def test_hybrid_state_indices_sglang_order(bootstrap):
+    # A hybrid (mamba + SWA) model: every room's state rows travel in
+    # sglang's per-type forms with its last chunk; decode checks each row.
+    # Every type names the same row here: kvbridge applies each flattened
+    # index to every state buffer (docs/sglang.md, A4).
+    rooms = list(range(1, 7))
+    types = ["mamba", "swa", "other"]
+    specs = [SgSpec("prefill", 0, [0], [_port(bootstrap)], rooms, {r: 0 for r in rooms},
+                    http_port=30700, state_types=types, deadline_s=30),
+             SgSpec("decode", 1, [1], [_port(bootstrap)], rooms, {r: 0 for r in rooms},
+                    http_port=30800, state_types=types, deadline_s=30)]
+    c = SgCluster(specs)
+    c.start()
+    try:
+        reports = c.finish([0, 1], timeout=45)
+    finally:
+        c.stop()
+    for r in reports.values():
+        for room, o in r["outcomes"].items():
+            assert o["state"] == "success", f"{r['role']} room {room}: {o}"
+            if r["role"] == "decode":
+                assert o["corrupt_buffers"] == 0 and o["aux_ok"], f"room {room}: {o}"
