@@ -103,6 +103,10 @@ struct ManagerOptions {
   std::chrono::milliseconds bootstrap_timeout{30000};
   std::chrono::milliseconds waiting_timeout{30000};   // for metadata / input
   std::chrono::milliseconds transfer_timeout{10000};  // a posted chunk
+  // KVReceiver::PollSettled() reports a failed request Failed once it is
+  // quiesced, or this long after it failed (logged: a prefill rank that is
+  // hung, not dead, may still write into its pages).
+  std::chrono::milliseconds quiesce_timeout{10000};
 
   // Prometheus metrics over HTTP (GET /metrics) on this port: 0 = off, -1 =
   // any free port (KVManager::metrics_port() tells which). docs/metrics.md.

@@ -1,12 +1,15 @@
 // KVReceiver: the decode side of one request (sglang's KVReceiver).
 //
-// Call order: Create -> Init(prefill_dp_rank) -> SendMetadata(pages, aux,
-// state, prefix) -> Poll() until Success or Failed. Init looks the prefill
-// instance up in the bootstrap registry, connects to the prefill ranks this
-// rank reads from and checks that their layout matches (FailedPrecondition
-// naming both values otherwise). Poll() reports Bootstrapping until the
-// metadata is sent, WaitingForInput until the first chunk lands,
-// Transferring, then Success when every source's last chunk is visible.
+// Call order (sglang's): Create -> Init(prefill_dp_rank) -> Poll() until
+// WaitingForInput -> allocate pages -> SendMetadata(pages, aux, state,
+// prefix) -> Poll() until Success or Failed. Init looks the prefill instance
+// up in the bootstrap registry, connects to the prefill ranks this rank
+// reads from and checks that their layout matches (FailedPrecondition naming
+// both values otherwise). Poll() reports Bootstrapping until those ranks are
+// resolved and answered the handshake, WaitingForInput (before and after
+// SendMetadata) until the first chunk lands, Transferring, then Success when
+// every source's last chunk is visible. SendMetadata may also come earlier,
+// while Bootstrapping: it is sent once the sources are resolved.
 //
 // Quiescence: after Abort() or a failure, writes of prefill may still be in
 // flight. Quiesced() turns true once no write of this request can land any
@@ -17,6 +20,7 @@
 // thread; the other calls from one thread at a time. Poll() never blocks.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -55,6 +59,20 @@ class KVReceiver {
   FailureRecord GroupFailure() const;
   void Abort();
   bool Quiesced() const;
+  // Poll() for a scheduler that frees a request's pages as soon as it sees
+  // Failed and never asks Quiesced() (sglang): the same states, except that
+  // a failed request keeps reporting the state it had when it failed until
+  // it is quiesced (or ManagerOptions::quiesce_timeout after the failure,
+  // which is logged). Never blocks.
+  KVPoll PollSettled() const;
+  // Blocks until Quiesced() or `timeout`; returns Quiesced().
+  bool WaitQuiesced(std::chrono::milliseconds timeout) const;
+  // For a rank whose group failed elsewhere and is about to free its pages
+  // (sglang): fails this rank's request with GroupFailure()'s record, so its
+  // prefill ranks stop writing and learn the real origin (not an abort by
+  // this rank), and returns that record. Then WaitQuiesced(). A request that
+  // already failed or succeeded here keeps its state.
+  FailureRecord FailAsGroup();
 
  private:
   KVReceiver(KVManager& manager, std::shared_ptr<internal::ReceiverRoom> room);

@@ -52,6 +52,11 @@ class KVSender {
   // Fails the request with cause kAborted (origin: this rank) and tells
   // decode once nothing of it is in flight.
   void Abort();
+  // Pages at the start of the request that decode already holds (its
+  // SendMetadata decode_prefix_len / page_size; sglang's
+  // pop_decode_prefix_len): Init's num_pages counts them and Send skips them.
+  // -1 until metadata arrived (Poll() past Bootstrapping).
+  int64_t DecodePrefixPages() const;
 
  private:
   KVSender(KVManager& manager, std::shared_ptr<internal::SenderRoom> room);

@@ -46,9 +46,19 @@ def _mode_name(mode: Any) -> str:
 
 def _same_addr(a: str, b: str) -> bool:
     def norm(x: str) -> str:
-        x = x.split("://", 1)[-1].rstrip("/")
+        x = x.split("://", 1)[-1].split("/", 1)[0]
         return x.replace("localhost:", "127.0.0.1:").replace("0.0.0.0:", "127.0.0.1:")
     return norm(a) == norm(b)
+
+
+def _with_room(room: int, fn: Any, *args: Any) -> Any:
+    """fn(*args); an error it raises names the request's room."""
+    try:
+        return fn(*args)
+    except KVTransferError as e:
+        if e.bootstrap_room is None:
+            e.bootstrap_room = room
+        raise
 
 
 class KVManager:
@@ -104,6 +114,12 @@ class _Room:
         """The room's state on this rank; one atomic load, never raises."""
         return self._impl.poll()
 
+    def failure(self) -> Optional[KVTransferError]:
+        """This room's KVTransferError without raising it; None while it has
+        not failed here (the group's record: failure_exception())."""
+        record = self._impl.failure_json()
+        return None if record is None else from_record(record)
+
     def failure_exception(self) -> None:
         """Raises the KVTransferError of this room (always raises).
 
@@ -140,7 +156,8 @@ class KVSender(_Room):
         self.bootstrap_addr = bootstrap_addr
         self.dest_tp_ranks = dest_tp_ranks
         self.pp_rank = pp_rank
-        self._impl = _kvbridge.Sender(mgr._impl, self.bootstrap_room)
+        self._impl = _with_room(self.bootstrap_room, _kvbridge.Sender, mgr._impl,
+                                self.bootstrap_room)
         self.poll = self._impl.poll  # the scheduler's hot path: the C++ method itself
 
     def init(self, num_kv_indices: int, aux_index: Optional[int] = None) -> None:
@@ -168,7 +185,8 @@ class KVReceiver(_Room):
                 self.bootstrap_room, f"bootstrap_addr {bootstrap_addr}: this manager serves "
                 f"the prefill instance at {mgr.bootstrap_addr} only")
         self.bootstrap_addr = bootstrap_addr or mgr.bootstrap_addr
-        self._impl = _kvbridge.Receiver(mgr._impl, self.bootstrap_room)
+        self._impl = _with_room(self.bootstrap_room, _kvbridge.Receiver, mgr._impl,
+                                self.bootstrap_room)
         self.poll = self._impl.poll  # the scheduler's hot path: the C++ method itself
 
     def init(self, prefill_dp_rank: int = 0) -> None:

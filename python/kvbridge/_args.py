@@ -136,7 +136,9 @@ class KVConfig:
     instance_id: str = ""
 
     def to_dict(self) -> dict:
-        return dict(bootstrap_addr=self.bootstrap_addr,
+        # "http://host:port/..." as sglang writes URLs: the host:port part.
+        addr = str(self.bootstrap_addr).split("://", 1)[-1].split("/", 1)[0]
+        return dict(bootstrap_addr=addr,
                     start_bootstrap_server=bool(self.start_bootstrap_server),
                     advertise_host=self.advertise_host, ucx_tls=self.ucx_tls,
                     same_host_path=self.same_host_path,

@@ -1,32 +1,42 @@
 """kvbridge as an sglang transfer backend.
 
-Classes with the names and constructor signatures of sglang's
-``sglang.srt.disaggregation.base.conn`` (written against sglang main at
-commit 0094505d, after v0.5.3: ``KVReceiver.init(prefill_dp_rank)`` plus
-``send_metadata(...)``, ``KVSender.send(..., token_position_offset)``,
-``get_transfer_metric()``, ``register_to_bootstrap()``). When sglang is
-importable they subclass its base classes, so sglang's isinstance checks
-hold. ``install()`` makes sglang's ``get_kv_class`` hand out these classes
-for one ``--disaggregation-transfer-backend`` value; see docs/python.md.
+Classes with the names, constructor signatures and attributes of sglang's
+``sglang.srt.disaggregation.base.conn`` / ``common.conn`` (docs/sglang.md
+lists every one, with the sglang commit it was read at). When sglang is
+importable they subclass its base classes, so its isinstance checks hold.
+``install()`` makes sglang's ``get_kv_class`` hand out these classes for one
+``--disaggregation-transfer-backend`` value; see docs/python.md.
 
-Errors surface the sglang way: ``send``/``init``/``send_metadata`` on a
-request that failed (bad input included) log and return, ``poll()`` turns
-Failed and ``failure_exception()`` raises the KVTransferError with the
-record.
+The order is sglang's. Decode: receiver, ``try_ensure_parallel_info`` /
+``init(prefill_dp_rank)``, ``poll()`` until WaitingForInput (the handshake
+with the prefill ranks is done), pages, ``send_metadata``, ``poll()``.
+Prefill: sender, ``poll()`` until WaitingForInput (decode's metadata came),
+``pop_decode_prefix_len()``, ``init(pages to send)``, ``send`` per chunk.
+
+Errors surface the sglang way: calls on a failed request log and return,
+``poll()`` turns Failed and ``failure_exception()`` raises the
+KVTransferError with the record. The receiver's ``poll()`` says Failed only
+once no write of the request can land any more (sglang frees the pages as
+soon as it reads the exception; it never asks ``quiesced()``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 import sys
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
+
+import numpy as np
 
 import kvbridge
+from kvbridge import _kvbridge
 from kvbridge._api import KVManager as _Manager, KVPoll, KVReceiver as _Receiver
 from kvbridge._api import KVSender as _Sender
 from kvbridge._args import KVArgs, KVConfig, ParallelLayout
+from kvbridge._errors import from_record
 
 log = logging.getLogger("kvbridge.sglang")
 
@@ -55,43 +65,172 @@ except Exception:  # noqa: BLE001
         alloc_latency_s: Optional[float] = None
         transfer_total_bytes: Optional[int] = None
 
+try:
+    from sglang.srt.disaggregation.common.conn import PrefillServerInfo
+except Exception:  # noqa: BLE001
+    @dataclasses.dataclass
+    class PrefillServerInfo:  # type: ignore[no-redef]
+        attn_tp_size: int
+        attn_cp_size: int
+        dp_size: int
+        pp_size: int
+        page_size: Optional[int]
+        kv_cache_dtype: Optional[str]
+        follow_bootstrap_room: bool
+        enable_dsa_cache_layer_split: bool = False
+        prefill_http_port: Optional[int] = None
 
-def _flat(values: Any) -> List[int]:
-    out: List[int] = []
-    for v in values or []:
-        out.extend(_flat(v) if isinstance(v, (list, tuple)) else [int(v)])
-    return out
+# How long a receiver whose group failed elsewhere waits, in
+# failure_exception(), for its own writes to stop before sglang frees pages.
+QUIESCE_WAIT_S = 10.0
 
 
-def to_kvbridge_args(args: Any, server_args: Any) -> KVArgs:
+_MAX_DEPTH = 8  # sglang nests at most three deep (types, arrays, values)
+
+
+def _ints(values: Any, depth: int = 0) -> List[int]:
+    """Every integer of a nested list / tuple / numpy array / tensor, in order."""
+    if values is None:
+        return []
+    if depth > _MAX_DEPTH:
+        raise ValueError(f"nested deeper than {_MAX_DEPTH} levels")
+    if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
+        values = values.tolist()  # numpy array or torch tensor (also 0-d)
+    if isinstance(values, (list, tuple)):
+        out: List[int] = []
+        for v in values:
+            out.extend(_ints(v, depth + 1))
+        return out
+    if isinstance(values, bool) or not isinstance(values, (int, np.integer)):
+        raise TypeError(f"{type(values).__name__} {values!r:.40} is not an integer index")
+    return [int(values)]
+
+
+def flat_state_indices(state_indices: Any) -> Optional[List[int]]:
+    """sglang's state_indices in any of its forms as one list.
+
+    None; one array; or one entry per state type, each None, an array or a
+    list of arrays (mamba). Entries are concatenated in state-type order on
+    both sides, so positions match.
+    """
+    if state_indices is None:
+        return None
+    try:
+        out = _ints(state_indices)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise kvbridge.InvalidArgumentError(
+            None, f"state_indices ({type(state_indices).__name__}): {e}") from None
+    return out or None
+
+
+def _sglang_placement() -> Optional[tuple]:
+    """(attn_tp_size, attn_tp_rank, attn_dp_size, attn_dp_rank) from sglang."""
+    try:
+        from sglang.srt.layers import dp_attention as dpa
+        dp_size, dp_rank = int(dpa.get_attention_dp_size()), int(dpa.get_attention_dp_rank())
+    except Exception:  # noqa: BLE001 -- not inside an sglang scheduler
+        return None
+    try:
+        from sglang.srt.runtime_context import get_parallel
+        par = get_parallel()
+        return int(par.attn_tp_size), int(par.attn_tp_rank), dp_size, dp_rank
+    except Exception:  # noqa: BLE001 -- older sglang
+        try:
+            return (int(dpa.get_attention_tp_size()), int(dpa.get_attention_tp_rank()),
+                    dp_size, dp_rank)
+        except Exception:  # noqa: BLE001
+            return None
+
+
+def placement(args: Any, server_args: Any, mode: str) -> ParallelLayout:
+    """Where this rank sits: sglang's attention tp/dp, or system dp.
+
+    Inside sglang its own dp_attention functions say it. Otherwise: under
+    dp-attention prefill's engine_rank is the full tp rank (dp = rank //
+    attn_tp) and decode's is already the attention tp rank (dp = its
+    system_dp_rank); without dp-attention, dp_size > 1 is system dp and the
+    rank's dp is system_dp_rank.
+    """
+    layout = getattr(args, "parallel", None)
+    if isinstance(layout, ParallelLayout):
+        return layout
+    tp = int(getattr(server_args, "tp_size", 1) or 1)
+    dp = int(getattr(server_args, "dp_size", 1) or 1)
+    pp = int(getattr(server_args, "pp_size", 1) or 1)
+    pp_rank = int(getattr(args, "pp_rank", 0) or 0)
+    system_dp_rank = int(getattr(args, "system_dp_rank", 0) or 0)
+    rank = int(getattr(args, "engine_rank", 0) or 0)
+    found = _sglang_placement()
+    if getattr(server_args, "enable_dp_attention", False):
+        if found is not None:
+            attn_tp, attn_tp_rank, attn_dp, attn_dp_rank = found
+        else:
+            attn_tp, attn_dp = max(tp // dp, 1), dp
+            attn_tp_rank = rank % attn_tp
+            attn_dp_rank = rank // attn_tp if rank >= attn_tp else (
+                system_dp_rank if mode == "decode" else 0)
+        return ParallelLayout(tp_size=attn_tp, tp_rank=attn_tp_rank, dp_size=attn_dp,
+                              dp_rank=attn_dp_rank, pp_size=pp, pp_rank=pp_rank)
+    return ParallelLayout(tp_size=tp, tp_rank=rank % tp, dp_size=dp,
+                          dp_rank=system_dp_rank if dp > 1 else 0, pp_size=pp, pp_rank=pp_rank)
+
+
+def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVArgs:
     """Our KVArgs from sglang's (state lists of lists are flattened)."""
     ours = KVArgs()
     for name in KVArgs._LIST_FIELDS:
-        setattr(ours, name, _flat(getattr(args, name, [])))
+        setattr(ours, name, _ints(getattr(args, name, None)))
     for name in ("engine_rank", "page_size", "kv_head_num", "total_kv_head_num",
                  "prefill_start_layer", "prefill_end_layer"):
         if getattr(args, name, None) is not None:
             setattr(ours, name, getattr(args, name))
     ours.dtype = str(getattr(server_args, "kv_cache_dtype", "auto"))
     ours.memory_kind = "vram" if str(getattr(server_args, "device", "cuda")) == "cuda" else "dram"
-    layout = getattr(args, "parallel", None)
-    if isinstance(layout, ParallelLayout):
-        ours.parallel = layout
-    else:  # attention tp = tp / dp under dp-attention
-        tp = int(getattr(server_args, "tp_size", 1) or 1)
-        dp = int(getattr(server_args, "dp_size", 1) or 1)
-        attn_tp = tp // dp if getattr(server_args, "enable_dp_attention", False) else tp
-        rank = int(ours.engine_rank)
-        ours.parallel = ParallelLayout(tp_size=attn_tp, tp_rank=rank % attn_tp,
-                                       dp_size=dp if attn_tp != tp else 1,
-                                       dp_rank=rank // attn_tp if attn_tp != tp else 0,
-                                       pp_size=int(getattr(server_args, "pp_size", 1) or 1),
-                                       pp_rank=int(getattr(args, "pp_rank", 0) or 0))
+    ours.parallel = placement(args, server_args, mode)
     return ours
 
 
+def _wildcard_to_loopback(host: str) -> str:
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+
+def bootstrap_target(server_args: Any) -> str:
+    """Where a prefill rank registers (sglang's register_to_bootstrap): the
+    dist-init host under multi-node, else the server's host; and the
+    disaggregation bootstrap port."""
+    port = getattr(server_args, "disaggregation_bootstrap_port", 8998)
+    dist = getattr(server_args, "dist_init_addr", None)
+    if dist and int(getattr(server_args, "nnodes", 1) or 1) > 1:
+        host = str(dist).rsplit(":", 1)[0].strip("[]")
+    else:
+        host = _wildcard_to_loopback(str(getattr(server_args, "host", None) or ""))
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def advertise_host(server_args: Any) -> str:
+    """The address other ranks reach this one at: sglang's own choice
+    (get_local_ip_auto, as its rank_ip) inside sglang, else the server's
+    host, with a wildcard bind address made loopback."""
+    for module in ("sglang.srt.utils.network", "sglang.srt.utils"):
+        try:
+            return str(__import__(module, fromlist=["get_local_ip_auto"]).get_local_ip_auto())
+        except Exception:  # noqa: BLE001 -- not inside sglang
+            continue
+    return _wildcard_to_loopback(str(getattr(server_args, "host", None) or ""))
+
+
+def _norm_addr(addr: str) -> str:
+    addr = addr.split("://", 1)[-1].split("/", 1)[0]
+    return addr.replace("localhost:", "127.0.0.1:").replace("0.0.0.0:", "127.0.0.1:")
+
+
 class KVBridgeKVManager(BaseKVManager):
-    """sglang's KVManager(args, disaggregation_mode, server_args, is_mla_backend)."""
+    """sglang's KVManager(args, disaggregation_mode, server_args, is_mla_backend).
+
+    Prefill: one kvbridge manager, registered at construction. Decode: one
+    per prefill instance (bootstrap address), made by
+    try_ensure_parallel_info, which also fills ``prefill_info_table``.
+    """
 
     def __init__(self, args: Any, disaggregation_mode: Any, server_args: Any,
                  is_mla_backend: Optional[bool] = False):
@@ -99,19 +238,27 @@ class KVBridgeKVManager(BaseKVManager):
         self.disaggregation_mode = disaggregation_mode
         self.server_args = server_args
         self.is_mla_backend = bool(is_mla_backend)
-        self._args = to_kvbridge_args(args, server_args)
         self._mode = str(getattr(disaggregation_mode, "value", disaggregation_mode)).lower()
+        self._args = to_kvbridge_args(args, server_args, self._mode)
+        self.kv_item_lens_sum = sum(self._args.kv_item_lens)
+        self.state_item_lens_sum = sum(self._args.state_item_lens)
+        self.bootstrap_host = getattr(server_args, "host", None) or "127.0.0.1"
+        self.bootstrap_port = getattr(server_args, "disaggregation_bootstrap_port", 8998)
+        self.attn_tp_size = self._args.parallel.tp_size
+        self.attn_tp_rank = self._args.parallel.tp_rank
+        self.attn_dp_size = self._args.parallel.dp_size
+        self.attn_dp_rank = self._args.parallel.dp_rank
+        self.pp_rank = self._args.parallel.pp_rank
+        self.prefill_info_table: Dict[str, Any] = {}
+        self._cores: Dict[str, _Manager] = {}
         self._core: Optional[_Manager] = None
         if self._mode == "prefill":
-            port = getattr(server_args, "disaggregation_bootstrap_port", 8998)
-            host = getattr(server_args, "host", None) or "127.0.0.1"
-            self.register_to_bootstrap(f"{host}:{port}")
+            self.register_to_bootstrap()
 
     def _config(self, bootstrap_addr: str) -> KVConfig:
-        host = getattr(self.server_args, "host", None) or "127.0.0.1"
         return KVConfig(bootstrap_addr=bootstrap_addr, start_bootstrap_server=False,
-                        advertise_host="127.0.0.1" if host in ("0.0.0.0", "::") else host,
-                        instance_id=self._instance_id(host))
+                        advertise_host=advertise_host(self.server_args),
+                        instance_id=self._instance_id(self.bootstrap_host))
 
     def _instance_id(self, host: str) -> str:
         """Decode: the server's own address, the same on all its ranks and
@@ -123,27 +270,111 @@ class KVBridgeKVManager(BaseKVManager):
         return re.sub(r"[^A-Za-z0-9._:-]", "_", ident)[:64]
 
     def register_to_bootstrap(self, bootstrap_addr: Optional[str] = None) -> None:
-        """Creates the rank's manager; prefill registers with bootstrap here."""
-        if self._core is None and bootstrap_addr:
-            self._core = _Manager(self._args, self._mode, self._config(bootstrap_addr),
+        """Prefill: creates the rank's manager, which registers with bootstrap."""
+        if self._core is None:
+            addr = bootstrap_addr or bootstrap_target(self.server_args)
+            self._core = _Manager(self._args, self._mode, self._config(_norm_addr(addr)),
                                   self.is_mla_backend)
 
+    def try_ensure_parallel_info(self, bootstrap_addr: str) -> bool:
+        """Decode: one non-blocking-ish attempt (bounded by a 5 s timeout) to
+        learn the prefill instance at `bootstrap_addr` and make its manager.
+        False while it is unreachable or not every rank registered."""
+        if bootstrap_addr in self.prefill_info_table:
+            return True
+        addr = _norm_addr(bootstrap_addr)
+        try:
+            info = _kvbridge.prefill_info(addr, 5.0)
+        except kvbridge.KVTransferError as e:
+            log.error("prefill parallel info from %s: %s", bootstrap_addr, e)
+            return False
+        if not info["complete"]:
+            log.info("prefill at %s: %d of %d ranks registered", bootstrap_addr,
+                     info["ranks_registered"], info["ranks_expected"])
+            return False
+        page_size = info["page_size"] or None
+        if page_size is not None and page_size != int(self._args.page_size):
+            raise RuntimeError(f"Page size mismatch: prefill server has page_size={page_size}, "
+                               f"but decode server has page_size={self._args.page_size}.")
+        if addr not in self._cores:
+            self._cores[addr] = _Manager(self._args_for(info), self._mode, self._config(addr),
+                                         self.is_mla_backend)
+        self.prefill_info_table[bootstrap_addr] = PrefillServerInfo(
+            attn_tp_size=info["attn_tp_size"], attn_cp_size=info["attn_cp_size"] or 1,
+            dp_size=info["dp_size"], pp_size=info["pp_size"], page_size=page_size,
+            kv_cache_dtype=info["kv_cache_dtype"] or None, follow_bootstrap_room=True)
+        return True
+
+    def _args_for(self, info: dict) -> KVArgs:
+        """Decode's args with what its KVArgs left unset taken from prefill."""
+        if getattr(self.kv_args, "total_kv_head_num", None) is not None:
+            return self._args
+        total = info.get("total_kv_heads")
+        if total is None:
+            return self._args
+        args = to_kvbridge_args(self.kv_args, self.server_args, self._mode)
+        args.total_kv_head_num = int(total)
+        tp = max(int(args.parallel.tp_size), 1)
+        args.kv_head_num = 1 if info.get("is_mla") else max(int(total) // tp, 1)
+        return args
+
     def core(self, bootstrap_addr: Optional[str] = None) -> _Manager:
-        """The kvbridge manager; decode makes it at its first request's address."""
-        self.register_to_bootstrap(bootstrap_addr)
-        if self._core is None:
-            raise kvbridge.FailedPreconditionError(None, "no bootstrap address known yet")
-        return self._core
+        """The kvbridge manager: prefill's, or decode's for that address."""
+        if self._mode == "prefill":
+            return self._core  # type: ignore[return-value]
+        addr = _norm_addr(bootstrap_addr or "")
+        if addr not in self._cores and not self.try_ensure_parallel_info(bootstrap_addr or ""):
+            raise kvbridge.UnavailableError(
+                None, f"prefill instance at {bootstrap_addr} not reachable or not fully "
+                f"registered yet")
+        return self._cores[addr]
+
+    def submit_prefill_recompute(self, kv_receiver: Any, payload: dict) -> None:
+        """PD retraction re-bootstrap: not supported; fails the request the
+        sglang way (abort, so poll() says Failed and the scheduler streams it)."""
+        log.warning("room %s: PD retract rebootstrap is not supported by kvbridge",
+                    getattr(kv_receiver, "bootstrap_room", None))
+        kv_receiver.abort()
+
+    def close(self) -> None:
+        for m in [self._core, *self._cores.values()]:
+            if m is not None:
+                m.close()
+
+
+def _conclude(poll: int) -> Optional[KVPoll]:
+    return KVPoll(poll) if poll in (KVPoll.Failed, KVPoll.Success) else None
 
 
 class _Quiet:
     """sglang reports errors through poll()/failure_exception(), not raises."""
+
+    kv_mgr: KVBridgeKVManager
+    bootstrap_room: Any
 
     def _quiet(self, fn: Any, *args: Any) -> None:
         try:
             fn(*args)
         except kvbridge.KVTransferError as e:
             log.warning("%s", e)  # the room is Failed now; failure_exception() says why
+
+    def _raise(self, room: Any) -> None:
+        try:
+            room.failure_exception()
+        except kvbridge.KVTransferError as e:
+            self._raise_error(e)
+
+    def _raise_error(self, e: kvbridge.KVTransferError) -> None:
+        """Raises `e`; is_from_another_rank only for a sibling's failure."""
+        e.bootstrap_room = self.bootstrap_room
+        me = self.kv_mgr._args.parallel
+        e.is_from_another_rank = bool(
+            e.origin_role == self.kv_mgr._mode and e.origin_dp == me.dp_rank and
+            (e.origin_tp, e.origin_pp) != (me.tp_rank, me.pp_rank))
+        if not e.is_from_another_rank:
+            log.warning("room %s failed: %s", self.bootstrap_room,
+                        json.dumps(e.record) if e.record else e)
+        raise e
 
 
 class KVBridgeKVSender(_Quiet, BaseKVSender):
@@ -152,31 +383,63 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
                  req_has_disagg_prefill_dp_rank: bool = False):
         self.kv_mgr = mgr
         self.bootstrap_room = bootstrap_room
+        self.bootstrap_server_url = bootstrap_addr
+        self.aux_index: Optional[int] = None
+        self._prefix_pages = 0
+        self._first = True
+        self._pages = 0
+        self._states = 0
         self._s = _Sender(mgr.core(), bootstrap_addr, bootstrap_room, dest_tp_ranks, pp_rank)
         self.poll = self._s.poll  # the C++ method itself: no Python frame per poll
 
+    @property
+    def conclude_state(self) -> Optional[KVPoll]:
+        return _conclude(self._s.poll())
+
+    def pop_decode_prefix_len(self) -> int:
+        """Tokens decode already holds; valid once poll() said WaitingForInput."""
+        self._prefix_pages = max(self._s._impl.decode_prefix_pages(), 0)
+        return self._prefix_pages * int(self.kv_mgr._args.page_size)
+
     def init(self, num_kv_indices: int, aux_index: Optional[int] = None) -> None:
-        self._quiet(self._s.init, num_kv_indices, aux_index)
+        """`num_kv_indices`: pages prefill will send (decode's prefix excluded)."""
+        self.aux_index = aux_index
+        self._prefix_pages = max(self._s._impl.decode_prefix_pages(), 0)
+        self._quiet(self._s.init, int(num_kv_indices) + self._prefix_pages, aux_index)
 
     def send(self, kv_indices: Any, state_indices: Optional[List] = None,
              token_position_offset: int = 0) -> None:
-        state = _flat(state_indices) if state_indices is not None else None
-        self._quiet(self._s.send, kv_indices, state)
-
-    def pop_decode_prefix_len(self) -> int:
-        return 0
+        if token_position_offset:
+            self._s._impl.abort()
+            log.warning("room %s: token_position_offset %s is not supported", self.bootstrap_room,
+                        token_position_offset)
+            return
+        pages = kv_indices  # an int32 array reaches C++ without a copy
+        self._pages += len(kv_indices)
+        if self._first and self._prefix_pages:
+            # kvbridge counts decode's prefix pages and skips them: stand-ins.
+            pages = np.concatenate([np.zeros(self._prefix_pages, np.int64),
+                                    np.asarray(kv_indices, dtype=np.int64).reshape(-1)])
+        self._first = False
+        state = flat_state_indices(state_indices)
+        self._states += len(state or [])
+        self._quiet(self._s.send, pages, state)
 
     def should_send_kv_chunk(self, num_pages: int, last_chunk: bool) -> bool:
         return num_pages > 0 or last_chunk  # an empty last chunk still sends aux/state
 
     def get_transfer_metric(self) -> KVTransferMetric:
-        return KVTransferMetric()
+        return KVTransferMetric(transfer_total_bytes=self._pages * self.kv_mgr.kv_item_lens_sum +
+                                self._states * self.kv_mgr.state_item_lens_sum)
 
     def poll(self) -> KVPoll:  # replaced per instance in __init__
         return self._s.poll()
 
+    def failure(self) -> Optional[kvbridge.KVTransferError]:
+        return self._s.failure()
+
     def failure_exception(self) -> None:
-        self._s.failure_exception()
+        self._raise(self._s)
 
     def clear(self) -> None:
         self._s.clear()
@@ -186,44 +449,93 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
 
 
 class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
+    """Created before the prefill instance is known (sglang's order): the
+    kvbridge receiver is made in init(), after try_ensure_parallel_info."""
+
     def __init__(self, mgr: KVBridgeKVManager, bootstrap_addr: str,
                  bootstrap_room: Optional[int] = None):
         self.kv_mgr = mgr
+        self.bootstrap_addr = bootstrap_addr
         self.bootstrap_room = bootstrap_room
-        self._r = _Receiver(mgr.core(bootstrap_addr), bootstrap_addr, bootstrap_room)
-        self.poll = self._r.poll
+        self.require_staging = False
+        self._r: Optional[_Receiver] = None
+        self._early: Optional[kvbridge.KVTransferError] = None  # failed before init
+
+    def poll(self) -> KVPoll:  # replaced by the C++ method once init() made it
+        return KVPoll.Failed if self._early is not None else KVPoll.Bootstrapping
+
+    @property
+    def conclude_state(self) -> Optional[KVPoll]:
+        return _conclude(self.poll())
+
+    def _fail_early(self, reason: str) -> None:
+        if self._early is None:
+            self._early = kvbridge.AbortedError(self.bootstrap_room, reason)
+            log.warning("room %s: %s", self.bootstrap_room, reason)
 
     def init(self, prefill_dp_rank: int = 0) -> None:
+        if self._r is not None or self._early is not None:
+            return
+        try:
+            core = self.kv_mgr.core(self.bootstrap_addr)
+            self._r = _Receiver(core, _norm_addr(self.bootstrap_addr), self.bootstrap_room)
+        except kvbridge.KVTransferError as e:
+            self._fail_early(f"prefill at {self.bootstrap_addr}: {e.failure_reason}")
+            return
+        self.poll = self._r._impl.poll_settled  # Failed only once quiesced
         self._quiet(self._r.init, prefill_dp_rank)
 
     def send_metadata(self, kv_indices: Any, aux_index: Optional[int] = None,
                       state_indices: Optional[List] = None,
                       decode_prefix_len: Optional[int] = None) -> None:
-        state = _flat(state_indices) if state_indices is not None else None
-        self._quiet(self._r.send_metadata, kv_indices, aux_index, state, decode_prefix_len or 0)
+        if self._r is None:
+            self._fail_early("send_metadata before init")
+            return
+        self._quiet(self._r.send_metadata, kv_indices, aux_index,
+                    flat_state_indices(state_indices), decode_prefix_len or 0)
 
-    def poll(self) -> KVPoll:  # replaced per instance in __init__
-        return self._r.poll()
+    def failure(self) -> Optional[kvbridge.KVTransferError]:
+        return self._early if self._r is None else self._r.failure()
 
     def failure_exception(self) -> None:
-        self._r.failure_exception()
+        """Raises why the request failed. sglang frees the pages right after
+        this: a request that failed on another rank of the group is aborted
+        here and its writes waited out first (bounded, GIL released)."""
+        if self._r is None:
+            raise self._early or kvbridge.AbortedError(self.bootstrap_room, "not initialized")
+        # The group's record; this rank's request fails with it (not as an
+        # abort of its own), so its prefill ranks stop writing.
+        error = from_record(self._r._impl.fail_as_group_json())
+        if not self._r._impl.wait_quiesced(QUIESCE_WAIT_S):
+            log.warning("room %s: writes still in flight %.0f s after the failure",
+                        self.bootstrap_room, QUIESCE_WAIT_S)
+        self._raise_error(error)
 
     def clear(self) -> None:
-        self._r.clear()
+        if self._r is not None:
+            self._r.clear()
 
     def abort(self) -> None:
-        self._r.abort()
+        if self._r is None:
+            self._fail_early("aborted before init")
+        else:
+            self._r.abort()
 
     def quiesced(self) -> bool:
-        return self._r.quiesced()
+        return True if self._r is None else self._r.quiesced()
 
 
 class KVBridgeKVBootstrapServer(BaseKVBootstrapServer):
     def __init__(self, host: str, port: int, *args: Any, **kwargs: Any):
+        self.host = host
+        self.port = port
         self._server = kvbridge.BootstrapServer(host, port)
 
     def close(self) -> None:
         self._server.close()
+
+    def poll(self) -> KVPoll:
+        return KVPoll.Success
 
 
 CLASSES = {"manager": KVBridgeKVManager, "sender": KVBridgeKVSender,
@@ -249,6 +561,7 @@ def install(backend: str = "mooncake") -> None:
         return original(transfer_backend, class_type)
 
     get_kv_class._kvbridge_original = original  # type: ignore[attr-defined]
+    utils.get_kv_class = get_kv_class
     for name, module in list(sys.modules.items()):
         fn = getattr(module, "get_kv_class", None) if name.startswith("sglang") else None
         if fn is not None and (fn is original or

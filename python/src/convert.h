@@ -33,6 +33,8 @@ void RegisterStatusTranslator();
 // Module-level helpers: code and cause names, the poll-enum hook, the
 // status-raising test hook.
 void DefineEnumHelpers(pybind11::module_& m);
+// _kvbridge.prefill_info (registry.cc).
+void DefineRegistry(pybind11::module_& m);
 
 // The kvbridge.KVPoll member for `p` once the package registered the enum
 // (plain int before).

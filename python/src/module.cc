@@ -14,6 +14,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <span>
 #include <string>
@@ -95,6 +97,9 @@ class RoomHandle {
       throw StatusError(
           FailedPreconditionError("room " + std::to_string(room_id_) +
                                   " was cleared before it failed; it holds no failure record"));
+    // A rank failure (room 0) or another rank's record answers for this
+    // request: its room, message included, is this one.
+    f->room = room_id_;
     return tools::FailureToJson(*f).dump();
   }
   uint64_t room() const { return room_id_; }
@@ -142,6 +147,7 @@ class PySender : public RoomHandle<KVSender> {
     Check(result);
   }
   void Abort() { live().Abort(); }
+  int64_t DecodePrefixPages() const { return room_ ? room_->DecodePrefixPages() : -1; }
 };
 
 class PyReceiver : public RoomHandle<KVReceiver> {
@@ -167,6 +173,25 @@ class PyReceiver : public RoomHandle<KVReceiver> {
   }
   void Abort() { live().Abort(); }
   bool Quiesced() const { return room_ ? room_->Quiesced() : true; }
+  std::string FailAsGroupJson() {
+    if (!room_) return GroupFailureJson();
+    KVReceiver& r = live();
+    FailureRecord f;
+    {
+      py::gil_scoped_release release;
+      f = r.FailAsGroup();
+    }
+    f.room = room_id_;
+    return tools::FailureToJson(f).dump();
+  }
+  KVPoll PollSettled() const { return room_ ? room_->PollSettled() : Poll(); }
+  bool WaitQuiesced(double timeout_s) const {
+    if (!room_) return true;
+    // NaN and negatives wait not at all; anything past an hour is an hour.
+    const double s = std::min(std::max(0.0, timeout_s), 3600.0);
+    auto ms = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+    return room_->WaitQuiesced(ms);
+  }
   uint64_t Generation() { return live().generation(); }
 };
 
@@ -204,6 +229,7 @@ PYBIND11_MODULE(_kvbridge, m) {
   m.doc() = "kvbridge C++ core; use the kvbridge package, not this module.";
   RegisterStatusTranslator();
   DefineEnumHelpers(m);
+  DefineRegistry(m);
 
   using Release = py::call_guard<py::gil_scoped_release>;
   py::class_<PyManager>(m, "Manager")
@@ -223,6 +249,7 @@ PYBIND11_MODULE(_kvbridge, m) {
       .def("poll", [](const PySender& s) { return PollObject(s.Poll()); })
       .def("failure_json", &PySender::FailureJson)
       .def("group_failure_json", &PySender::GroupFailureJson)
+      .def("decode_prefix_pages", &PySender::DecodePrefixPages)
       .def("abort", &PySender::Abort, Release())
       .def("close", &PySender::Close, Release());
 
@@ -238,6 +265,9 @@ PYBIND11_MODULE(_kvbridge, m) {
       .def("failure_json", &PyReceiver::FailureJson)
       .def("group_failure_json", &PyReceiver::GroupFailureJson)
       .def("quiesced", &PyReceiver::Quiesced)
+      .def("fail_as_group_json", &PyReceiver::FailAsGroupJson)
+      .def("poll_settled", [](const PyReceiver& r) { return PollObject(r.PollSettled()); })
+      .def("wait_quiesced", &PyReceiver::WaitQuiesced, py::arg("timeout_s"), Release())
       .def("abort", &PyReceiver::Abort, Release())
       .def("close", &PyReceiver::Close, Release());
 

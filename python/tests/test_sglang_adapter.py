@@ -44,7 +44,7 @@ def test_adapter_moves_a_request_like_sglang(bootstrap):
     dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE, server_args, False)
     recv = ks.KVBridgeKVReceiver(dm, bootstrap, 77)
     # A decode server is its own instance (several may share the prefill).
-    assert dm.core().rank["instance"] == f"{host}:30001"
+    assert dm.core(bootstrap).rank["instance"] == f"{host}:30001"
     assert pm.core().rank["instance"] == ""
     recv.init(0)
     recv.send_metadata(np.array([3, 4], np.int32), 1, None, 0)

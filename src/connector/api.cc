@@ -62,6 +62,9 @@ FailureRecord KVSender::GroupFailure() const {
   return ManagerAccess::Of(manager_).GroupFailure(*room_);
 }
 void KVSender::Abort() { ManagerAccess::Of(manager_).SenderAbort(room_); }
+int64_t KVSender::DecodePrefixPages() const {
+  return room_->decode_prefix_pages.load(std::memory_order_acquire);
+}
 
 // KVReceiver.
 KVReceiver::KVReceiver(KVManager& manager, std::shared_ptr<internal::ReceiverRoom> room)
@@ -93,5 +96,19 @@ FailureRecord KVReceiver::GroupFailure() const {
 }
 void KVReceiver::Abort() { ManagerAccess::Of(manager_).ReceiverAbort(room_); }
 bool KVReceiver::Quiesced() const { return room_->quiesced.load(std::memory_order_acquire); }
+KVPoll KVReceiver::PollSettled() const {
+  const KVPoll p = room_->poll();
+  if (p != KVPoll::kFailed || room_->quiesced.load(std::memory_order_acquire)) return p;
+  const auto failed_at = std::chrono::steady_clock::time_point(
+      std::chrono::steady_clock::duration(room_->failed_at_ns.load(std::memory_order_relaxed)));
+  if (std::chrono::steady_clock::now() - failed_at >= manager_.options().quiesce_timeout) return p;
+  return static_cast<KVPoll>(room_->state_before_failure.load(std::memory_order_relaxed));
+}
+FailureRecord KVReceiver::FailAsGroup() {
+  return ManagerAccess::Of(manager_).ReceiverFailAsGroup(room_);
+}
+bool KVReceiver::WaitQuiesced(std::chrono::milliseconds timeout) const {
+  return ManagerAccess::Of(manager_).WaitReceiverQuiesced(*room_, timeout);
+}
 
 }  // namespace kvbridge

@@ -79,6 +79,7 @@ void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
 void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
   for (auto& [id, sp] : receivers_) {
     ReceiverRoom& room = *sp;
+    WarnUnsettledLocked(room, now);
     if (room.failure || !room.initialized || room.poll() == KVPoll::kSuccess) continue;
     auto elapsed = now - room.phase_since;
     // Registry lost: requests whose transfer has not started fail naming it

@@ -117,6 +117,9 @@ class ManagerImpl {
                               std::span<const int32_t> pages, int64_t aux_index,
                               std::span<const int32_t> state, int64_t decode_prefix_len);
   void ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room);
+  // Blocks until the room is quiesced or `timeout` passed; true if quiesced.
+  bool WaitReceiverQuiesced(const ReceiverRoom& room, std::chrono::milliseconds timeout);
+  FailureRecord ReceiverFailAsGroup(const std::shared_ptr<ReceiverRoom>& room);
   std::optional<FailureRecord> ReceiverFailure(const ReceiverRoom& room) const;
 
   void ReportFatal(const std::string& reason);
@@ -313,6 +316,13 @@ class ManagerImpl {
   void OnQuiesced(const RankId& from, const QuiescedMsg& msg, Outbox& out) KVB_REQUIRES(mu_);
   void FailReceiverLocked(ReceiverRoom& room, FailureRecord record, Outbox& out) KVB_REQUIRES(mu_);
   void UpdateQuiescedLocked(ReceiverRoom& room) KVB_REQUIRES(mu_);
+  // WaitingForInput once the room's sources are resolved and every one of
+  // them answered our handshake (sglang pre-allocates only then).
+  void MaybeHandshakeDoneLocked(ReceiverRoom& room) KVB_REQUIRES(mu_);
+  void OnPeerAckedLocked(const Peer& peer) KVB_REQUIRES(mu_);
+  // Logs once when a failed room is still not quiesced quiesce_timeout after
+  // it failed (PollSettled() says Failed from then on).
+  void WarnUnsettledLocked(ReceiverRoom& room, SteadyTime now) KVB_REQUIRES(mu_);
   void TickReceiversLocked(SteadyTime now, Outbox& out) KVB_REQUIRES(mu_);
   void RetryUnresolved();
 
@@ -363,6 +373,7 @@ class ManagerImpl {
   uint64_t failure_seq_ = 0;                     // registry thread only
   SteadyTime last_tick_ KVB_GUARDED_BY(mu_) = std::chrono::steady_clock::now();
   std::optional<SteadyTime> registry_down_since_;  // registry thread only
+  bool registry_reached_ = false;                  // registry thread only: a heartbeat answered
   std::mutex resolve_mu_;                          // serializes bootstrap lookups and connects
 
   // Shutdown: once closing_ is set no Flush reaches the engine or the

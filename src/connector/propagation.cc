@@ -271,13 +271,18 @@ void ManagerImpl::RegistryRound(uint64_t round) {
       RankId origin;
       origin.role = Role::kBootstrap;
       origin.host = opts_.bootstrap_addr;
-      registry_lost_ = MakeRecord(origin, FailureCause::kRegistryLost, beat.message(),
-                                  Phase::kBootstrapping, "registry heartbeat");
+      // A registry this rank never reached was not lost: say so.
+      const std::string why = registry_reached_
+                                  ? beat.message()
+                                  : "never reached since this rank started: " + beat.message();
+      registry_lost_ = MakeRecord(origin, FailureCause::kRegistryLost, why, Phase::kBootstrapping,
+                                  "registry heartbeat");
       KVB_LOG_ERROR("{}", registry_lost_->Message());
     }
     return;
   }
   registry_down_since_.reset();
+  registry_reached_ = true;
   {
     MutexLock lock(mu_);
     if (registry_lost_) {

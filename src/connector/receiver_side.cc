@@ -163,7 +163,11 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
       room->sources = std::move(sources);
       room->resolved = true;
       room->last_resolve_error = Status();
-      if (room->meta) SendMetaLocked(*room, out);
+      if (room->meta) {
+        SendMetaLocked(*room, out);
+      } else {
+        MaybeHandshakeDoneLocked(*room);
+      }
     }
     Flush(out);
     return Status();
@@ -496,6 +500,11 @@ void ManagerImpl::OnQuiesced(const RankId& from, const QuiescedMsg& msg, Outbox&
 
 void ManagerImpl::FailReceiverLocked(ReceiverRoom& room, FailureRecord record, Outbox& out) {
   record.generation = room.generation;
+  if (!room.failure && room.poll() != KVPoll::kSuccess) {
+    room.state_before_failure.store(static_cast<int>(room.poll()), std::memory_order_relaxed);
+    room.failed_at_ns.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                            std::memory_order_relaxed);
+  }
   if (!MarkRoomFailedLocked(room, record)) return;
   for (ReceiverSource& src : room.sources) {
     if (!src.meta_sent) src.quiesced = true;  // prefill never saw the pages
@@ -529,7 +538,10 @@ void ManagerImpl::UpdateQuiescedLocked(ReceiverRoom& room) {
     q = std::all_of(room.sources.begin(), room.sources.end(),
                     [](const ReceiverSource& s) { return s.quiesced; });
   }
-  if (q) room.quiesced.store(true, std::memory_order_release);
+  if (q) {
+    room.quiesced.store(true, std::memory_order_release);
+    room_records_cv_.notify_all();  // WaitReceiverQuiesced
+  }
 }
 
 void ManagerImpl::ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room) {

@@ -50,6 +50,9 @@ struct SenderRoom {
   // use of the room id began.
   const WallTime created_wall = std::chrono::system_clock::now();
   std::atomic<int> state{static_cast<int>(KVPoll::kBootstrapping)};
+  // Pages of the request decode already holds (its decode_prefix_len /
+  // page_size), from the first metadata; -1 before any arrived.
+  std::atomic<int64_t> decode_prefix_pages{-1};
   // Guarded by ManagerImpl::mu_.
   bool live = true;  // KVSender not destroyed
   bool initialized = false;
@@ -92,10 +95,16 @@ struct ReceiverRoom {
   const WallTime created_wall = std::chrono::system_clock::now();  // see SenderRoom
   std::atomic<int> state{static_cast<int>(KVPoll::kBootstrapping)};
   std::atomic<bool> quiesced{false};
+  // What Poll() said just before the room failed, and when (steady clock, ns;
+  // 0 while not failed): KVReceiver::PollSettled() keeps saying the former
+  // until the room is quiesced. Both are stored before `state` turns Failed.
+  std::atomic<int> state_before_failure{static_cast<int>(KVPoll::kBootstrapping)};
+  std::atomic<int64_t> failed_at_ns{0};
   // Guarded by ManagerImpl::mu_.
   bool live = true;
   bool initialized = false;
-  bool resolved = false;  // sources known and connected
+  bool unsettled_warned = false;  // logged that quiesce_timeout passed unquiesced
+  bool resolved = false;          // sources known and connected
   int prefill_dp_rank = 0;
   std::optional<MetaMsg> meta;  // set by SendMetadata
   std::vector<ReceiverSource> sources;

@@ -502,6 +502,8 @@ void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg 
     FailSenderLocked(room, r, out);
     return;
   }
+  int64_t unset = -1;  // the first decode rank's; another that differs fails at Init
+  room.decode_prefix_pages.compare_exchange_strong(unset, room.flows.at(from.tp).meta.prefix_pages);
   UpdateSenderStateLocked(room);
 }
 

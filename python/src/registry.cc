@@ -1,0 +1,69 @@
+// _kvbridge.prefill_info(address, timeout_s): a prefill instance's shape as
+// its bootstrap registry tells it (sglang's PrefillServerInfo), plus the
+// model's kv head count from a registered rank's layout, so that a decode
+// rank whose KVArgs leave kv_head_num unset can take it from prefill. The
+// HTTP is C++ (BootstrapClient); Python does none.
+#include <pybind11/pybind11.h>
+
+#include <chrono>
+#include <string>
+
+#include "connector/layout_json.h"
+#include "control/bootstrap_client.h"
+#include "python/src/convert.h"
+
+namespace py = pybind11;
+
+namespace kvbridge::python {
+
+namespace {
+
+// Every rank of a known shape registered (no rank at all is not complete).
+bool Complete(const internal::ParallelInfo& info) {
+  return info.ranks_expected > 0 && info.complete();
+}
+
+py::dict PrefillInfo(const std::string& address, double timeout_s) {
+  using internal::BootstrapClient;
+  if (!(timeout_s > 0) || timeout_s > 3600)
+    throw StatusError(InvalidArgumentError("timeout_s must be in (0, 3600]"));
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  Result<internal::ParallelInfo> info = UnavailableError("not asked");
+  Result<internal::RankRecord> first = UnavailableError("not asked");
+  {
+    py::gil_scoped_release release;
+    auto client = BootstrapClient::Create(address, timeout);
+    if (!client.ok()) throw StatusError(client.status());
+    info = (*client)->GetParallelInfo();
+    if (info.ok() && Complete(*info)) first = (*client)->GetRank(0, 0, 0, 0);
+  }
+  if (!info.ok()) throw StatusError(info.status().WithContext(address));
+  py::dict d;
+  d["attn_tp_size"] = info->attn_tp_size;
+  d["attn_cp_size"] = info->attn_cp_size;
+  d["dp_size"] = info->attn_dp_size;
+  d["pp_size"] = info->pp_size;
+  d["page_size"] = info->page_size;
+  d["kv_cache_dtype"] = info->kv_cache_dtype;
+  d["ranks_registered"] = info->ranks_registered;
+  d["ranks_expected"] = info->ranks_expected;
+  d["complete"] = Complete(*info);
+  d["total_kv_heads"] = py::none();
+  d["is_mla"] = py::none();
+  if (first.ok()) {
+    Result<internal::RankLayout> layout = internal::LayoutFromJson(first->layout);
+    if (layout.ok()) {
+      d["total_kv_heads"] = layout->total_kv_heads;
+      d["is_mla"] = layout->is_mla;
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
+void DefineRegistry(py::module_& m) {
+  m.def("prefill_info", &PrefillInfo, py::arg("address"), py::arg("timeout_s") = 5.0);
+}
+
+}  // namespace kvbridge::python
