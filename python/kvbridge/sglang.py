@@ -285,6 +285,10 @@ class KVBridgeKVManager(BaseKVManager):
         addr = _norm_addr(bootstrap_addr)
         try:
             info = _kvbridge.prefill_info(addr, 5.0)
+        except kvbridge.UnavailableError as e:
+            # 503 until every prefill rank registered (sglang's server too).
+            log.info("prefill parallel info from %s not ready: %s", bootstrap_addr, e)
+            return False
         except kvbridge.KVTransferError as e:
             log.error("prefill parallel info from %s: %s", bootstrap_addr, e)
             return False
@@ -302,7 +306,8 @@ class KVBridgeKVManager(BaseKVManager):
         self.prefill_info_table[bootstrap_addr] = PrefillServerInfo(
             attn_tp_size=info["attn_tp_size"], attn_cp_size=info["attn_cp_size"] or 1,
             dp_size=info["dp_size"], pp_size=info["pp_size"], page_size=page_size,
-            kv_cache_dtype=info["kv_cache_dtype"] or None, follow_bootstrap_room=True)
+            kv_cache_dtype=info["kv_cache_dtype"] or None,
+            follow_bootstrap_room=info["follow_bootstrap_room"])
         return True
 
     def _args_for(self, info: dict) -> KVArgs:

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "connector/layout_json.h"
+#include "control/auth.h"
 #include "control/bootstrap_client.h"
 #include "python/src/convert.h"
 
@@ -32,7 +33,8 @@ py::dict PrefillInfo(const std::string& address, double timeout_s) {
   Result<internal::RankRecord> first = UnavailableError("not asked");
   {
     py::gil_scoped_release release;
-    auto client = BootstrapClient::Create(address, timeout);
+    // Reads need no secret; the environment's goes along all the same.
+    auto client = BootstrapClient::Create(address, timeout, internal::AuthTokenFromEnvironment());
     if (!client.ok()) throw StatusError(client.status());
     info = (*client)->GetParallelInfo();
     if (info.ok() && Complete(*info)) first = (*client)->GetRank(0, 0, 0, 0);
@@ -45,6 +47,7 @@ py::dict PrefillInfo(const std::string& address, double timeout_s) {
   d["pp_size"] = info->pp_size;
   d["page_size"] = info->page_size;
   d["kv_cache_dtype"] = info->kv_cache_dtype;
+  d["follow_bootstrap_room"] = info->follow_bootstrap_room;
   d["ranks_registered"] = info->ranks_registered;
   d["ranks_expected"] = info->ranks_expected;
   d["complete"] = Complete(*info);
