@@ -117,7 +117,8 @@ Status PutHeartbeat(internal::Registry& registry, const json& body) {
 
 }  // namespace
 
-struct BootstrapServer::Impl {
+// Hidden although nested in an exported class: the pimpl is not public API.
+struct [[gnu::visibility("hidden")]] BootstrapServer::Impl {
   BootstrapServerOptions options;
   std::unique_ptr<internal::Registry> registry;
   std::shared_ptr<internal::MetricsRegistry> metrics;
