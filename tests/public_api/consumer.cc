@@ -3,6 +3,7 @@
 // if every function it calls is exported (KVB_EXPORT), and checks that the
 // calls work across the library boundary. Exits 0 on success.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "kvbridge/bootstrap.h"
@@ -43,6 +44,9 @@ int main() {
   Check(RoleName(Role::kDecode) == "decode", "RoleName");
   Check(!KVPollName(KVPoll::kSuccess).empty(), "KVPollName");
 
+  // Registry writes need a shared secret; the environment is where a
+  // deployment gives it to every process.
+  setenv("KVBRIDGE_AUTH_TOKEN", "public-api-consumer", /*overwrite=*/0);
   BootstrapServerOptions bo;
   bo.host = "127.0.0.1";
   bo.port = 0;
