@@ -3,9 +3,14 @@ JOBS ?= $(shell nproc)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
+FUZZ_BUILD ?= build-fuzz
+# Seconds each fuzz target runs: in `make fuzz`, and in `make test`.
+FUZZ_SECONDS ?= 60
+FUZZ_TEST_SECONDS ?= 10
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build build-asan build-tsan demo test unit format format-check install clean
+.PHONY: all deps build build-asan build-tsan build-fuzz demo test fuzz unit format format-check \
+  install clean
 
 all: build
 
@@ -27,11 +32,22 @@ build-tsan: deps
 	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 	cmake --build $(TSAN_BUILD) -j $(JOBS)
 
+# libFuzzer targets (fuzz/*.cc) with ASan + UBSan, built with clang.
+build-fuzz: deps
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVB_FUZZ=ON \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz
+
+# Each fuzz target for FUZZ_SECONDS (`make test` runs them for FUZZ_TEST_SECONDS).
+fuzz: build-fuzz
+	./scripts/run-fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
 demo: build
 	./$(BUILD)/bin/kvbridge demo
 
-test: format-check build build-asan build-tsan
-	./scripts/run-tests.sh $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+test: format-check build build-asan build-tsan build-fuzz
+	FUZZ_SECONDS=$(FUZZ_TEST_SECONDS) ./scripts/run-tests.sh $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) \
+	  $(FUZZ_BUILD)
 
 format:
 	git ls-files '*.h' '*.cc' | xargs clang-format -i
@@ -43,4 +59,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test: ctest in the normal build, the Python tests, then ctest
-# again under ASan+UBSan and under ThreadSanitizer.
+# again under ASan+UBSan and under ThreadSanitizer, then each libFuzzer target
+# for FUZZ_SECONDS (default 10; scripts/run-fuzz.sh).
 set -euo pipefail
 build=${1:-build}
 asan=${2:-build-asan}
 tsan=${3:-build-tsan}
+fuzz=${4:-build-fuzz}
 here=$(cd "$(dirname "$0")/.." && pwd)
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$here/tests/lsan.supp:print_suppressions=0}
@@ -20,4 +22,8 @@ if [ -d "$tsan" ]; then
   echo "== tests under ThreadSanitizer ($tsan)"
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tests/tsan.supp} \
     ctest --test-dir "$tsan" --output-on-failure --timeout 600
+fi
+if [ -d "$fuzz/fuzz" ]; then
+  echo "== fuzz targets, ${FUZZ_SECONDS:-10} s each ($fuzz)"
+  "$here/scripts/run-fuzz.sh" "$fuzz" "${FUZZ_SECONDS:-10}"
 fi

@@ -10,16 +10,18 @@
 #include <string>
 
 #include "kvbridge/bootstrap.h"
+#include "tools/auth_flag.h"
 
 namespace kvbridge::tools {
 namespace {
 
 struct BootstrapFlags {
-  std::string host = "0.0.0.0";
+  std::string host = "127.0.0.1";
+  std::string auth_token_file;
   int port = 8998;
   int unresponsive_after_ms = 1000;
   int dead_after_ms = 10000;
-  int threads = 8;
+  int threads = 1024;
 };
 
 int RunBootstrap(const BootstrapFlags& f) {
@@ -40,7 +42,13 @@ int RunBootstrap(const BootstrapFlags& f) {
     return 1;
   }
 
+  Result<std::string> token = CommandAuthToken(f.auth_token_file, "kvbridge bootstrap");
+  if (!token.ok()) {
+    std::fputs(fmt::format("kvbridge bootstrap: {}\n", token.status().message()).c_str(), stderr);
+    return 1;
+  }
   BootstrapServerOptions o;
+  o.auth_token = *token;
   o.host = f.host;
   o.port = f.port;
   o.unresponsive_after = std::chrono::milliseconds(f.unresponsive_after_ms);
@@ -84,8 +92,11 @@ void AddBootstrapCommand(CLI::App& app, std::function<int()>& run) {
   auto f = std::make_shared<BootstrapFlags>();
   CLI::App* cmd = app.add_subcommand(
       "bootstrap", "Run the bootstrap server (rank registry, liveness, failures, /metrics)");
-  cmd->add_option("--host", f->host, "Address to listen on (0.0.0.0 = every interface)")
+  cmd->add_option("--host", f->host,
+                  "Address to listen on: loopback by default; this host's address on the ranks' "
+                  "network, or 0.0.0.0 for every interface")
       ->capture_default_str();
+  AddAuthTokenFileOption(cmd, &f->auth_token_file);
   cmd->add_option("--port", f->port, "TCP port; 0 picks a free one (printed)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
@@ -96,8 +107,8 @@ void AddBootstrapCommand(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--dead-after-ms", f->dead_after_ms, "... and this long, dead")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--threads", f->threads, "Threads answering requests")
-      ->check(CLI::Range(1, 256))
+  cmd->add_option("--threads", f->threads, "Most connections served at once (a thread each)")
+      ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   cmd->callback([&run, f] { run = [f] { return RunBootstrap(*f); }; });
 }

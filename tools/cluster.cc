@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "common/process.h"
+#include "control/auth.h"
 #include "kvbridge/errors.h"
 
 extern char** environ;
@@ -76,6 +77,8 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o) {
                                 std::to_string(o.prefill_pp) + " and decode_pp " +
                                 std::to_string(o.decode_pp) + " must be >= 1");
   signal(SIGPIPE, SIG_IGN);  // a dead child must not kill the launcher
+  // Every process of the cluster inherits one secret.
+  internal::EnsureAuthTokenInEnvironment();
   std::unique_ptr<Cluster> c(new Cluster());
   c->options_ = o;
   c->prefill_tp_ = o.prefill_tp;

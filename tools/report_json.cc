@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "connector/record_json.h"
+#include "control/record_json.h"
 
 namespace kvbridge::tools {
 
@@ -30,6 +30,7 @@ nlohmann::json StatsToJson(const ManagerStats& s) {
           {"write_ops", s.write_ops},
           {"chunks_sent", s.chunks_sent},
           {"stale_messages_dropped", s.stale_messages_dropped},
+          {"invalid_messages_dropped", s.invalid_messages_dropped},
           {"pending_metadata", s.pending_metadata},
           {"peers_connected", s.peers_connected}};
 }

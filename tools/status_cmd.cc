@@ -16,6 +16,7 @@
 
 #include "control/bootstrap_client.h"
 #include "control/registry.h"
+#include "tools/auth_flag.h"
 
 namespace kvbridge::tools {
 namespace {
@@ -29,6 +30,7 @@ struct StatusFlags {
   bool json = false;
   int failures = 10;
   int timeout_ms = 2000;
+  std::string auth_token_file;
 };
 
 // What one query of the server returned.
@@ -197,8 +199,15 @@ bool Show(const internal::BootstrapClient& client, const StatusFlags& f, bool cl
 }
 
 int RunStatus(const StatusFlags& f) {
-  Result<std::unique_ptr<internal::BootstrapClient>> client =
-      internal::BootstrapClient::Create(f.bootstrap, std::chrono::milliseconds(f.timeout_ms));
+  // The rank table names processes: the server shows it only to holders of
+  // the deployment's secret.
+  Result<std::string> token = CommandAuthToken(f.auth_token_file, "kvbridge status");
+  if (!token.ok()) {
+    Print("kvbridge status: " + token.status().message() + "\n", stderr);
+    return 2;
+  }
+  Result<std::unique_ptr<internal::BootstrapClient>> client = internal::BootstrapClient::Create(
+      f.bootstrap, std::chrono::milliseconds(f.timeout_ms), *token);
   if (!client.ok()) {
     Print("kvbridge status: --bootstrap: " + client.status().message() + "\n", stderr);
     return 2;
@@ -233,6 +242,7 @@ void AddStatusCommand(CLI::App& app, std::function<int()>& run) {
   CLI::App* cmd = app.add_subcommand(
       "status", "Registered ranks, their liveness and recent failures, from a bootstrap server");
   cmd->add_option("--bootstrap", f->bootstrap, "The bootstrap server, HOST:PORT")->required();
+  AddAuthTokenFileOption(cmd, &f->auth_token_file);
   CLI::Option* watch = cmd->add_flag("--watch", f->watch, "Refresh until Ctrl-C");
   cmd->add_option("--interval", f->interval_s, "Seconds between refreshes with --watch")
       ->needs(watch)

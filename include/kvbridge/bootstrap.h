@@ -9,9 +9,17 @@
 // (`kvbridge bootstrap`). State lives in memory: a restarted server starts
 // empty and ranks register again.
 //
+// Writes need the deployment's shared secret: PUT /route, PUT /heartbeat and
+// POST /failure (and the tables that name processes, GET /ranks and GET
+// /failures) answer 401 without "Authorization: Bearer <token>"; GET /route
+// and GET /health stay open so that any rank can rendezvous (sglang's rule).
+// Every request is bounded: body size, header count, records kept, decode
+// ranks listed; a limit that is hit is named in the error.
+//
 // Routes (JSON bodies; errors are {"error": "<CODE NAME>", "message": "..."}
-// with HTTP 400 InvalidArgument, 404 NotFound, 409 FailedPrecondition or
-// AlreadyExists, 503 Unavailable, 500 otherwise):
+// with HTTP 400 InvalidArgument, 401 Unauthenticated, 404 NotFound, 409
+// FailedPrecondition or AlreadyExists, 429/431 ResourceExhausted, 503
+// Unavailable, 500 otherwise):
 //   PUT  /route        register a rank (a rank record; "role" decides prefill
 //                      or decode). 200 {"ok": true}.
 //   GET  /route?prefill_dp_rank=D&prefill_cp_rank=C&target_tp_rank=T&target_pp_rank=P
@@ -51,8 +59,10 @@
 namespace kvbridge {
 
 struct BootstrapServerOptions {
-  // Address to listen on; "0.0.0.0" = every IPv4 interface.
-  std::string host = "0.0.0.0";
+  // Address to listen on: loopback unless told otherwise. "0.0.0.0" (every
+  // IPv4 interface) only when asked for; give the host's address on the
+  // network the ranks share.
+  std::string host = "127.0.0.1";
   // TCP port; 0 = pick a free port (see BootstrapServer::port()).
   int port = 8998;
   // A rank that has not sent a heartbeat (or registered) for this long is
@@ -64,8 +74,13 @@ struct BootstrapServerOptions {
   std::chrono::milliseconds forget_decode_after{std::chrono::minutes(10)};
   // Failure records kept for GET /failures; older ones are dropped.
   size_t max_failure_records = 1024;
-  // Threads answering requests.
-  int threads = 8;
+  // The shared secret writes must carry (see above). Empty: from
+  // $KVBRIDGE_AUTH_TOKEN, else $SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN;
+  // Start fails (FailedPrecondition, saying how to set one) without any.
+  std::string auth_token;
+  // Most connections served at once, a thread each (a slow or idle client
+  // holds only its own); connections beyond wait for a free thread.
+  int threads = 1024;
   // Time source for liveness; null = std::chrono::steady_clock::now. Tests
   // inject a fake clock here.
   std::function<std::chrono::steady_clock::time_point()> clock;

@@ -44,6 +44,11 @@ struct ManagerStats {
   // Late messages dropped: of an old room generation, or failure records
   // about a process that was already replaced at its position.
   uint64_t stale_messages_dropped = 0;
+  // Control messages dropped as invalid: garbled, past a limit (the wire
+  // decoder's), or disagreeing with what their sender declared at its
+  // handshake (e.g. a Meta whose decode tp size is not its Hello's). Each is
+  // logged once, with the reason.
+  uint64_t invalid_messages_dropped = 0;
   uint64_t pending_metadata = 0;  // metadata waiting for its sender
   uint64_t peers_connected = 0;
   // Liveness rounds the ticker ran (heartbeats sent, silences and deadlines

@@ -81,7 +81,13 @@ struct ManagerOptions {
   // Bootstrap server "host:port". Prefill rank 0 starts an embedded server on
   // that port when `start_bootstrap_server` and none answers there.
   std::string bootstrap_addr = "127.0.0.1:8998";
+  // Prefill rank 0's embedded server listens on bootstrap_addr's host.
   bool start_bootstrap_server = true;
+  // The deployment's shared secret, shown on every write to the registry
+  // (and required by the embedded server). Empty: $KVBRIDGE_AUTH_TOKEN, else
+  // $SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN; KVManager::Create fails
+  // (FailedPrecondition, saying how to set one) without any.
+  std::string auth_token;
   // Host other ranks use to reach this one (registered with bootstrap).
   std::string advertise_host = "127.0.0.1";
 

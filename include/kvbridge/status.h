@@ -9,6 +9,7 @@
 //   kInvalidArgument    the caller passed a bad value; fix the call.
 //   kAborted            the operation was aborted (by either side).
 //   kDataLoss           bytes arrived corrupted.
+//   kUnauthenticated    a request lacked the shared secret (or had a wrong one).
 // "In progress" is never an error: it is a poll state (see KVPoll).
 //
 // Thread safety: Status and Result are values; const methods are safe to call
@@ -43,6 +44,7 @@ enum class StatusCode : int {
   kInternal = 13,
   kUnavailable = 14,
   kDataLoss = 15,
+  kUnauthenticated = 16,
 };
 
 // Canonical upper-snake name of a code, e.g. "INVALID_ARGUMENT".
@@ -89,6 +91,7 @@ KVB_EXPORT Status InternalError(std::string message);
 KVB_EXPORT Status UnimplementedError(std::string message);
 KVB_EXPORT Status AlreadyExistsError(std::string message);
 KVB_EXPORT Status OutOfRangeError(std::string message);
+KVB_EXPORT Status UnauthenticatedError(std::string message);
 
 // A value or an error. Constructing from an OK Status is a programming error
 // and yields an kInternal error instead.

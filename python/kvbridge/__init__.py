@@ -12,13 +12,14 @@ from kvbridge._args import KVArgs, KVConfig, ParallelLayout, as_indices, buffer_
 from kvbridge._errors import (STATUS_EXCEPTIONS, AbortedError, AlreadyExistsError,
                               DataLossError, DeadlineExceededError, FailedPreconditionError,
                               InternalError, InvalidArgumentError, KVTransferError, NotFoundError,
-                              StatusCode, UnavailableError, UnimplementedError, exception_class)
+                              StatusCode, UnauthenticatedError, UnavailableError,
+                              UnimplementedError, exception_class)
 
 __all__ = [
     "BootstrapServer", "KVManager", "KVPoll", "KVReceiver", "KVSender", "KVArgs", "KVConfig",
     "ParallelLayout", "as_indices", "buffer_address", "KVTransferError", "STATUS_EXCEPTIONS",
     "StatusCode", "exception_class", "AbortedError", "AlreadyExistsError", "DataLossError",
     "DeadlineExceededError", "FailedPreconditionError", "InternalError", "InvalidArgumentError",
-    "NotFoundError", "UnavailableError", "UnimplementedError",
+    "NotFoundError", "UnauthenticatedError", "UnavailableError", "UnimplementedError",
 ]
 __version__ = "0.1.0"

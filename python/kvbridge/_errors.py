@@ -36,6 +36,7 @@ class StatusCode(enum.IntEnum):
     INTERNAL = 13
     UNAVAILABLE = 14
     DATA_LOSS = 15
+    UNAUTHENTICATED = 16
 
 
 # Attributes a failure record gives an exception; None when not known.
@@ -108,6 +109,7 @@ UnimplementedError = _cls("UnimplementedError", StatusCode.UNIMPLEMENTED, NotImp
 InternalError = _cls("InternalError", StatusCode.INTERNAL, RuntimeError)
 UnavailableError = _cls("UnavailableError", StatusCode.UNAVAILABLE)
 DataLossError = _cls("DataLossError", StatusCode.DATA_LOSS)
+UnauthenticatedError = _cls("UnauthenticatedError", StatusCode.UNAUTHENTICATED, PermissionError)
 
 # THE table: a Status code -> the class raised for it. Nothing else decides.
 STATUS_EXCEPTIONS = {
@@ -126,6 +128,7 @@ STATUS_EXCEPTIONS = {
     StatusCode.INTERNAL: InternalError,
     StatusCode.UNAVAILABLE: UnavailableError,
     StatusCode.DATA_LOSS: DataLossError,
+    StatusCode.UNAUTHENTICATED: UnauthenticatedError,
 }
 
 

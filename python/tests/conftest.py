@@ -2,12 +2,20 @@
 PYTHONPATH=build/python /usr/bin/python3 -m pytest python/tests
 """
 
+import os
+import secrets
 import socket
 
 import numpy as np
 import pytest
 
 import kvbridge
+
+# The tests are one deployment: every server, manager and worker process
+# they start shares this secret, as sglang's ranks share theirs.
+if not (os.environ.get("KVBRIDGE_AUTH_TOKEN")
+        or os.environ.get("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN")):
+    os.environ["KVBRIDGE_AUTH_TOKEN"] = secrets.token_hex(32)
 
 
 @pytest.fixture

@@ -36,6 +36,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "UNAVAILABLE";
     case StatusCode::kDataLoss:
       return "DATA_LOSS";
+    case StatusCode::kUnauthenticated:
+      return "UNAUTHENTICATED";
   }
   return "UNKNOWN_CODE";
 }
@@ -73,6 +75,7 @@ KVB_DEFINE_ERROR_(InternalError, kInternal)
 KVB_DEFINE_ERROR_(UnimplementedError, kUnimplemented)
 KVB_DEFINE_ERROR_(AlreadyExistsError, kAlreadyExists)
 KVB_DEFINE_ERROR_(OutOfRangeError, kOutOfRange)
+KVB_DEFINE_ERROR_(UnauthenticatedError, kUnauthenticated)
 #undef KVB_DEFINE_ERROR_
 
 }  // namespace kvbridge

@@ -35,7 +35,8 @@ INSTANTIATE_TEST_SUITE_P(
         CodeCase{DataLossError, StatusCode::kDataLoss, "DATA_LOSS"},
         CodeCase{ResourceExhaustedError, StatusCode::kResourceExhausted, "RESOURCE_EXHAUSTED"},
         CodeCase{InternalError, StatusCode::kInternal, "INTERNAL"},
-        CodeCase{UnimplementedError, StatusCode::kUnimplemented, "UNIMPLEMENTED"}));
+        CodeCase{UnimplementedError, StatusCode::kUnimplemented, "UNIMPLEMENTED"},
+        CodeCase{UnauthenticatedError, StatusCode::kUnauthenticated, "UNAUTHENTICATED"}));
 
 TEST(StatusTest, DefaultIsOkAndDropsMessage) {
   EXPECT_TRUE(Status().ok());

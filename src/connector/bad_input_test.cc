@@ -136,8 +136,12 @@ TEST_P(ReceiverBadInputTest, RejectsBeforeAnythingIsSent) {
   EXPECT_EQ(f.receiver->Failure()->cause, FailureCause::kInvalidRequest);
   EXPECT_FALSE(f.receiver->Failure()->is_from_another_rank);
   EXPECT_TRUE(f.receiver->Quiesced());  // nothing was sent: nothing can land
-  // The prefill side never got metadata for the room.
-  EXPECT_EQ(f.sender->Poll(), KVPoll::kBootstrapping);
+  // The prefill side never got metadata for the room; it learns why decode
+  // gave up (issue 10: a decode-side rejection reaches prefill).
+  ASSERT_TRUE(WaitFor([&] { return f.sender->Poll() == KVPoll::kFailed; }));
+  ASSERT_TRUE(f.sender->Failure().has_value());
+  EXPECT_EQ(f.sender->Failure()->cause, FailureCause::kInvalidRequest);
+  EXPECT_EQ(f.sender->Failure()->origin.role, Role::kDecode);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "connector/connector_test_util.h"
+#include "control/auth.h"
 #include "control/bootstrap_client.h"
 #include "transport/fault/fault_transport.h"
 
@@ -32,7 +33,8 @@ void ExpectSameRecord(const FailureRecord& got, const FailureRecord& want) {
 // Waits until the registry holds a room record for `room` (the barrier for
 // checks that need it published).
 void AwaitRoomRecord(TestCluster& c, uint64_t room) {
-  auto client = BootstrapClient::Create(c.server->address(), std::chrono::milliseconds(2000));
+  auto client = BootstrapClient::Create(c.server->address(), std::chrono::milliseconds(2000),
+                                        AuthTokenFromEnvironment());
   ASSERT_TRUE(client.ok());
   ASSERT_TRUE(WaitFor([&] {
     Result<FailureBatch> b = (*client)->FailuresSince(0);
@@ -119,7 +121,8 @@ TEST(GroupFailureTest, ARoomRecordIsNotARankDeathAndDoesNotFailALaterUseOfTheRoo
   ASSERT_NO_FATAL_FAILURE(SendChunks(again, {4}));
   ASSERT_NO_FATAL_FAILURE(ExpectDelivered(cluster, again));
   // The registry lists every rank alive: an abort is not a death.
-  auto client = BootstrapClient::Create(cluster.server->address(), std::chrono::milliseconds(2000));
+  auto client = BootstrapClient::Create(cluster.server->address(), std::chrono::milliseconds(2000),
+                                        AuthTokenFromEnvironment());
   ASSERT_TRUE(client.ok());
   auto ranks = (*client)->ListRanks();
   ASSERT_TRUE(ranks.ok());

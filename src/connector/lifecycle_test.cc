@@ -5,9 +5,10 @@
 #include <sstream>
 
 #include "connector/connector_test_util.h"
-#include "connector/record_json.h"
 #include "connector/test_cluster.h"
+#include "control/auth.h"
 #include "control/bootstrap_client.h"
+#include "control/record_json.h"
 
 namespace kvbridge::internal {
 namespace {
@@ -172,7 +173,8 @@ TEST(RestartTest, LateRecordAboutAReplacedProcessFailsNoLiveRequest) {
   late.last_sign_of_life = late.detected_at;
   const uint64_t sibling_stale = sibling.Stats().stale_messages_dropped;
   const uint64_t decode_stale = decode.Stats().stale_messages_dropped;
-  auto client = BootstrapClient::Create(sibling.options().bootstrap_addr, std::chrono::seconds(5));
+  auto client = BootstrapClient::Create(sibling.options().bootstrap_addr, std::chrono::seconds(5),
+                                        AuthTokenFromEnvironment());
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   ASSERT_TRUE((*client)->PublishFailure(FailureRecordToJson(late)).ok());
   ASSERT_TRUE(WaitFor([&] {

@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/process.h"
 #include "connector/layout_json.h"
+#include "control/auth.h"
 #include "transport/shm/shm.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -50,6 +51,9 @@ Status ValidateOptions(const ManagerOptions& o) {
                                   {"cp", p.cp_size, p.cp_rank}}) {
     if (size < 1 || rank < 0 || rank >= size)
       return InvalidArgumentError(fmt::format("{} rank {} of size {}", name, rank, size));
+    if (size > kMaxParallelSize)  // what peers accept on the wire (protocol.h)
+      return InvalidArgumentError(
+          fmt::format("{} size {} exceeds the limit of {}", name, size, kMaxParallelSize));
   }
   if (o.heartbeat_interval.count() <= 0 || o.heartbeat_misses < 1)
     return InvalidArgumentError("heartbeat_interval and heartbeat_misses must be positive");
@@ -141,14 +145,18 @@ Status ManagerImpl::Start() {
   KVB_RETURN_IF_ERROR(reg(layout_.state, &regions_.state, &state_keys_));
   engine_ = std::make_unique<TransferEngine>(*transport_, regions_);
 
+  KVB_ASSIGN_OR_RETURN(std::string token, ResolveAuthToken(opts_.auth_token, self_.ShortName()));
   KVB_ASSIGN_OR_RETURN(
-      auto client, BootstrapClient::Create(opts_.bootstrap_addr, std::chrono::milliseconds(2000)));
+      auto client,
+      BootstrapClient::Create(opts_.bootstrap_addr, std::chrono::milliseconds(2000), token));
   bootstrap_ = std::move(client);
   bool first_prefill = opts_.role == Role::kPrefill && p.tp_rank == 0 && p.dp_rank == 0 &&
                        p.pp_rank == 0 && p.cp_rank == 0;
   if (first_prefill && opts_.start_bootstrap_server && !bootstrap_->Health().ok()) {
     BootstrapServerOptions so;
+    so.host = bootstrap_->host();
     so.port = bootstrap_->port();
+    so.auth_token = token;
     so.unresponsive_after = opts_.heartbeat_interval * opts_.heartbeat_misses;
     so.dead_after = std::max(so.dead_after, so.unresponsive_after);
     auto server = BootstrapServer::Start(so);
@@ -178,7 +186,10 @@ Status ManagerImpl::Start() {
   rec.layout = LayoutToJson(layout_);
   Status registered = bootstrap_->RegisterRank(rec);
   if (!registered.ok()) {
-    if (opts_.role == Role::kPrefill) return registered.WithContext("registering with bootstrap");
+    // A wrong secret is a deployment error that no retry mends.
+    if (opts_.role == Role::kPrefill || registered.code() == StatusCode::kUnauthenticated) {
+      return registered.WithContext("registering with bootstrap");
+    }
     KVB_LOG_WARN("decode rank not listed in the bootstrap registry: {}", registered.ToString());
   }
   if (opts_.metrics_port != 0) {
@@ -336,6 +347,7 @@ void ManagerImpl::OnMessage(std::string_view bytes) {
   KVB_LOG_TRACE("control message of {} bytes", bytes.size());
   Result<Message> decoded = DecodeMessage(bytes);
   if (!decoded.ok()) {
+    ++invalid_dropped_;
     KVB_LOG_WARN("dropping control message: {}", decoded.status().ToString());
     return;
   }
@@ -525,6 +537,7 @@ ManagerStats ManagerImpl::Stats() const {
   s.write_ops = write_ops_;
   s.chunks_sent = chunks_sent_;
   s.stale_messages_dropped = stale_dropped_;
+  s.invalid_messages_dropped = invalid_dropped_;
   s.pending_metadata = pending_meta_.size();
   s.heartbeat_rounds = heartbeat_seq_.load();
   for (auto& [key, p] : peers_) s.peers_connected += (p->ready && !p->failed) ? 1 : 0;

@@ -375,6 +375,7 @@ class ManagerImpl {
   std::atomic<uint64_t> heartbeat_seq_{0};
   std::atomic<uint64_t> bytes_written_{0}, write_ops_{0}, chunks_sent_{0};
   std::atomic<uint64_t> stale_dropped_{0}, succeeded_{0}, failed_{0};
+  std::atomic<uint64_t> invalid_dropped_{0};
 
   std::mutex ticker_mu_;
   std::condition_variable ticker_cv_;

@@ -7,7 +7,7 @@
 #include "common/log.h"
 #include "common/process.h"
 #include "connector/manager_impl.h"
-#include "connector/record_json.h"
+#include "control/record_json.h"
 
 namespace kvbridge::internal {
 RankRole ToRankRole(Role r) { return r == Role::kPrefill ? RankRole::kPrefill : RankRole::kDecode; }

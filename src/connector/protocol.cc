@@ -1,6 +1,11 @@
 #include "connector/protocol.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
+#include <climits>
+#include <iterator>
+#include <ratio>
 
 #include "common/wire.h"
 
@@ -20,32 +25,31 @@ void PutRank(WireWriter& w, const RankId& r) {
   w.U64(r.incarnation);
   w.Bytes(r.instance);
 }
-bool GetInt(WireReader& r, int* v) {
-  int64_t x;
-  if (!r.I64(&x)) return false;
-  *v = static_cast<int>(x);
-  return true;
-}
-bool GetRank(WireReader& rd, RankId* r) {
-  uint8_t role;
-  if (!rd.U8(&role) || role > static_cast<uint8_t>(Role::kBootstrap)) return false;
+bool GetRank(WireReader& rd, std::string_view what, RankId* r) {
+  uint8_t role = 0;
+  if (!rd.U8(&role)) return rd.Fail(fmt::format("{} missing", what));
+  if (role > static_cast<uint8_t>(Role::kBootstrap))
+    return rd.Fail(fmt::format("{} role {} unknown", what, role));
   r->role = static_cast<Role>(role);
-  return GetInt(rd, &r->dp) && GetInt(rd, &r->tp) && GetInt(rd, &r->pp) && GetInt(rd, &r->cp) &&
-         rd.Bytes(&r->host) && GetInt(rd, &r->pid) && rd.U64(&r->incarnation) &&
-         rd.Bytes(&r->instance);
+  constexpr int64_t kLast = kMaxParallelSize - 1;
+  return rd.Int("rank dp", &r->dp, 0, kLast) && rd.Int("rank tp", &r->tp, 0, kLast) &&
+         rd.Int("rank pp", &r->pp, 0, kLast) && rd.Int("rank cp", &r->cp, 0, kLast) &&
+         rd.BoundedBytes("rank host", &r->host, kMaxNameBytes) &&
+         rd.Int("rank pid", &r->pid, 0, INT_MAX) && rd.U64(&r->incarnation) &&
+         rd.BoundedBytes("rank instance", &r->instance, kMaxNameBytes);
 }
 
 void PutInts(WireWriter& w, const std::vector<int32_t>& v) {
   w.U32(static_cast<uint32_t>(v.size()));
   for (int32_t x : v) w.U32(static_cast<uint32_t>(x));
 }
-bool GetInts(WireReader& r, std::vector<int32_t>* v) {
+bool GetInts(WireReader& r, std::string_view what, std::vector<int32_t>* v) {
   uint32_t n;
-  if (!r.U32(&n) || n > r.remaining() / 4) return false;
+  if (!r.Count(what, &n, 4, kMaxPagesPerMessage)) return false;
   v->resize(n);
   for (auto& x : *v) {
     uint32_t u;
-    if (!r.U32(&u)) return false;
+    if (!r.U32(&u)) return false;  // cannot happen: Count checked the room left
     x = static_cast<int32_t>(u);
   }
   return true;
@@ -54,12 +58,12 @@ void PutStrings(WireWriter& w, const std::vector<std::string>& v) {
   w.U32(static_cast<uint32_t>(v.size()));
   for (const auto& s : v) w.Bytes(s);
 }
-bool GetStrings(WireReader& r, std::vector<std::string>* v) {
+bool GetStrings(WireReader& r, std::string_view what, std::vector<std::string>* v) {
   uint32_t n;
-  if (!r.U32(&n) || n > r.remaining() / 4) return false;
+  if (!r.Count(what, &n, 4, kMaxBuffers)) return false;
   v->resize(n);
   for (auto& s : *v)
-    if (!r.Bytes(&s)) return false;
+    if (!r.BoundedBytes(what, &s, kMaxBlobBytes)) return false;
   return true;
 }
 void PutSpans(WireWriter& w, const std::vector<BufferSpan>& v) {
@@ -70,12 +74,21 @@ void PutSpans(WireWriter& w, const std::vector<BufferSpan>& v) {
     w.U64(b.item_len);
   }
 }
-bool GetSpans(WireReader& r, std::vector<BufferSpan>* v) {
+bool GetSpans(WireReader& r, std::string_view what, std::vector<BufferSpan>* v) {
   uint32_t n;
-  if (!r.U32(&n) || n > r.remaining() / 24) return false;
+  if (!r.Count(fmt::format("{} buffer count", what), &n, 24, kMaxBuffers)) return false;
   v->resize(n);
-  for (auto& b : *v)
-    if (!r.U64(&b.addr) || !r.U64(&b.length) || !r.U64(&b.item_len)) return false;
+  for (size_t i = 0; i < v->size(); ++i) {
+    BufferSpan& b = (*v)[i];
+    if (!r.U64(&b.addr) || !r.U64(&b.length) || !r.U64(&b.item_len))
+      return r.Fail(fmt::format("{}[{}] truncated", what, i));
+    if (b.length > kMaxBufferBytes || b.item_len > b.length || b.addr > UINT64_MAX - b.length) {
+      return r.Fail(
+          fmt::format("{}[{}] of {} bytes at {:#x}, items of {}: past the limit of {} "
+                      "bytes, longer than the buffer or wrapping",
+                      what, i, b.length, b.addr, b.item_len, kMaxBufferBytes));
+    }
+  }
   return true;
 }
 void PutLayout(WireWriter& w, const RankLayout& l) {
@@ -92,20 +105,33 @@ void PutLayout(WireWriter& w, const RankLayout& l) {
   PutSpans(w, l.aux);
   PutSpans(w, l.state);
 }
+// Only bounds here: whether the layout is consistent and fits ours is
+// CheckCompatible's verdict, which the HelloAck carries back to the peer.
 bool GetLayout(WireReader& r, RankLayout* l) {
   uint8_t mla;
-  if (!r.U8(&mla)) return false;
+  if (!r.U8(&mla)) return r.Fail("layout missing");
   l->is_mla = mla != 0;
-  return GetInt(r, &l->page_size) && r.Bytes(&l->dtype) && GetInt(r, &l->tp_size) &&
-         GetInt(r, &l->tp_rank) && GetInt(r, &l->total_kv_heads) && GetInt(r, &l->kv_heads) &&
-         GetInt(r, &l->start_layer) && GetInt(r, &l->end_layer) && GetSpans(r, &l->kv) &&
-         GetSpans(r, &l->aux) && GetSpans(r, &l->state);
+  return r.Int("page_size", &l->page_size, 0, INT_MAX) &&
+         r.BoundedBytes("dtype", &l->dtype, kMaxNameBytes) &&
+         r.Int("layout tp_size", &l->tp_size, 1, kMaxParallelSize) &&
+         r.Int("layout tp_rank", &l->tp_rank, 0, kMaxParallelSize - 1) &&
+         r.Int("total_kv_heads", &l->total_kv_heads, 0, INT_MAX) &&
+         r.Int("kv_heads", &l->kv_heads, 0, INT_MAX) &&
+         r.Int("start_layer", &l->start_layer, 0, INT_MAX) &&
+         r.Int("end_layer", &l->end_layer, 0, INT_MAX) && GetSpans(r, "kv", &l->kv) &&
+         GetSpans(r, "aux", &l->aux) && GetSpans(r, "state", &l->state);
 }
 int64_t Micros(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
 }
+// Precondition: 0 <= us <= kMaxTimestampMicros (GetRecord checks).
 std::chrono::system_clock::time_point FromMicros(int64_t us) {
-  return std::chrono::system_clock::time_point(std::chrono::microseconds(us));
+  static_assert(std::ratio_less_equal_v<std::chrono::system_clock::period, std::micro> &&
+                    std::chrono::system_clock::period::den <= 1'000'000'000,
+                "kMaxTimestampMicros assumes a clock tick between 1 ns and 1 us");
+  return std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::microseconds(us)));
 }
 void PutRecord(WireWriter& w, const FailureRecord& f) {
   w.U64(f.room);
@@ -122,14 +148,23 @@ void PutRecord(WireWriter& w, const FailureRecord& f) {
   w.U8(f.is_from_another_rank ? 1 : 0);
 }
 bool GetRecord(WireReader& r, FailureRecord* f) {
-  uint8_t cause, phase, other;
-  int64_t at, last;
-  if (!r.U64(&f->room) || !r.U64(&f->generation) || !GetRank(r, &f->origin) || !r.U8(&cause) ||
-      cause >= AllFailureCauses().size() || !r.Bytes(&f->detail) || !r.U8(&phase) ||
-      phase > static_cast<uint8_t>(Phase::kDone) || !GetRank(r, &f->detected_by) ||
-      !r.Bytes(&f->mechanism) || !r.I64(&at) || !r.I64(&last) || !r.Bytes(&f->hint) ||
-      !r.U8(&other))
-    return false;
+  uint8_t cause = 0, phase = 0, other = 0;
+  int64_t at = 0, last = 0;
+  if (!r.U64(&f->room) || !r.U64(&f->generation) || !GetRank(r, "record origin", &f->origin) ||
+      !r.U8(&cause))
+    return r.Fail("record truncated");
+  if (cause >= AllFailureCauses().size())
+    return r.Fail(fmt::format("record cause {} unknown", cause));
+  if (!r.BoundedBytes("record detail", &f->detail, kMaxTextBytes)) return false;
+  if (!r.U8(&phase)) return r.Fail("record truncated");
+  if (phase > static_cast<uint8_t>(Phase::kDone))
+    return r.Fail(fmt::format("record phase {} unknown", phase));
+  if (!GetRank(r, "record detected_by", &f->detected_by) ||
+      !r.BoundedBytes("record mechanism", &f->mechanism, kMaxTextBytes) ||
+      !r.I64In("record detected_at", &at, 0, kMaxTimestampMicros) ||
+      !r.I64In("record last_sign_of_life", &last, 0, kMaxTimestampMicros) ||
+      !r.BoundedBytes("record hint", &f->hint, kMaxTextBytes) || !r.U8(&other))
+    return r.Fail("record truncated");
   f->cause = static_cast<FailureCause>(cause);
   f->phase = static_cast<Phase>(phase);
   f->detected_at = FromMicros(at);
@@ -184,36 +219,67 @@ struct Encoder {
   void operator()(const RankFailedMsg& m) { PutRecord(w, m.record); }
 };
 
+bool CheckKeys(WireReader& r, std::string_view what, size_t keys, size_t buffers) {
+  if (keys == buffers) return true;
+  return r.Fail(fmt::format("{} {} keys for {} buffers", keys, what, buffers));
+}
+
+bool DecodeHello(WireReader& r, MessageBody* body) {
+  HelloMsg m;
+  if (!GetLayout(r, &m.layout) || !r.Int("tp_size", &m.tp_size, 1, kMaxParallelSize) ||
+      !r.BoundedBytes("address", &m.address, kMaxBlobBytes) ||
+      !GetStrings(r, "kv keys", &m.kv_keys) || !GetStrings(r, "aux keys", &m.aux_keys) ||
+      !GetStrings(r, "state keys", &m.state_keys))
+    return false;
+  // A Hello describes one rank: its tp size is its layout's, and it has one
+  // remote key per buffer it declares.
+  if (m.tp_size != m.layout.tp_size) {
+    return r.Fail(fmt::format("tp_size {} disagrees with the layout's tp_size {}", m.tp_size,
+                              m.layout.tp_size));
+  }
+  if (m.layout.tp_rank >= m.layout.tp_size) {
+    return r.Fail(
+        fmt::format("layout tp_rank {} out of range [0, {})", m.layout.tp_rank, m.layout.tp_size));
+  }
+  if (!CheckKeys(r, "kv", m.kv_keys.size(), m.layout.kv.size()) ||
+      !CheckKeys(r, "aux", m.aux_keys.size(), m.layout.aux.size()) ||
+      !CheckKeys(r, "state", m.state_keys.size(), m.layout.state.size()))
+    return false;
+  *body = std::move(m);
+  return true;
+}
+
+bool DecodeMeta(WireReader& r, MessageBody* body) {
+  MetaMsg m;
+  uint8_t dummy = 0;
+  if (!r.U64(&m.room) || !r.U64(&m.generation)) return r.Fail("room missing");
+  if (!r.Int("decode_tp_size", &m.decode_tp_size, 1, kMaxParallelSize) || !r.U8(&dummy) ||
+      !GetInts(r, "page count", &m.pages) || !r.I64In("aux_index", &m.aux_index, -1, INT32_MAX) ||
+      !GetInts(r, "state slot count", &m.state) ||
+      !r.I64In("prefix_pages", &m.prefix_pages, 0, INT32_MAX))
+    return false;
+  m.dummy = dummy != 0;
+  *body = std::move(m);
+  return true;
+}
+
 bool DecodeBody(uint8_t type, WireReader& r, MessageBody* body) {
   switch (type) {
-    case 0: {
-      HelloMsg m;
-      if (!GetLayout(r, &m.layout) || !GetInt(r, &m.tp_size) || !r.Bytes(&m.address) ||
-          !GetStrings(r, &m.kv_keys) || !GetStrings(r, &m.aux_keys) ||
-          !GetStrings(r, &m.state_keys))
-        return false;
-      *body = std::move(m);
-      return true;
-    }
+    case 0:
+      return DecodeHello(r, body);
     case 1: {
       HelloAckMsg m;
       uint32_t code;
-      if (!r.U32(&code) || code > 15 || !r.Bytes(&m.message) || !r.Bytes(&m.address)) return false;
+      if (!r.U32In("status code", &code, 0, static_cast<uint32_t>(StatusCode::kDataLoss)) ||
+          !r.BoundedBytes("message", &m.message, kMaxTextBytes) ||
+          !r.BoundedBytes("address", &m.address, kMaxBlobBytes))
+        return false;
       m.code = static_cast<StatusCode>(code);
       *body = std::move(m);
       return true;
     }
-    case 2: {
-      MetaMsg m;
-      uint8_t dummy;
-      if (!r.U64(&m.room) || !r.U64(&m.generation) || !GetInt(r, &m.decode_tp_size) ||
-          !r.U8(&dummy) || !GetInts(r, &m.pages) || !r.I64(&m.aux_index) || !GetInts(r, &m.state) ||
-          !r.I64(&m.prefix_pages))
-        return false;
-      m.dummy = dummy != 0;
-      *body = std::move(m);
-      return true;
-    }
+    case 2:
+      return DecodeMeta(r, body);
     case 3: {
       NotifyMsg m;
       uint8_t last;
@@ -252,8 +318,20 @@ bool DecodeBody(uint8_t type, WireReader& r, MessageBody* body) {
       return true;
     }
   }
-  return false;
+  return r.Fail(fmt::format("unknown message type {}", type));
 }
+
+// A Hello describes its sender's own rank.
+bool HelloMatchesSender(const Message& m, WireReader& r) {
+  const auto* hello = std::get_if<HelloMsg>(&m.body);
+  if (hello == nullptr || hello->layout.tp_rank == m.from.tp) return true;
+  return r.Fail(
+      fmt::format("layout tp_rank {} is not the sender's tp {}", hello->layout.tp_rank, m.from.tp));
+}
+
+constexpr std::string_view kTypeNames[] = {"Hello",      "HelloAck", "Meta",      "Notify",
+                                           "RoomFailed", "Quiesced", "Heartbeat", "RankFailed"};
+static_assert(std::size(kTypeNames) == std::variant_size_v<MessageBody>);
 
 }  // namespace
 
@@ -268,13 +346,17 @@ std::string EncodeMessage(const RankId& from, const MessageBody& body) {
 
 Result<Message> DecodeMessage(std::string_view bytes) {
   WireReader r(bytes);
-  uint32_t magic;
-  uint8_t type;
+  uint32_t magic = 0;
+  uint8_t type = 0xff;
   Message m;
-  if (!r.U32(&magic) || magic != kMagic || !r.U8(&type) || !GetRank(r, &m.from) ||
-      !DecodeBody(type, r, &m.body) || !r.AtEnd()) {
-    return InvalidArgumentError("garbled control message of " + std::to_string(bytes.size()) +
-                                " bytes");
+  bool ok = r.U32(&magic) && (magic == kMagic || r.Fail(fmt::format("bad magic {:#x}", magic))) &&
+            r.U8(&type) && GetRank(r, "sender", &m.from) && DecodeBody(type, r, &m.body) &&
+            HelloMatchesSender(m, r) &&
+            (r.AtEnd() || r.Fail(fmt::format("{} bytes after the end", r.remaining())));
+  if (!ok) {
+    std::string_view name = type < std::size(kTypeNames) ? kTypeNames[type] : "unknown";
+    return InvalidArgumentError(
+        fmt::format("garbled control message ({}) of {} bytes: {}", name, bytes.size(), r.error()));
   }
   return m;
 }
@@ -288,8 +370,11 @@ std::string EncodeFailureRecord(const FailureRecord& record) {
 Result<FailureRecord> DecodeFailureRecord(std::string_view bytes) {
   WireReader r(bytes);
   FailureRecord f;
-  if (!r.CheckCrc() || !GetRecord(r, &f) || !r.AtEnd())
-    return InvalidArgumentError("garbled failure record");
+  if (!r.CheckCrc()) return InvalidArgumentError("garbled failure record: bad checksum");
+  if (!GetRecord(r, &f) ||
+      (!r.AtEnd() && !r.Fail(fmt::format("{} bytes after the end", r.remaining())))) {
+    return InvalidArgumentError("garbled failure record: " + r.error());
+  }
   return f;
 }
 

@@ -28,6 +28,25 @@
 
 namespace kvbridge::internal {
 
+// What a peer may declare. A message past one of these is garbled: the
+// decoder rejects it, naming the field, before anything is allocated for it.
+// Rank positions (dp/tp/pp/cp) lie in [0, kMaxParallelSize); tp sizes in
+// [1, kMaxParallelSize] (ManagerOptions enforces the same locally).
+inline constexpr int kMaxParallelSize = 1024;
+// Destination pages (and state slots) in one Meta, and a request's prefix.
+inline constexpr uint32_t kMaxPagesPerMessage = 1u << 24;
+// kv, aux or state buffers in a layout (and remote keys in a Hello).
+inline constexpr uint32_t kMaxBuffers = 4096;
+// One buffer's length; its address plus length must not wrap either.
+inline constexpr uint64_t kMaxBufferBytes = uint64_t{1} << 48;
+inline constexpr uint32_t kMaxNameBytes = 256;       // host, instance, dtype
+inline constexpr uint32_t kMaxBlobBytes = 64 << 10;  // a transport address, a remote key
+inline constexpr uint32_t kMaxTextBytes = 16 << 10;  // detail, mechanism, hint, HelloAck text
+// Timestamps (microseconds since the epoch) lie in [0, kMaxTimestampMicros]:
+// about the year 2116, where the difference of any two still fits a
+// system_clock duration.
+inline constexpr int64_t kMaxTimestampMicros = INT64_MAX / 2 / 1000;
+
 struct HelloMsg {
   RankLayout layout;
   int tp_size = 1;
@@ -84,7 +103,10 @@ struct Message {
 };
 
 std::string EncodeMessage(const RankId& from, const MessageBody& body);
-// InvalidArgument for a truncated, garbled or unknown message.
+// InvalidArgument for a truncated, garbled or unknown message, or one whose
+// field breaks a limit above (the message names the type, field and limit).
+// A decoded message is only well-formed: whether its sizes agree with what
+// the sender declared at its handshake is checked where it is applied.
 Result<Message> DecodeMessage(std::string_view bytes);
 
 // Shared pieces, also used for bootstrap records.

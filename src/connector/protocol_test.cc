@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <functional>
+
+#include "common/wire.h"
+
 namespace kvbridge::internal {
 namespace {
 
@@ -56,10 +61,12 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
   layout.is_mla = true;
   layout.page_size = 16;
   layout.dtype = "bfloat16";
+  layout.tp_size = 4;
+  layout.tp_rank = 3;  // the sender's tp
   layout.kv = {{0x1000, 4096, 256}};
   layout.aux = {{0x9000, 640, 64}};
   std::vector<MessageBody> bodies = {
-      HelloMsg{layout, 2, "addr", {"k1", "k2"}, {"a"}, {}},
+      HelloMsg{layout, 4, "addr", {"k1"}, {"a"}, {}},
       HelloAckMsg{StatusCode::kFailedPrecondition, "page size mismatch", "addr2"},
       MetaMsg{42, 7, 2, true, {1, 5, 9}, 3, {4}, 2},
       NotifyMsg{42, 7, 3, true, 12},
@@ -85,10 +92,12 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
   EXPECT_EQ(meta.prefix_pages, 2);
   EXPECT_TRUE(meta.dummy);
   auto hello =
-      std::get<HelloMsg>(DecodeMessage(EncodeMessage(Rank(Role::kDecode, 0), bodies[0]))->body);
+      std::get<HelloMsg>(DecodeMessage(EncodeMessage(Rank(Role::kDecode, 3), bodies[0]))->body);
   EXPECT_TRUE(hello.layout.is_mla);
   EXPECT_EQ(hello.layout.kv[0].item_len, 256u);
-  EXPECT_EQ(hello.kv_keys, (std::vector<std::string>{"k1", "k2"}));
+  EXPECT_EQ(hello.kv_keys, (std::vector<std::string>{"k1"}));
+  EXPECT_EQ(hello.tp_size, 4);
+  EXPECT_EQ(hello.layout.tp_rank, 3);
   auto failed = std::get<RoomFailedMsg>(
       DecodeMessage(EncodeMessage(Rank(Role::kDecode, 0), bodies[4]))->body);
   EXPECT_TRUE(failed.quiesced);
@@ -128,6 +137,183 @@ TEST(ProtocolTest, FailureRecordBlobHasChecksum) {
   ExpectSameRecord(*back, Record());
   blob[10] ^= 0x40;
   EXPECT_EQ(DecodeFailureRecord(blob).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Replaces the one little-endian occurrence of `marker` in `bytes`.
+std::string Patch(std::string bytes, int64_t marker, int64_t value) {
+  std::string m(reinterpret_cast<const char*>(&marker), 8);
+  size_t at = bytes.find(m);
+  EXPECT_NE(at, std::string::npos);
+  EXPECT_EQ(bytes.find(m, at + 1), std::string::npos) << "marker not unique";
+  if (at != std::string::npos) std::memcpy(&bytes[at], &value, 8);
+  return bytes;
+}
+
+void ExpectRejected(const std::string& bytes, const std::string& why) {
+  Result<Message> m = DecodeMessage(bytes);
+  ASSERT_FALSE(m.ok()) << "accepted; wanted: " << why;
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find(why), std::string::npos)
+      << "'" << m.status().message() << "' lacks '" << why << "'";
+}
+
+// Finding 7: decode_tp_size drove ComputeFlows unchecked (OOM at 2^30).
+TEST(ProtocolLimitsTest, MetaTpSizeOutsideTheRankLimitIsRejected) {
+  MetaMsg meta{42, 7, 1 << 30, false, {1}, 0, {}, 0};
+  ExpectRejected(EncodeMessage(Rank(Role::kDecode, 0), meta),
+                 "(Meta) of 121 bytes: decode_tp_size 1073741824 out of range [1, 1024]");
+  meta.decode_tp_size = 0;
+  ExpectRejected(EncodeMessage(Rank(Role::kDecode, 0), meta), "decode_tp_size 0 out of range");
+  meta.decode_tp_size = kMaxParallelSize;
+  EXPECT_TRUE(DecodeMessage(EncodeMessage(Rank(Role::kDecode, 0), meta)).ok());
+}
+
+// Finding 7: GetInt truncated int64 to int, so 2^32 + 1 arrived as 1.
+TEST(ProtocolLimitsTest, Int64OutsideIntRangeIsRejectedNotTruncated) {
+  const int64_t marker = 0x5a5a5a5a;  // the sender's pid
+  RankId from = Rank(Role::kDecode, 0);
+  from.pid = marker;
+  std::string bytes = EncodeMessage(from, HeartbeatMsg{1});
+  ExpectRejected(Patch(bytes, marker, (int64_t{1} << 32) + 1234),
+                 "rank pid 4294968530 out of range [0, 2147483647]");
+  ExpectRejected(Patch(bytes, marker, -1), "rank pid -1 out of range");
+  from.pid = 0;
+  from.tp = static_cast<int>(marker);  // tp: past the rank limit, and out of int range
+  bytes = EncodeMessage(from, HeartbeatMsg{1});
+  ExpectRejected(bytes, "rank tp 1515870810 out of range [0, 1023]");
+  ExpectRejected(Patch(bytes, marker, (int64_t{1} << 32) + 1), "rank tp 4294967297 out of range");
+}
+
+// Finding 7: a peer timestamp of INT64_MAX overflowed FromMicros (UBSan).
+TEST(ProtocolLimitsTest, TimestampPastTheClockIsRejectedWithoutOverflow) {
+  FailureRecord f = Record();
+  const int64_t marker = 1234567890123456;
+  f.detected_at = std::chrono::system_clock::time_point(std::chrono::microseconds(marker));
+  std::string bytes = EncodeMessage(Rank(Role::kPrefill, 0), RankFailedMsg{f});
+  for (int64_t bad : {INT64_MAX, INT64_MIN, int64_t{-1}, kMaxTimestampMicros + 1}) {
+    ExpectRejected(Patch(bytes, marker, bad),
+                   "record detected_at " + std::to_string(bad) + " out of range [0, ");
+  }
+  Result<Message> edge = DecodeMessage(Patch(bytes, marker, kMaxTimestampMicros));
+  ASSERT_TRUE(edge.ok()) << edge.status().ToString();
+  const FailureRecord& r = std::get<RankFailedMsg>(edge->body).record;
+  EXPECT_EQ(std::chrono::duration_cast<std::chrono::microseconds>(r.detected_at.time_since_epoch())
+                .count(),
+            kMaxTimestampMicros);
+  EXPECT_NE(r.Message().find("last sign of life"), std::string::npos);  // no overflow either
+  // The same check guards the record blob of the bootstrap registry.
+  std::string blob = EncodeFailureRecord(f);
+  blob.resize(blob.size() - 4);  // the CRC, recomputed below
+  std::string patched = Patch(blob, marker, INT64_MAX);
+  WireWriter crc;
+  crc.U32(Crc32(patched));
+  Result<FailureRecord> back = DecodeFailureRecord(patched + crc.Finish());
+  EXPECT_EQ(back.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(back.status().message().find("record detected_at 9223372036854775807 out of range"),
+            std::string::npos)
+      << back.status().ToString();
+}
+
+HelloMsg GoodHello() {
+  HelloMsg h;
+  h.layout.page_size = 16;
+  h.layout.dtype = "bfloat16";
+  h.layout.kv = {{0x1000, 4096, 256}, {0x2000, 4096, 256}};
+  h.tp_size = 1;
+  h.address = "addr";
+  h.kv_keys = {"k0", "k1"};
+  return h;
+}
+
+// Every count and length a peer declares has a limit the error names.
+TEST(ProtocolLimitsTest, EveryCountAndLengthIsBounded) {
+  const RankId from = Rank(Role::kDecode, 0);
+  ASSERT_TRUE(DecodeMessage(EncodeMessage(from, GoodHello())).ok());
+  struct Case {
+    const char* why;
+    std::function<void(HelloMsg&)> edit;
+  };
+  std::vector<Case> hello_cases = {
+      {"dtype of 257 bytes exceeds the limit of 256",
+       [](HelloMsg& h) { h.layout.dtype.assign(257, 'x'); }},
+      {"address of 65537 bytes exceeds the limit of 65536",
+       [](HelloMsg& h) { h.address.assign(65537, 'a'); }},
+      {"kv keys of 65537 bytes exceeds the limit",
+       [](HelloMsg& h) { h.kv_keys[1].assign(65537, 'k'); }},
+      {"3 kv keys for 2 buffers", [](HelloMsg& h) { h.kv_keys.push_back("k2"); }},
+      {"tp_size 2 disagrees with the layout's tp_size 1", [](HelloMsg& h) { h.tp_size = 2; }},
+      {"tp_size 1025 out of range [1, 1024]",
+       [](HelloMsg& h) { h.tp_size = h.layout.tp_size = 1025; }},
+      {"layout tp_rank 1 out of range [0, 1)", [](HelloMsg& h) { h.layout.tp_rank = 1; }},
+      {"kv buffer count 4097 exceeds the limit of 4096",
+       [](HelloMsg& h) {
+         h.layout.kv.assign(4097, {0x1000, 4096, 256});
+       }},
+      {"kv[1] of 4096 bytes at 0xfffffffffffff800",
+       [](HelloMsg& h) { h.layout.kv[1].addr = UINT64_MAX - 2047; }},
+      {"kv[0] of 281474976710657 bytes",
+       [](HelloMsg& h) { h.layout.kv[0].length = kMaxBufferBytes + 1; }},
+      {"kv[0] of 4096 bytes at 0x1000, items of 8192",
+       [](HelloMsg& h) { h.layout.kv[0].item_len = 8192; }},
+  };
+  for (const Case& c : hello_cases) {
+    HelloMsg h = GoodHello();
+    c.edit(h);
+    ExpectRejected(EncodeMessage(from, h), c.why);
+  }
+  HelloMsg other_rank = GoodHello();
+  other_rank.layout.tp_size = other_rank.tp_size = 4;
+  other_rank.layout.tp_rank = 2;
+  ExpectRejected(EncodeMessage(from, other_rank), "layout tp_rank 2 is not the sender's tp 0");
+  RankId tp2 = from;
+  tp2.tp = 2;
+  EXPECT_TRUE(DecodeMessage(EncodeMessage(tp2, other_rank)).ok());
+  RankId long_host = from;
+  long_host.host.assign(257, 'h');
+  ExpectRejected(EncodeMessage(long_host, HeartbeatMsg{}), "rank host of 257 bytes");
+  RankId long_instance = from;
+  long_instance.instance.assign(257, 'i');
+  ExpectRejected(EncodeMessage(long_instance, HeartbeatMsg{}), "rank instance of 257 bytes");
+
+  MetaMsg meta{1, 2, 1, false, {}, 0, {}, 0};
+  meta.aux_index = -2;
+  ExpectRejected(EncodeMessage(from, meta), "aux_index -2 out of range [-1, 2147483647]");
+  meta.aux_index = 0;
+  meta.prefix_pages = -1;
+  ExpectRejected(EncodeMessage(from, meta), "prefix_pages -1 out of range");
+  meta.prefix_pages = int64_t{1} << 40;
+  ExpectRejected(EncodeMessage(from, meta), "prefix_pages 1099511627776 out of range");
+  meta.prefix_pages = 0;
+  // A count past the limit is refused before the pages it announces are read.
+  WireWriter w;
+  w.U32(kMaxPagesPerMessage + 1);
+  std::string bytes = EncodeMessage(from, meta);
+  const size_t count_at = bytes.size() - 8 - 4 - 8 - 4;  // prefix, state count, aux, pages count
+  bytes.replace(count_at, 4, w.Finish());
+  ExpectRejected(bytes, "page count 16777217 exceeds the limit of 16777216");
+
+  HelloAckMsg ack{StatusCode::kOk, std::string(kMaxTextBytes + 1, 'm'), "addr"};
+  ExpectRejected(EncodeMessage(from, ack), "message of 16385 bytes exceeds the limit of 16384");
+  std::string code = EncodeMessage(from, HelloAckMsg{StatusCode::kOk, "", ""});
+  code[code.size() - 12] = 16;  // the status code, before two empty strings
+  ExpectRejected(code, "status code 16 out of range [0, 15]");
+
+  FailureRecord f = Record();
+  f.detail.assign(kMaxTextBytes + 1, 'd');
+  ExpectRejected(EncodeMessage(from, RankFailedMsg{f}), "record detail of 16385 bytes");
+  f = Record();
+  f.hint.assign(kMaxTextBytes + 1, 'h');
+  ExpectRejected(EncodeMessage(from, RoomFailedMsg{1, 2, true, f}), "record hint of 16385 bytes");
+}
+
+TEST(ProtocolLimitsTest, ErrorNamesTypeAndTruncation) {
+  std::string bytes = EncodeMessage(Rank(Role::kPrefill, 0), QuiescedMsg{1, 2});
+  ExpectRejected(bytes.substr(0, bytes.size() - 1), "(Quiesced) of");
+  ExpectRejected(bytes.substr(0, bytes.size() - 1), "truncated at byte");
+  ExpectRejected(bytes + "xy", "2 bytes after the end");
+  bytes[4] = 50;
+  ExpectRejected(bytes, "(unknown)");
+  ExpectRejected(bytes, "unknown message type 50");
 }
 
 TEST(FailureRecordTest, MessageNamesOriginCausePhaseDetectorAndHint) {

@@ -347,6 +347,16 @@ void ManagerImpl::OnMeta(const RankId& from, MetaMsg meta, Outbox& out) {
                  from.ToString());
     return;
   }
+  if (meta.decode_tp_size != peer->tp_size) {
+    // Flows are planned from the tp size; one its Hello did not declare
+    // would wait for decode ranks that do not exist.
+    ++invalid_dropped_;
+    KVB_LOG_WARN(
+        "dropping metadata for room {} from {}: decode tp size {} is not the {} of its "
+        "handshake",
+        meta.room, from.ToString(), meta.decode_tp_size, peer->tp_size);
+    return;
+  }
   auto it = senders_.find(meta.room);
   if (it != senders_.end() && it->second->live) {
     AdoptMetaLocked(*it->second, from, std::move(meta), out);

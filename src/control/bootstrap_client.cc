@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include "common/log.h"
+#include "control/auth.h"
 #include "control/http_status.h"
 #include "control/json_fields.h"
 
@@ -68,8 +69,9 @@ Status ParseHostPort(std::string_view address, std::string* host, int* port) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<BootstrapClient>> BootstrapClient::Create(
-    std::string_view address, std::chrono::milliseconds timeout) {
+Result<std::unique_ptr<BootstrapClient>> BootstrapClient::Create(std::string_view address,
+                                                                 std::chrono::milliseconds timeout,
+                                                                 std::string auth_token) {
   std::string host;
   int port = 0;
   KVB_RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
@@ -77,13 +79,17 @@ Result<std::unique_ptr<BootstrapClient>> BootstrapClient::Create(
     return InvalidArgumentError("bootstrap client timeout must be > 0 ms, got " +
                                 std::to_string(timeout.count()));
   }
-  return std::unique_ptr<BootstrapClient>(
-      new BootstrapClient(std::string(address), std::move(host), port, timeout));
+  return std::unique_ptr<BootstrapClient>(new BootstrapClient(
+      std::string(address), std::move(host), port, timeout, std::move(auth_token)));
 }
 
 BootstrapClient::BootstrapClient(std::string address, std::string host, int port,
-                                 std::chrono::milliseconds timeout)
-    : address_(std::move(address)), host_(std::move(host)), port_(port), timeout_(timeout) {}
+                                 std::chrono::milliseconds timeout, std::string auth_token)
+    : address_(std::move(address)),
+      host_(std::move(host)),
+      port_(port),
+      timeout_(timeout),
+      auth_token_(std::move(auth_token)) {}
 
 Result<std::string> BootstrapClient::Call(const char* method, const std::string& path,
                                           const std::string& body) const {
@@ -94,6 +100,7 @@ Result<std::string> BootstrapClient::Call(const char* method, const std::string&
   cli.set_read_timeout(timeout_);
   cli.set_write_timeout(timeout_);
   cli.set_keep_alive(false);
+  if (!auth_token_.empty()) cli.set_default_headers({{"Authorization", BearerValue(auth_token_)}});
   const std::string method_name(method);
   httplib::Result res = method_name == "GET"   ? cli.Get(path)
                         : method_name == "PUT" ? cli.Put(path, body, "application/json")
@@ -121,17 +128,15 @@ Status BootstrapClient::Malformed(const std::string& what, const Status& parse_e
 Result<json> BootstrapClient::CallJson(const char* method, const std::string& path,
                                        const std::string& body) const {
   KVB_ASSIGN_OR_RETURN(std::string text, Call(method, path, body));
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    return Malformed(std::string(method) + " " + path,
-                     InvalidArgumentError("not JSON: '" + text.substr(0, 80) + "'"));
-  }
+  // The server is a stranger too: its answer is bounded like a request.
+  Result<json> j = ParseJson(text, "the answer (" + Clip(text, 80) + ")", size_t{64} << 20);
+  if (!j.ok()) return Malformed(std::string(method) + " " + path, j.status());
   return j;
 }
 
 Status BootstrapClient::RegisterRank(const RankRecord& record) const {
   KVB_RETURN_IF_ERROR(record.Validate());
-  return CallJson("PUT", "/route", DumpJson(record.ToJson())).status();
+  return Call("PUT", "/route", DumpJson(record.ToJson())).status();
 }
 
 Result<RankRecord> BootstrapClient::GetRank(int dp, int cp, int tp, int pp) const {
@@ -191,6 +196,30 @@ Result<uint64_t> BootstrapClient::PublishFailure(const json& record) const {
   Status s = JsonFields(j, "publish answer").Uint64("seq", &seq);
   if (!s.ok()) return Malformed("POST /failure", s);
   return seq;
+}
+
+Status BootstrapClient::RegisterDpRank(uint64_t room, int dp_rank) const {
+  json body{{"bootstrap_room", room}, {"dp_rank", dp_rank}};
+  return Call("POST", "/register_dp_rank", DumpJson(body)).status();
+}
+
+Result<std::map<uint64_t, int>> BootstrapClient::QueryDpRanks(
+    const std::vector<uint64_t>& rooms) const {
+  KVB_ASSIGN_OR_RETURN(
+      json j, CallJson("POST", "/query_dp_ranks", DumpJson(json{{"bootstrap_rooms", rooms}})));
+  if (!j.is_object())
+    return Malformed("POST /query_dp_ranks", InvalidArgumentError("not an object"));
+  std::map<uint64_t, int> out;
+  for (const auto& [key, value] : j.items()) {
+    uint64_t room = 0;
+    auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), room);
+    if (ec != std::errc() || end != key.data() + key.size() || !value.is_number_integer()) {
+      return Malformed("POST /query_dp_ranks",
+                       InvalidArgumentError("entry '" + Clip(key, 40) + "' is not room: dp_rank"));
+    }
+    out[room] = value.get<int>();
+  }
+  return out;
 }
 
 Result<FailureBatch> BootstrapClient::FailuresSince(uint64_t since) const {

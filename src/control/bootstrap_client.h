@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -32,9 +33,12 @@ class BootstrapClient {
  public:
   // `address` is "host:port" or "[ipv6]:port" with port 1..65535;
   // InvalidArgument naming the address otherwise. `timeout` bounds connect,
-  // send and receive of each call (must be > 0).
+  // send and receive of each call (must be > 0). `auth_token` (the
+  // deployment's secret, control/auth.h) goes with every call as a bearer
+  // token; with an empty one the server refuses writes (Unauthenticated).
   static Result<std::unique_ptr<BootstrapClient>> Create(std::string_view address,
-                                                         std::chrono::milliseconds timeout);
+                                                         std::chrono::milliseconds timeout,
+                                                         std::string auth_token);
 
   const std::string& host() const { return host_; }
   int port() const { return port_; }
@@ -56,10 +60,14 @@ class BootstrapClient {
   Result<uint64_t> PublishFailure(const nlohmann::json& record) const;
   // GET /failures?since=N.
   Result<FailureBatch> FailuresSince(uint64_t since) const;
+  // POST /register_dp_rank (sglang: the prefill dp rank a room went to).
+  Status RegisterDpRank(uint64_t room, int dp_rank) const;
+  // POST /query_dp_ranks: the dp rank of each of `rooms` the server knows.
+  Result<std::map<uint64_t, int>> QueryDpRanks(const std::vector<uint64_t>& rooms) const;
 
  private:
   BootstrapClient(std::string address, std::string host, int port,
-                  std::chrono::milliseconds timeout);
+                  std::chrono::milliseconds timeout, std::string auth_token);
 
   // Sends one request; the body of a 2xx answer, or the error.
   Result<std::string> Call(const char* method, const std::string& path,
@@ -73,6 +81,7 @@ class BootstrapClient {
   std::string host_;
   int port_;
   std::chrono::milliseconds timeout_;
+  std::string auth_token_;
 };
 
 // Splits "host:port" / "[v6]:port" strictly. InvalidArgument naming the text.

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "common/log.h"
+#include "control/auth.h"
 #include "control/http_server.h"
 #include "control/http_status.h"
 #include "control/json_fields.h"
@@ -24,7 +25,14 @@ using nlohmann::json;
 
 // Large enough that every rank of a big instance can connect at once.
 constexpr int kListenBacklog = 512;
-constexpr size_t kMaxBodyBytes = 4 << 20;
+// A rank record with its layout is a few KiB; a failure record less.
+constexpr size_t kMaxBodyBytes = size_t{1} << 20;
+constexpr size_t kMaxFailureBodyBytes = size_t{64} << 10;
+constexpr size_t kMaxHeaders = 64;
+// Seconds a connection may wait for its next request, and a request's
+// client for each read or write.
+constexpr time_t kKeepAliveSeconds = 1;
+constexpr time_t kIoTimeoutSeconds = 2;
 
 void ReplyJson(httplib::Response& res, const json& body) {
   res.status = 200;
@@ -43,12 +51,30 @@ void ReplyError(const httplib::Request& req, httplib::Response& res, const Statu
   }
 }
 
-Result<json> ParseBody(const httplib::Request& req) {
-  json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    return InvalidArgumentError(req.method + " " + req.path + ": request body is not valid JSON");
+Result<json> ParseBody(const httplib::Request& req, size_t max_bytes = kMaxBodyBytes) {
+  return internal::ParseJson(req.body, req.method + " " + req.path + ": request body", max_bytes);
+}
+
+// Whether a request needs the shared secret: every write, and the tables
+// that name processes and their failures. GET /route and /health stay open
+// (any rank must be able to rendezvous, as with sglang's server).
+bool NeedsToken(const httplib::Request& req) {
+  if (req.method == "GET" || req.method == "HEAD") {
+    return req.path == "/ranks" || req.path == "/failures";
   }
-  return j;
+  return !(req.method == "POST" && req.path == "/query_dp_ranks");
+}
+
+// The one gate in front of every route.
+Status Admit(const httplib::Request& req, const std::string& token) {
+  if (req.headers.size() > kMaxHeaders) {
+    return ResourceExhaustedError(
+        req.method + " " + req.path + ": " + std::to_string(req.headers.size()) +
+        " header fields, more than the limit of " + std::to_string(kMaxHeaders));
+  }
+  if (!NeedsToken(req)) return Status::Ok();
+  return internal::CheckBearer(req.get_header_value("Authorization"), token)
+      .WithContext(req.method + " " + req.path);
 }
 
 // An integer query parameter; `fallback` when absent and optional.
@@ -98,6 +124,37 @@ Status GetRoute(internal::Registry& registry, const httplib::Request& req, json*
   return Status::Ok();
 }
 
+// POST /register_dp_rank {"bootstrap_room", "dp_rank"} (sglang).
+Status PostDpRank(internal::Registry& registry, const json& body) {
+  JsonFields f(body, "register_dp_rank");
+  uint64_t room = 0;
+  int dp_rank = 0;
+  KVB_RETURN_IF_ERROR(f.Uint64("bootstrap_room", &room));
+  KVB_RETURN_IF_ERROR(
+      f.Int("dp_rank", 0, static_cast<int>(internal::kMaxRanksPerInstance), &dp_rank));
+  return registry.RegisterDpRank(room, dp_rank);
+}
+
+// POST /query_dp_ranks {"bootstrap_rooms": [...]} -> {"<room>": dp_rank}.
+constexpr size_t kMaxQueriedRooms = 65536;
+Status QueryDpRanks(const internal::Registry& registry, const json& body, json* out) {
+  JsonFields f(body, "query_dp_ranks");
+  const json* rooms = nullptr;
+  KVB_RETURN_IF_ERROR(f.Array("bootstrap_rooms", &rooms));
+  if (rooms->size() > kMaxQueriedRooms) {
+    return f.Error("'bootstrap_rooms' has " + std::to_string(rooms->size()) +
+                   " entries, more than the limit of " + std::to_string(kMaxQueriedRooms));
+  }
+  std::vector<uint64_t> ids;
+  for (const json& r : *rooms) {
+    if (!r.is_number_unsigned()) return f.Error("every entry of 'bootstrap_rooms' must be >= 0");
+    ids.push_back(r.get<uint64_t>());
+  }
+  *out = json::object();
+  for (const auto& [room, dp] : registry.QueryDpRanks(ids)) (*out)[std::to_string(room)] = dp;
+  return Status::Ok();
+}
+
 Status PutHeartbeat(internal::Registry& registry, const json& body) {
   JsonFields f(body, "heartbeat");
   std::string role_name;
@@ -120,6 +177,7 @@ Status PutHeartbeat(internal::Registry& registry, const json& body) {
 // Hidden although nested in an exported class: the pimpl is not public API.
 struct [[gnu::visibility("hidden")]] BootstrapServer::Impl {
   BootstrapServerOptions options;
+  std::string token;
   std::unique_ptr<internal::Registry> registry;
   std::shared_ptr<internal::MetricsRegistry> metrics;
   httplib::Server http;
@@ -160,8 +218,9 @@ void BootstrapServer::Impl::AddMetrics() {
   // Runs for every answer, error replies included, just before it is
   // written: a client that got its answer finds it counted.
   http.set_post_routing_handler([m](const httplib::Request& req, httplib::Response& res) {
-    static const char* const kRoutes[] = {"/route",   "/health",   "/heartbeat", "/ranks",
-                                          "/failure", "/failures", "/metrics"};
+    static const char* const kRoutes[] = {"/route",   "/health",           "/heartbeat",
+                                          "/ranks",   "/failure",          "/failures",
+                                          "/metrics", "/register_dp_rank", "/query_dp_ranks"};
     std::string route = "other";  // unknown paths must not grow the label set
     for (const char* r : kRoutes) {
       if (req.path == r) route = r;
@@ -201,13 +260,47 @@ void BootstrapServer::Impl::AddRoutes() {
       ReplyError(req, res, s);
     }
   };
-  http.Put("/route", [&reg, reply](Req req, Res res) {
+  // sglang answers its writes with a plain "OK".
+  auto reply_ok = [](Req req, Res res, const Status& s) {
+    if (s.ok()) {
+      res.set_content("OK", "text/plain");
+    } else {
+      ReplyError(req, res, s);
+    }
+  };
+  http.Put("/route", [&reg, reply_ok](Req req, Res res) {
     Status s = [&]() -> Status {
       KVB_ASSIGN_OR_RETURN(json body, ParseBody(req));
       KVB_ASSIGN_OR_RETURN(internal::RankRecord record, internal::RankRecord::FromJson(body));
       return reg.Register(record);
     }();
-    reply(req, res, s, json{{"ok", true}});
+    reply_ok(req, res, s);
+  });
+  for (const char* method : {"POST", "DELETE", "PATCH"}) {
+    auto not_allowed = [method](Req req, Res res) {
+      ReplyError(req, res,
+                 Status(StatusCode::kInvalidArgument,
+                        std::string("method ") + method + " not allowed on /route (PUT or GET)"));
+      res.status = 405;
+    };
+    if (std::string(method) == "POST") http.Post("/route", not_allowed);
+    if (std::string(method) == "DELETE") http.Delete("/route", not_allowed);
+    if (std::string(method) == "PATCH") http.Patch("/route", not_allowed);
+  }
+  http.Post("/register_dp_rank", [&reg, reply_ok](Req req, Res res) {
+    Status s = [&]() -> Status {
+      KVB_ASSIGN_OR_RETURN(json body, ParseBody(req, kMaxFailureBodyBytes));
+      return PostDpRank(reg, body);
+    }();
+    reply_ok(req, res, s);
+  });
+  http.Post("/query_dp_ranks", [&reg, reply](Req req, Res res) {
+    json out;
+    Status s = [&]() -> Status {
+      KVB_ASSIGN_OR_RETURN(json body, ParseBody(req));
+      return QueryDpRanks(reg, body, &out);
+    }();
+    reply(req, res, s, out);
   });
   http.Get("/route", [&reg, reply](Req req, Res res) {
     json out;
@@ -231,7 +324,7 @@ void BootstrapServer::Impl::AddRoutes() {
     reply(req, res, ranks.status(), out);
   });
   http.Post("/failure", [&reg, reply](Req req, Res res) {
-    Result<json> body = ParseBody(req);
+    Result<json> body = ParseBody(req, kMaxFailureBodyBytes);
     Result<uint64_t> seq =
         body.ok() ? reg.Publish(std::move(body).value()) : Result<uint64_t>(body.status());
     reply(req, res, seq.status(), seq.ok() ? json{{"seq", *seq}} : json());
@@ -243,6 +336,13 @@ void BootstrapServer::Impl::AddRoutes() {
                                                ? reg.FailuresSince(static_cast<uint64_t>(*since))
                                                : Result<internal::FailureBatch>(since.status());
     reply(req, res, batch.status(), batch.ok() ? batch->ToJson() : json());
+  });
+  http.set_pre_routing_handler([this](Req req, Res res) {
+    Status s = Admit(req, token);
+    if (s.ok()) return httplib::Server::HandlerResponse::Unhandled;
+    ReplyError(req, res, s);
+    if (s.code() == StatusCode::kResourceExhausted) res.status = 431;
+    return httplib::Server::HandlerResponse::Handled;
   });
   http.set_error_handler([](Req req, Res res) {
     if (!res.body.empty()) return;  // a handler's own error reply
@@ -288,12 +388,19 @@ Result<std::unique_ptr<BootstrapServer>> BootstrapServer::Start(
   }
 
   auto impl = std::make_unique<Impl>();
+  KVB_ASSIGN_OR_RETURN(impl->token,
+                       internal::ResolveAuthToken(options.auth_token, "bootstrap server"));
   impl->options = options;
   impl->registry = internal::CreateMemoryRegistry(std::move(ro));
   const size_t threads = static_cast<size_t>(options.threads);
-  impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  impl->http.new_task_queue = [threads] { return new internal::ConnectionThreads(threads); };
   impl->http.set_payload_max_length(kMaxBodyBytes);
-  impl->http.set_keep_alive_timeout(1);  // bounds how long Stop() waits for idle clients
+  // An idle connection is closed after this (it also bounds how long Stop()
+  // waits for idle clients); a client that stalls a read or write, after the
+  // I/O timeout.
+  impl->http.set_keep_alive_timeout(kKeepAliveSeconds);
+  impl->http.set_read_timeout(kIoTimeoutSeconds, 0);
+  impl->http.set_write_timeout(kIoTimeoutSeconds, 0);
   impl->AddRoutes();
   impl->AddMetrics();
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <thread>
 
+#include "control/auth.h"
 #include "control/bootstrap_client.h"
 #include "kvbridge/bootstrap.h"
 
@@ -49,7 +50,7 @@ class BootstrapServerTest : public ::testing::Test {
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(server).value();
     Result<std::unique_ptr<BootstrapClient>> client =
-        BootstrapClient::Create(server_->address(), milliseconds(5000));
+        BootstrapClient::Create(server_->address(), milliseconds(5000), AuthTokenFromEnvironment());
     ASSERT_TRUE(client.ok()) << client.status().ToString();
     client_ = std::move(client).value();
   }
@@ -59,6 +60,7 @@ class BootstrapServerTest : public ::testing::Test {
   httplib::Result Raw(const std::string& method, const std::string& path,
                       const std::string& body = "") {
     httplib::Client cli("127.0.0.1", server_->port());
+    cli.set_default_headers({{"Authorization", BearerValue(AuthTokenFromEnvironment())}});
     if (method == "GET") return cli.Get(path);
     if (method == "PUT") return cli.Put(path, body, "application/json");
     if (method == "DELETE") return cli.Delete(path);
@@ -85,11 +87,8 @@ TEST_F(BootstrapServerTest, ReportsTheBoundAddress) {
 TEST_F(BootstrapServerTest, RouteLookupsFollowSglangSemantics) {
   ExpectError(client_->GetParallelInfo().status(), StatusCode::kUnavailable, "no prefill rank");
   ASSERT_TRUE(client_->RegisterRank(Prefill(0)).ok());
-  Result<ParallelInfo> info = client_->GetParallelInfo();
-  ASSERT_TRUE(info.ok()) << info.status().ToString();
-  EXPECT_EQ(info->attn_tp_size, 2);
-  EXPECT_EQ(info->ranks_registered, 1);
-  EXPECT_EQ(info->ranks_expected, 2);
+  ExpectError(client_->GetParallelInfo().status(), StatusCode::kUnavailable,
+              "1 of 2 prefill ranks registered");
   Status partial = client_->GetRank(0, 0, 0, 0).status();
   ExpectError(partial, StatusCode::kUnavailable, "1 of 2 prefill ranks registered");
   ExpectError(partial, StatusCode::kUnavailable, server_->address());
@@ -105,13 +104,16 @@ TEST_F(BootstrapServerTest, RouteLookupsFollowSglangSemantics) {
   EXPECT_EQ(r->ToJson(), Prefill(1).ToJson());
   ExpectError(client_->GetRank(0, 0, 2, 0).status(), StatusCode::kNotFound, "tp2");
   ExpectError(client_->GetRank(-1, 0, 0, 0).status(), StatusCode::kInvalidArgument, ">= 0");
-  EXPECT_EQ(client_->GetParallelInfo()->ranks_registered, 2);
+  Result<ParallelInfo> info = client_->GetParallelInfo();
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->attn_tp_size, 2);
+  EXPECT_EQ(info->ranks_registered, 2);
 
   RankRecord conflicting = Prefill(1, 999);
   conflicting.page_size = 32;
   ExpectError(client_->RegisterRank(conflicting), StatusCode::kFailedPrecondition, "page_size 32");
   RankRecord invalid = Prefill(0);
-  invalid.pid = 0;
+  invalid.pid = -5;  // 0 is allowed: an sglang rank does not send one
   ExpectError(client_->RegisterRank(invalid), StatusCode::kInvalidArgument, "pid");
 }
 
@@ -144,7 +146,11 @@ TEST_F(BootstrapServerTest, LivenessAndFailuresOverHttp) {
   Result<uint64_t> seq = client_->PublishFailure(record);
   ASSERT_TRUE(seq.ok()) << seq.status().ToString();
   EXPECT_EQ(*seq, 1u);
-  ASSERT_TRUE(client_->PublishFailure(json{{"room", 43}}).ok());
+  // A request's own failure (an abort) is kept but marks no rank dead.
+  json abort{{"room", 43},
+             {"cause", "aborted"},
+             {"origin", {{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}}}};
+  ASSERT_TRUE(client_->PublishFailure(abort).ok());
   Result<FailureBatch> batch = client_->FailuresSince(0);
   ASSERT_TRUE(batch.ok()) << batch.status().ToString();
   EXPECT_EQ(batch->latest_seq, 2u);
@@ -212,7 +218,8 @@ INSTANTIATE_TEST_SUITE_P(
         RawCase{"GET", "/failures?since=x", "", 400, "INVALID_ARGUMENT", "'since'"},
         RawCase{"GET", "/failures?since=-1", "", 400, "INVALID_ARGUMENT", "'since'"},
         RawCase{"GET", "/nowhere", "", 404, "NOT_FOUND", "/nowhere"},
-        RawCase{"DELETE", "/route", "", 404, "NOT_FOUND", "DELETE /route"}));
+        RawCase{"DELETE", "/route", "", 405, "INVALID_ARGUMENT", "DELETE not allowed"},
+        RawCase{"POST", "/route", "{}", 405, "INVALID_ARGUMENT", "POST not allowed"}));
 
 TEST_F(BootstrapServerTest, SecondServerOnTheSamePortIsAlreadyExists) {
   BootstrapServerOptions o;
@@ -279,7 +286,7 @@ class BootstrapClientAddressTest : public ::testing::TestWithParam<AddressCase> 
 TEST_P(BootstrapClientAddressTest, ParsesHostPortStrictly) {
   const AddressCase& c = GetParam();
   Result<std::unique_ptr<BootstrapClient>> client =
-      BootstrapClient::Create(c.address, milliseconds(100));
+      BootstrapClient::Create(c.address, milliseconds(100), AuthTokenFromEnvironment());
   if (!c.ok) {
     ASSERT_FALSE(client.ok());
     ExpectError(client.status(), StatusCode::kInvalidArgument, "'" + c.address + "'");
@@ -301,7 +308,7 @@ INSTANTIATE_TEST_SUITE_P(Addresses, BootstrapClientAddressTest,
                                            Bad("")));
 
 TEST(BootstrapClientTest, RejectsNonPositiveTimeout) {
-  ExpectError(BootstrapClient::Create("h:1", milliseconds(0)).status(),
+  ExpectError(BootstrapClient::Create("h:1", milliseconds(0), "").status(),
               StatusCode::kInvalidArgument, "timeout");
 }
 
@@ -318,10 +325,11 @@ TEST(BootstrapClientTest, MalformedAnswersAreInternal) {
   ASSERT_GT(port, 0);
   std::thread t([&] { bad.listen_after_bind(); });
   while (!bad.is_running()) std::this_thread::sleep_for(milliseconds(1));
-  auto client = BootstrapClient::Create("127.0.0.1:" + std::to_string(port), milliseconds(5000));
+  auto client = BootstrapClient::Create("127.0.0.1:" + std::to_string(port), milliseconds(5000),
+                                        AuthTokenFromEnvironment());
   ASSERT_TRUE(client.ok());
-  ExpectError((*client)->ListRanks().status(), StatusCode::kInternal, "not JSON");
-  ExpectError((*client)->GetRank(0, 0, 0, 0).status(), StatusCode::kInternal, "'role'");
+  ExpectError((*client)->ListRanks().status(), StatusCode::kInternal, "not valid JSON");
+  ExpectError((*client)->GetRank(0, 0, 0, 0).status(), StatusCode::kInternal, "'attn_tp_size'");
   ExpectError((*client)->GetParallelInfo().status(), StatusCode::kInternal, "attn_tp_size");
   ExpectError((*client)->FailuresSince(0).status(), StatusCode::kInternal, "'records'");
   ExpectError((*client)->PublishFailure(json::object()).status(), StatusCode::kInternal, "'seq'");

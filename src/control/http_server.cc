@@ -21,6 +21,47 @@ std::string JoinHostPort(const std::string& host, int port) {
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
+void ConnectionThreads::enqueue(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  jobs_.push_back(std::move(fn));
+  if (idle_ >= jobs_.size()) {
+    cv_.notify_one();
+  } else if (threads_.size() < max_threads_ && !shutdown_) {
+    threads_.emplace_back([this] { Work(); });
+  }
+}
+
+void ConnectionThreads::shutdown() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_ = true;
+    threads.swap(threads_);
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads) t.join();
+}
+
+size_t ConnectionThreads::threads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return threads_.size();
+}
+
+void ConnectionThreads::Work() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    ++idle_;
+    cv_.wait(lock, [this] { return !jobs_.empty() || shutdown_; });
+    --idle_;
+    if (jobs_.empty()) return;  // shut down with nothing left to serve
+    std::function<void()> fn = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    fn();
+    lock.lock();
+  }
+}
+
 HttpServerThread::~HttpServerThread() { Stop(); }
 
 Status HttpServerThread::Start(httplib::Server& http, const std::string& host, int port,

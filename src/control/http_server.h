@@ -3,21 +3,54 @@
 // caller's, set on the server before Start.
 #pragma once
 
+#include <httplib.h>
+
 #include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "kvbridge/status.h"
-
-namespace httplib {
-class Server;
-}  // namespace httplib
 
 namespace kvbridge::internal {
 
 // "host:port", an IPv6 host in brackets.
 std::string JoinHostPort(const std::string& host, int port);
+
+// httplib's task queue for a server that strangers can reach: a connection
+// holds a thread for as long as its client keeps it (httplib reads a request
+// with blocking reads), so a fixed pool of a few threads is starved by a
+// few clients that trickle bytes or never send any. This queue starts a
+// thread for each connection that finds none idle, up to `max_threads`;
+// threads stay for later connections, and connections beyond the limit wait
+// in order for a free one. Thread-safe (httplib calls it from its listener).
+class ConnectionThreads final : public httplib::TaskQueue {
+ public:
+  explicit ConnectionThreads(size_t max_threads) : max_threads_(max_threads) {}
+  ~ConnectionThreads() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override;
+  // Runs what is queued, then joins every thread. Idempotent.
+  void shutdown() override;
+
+  size_t threads() const;  // started so far
+
+ private:
+  void Work();
+
+  const size_t max_threads_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;  // guarded by mu_
+  std::vector<std::thread> threads_;        // guarded by mu_
+  size_t idle_ = 0;                         // guarded by mu_
+  bool shutdown_ = false;                   // guarded by mu_
+};
 
 class HttpServerThread {
  public:

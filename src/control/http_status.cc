@@ -2,11 +2,13 @@
 
 #include <optional>
 
+#include "control/json_fields.h"
+
 namespace kvbridge::internal {
 namespace {
 
 std::optional<StatusCode> CodeFromName(std::string_view name) {
-  for (int c = 1; c <= static_cast<int>(StatusCode::kDataLoss); ++c) {
+  for (int c = 1; c <= static_cast<int>(StatusCode::kUnauthenticated); ++c) {
     if (StatusCodeName(static_cast<StatusCode>(c)) == name) return static_cast<StatusCode>(c);
   }
   return std::nullopt;
@@ -18,10 +20,17 @@ StatusCode CodeFromHttp(int http_status) {
     case 413:
     case 414:
       return StatusCode::kInvalidArgument;
+    case 401:
+      return StatusCode::kUnauthenticated;
+    case 403:
+      return StatusCode::kPermissionDenied;
     case 404:
       return StatusCode::kNotFound;
     case 409:
       return StatusCode::kFailedPrecondition;
+    case 429:
+    case 431:
+      return StatusCode::kResourceExhausted;
     case 503:
       return StatusCode::kUnavailable;
     case 504:
@@ -40,12 +49,18 @@ int HttpStatusFor(StatusCode code) {
     case StatusCode::kInvalidArgument:
     case StatusCode::kOutOfRange:
       return 400;
+    case StatusCode::kUnauthenticated:
+      return 401;
+    case StatusCode::kPermissionDenied:
+      return 403;
     case StatusCode::kNotFound:
       return 404;
     case StatusCode::kFailedPrecondition:
     case StatusCode::kAlreadyExists:
     case StatusCode::kAborted:
       return 409;
+    case StatusCode::kResourceExhausted:
+      return 429;
     case StatusCode::kUnavailable:
       return 503;
     case StatusCode::kDeadlineExceeded:
@@ -62,7 +77,8 @@ nlohmann::json ErrorBody(const Status& status) {
 Status StatusFromResponse(int http_status, std::string_view body, std::string_view context) {
   StatusCode code = CodeFromHttp(http_status);
   std::string message(body);
-  nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  Result<nlohmann::json> parsed = ParseJson(body, "error body", size_t{1} << 20);
+  const nlohmann::json j = parsed.ok() ? std::move(parsed).value() : nlohmann::json();
   if (j.is_object()) {
     auto error = j.find("error");
     auto msg = j.find("message");
@@ -72,6 +88,7 @@ Status StatusFromResponse(int http_status, std::string_view body, std::string_vi
     if (msg != j.end() && msg->is_string()) message = msg->get<std::string>();
   }
   if (message.empty()) message = "HTTP " + std::to_string(http_status);
+  message = Clip(message, 4096);
   return Status(code, std::string(context) + ": " + message);
 }
 

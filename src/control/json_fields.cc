@@ -1,11 +1,61 @@
 #include "control/json_fields.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace kvbridge::internal {
 
 std::string DumpJson(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+namespace {
+
+// The deepest nesting of [ and { in `text`, outside strings; stops counting
+// once it passes `limit`.
+int NestingDepth(std::string_view text, int limit) {
+  int depth = 0;
+  int deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+}  // namespace
+
+Result<nlohmann::json> ParseJson(std::string_view text, std::string_view what, size_t max_bytes) {
+  if (text.size() > max_bytes) {
+    return InvalidArgumentError(std::string(what) + " is " + std::to_string(text.size()) +
+                                " bytes, more than the limit of " + std::to_string(max_bytes));
+  }
+  if (NestingDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
+    return InvalidArgumentError(std::string(what) + " nests arrays/objects deeper than " +
+                                std::to_string(kMaxJsonDepth) + " levels");
+  }
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgumentError(std::string(what) + " is not valid JSON");
+  return j;
+}
+
+std::string Clip(std::string_view text, size_t max_chars) {
+  if (text.size() <= max_chars) return std::string(text);
+  return std::string(text.substr(0, max_chars)) + "... (" + std::to_string(text.size()) + " bytes)";
 }
 
 Status JsonFields::Error(std::string_view message) const {

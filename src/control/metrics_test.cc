@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "control/auth.h"
 #include "control/bootstrap_client.h"
 #include "kvbridge/bootstrap.h"
 
@@ -352,7 +353,9 @@ TEST(BootstrapServerMetrics, RanksFailuresAndRequestsAreExposed) {
   o.port = 0;
   Result<std::unique_ptr<BootstrapServer>> server = BootstrapServer::Start(o);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
-  auto client = BootstrapClient::Create((*server)->address(), std::chrono::seconds(5)).value();
+  auto client = BootstrapClient::Create((*server)->address(), std::chrono::seconds(5),
+                                        AuthTokenFromEnvironment())
+                    .value();
   ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kPrefill, 0, 11)).ok());
   ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kPrefill, 1, 12)).ok());
   ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kDecode, 0, 21)).ok());
@@ -364,7 +367,8 @@ TEST(BootstrapServerMetrics, RanksFailuresAndRequestsAreExposed) {
                        {{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 21}}},
                       {"message", "room 1: decode tp0 exited"}})
                   .ok());
-  ASSERT_TRUE(client->PublishFailure(json{{"cause", "no_such_cause"}}).ok());
+  // Refused (400): an unknown cause is not a record.
+  ASSERT_FALSE(client->PublishFailure(json{{"cause", "no_such_cause"}}).ok());
   ASSERT_FALSE(client->GetRank(0, 0, 5, 0).ok());  // 404
 
   httplib::Client cli("127.0.0.1", (*server)->port());
@@ -381,12 +385,13 @@ TEST(BootstrapServerMetrics, RanksFailuresAndRequestsAreExposed) {
   EXPECT_EQ(e.Get("kvbridge_bootstrap_ranks{role=\"decode\",state=\"dead\"}"), 1);
   EXPECT_EQ(e.Get("kvbridge_bootstrap_ranks{role=\"decode\",state=\"alive\"}"), 0);
   EXPECT_EQ(e.Get("kvbridge_bootstrap_failure_records_total{cause=\"peer_exited\"}"), 1);
-  EXPECT_EQ(e.Get("kvbridge_bootstrap_failure_records_total{cause=\"unknown\"}"), 1);
+  // The refused record is counted under no cause (Get: -1 = no such series).
+  EXPECT_EQ(e.Get("kvbridge_bootstrap_failure_records_total{cause=\"unknown\"}"), -1);
   EXPECT_EQ(
       e.Get("kvbridge_bootstrap_requests_total{code=\"200\",method=\"PUT\",route=\"/route\"}"), 3);
   EXPECT_EQ(
       e.Get("kvbridge_bootstrap_requests_total{code=\"200\",method=\"POST\",route=\"/failure\"}"),
-      2);
+      1);
   EXPECT_EQ(
       e.Get("kvbridge_bootstrap_requests_total{code=\"404\",method=\"GET\",route=\"/route\"}"), 1);
 

@@ -99,8 +99,12 @@ Status RankRecord::Validate() const {
   }
   KVB_RETURN_IF_ERROR(NonEmpty("kv_cache_dtype", kv_cache_dtype));
   KVB_RETURN_IF_ERROR(NonEmpty("host", host));
-  if (pid <= 0) {
-    return InvalidArgumentError("rank record: pid = " + std::to_string(pid) + " must be > 0");
+  if (pid < 0) {
+    return InvalidArgumentError("rank record: pid = " + std::to_string(pid) + " must be >= 0");
+  }
+  if (prefill_http_port < 0 || prefill_http_port > 65535) {
+    return InvalidArgumentError("rank record: prefill_http_port = " +
+                                std::to_string(prefill_http_port) + " out of range [0, 65535]");
   }
   if (incarnation == 0) return InvalidArgumentError("rank record: incarnation must be non-zero");
   if (!layout.is_object()) {
@@ -111,35 +115,112 @@ Status RankRecord::Validate() const {
 }
 
 json RankRecord::ToJson() const {
-  return json{{"role", RankRoleName(role)},
-              {"attn_tp_size", attn_tp_size},
-              {"attn_tp_rank", attn_tp_rank},
-              {"attn_cp_size", attn_cp_size},
-              {"attn_cp_rank", attn_cp_rank},
-              {"attn_dp_size", attn_dp_size},
-              {"attn_dp_rank", attn_dp_rank},
-              {"pp_size", pp_size},
-              {"pp_rank", pp_rank},
-              {"rank_ip", rank_ip},
-              {"rank_port", rank_port},
-              {"page_size", page_size},
-              {"kv_cache_dtype", kv_cache_dtype},
-              {"host", host},
-              {"pid", pid},
-              {"incarnation", incarnation},
-              {"instance", instance},
-              {"transport_address", Base64Encode(transport_address)},
-              {"layout", layout}};
+  return json{
+      {"role", RankRoleName(role)},
+      {"attn_tp_size", attn_tp_size},
+      {"attn_tp_rank", attn_tp_rank},
+      {"attn_cp_size", attn_cp_size},
+      {"attn_cp_rank", attn_cp_rank},
+      {"attn_dp_size", attn_dp_size},
+      {"attn_dp_rank", attn_dp_rank},
+      {"pp_size", pp_size},
+      {"pp_rank", pp_rank},
+      {"rank_ip", rank_ip},
+      {"rank_port", rank_port},
+      {"page_size", page_size},
+      {"kv_cache_dtype", kv_cache_dtype},
+      {"host", host},
+      {"pid", pid},
+      {"incarnation", incarnation},
+      {"instance", instance},
+      {"transport_address", Base64Encode(transport_address)},
+      {"layout", layout},
+      {"prefill_http_port", prefill_http_port != 0 ? json(prefill_http_port) : json(nullptr)},
+      {"load_balance_method", follow_bootstrap_room ? "follow_bootstrap_room" : "round_robin"},
+      {"enable_dsa_cache_layer_split", enable_dsa_cache_layer_split}};
 }
+
+namespace {
+
+// An incarnation for a rank that does not send one (an sglang rank): stable
+// for one process (its address and position), new when a restart binds a
+// new port. FNV-1a, never 0.
+uint64_t DerivedIncarnation(const RankRecord& r) {
+  const std::string identity = r.rank_ip + ":" + std::to_string(r.rank_port) + "/" +
+                               r.key().ToString() + "/" + std::string(RankRoleName(r.role));
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : identity) h = (h ^ c) * 1099511628211ull;
+  return h != 0 ? h : 1;
+}
+
+// sglang's optional registration fields.
+Status SglangExtras(const JsonFields& f, RankRecord* r) {
+  if (f.HasValue("system_dp_size")) {
+    int size = 1, rank = 0;
+    KVB_RETURN_IF_ERROR(f.Int("system_dp_size", 1, kMaxInt, &size));
+    KVB_RETURN_IF_ERROR(f.Int("system_dp_rank", 0, kMaxInt, &rank));
+    // Without dp-attention sglang's dp group is the system dp rank.
+    if (size > 1) {
+      r->attn_dp_size = size;
+      r->attn_dp_rank = rank;
+    }
+  }
+  if (f.HasValue("prefill_http_port")) {
+    KVB_RETURN_IF_ERROR(f.Int("prefill_http_port", 0, 65535, &r->prefill_http_port));
+  }
+  if (f.HasValue("load_balance_method")) {
+    std::string method;
+    KVB_RETURN_IF_ERROR(f.String("load_balance_method", &method));
+    r->follow_bootstrap_room = method == "follow_bootstrap_room";
+  }
+  if (f.HasValue("enable_dsa_cache_layer_split")) {
+    KVB_RETURN_IF_ERROR(f.Bool("enable_dsa_cache_layer_split", &r->enable_dsa_cache_layer_split));
+  }
+  return Status::Ok();
+}
+
+// kvbridge's optional fields; defaults for a rank that does not send them.
+Status KvbridgeExtras(const JsonFields& f, RankRecord* r) {
+  if (f.HasValue("host")) {
+    KVB_RETURN_IF_ERROR(f.String("host", &r->host));
+  } else {
+    r->host = r->rank_ip;
+  }
+  if (f.HasValue("pid")) {
+    KVB_RETURN_IF_ERROR(f.Int("pid", int64_t{0}, std::numeric_limits<int64_t>::max(), &r->pid));
+  }
+  if (f.HasValue("incarnation")) {
+    KVB_RETURN_IF_ERROR(f.Uint64("incarnation", &r->incarnation));
+  } else {
+    r->incarnation = DerivedIncarnation(*r);
+  }
+  if (f.HasValue("instance")) KVB_RETURN_IF_ERROR(f.String("instance", &r->instance));
+  if (f.HasValue("transport_address")) {
+    std::string encoded;
+    KVB_RETURN_IF_ERROR(f.String("transport_address", &encoded));
+    Result<std::string> decoded = Base64Decode(encoded);
+    if (!decoded.ok()) {
+      return decoded.status().WithContext("rank record: field 'transport_address'");
+    }
+    r->transport_address = std::move(decoded).value();
+  }
+  if (f.HasValue("layout")) KVB_RETURN_IF_ERROR(f.Object("layout", &r->layout));
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<RankRecord> RankRecord::FromJson(const json& j) {
   JsonFields f(j, "rank record");
+  KVB_RETURN_IF_ERROR(f.RequireObject());
   RankRecord r;
-  std::string role;
-  KVB_RETURN_IF_ERROR(f.String("role", &role));
-  Result<RankRole> parsed_role = ParseRankRole(role);
-  if (!parsed_role.ok()) return parsed_role.status().WithContext("rank record: field 'role'");
-  r.role = *parsed_role;
+  if (f.HasValue("role")) {
+    std::string role;
+    KVB_RETURN_IF_ERROR(f.String("role", &role));
+    Result<RankRole> parsed_role = ParseRankRole(role);
+    if (!parsed_role.ok()) return parsed_role.status().WithContext("rank record: field 'role'");
+    r.role = *parsed_role;
+  }
   KVB_RETURN_IF_ERROR(f.Int("attn_tp_size", 1, kMaxInt, &r.attn_tp_size));
   KVB_RETURN_IF_ERROR(f.Int("attn_tp_rank", 0, kMaxInt, &r.attn_tp_rank));
   KVB_RETURN_IF_ERROR(f.Int("attn_cp_size", 1, kMaxInt, &r.attn_cp_size));
@@ -152,20 +233,8 @@ Result<RankRecord> RankRecord::FromJson(const json& j) {
   KVB_RETURN_IF_ERROR(f.Int("rank_port", 0, 65535, &r.rank_port));
   KVB_RETURN_IF_ERROR(f.Int("page_size", 1, kMaxInt, &r.page_size));
   KVB_RETURN_IF_ERROR(f.String("kv_cache_dtype", &r.kv_cache_dtype));
-  KVB_RETURN_IF_ERROR(f.String("host", &r.host));
-  KVB_RETURN_IF_ERROR(f.Int("pid", int64_t{1}, std::numeric_limits<int64_t>::max(), &r.pid));
-  KVB_RETURN_IF_ERROR(f.Uint64("incarnation", &r.incarnation));
-  if (f.Has("instance")) KVB_RETURN_IF_ERROR(f.String("instance", &r.instance));
-  if (f.Has("transport_address")) {
-    std::string encoded;
-    KVB_RETURN_IF_ERROR(f.String("transport_address", &encoded));
-    Result<std::string> decoded = Base64Decode(encoded);
-    if (!decoded.ok()) {
-      return decoded.status().WithContext("rank record: field 'transport_address'");
-    }
-    r.transport_address = std::move(decoded).value();
-  }
-  if (f.Has("layout")) KVB_RETURN_IF_ERROR(f.Object("layout", &r.layout));
+  KVB_RETURN_IF_ERROR(SglangExtras(f, &r));
+  KVB_RETURN_IF_ERROR(KvbridgeExtras(f, &r));
   KVB_RETURN_IF_ERROR(r.Validate());
   return r;
 }
@@ -173,12 +242,19 @@ Result<RankRecord> RankRecord::FromJson(const json& j) {
 json ParallelInfo::ToJson() const {
   return json{{"attn_tp_size", attn_tp_size},
               {"attn_cp_size", attn_cp_size},
-              {"attn_dp_size", attn_dp_size},
+              {"dp_size", attn_dp_size},
               {"pp_size", pp_size},
               {"page_size", page_size},
               {"kv_cache_dtype", kv_cache_dtype},
-              {"ranks_registered", ranks_registered},
-              {"ranks_expected", ranks_expected}};
+              {"follow_bootstrap_room", follow_bootstrap_room},
+              {"enable_dsa_cache_layer_split", enable_dsa_cache_layer_split},
+              {"prefill_http_port", prefill_http_port != 0 ? json(prefill_http_port) : json()},
+              {"target_tp_rank", nullptr},
+              {"target_tp_ranks", nullptr},
+              {"target_cp_ranks", nullptr},
+              {"target_pp_ranks", nullptr},
+              {"required_dst_info_num", nullptr},
+              {"required_prefill_response_num", nullptr}};
 }
 
 Result<ParallelInfo> ParallelInfo::FromJson(const json& j) {
@@ -186,12 +262,26 @@ Result<ParallelInfo> ParallelInfo::FromJson(const json& j) {
   ParallelInfo p;
   KVB_RETURN_IF_ERROR(f.Int("attn_tp_size", 1, kMaxInt, &p.attn_tp_size));
   KVB_RETURN_IF_ERROR(f.Int("attn_cp_size", 1, kMaxInt, &p.attn_cp_size));
-  KVB_RETURN_IF_ERROR(f.Int("attn_dp_size", 1, kMaxInt, &p.attn_dp_size));
+  KVB_RETURN_IF_ERROR(f.Int("dp_size", 1, kMaxInt, &p.attn_dp_size));
   KVB_RETURN_IF_ERROR(f.Int("pp_size", 1, kMaxInt, &p.pp_size));
   KVB_RETURN_IF_ERROR(f.Int("page_size", 1, kMaxInt, &p.page_size));
   KVB_RETURN_IF_ERROR(f.String("kv_cache_dtype", &p.kv_cache_dtype));
-  KVB_RETURN_IF_ERROR(f.Int("ranks_registered", 0, kMaxInt, &p.ranks_registered));
-  KVB_RETURN_IF_ERROR(f.Int("ranks_expected", 1, kMaxInt, &p.ranks_expected));
+  if (f.HasValue("follow_bootstrap_room")) {
+    KVB_RETURN_IF_ERROR(f.Bool("follow_bootstrap_room", &p.follow_bootstrap_room));
+  }
+  if (f.HasValue("enable_dsa_cache_layer_split")) {
+    KVB_RETURN_IF_ERROR(f.Bool("enable_dsa_cache_layer_split", &p.enable_dsa_cache_layer_split));
+  }
+  if (f.HasValue("prefill_http_port")) {
+    KVB_RETURN_IF_ERROR(f.Int("prefill_http_port", 0, 65535, &p.prefill_http_port));
+  }
+  int64_t ranks = int64_t{p.attn_tp_size} * p.attn_cp_size * p.attn_dp_size * p.pp_size;
+  if (ranks > kMaxRanksPerInstance) {
+    return f.Error("attn_tp_size * attn_cp_size * dp_size * pp_size exceeds " +
+                   std::to_string(kMaxRanksPerInstance) + " ranks");
+  }
+  // Served only once every rank registered.
+  p.ranks_registered = p.ranks_expected = static_cast<int>(ranks);
   return p;
 }
 
@@ -274,6 +364,9 @@ Status ValidateRegistryOptions(const RegistryOptions& o) {
   }
   if (o.max_failure_records == 0) {
     return InvalidArgumentError("registry options: max_failure_records must be >= 1");
+  }
+  if (o.max_decode_ranks == 0) {
+    return InvalidArgumentError("registry options: max_decode_ranks must be >= 1");
   }
   return Status::Ok();
 }

@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "control/json_fields.h"
+#include "control/record_json.h"
 #include "kvbridge/errors.h"
 
 namespace kvbridge::internal {
@@ -57,35 +58,16 @@ struct Origin {
   std::optional<uint64_t> incarnation;
 };
 
-Result<std::optional<Origin>> ParseOrigin(const json& record) {
-  auto it = record.find("origin");
-  if (it == record.end()) return std::optional<Origin>();
-  JsonFields f(*it, "failure record origin");
-  KVB_RETURN_IF_ERROR(f.RequireObject());
+// The rank table entry a record's origin names; none for the bootstrap
+// registry itself. Incarnation 0 means the record does not say which
+// process (it then names whichever holds the position).
+std::optional<Origin> OriginOf(const FailureRecord& record) {
+  if (record.origin.role == Role::kBootstrap) return std::nullopt;
   Origin o;
-  int* const fields[] = {&o.key.dp, &o.key.cp, &o.key.tp, &o.key.pp};
-  const char* const names[] = {"dp", "cp", "tp", "pp"};
-  bool complete = true;
-  for (int i = 0; i < 4; ++i) {
-    if (f.Has(names[i])) {
-      KVB_RETURN_IF_ERROR(f.Int(names[i], 0, static_cast<int>(kMaxRanksPerInstance), fields[i]));
-    } else if (i != 1) {  // cp may be omitted (0)
-      complete = false;
-    }
-  }
-  if (f.Has("incarnation")) {
-    uint64_t inc = 0;
-    KVB_RETURN_IF_ERROR(f.Uint64("incarnation", &inc));
-    o.incarnation = inc;
-  }
-  std::string role;
-  if (f.Has("role")) KVB_RETURN_IF_ERROR(f.String("role", &role));
-  // An origin outside the rank table (e.g. the registry itself) is stored
-  // but marks no rank.
-  Result<RankRole> parsed = ParseRankRole(role);
-  if (!parsed.ok() || !complete) return std::optional<Origin>();
-  o.role = *parsed;
-  return std::optional<Origin>(o);
+  o.role = record.origin.role == Role::kPrefill ? RankRole::kPrefill : RankRole::kDecode;
+  o.key = RankKey{record.origin.dp, record.origin.cp, record.origin.tp, record.origin.pp};
+  if (record.origin.incarnation != 0) o.incarnation = record.origin.incarnation;
+  return o;
 }
 
 class MemoryRegistry final : public Registry {
@@ -155,8 +137,18 @@ class MemoryRegistry final : public Registry {
     info.pp_size = ref.pp_size;
     info.page_size = ref.page_size;
     info.kv_cache_dtype = ref.kv_cache_dtype;
+    info.follow_bootstrap_room = ref.follow_bootstrap_room;
+    info.enable_dsa_cache_layer_split = ref.enable_dsa_cache_layer_split;
+    for (const auto& [key, e] : prefill_) {
+      if (info.prefill_http_port == 0) info.prefill_http_port = e.record.prefill_http_port;
+    }
     info.ranks_registered = static_cast<int>(prefill_.size());
     info.ranks_expected = ExpectedRanks(ref);
+    // As sglang's server: decode reads the layout only once it is whole.
+    if (!info.complete()) {
+      return UnavailableError(std::to_string(info.ranks_registered) + " of " +
+                              std::to_string(info.ranks_expected) + " prefill ranks registered");
+    }
     return info;
   }
 
@@ -202,23 +194,50 @@ class MemoryRegistry final : public Registry {
   }
 
   Result<uint64_t> Publish(json record) override {
-    JsonFields f(record, "failure record");
-    KVB_RETURN_IF_ERROR(f.RequireObject());
-    KVB_ASSIGN_OR_RETURN(std::optional<Origin> origin, ParseOrigin(record));
+    // The one schema: a record that does not read as a FailureRecord is
+    // refused here, so no rank ever reads a malformed one back.
+    Result<FailureRecord> parsed = FailureRecordFromJson(record);
+    if (!parsed.ok()) return parsed.status();
+    std::optional<Origin> origin = OriginOf(*parsed);
     // A request's failure on a healthy rank (bad input, abort, deadline,
     // layout) travels to the request's other ranks; it marks no rank dead.
-    std::string cause_name;
-    FailureCause cause;
-    if (f.Has("cause")) KVB_RETURN_IF_ERROR(f.String("cause", &cause_name));
-    if (ParseFailureCause(cause_name, &cause) && !IsRankFailure(cause)) origin.reset();
+    if (!IsRankFailure(parsed->cause)) origin.reset();
+    json stored = FailureRecordToJson(*parsed);
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t seq = ++latest_seq_;
-    record["seq"] = seq;
+    stored["seq"] = seq;
     std::string marked = origin ? MarkDead(*origin, seq) : std::string();
-    KVB_LOG_WARN("registry: failure record seq {}{}: {}", seq, marked, DumpJson(record));
-    failures_.emplace_back(seq, std::move(record));
+    KVB_LOG_WARN("registry: failure record seq {}{}: {}", seq, marked,
+                 Clip(parsed->Message(), 1024));
+    failures_.emplace_back(seq, std::move(stored));
     while (failures_.size() > options_.max_failure_records) failures_.pop_front();
     return seq;
+  }
+
+  Status RegisterDpRank(uint64_t room, int dp_rank) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Clock::time_point now = options_.clock();
+    std::erase_if(dp_ranks_,
+                  [&](const auto& kv) { return now - kv.second.at > options_.dp_rank_ttl; });
+    if (dp_ranks_.size() >= options_.max_dp_rank_entries && !dp_ranks_.contains(room)) {
+      return ResourceExhaustedError("registry: " + std::to_string(dp_ranks_.size()) +
+                                    " room dp ranks held, the limit (max_dp_rank_entries)");
+    }
+    dp_ranks_[room] = DpRank{dp_rank, now};
+    return Status::Ok();
+  }
+
+  std::map<uint64_t, int> QueryDpRanks(const std::vector<uint64_t>& rooms) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Clock::time_point now = options_.clock();
+    std::map<uint64_t, int> out;
+    for (uint64_t room : rooms) {
+      auto it = dp_ranks_.find(room);
+      if (it != dp_ranks_.end() && now - it->second.at <= options_.dp_rank_ttl) {
+        out[room] = it->second.dp_rank;
+      }
+    }
+    return out;
   }
 
   Result<FailureBatch> FailuresSince(uint64_t since) const override {
@@ -290,7 +309,14 @@ class MemoryRegistry final : public Registry {
 
   // Requires mu_.
   Status RegisterDecode(const RankRecord& record, Clock::time_point now) {
-    auto [it, inserted] = decode_.try_emplace({record.key(), record.incarnation});
+    const std::pair<RankKey, uint64_t> key{record.key(), record.incarnation};
+    if (decode_.size() >= options_.max_decode_ranks && !decode_.contains(key)) {
+      return ResourceExhaustedError("registry: " + std::to_string(decode_.size()) +
+                                    " decode ranks registered, the limit (max_decode_ranks); " +
+                                    record.Describe() +
+                                    " is refused until silent ones are forgotten");
+    }
+    auto [it, inserted] = decode_.try_emplace(key);
     if (!inserted) KVB_RETURN_IF_ERROR(CheckNotFenced(it->second));
     if (inserted) KVB_LOG_INFO("registry: {} registered", record.Describe());
     it->second.record = record;
@@ -329,7 +355,12 @@ class MemoryRegistry final : public Registry {
   std::map<RankKey, Entry> prefill_;                      // guarded by mu_
   std::map<std::pair<RankKey, uint64_t>, Entry> decode_;  // guarded by mu_
   std::deque<std::pair<uint64_t, json>> failures_;        // guarded by mu_
-  uint64_t latest_seq_ = 0;                               // guarded by mu_
+  struct DpRank {
+    int dp_rank;
+    Clock::time_point at;
+  };
+  std::map<uint64_t, DpRank> dp_ranks_;  // guarded by mu_
+  uint64_t latest_seq_ = 0;              // guarded by mu_
 };
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <compare>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -51,7 +52,10 @@ struct RankKey {
 // Upper bound on attn_tp * attn_cp * attn_dp * pp of one instance.
 inline constexpr int64_t kMaxRanksPerInstance = 65536;
 
-// What a rank registers (PUT /route). Field names follow sglang.
+// What a rank registers (PUT /route). Field names follow sglang, and
+// sglang's own registration body is a valid record: kvbridge's fields (role,
+// host, pid, incarnation, instance, transport_address, layout) are optional
+// extensions, given defaults when absent (see FromJson).
 struct RankRecord {
   RankRole role = RankRole::kPrefill;
   int attn_tp_size = 1;
@@ -67,11 +71,15 @@ struct RankRecord {
   int page_size = 0;                                 // tokens per page, >= 1
   std::string kv_cache_dtype;                        // e.g. "bfloat16", non-empty
   std::string host;                                  // host name of the process, non-empty
-  int64_t pid = 0;                                   // > 0
+  int64_t pid = 0;                                   // >= 0; 0 = not given (an sglang rank)
   uint64_t incarnation = 0;                          // non-zero, new for every process start
   std::string instance;                              // ManagerOptions::instance_id; may be empty
   std::string transport_address;                     // binary; base64 in JSON; may be empty
   nlohmann::json layout = nlohmann::json::object();  // opaque, filled by the connector
+  // sglang's fields that decode reads back in the parallel info.
+  int prefill_http_port = 0;          // 0 = not given
+  bool follow_bootstrap_room = true;  // load_balance_method == "follow_bootstrap_room"
+  bool enable_dsa_cache_layer_split = false;
 
   RankKey key() const { return {attn_dp_rank, attn_cp_rank, attn_tp_rank, pp_rank}; }
   // "prefill dp0 cp0 tp1 pp0 (host a, pid 12, incarnation 7)".
@@ -80,25 +88,41 @@ struct RankRecord {
   // InvalidArgument naming the first bad field and its value.
   Status Validate() const;
   nlohmann::json ToJson() const;
-  // Requires every field but transport_address and layout; ignores unknown
-  // fields. InvalidArgument naming the field that is missing, mistyped or
-  // out of range.
+  // Requires sglang's fields (the attn_tp/cp/dp and pp sizes and ranks,
+  // rank_ip, rank_port, page_size, kv_cache_dtype); ignores unknown fields.
+  // Optional: role (default prefill), system_dp_size/system_dp_rank (when
+  // the size is > 1 they are the rank's dp group, as in sglang), host
+  // (default rank_ip), pid (default 0), incarnation (default: derived from
+  // the rank's address and position, so a restarted sglang rank, which binds
+  // a new port, counts as a new incarnation), instance, transport_address,
+  // layout, prefill_http_port, load_balance_method,
+  // enable_dsa_cache_layer_split. InvalidArgument naming the field that is
+  // missing, mistyped or out of range.
   static Result<RankRecord> FromJson(const nlohmann::json& j);
 };
 
-// The prefill instance's parallel layout (GET /route with all ranks -1).
+// The prefill instance's parallel layout (GET /route with all ranks -1),
+// served once every prefill rank registered. Its JSON is exactly sglang's
+// PrefillServerInfo (decode builds that dataclass from it, so no other key
+// may appear): attn_tp_size, attn_cp_size, dp_size, pp_size, page_size,
+// kv_cache_dtype, follow_bootstrap_room, enable_dsa_cache_layer_split,
+// prefill_http_port, and the rank-mapping fields decode fills itself (null).
 struct ParallelInfo {
   int attn_tp_size = 0;
   int attn_cp_size = 0;
-  int attn_dp_size = 0;
+  int attn_dp_size = 0;  // sglang's dp_size
   int pp_size = 0;
   int page_size = 0;
   std::string kv_cache_dtype;
+  bool follow_bootstrap_room = true;
+  bool enable_dsa_cache_layer_split = false;
+  int prefill_http_port = 0;  // 0 = none (null)
   int ranks_registered = 0;
   int ranks_expected = 0;  // product of the four sizes
 
   bool complete() const { return ranks_registered == ranks_expected; }
   nlohmann::json ToJson() const;
+  // A served info is complete: ranks_registered = ranks_expected.
   static Result<ParallelInfo> FromJson(const nlohmann::json& j);
 };
 
@@ -137,6 +161,12 @@ struct RegistryOptions {
   std::chrono::milliseconds forget_decode_after{std::chrono::minutes(10)};
   // Failure records kept; older ones are dropped (FailureBatch::truncated).
   size_t max_failure_records = 1024;
+  // sglang's room -> dp rank entries: how long each lives, how many at once.
+  std::chrono::milliseconds dp_rank_ttl{std::chrono::seconds(120)};
+  size_t max_dp_rank_entries = size_t{1} << 20;
+  // Decode ranks listed at once; a registration beyond is refused
+  // (ResourceExhausted) so that no client can grow the table without bound.
+  size_t max_decode_ranks = 4096;
   // Time source; null = std::chrono::steady_clock::now. Tests inject one.
   std::function<std::chrono::steady_clock::time_point()> clock;
 };
@@ -168,8 +198,9 @@ class Registry {
   // negative rank.
   virtual Result<RankRecord> GetRank(int dp, int cp, int tp, int pp) const = 0;
 
-  // The prefill parallel layout, as soon as one prefill rank registered (see
-  // ranks_registered / ranks_expected); Unavailable before that.
+  // The prefill parallel layout once every prefill rank registered;
+  // Unavailable before that ("N of M prefill ranks registered"), as sglang's
+  // server answers 503.
   virtual Result<ParallelInfo> GetParallelInfo() const = 0;
 
   // Records a sign of life. NotFound when no such rank is registered;
@@ -180,15 +211,24 @@ class Registry {
   // Every registered rank: prefill by position, then decode.
   virtual Result<std::vector<RankStatus>> ListRanks() const = 0;
 
-  // Appends a failure record (a JSON object) and returns its sequence number
-  // (1, 2, ...), also stored in the record as "seq". When the record has an
-  // "origin" object with role "prefill"/"decode" and dp/tp/pp (cp defaults to
-  // 0, incarnation optional), that rank is marked dead. InvalidArgument for a
-  // non-object record or a mistyped origin field.
+  // Appends a failure record and returns its sequence number (1, 2, ...),
+  // also stored in the record as "seq". The record must read as a
+  // FailureRecord (control/record_json.h; InvalidArgument naming the bad
+  // field otherwise) and is kept in that canonical form. A rank failure
+  // (IsRankFailure) whose origin is a prefill/decode rank marks that rank
+  // dead (the incarnation it names, or any when 0).
   virtual Result<uint64_t> Publish(nlohmann::json record) = 0;
 
   // Records with seq > `since`, oldest first, and the latest seq.
   virtual Result<FailureBatch> FailuresSince(uint64_t since) const = 0;
+
+  // sglang's room -> prefill dp rank table (POST /register_dp_rank and
+  // /query_dp_ranks, used when prefill dp > 1 and requests do not follow
+  // the room). An entry lives dp_rank_ttl; past max_dp_rank_entries live
+  // ones a new room is ResourceExhausted.
+  virtual Status RegisterDpRank(uint64_t room, int dp_rank) = 0;
+  // The dp rank of each of `rooms` that is known.
+  virtual std::map<uint64_t, int> QueryDpRanks(const std::vector<uint64_t>& rooms) const = 0;
 };
 
 // The in-memory registry. Precondition: ValidateRegistryOptions(options).ok().

@@ -30,6 +30,14 @@ RankRecord Rank(RankRole role, int tp, int tp_size = 2, uint64_t incarnation = 0
   r.layout = json{{"layers", 32}};
   return r;
 }
+// A request's own failure (an abort on decode tp0) about `room`: a valid
+// record that marks no rank dead.
+json RoomRecord(int room) {
+  return json{{"room", room},
+              {"cause", "aborted"},
+              {"origin", {{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}}}};
+}
+
 RankRecord Prefill(int tp, int tp_size = 2, uint64_t inc = 0) {
   return Rank(RankRole::kPrefill, tp, tp_size, inc);
 }
@@ -117,7 +125,7 @@ TEST_P(RankRecordBadFieldTest, IsInvalidArgumentNamingTheField) {
 INSTANTIATE_TEST_SUITE_P(
     Fields, RankRecordBadFieldTest,
     ::testing::Values(BadField{[](json& j) { j = json::array(); }, "expected a JSON object"},
-                      BadField{[](json& j) { j.erase("role"); }, "'role'"},
+                      BadField{[](json& j) { j["role"] = 7; }, "'role'"},
                       BadField{[](json& j) { j["role"] = "router"; }, "role"},
                       BadField{[](json& j) { j["attn_tp_rank"] = "1"; }, "'attn_tp_rank'"},
                       BadField{[](json& j) { j["attn_tp_rank"] = 2; }, "attn_tp_rank = 2"},
@@ -129,8 +137,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadField{[](json& j) { j["rank_port"] = 70000; }, "'rank_port'"},
                       BadField{[](json& j) { j["page_size"] = 0; }, "'page_size'"},
                       BadField{[](json& j) { j["kv_cache_dtype"] = ""; }, "kv_cache_dtype"},
-                      BadField{[](json& j) { j["host"] = nullptr; }, "'host'"},
-                      BadField{[](json& j) { j["pid"] = 0; }, "'pid'"},
+                      BadField{[](json& j) { j["host"] = 5; }, "'host'"},
+                      BadField{[](json& j) { j["pid"] = -1; }, "'pid'"},
                       BadField{[](json& j) { j["page_size"] = -3; }, "'page_size'"},
                       BadField{[](json& j) { j["incarnation"] = 0; }, "incarnation"},
                       BadField{[](json& j) { j["incarnation"] = -5; }, "'incarnation'"},
@@ -204,17 +212,21 @@ TEST_F(RegistryTest, ParallelInfoCountsPrefillRanksOnly) {
   ExpectError(registry_->GetParallelInfo().status(), StatusCode::kUnavailable, "no prefill");
   ASSERT_TRUE(registry_->Register(Decode(0, 9)).ok());
   ASSERT_TRUE(registry_->Register(Prefill(1, 4)).ok());
+  // As sglang's server: not served until the instance is whole.
+  ExpectError(registry_->GetParallelInfo().status(), StatusCode::kUnavailable,
+              "1 of 4 prefill ranks registered");
+  for (int tp : {0, 2, 3}) ASSERT_TRUE(registry_->Register(Prefill(tp, 4)).ok());
   Result<ParallelInfo> info = registry_->GetParallelInfo();
-  ASSERT_TRUE(info.ok());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
   EXPECT_EQ(info->attn_tp_size, 4);
   EXPECT_EQ(info->attn_cp_size, 1);
   EXPECT_EQ(info->attn_dp_size, 1);
   EXPECT_EQ(info->pp_size, 1);
   EXPECT_EQ(info->page_size, 16);
   EXPECT_EQ(info->kv_cache_dtype, "bfloat16");
-  EXPECT_EQ(info->ranks_registered, 1);
+  EXPECT_EQ(info->ranks_registered, 4);
   EXPECT_EQ(info->ranks_expected, 4);
-  EXPECT_FALSE(info->complete());
+  EXPECT_TRUE(info->complete());
   Result<ParallelInfo> back = ParallelInfo::FromJson(info->ToJson());
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->ToJson(), info->ToJson());
@@ -235,7 +247,7 @@ TEST_P(RegistryConflictTest, IsFailedPreconditionNamingBothValues) {
   Status s = registry_->Register(r);
   ExpectError(s, StatusCode::kFailedPrecondition, GetParam().mine_then_theirs[1]);
   ExpectError(s, StatusCode::kFailedPrecondition, GetParam().mine_then_theirs[0]);
-  EXPECT_EQ(registry_->GetParallelInfo()->ranks_registered, 1);
+  EXPECT_EQ(registry_->ListRanks()->size(), 1u);  // the conflicting rank was not kept
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -331,7 +343,7 @@ TEST_F(RegistryTest, DecodeInstancesSharePositionsAndAreForgotten) {
 TEST_F(RegistryTest, FailureRecordsAreSequencedAndReadSince) {
   EXPECT_EQ(registry_->FailuresSince(0)->latest_seq, 0u);
   for (int i = 1; i <= 3; ++i) {
-    Result<uint64_t> seq = registry_->Publish(json{{"room", i}});
+    Result<uint64_t> seq = registry_->Publish(RoomRecord(i));
     ASSERT_TRUE(seq.ok());
     EXPECT_EQ(*seq, static_cast<uint64_t>(i));
   }
@@ -362,7 +374,7 @@ TEST_P(RegistryRetentionTest, KeepsTheMostRecentAndSaysWhenSomeWereDropped) {
   RegistryOptions o;
   o.max_failure_records = 2;
   Reset(o);
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(registry_->Publish(json{{"i", i}}).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(registry_->Publish(RoomRecord(i)).ok());
   Result<FailureBatch> b = registry_->FailuresSince(GetParam().since);
   EXPECT_EQ(b->records.size(), GetParam().records);
   EXPECT_EQ(b->truncated, GetParam().truncated);
@@ -390,22 +402,32 @@ TEST_P(RegistryBadFailureTest, IsInvalidArgument) {
 
 INSTANTIATE_TEST_SUITE_P(
     Records, RegistryBadFailureTest,
-    ::testing::Values(BadRecordCase{json::array(), "expected a JSON object"},
-                      BadRecordCase{json{{"origin", 3}}, "origin"},
-                      BadRecordCase{json{{"origin", {{"role", "prefill"}, {"tp", "1"}}}}, "'tp'"},
-                      BadRecordCase{json{{"origin", {{"role", 1}, {"tp", 1}}}}, "'role'"},
-                      BadRecordCase{json{{"origin", {{"tp", 1}, {"incarnation", -1}}}},
-                                    "'incarnation'"}));
+    ::testing::Values(
+        BadRecordCase{json::array(), "expected a JSON object"},
+        BadRecordCase{json{{"origin", 3}}, "origin"},
+        BadRecordCase{json{{"cause", "peer_exited"}}, "'origin'"},
+        BadRecordCase{json{{"origin", {{"role", "prefill"}, {"dp", 0}, {"tp", "1"}}}}, "'tp'"},
+        BadRecordCase{json{{"origin", {{"role", 1}, {"tp", 1}}}}, "'role'"},
+        BadRecordCase{
+            json{{"origin",
+                  {{"role", "prefill"}, {"dp", 0}, {"tp", 1}, {"pp", 0}, {"incarnation", -1}}}},
+            "'incarnation'"},
+        BadRecordCase{json{{"origin", {{"role", "prefill"}, {"dp", 0}, {"tp", 1}, {"pp", 0}}}},
+                      "'cause'"}));
 
 TEST_F(RegistryTest, FailureRecordMarksItsOriginDeadAndFencesIt) {
   ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
   ASSERT_TRUE(registry_->Register(Prefill(1)).ok());
   ASSERT_TRUE(registry_->Register(Decode(0, 7)).ok());
   // A stale report about an older incarnation and a non-rank origin mark nobody.
-  json stale{
-      {"origin", {{"role", "prefill"}, {"dp", 0}, {"tp", 1}, {"pp", 0}, {"incarnation", 5}}}};
+  json stale{{"origin", {{"role", "prefill"}, {"dp", 0}, {"tp", 1}, {"pp", 0}, {"incarnation", 5}}},
+             {"cause", "peer_exited"}};
   ASSERT_TRUE(registry_->Publish(stale).ok());
-  ASSERT_TRUE(registry_->Publish(json{{"origin", {{"role", "bootstrap"}}}}).ok());
+  ASSERT_TRUE(
+      registry_
+          ->Publish(json{{"origin", {{"role", "bootstrap"}, {"dp", 0}, {"tp", 0}, {"pp", 0}}},
+                         {"cause", "peer_exited"}})
+          .ok());
   EXPECT_EQ(StatusAt(RankRole::kPrefill, 1).state, Liveness::kAlive);
 
   json killed{{"origin", {{"role", "prefill"}, {"dp", 0}, {"tp", 1}, {"pp", 0}}},
@@ -424,11 +446,12 @@ TEST_F(RegistryTest, FailureRecordMarksItsOriginDeadAndFencesIt) {
   EXPECT_EQ(StatusAt(RankRole::kPrefill, 1).state, Liveness::kAlive);
   EXPECT_EQ(StatusAt(RankRole::kPrefill, 1).dead_by_seq, 0u);
 
-  ASSERT_TRUE(registry_
-                  ->Publish(json{
-                      {"origin",
-                       {{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 7}}}})
-                  .ok());
+  ASSERT_TRUE(
+      registry_
+          ->Publish(json{
+              {"origin", {{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 7}}},
+              {"cause", "peer_unresponsive"}})
+          .ok());
   EXPECT_EQ(StatusAt(RankRole::kDecode, 0).state, Liveness::kDead);
 }
 
@@ -447,15 +470,29 @@ TEST_F(RegistryTest, ARequestsOwnFailureMarksNoRankDeadAndAMistypedCauseIsRefuse
   Result<FailureBatch> batch = registry_->FailuresSince(0);
   ASSERT_TRUE(batch.ok());
   EXPECT_EQ(batch->records.size(), 5u);
-  // A cause that is not a string is refused before anything is kept; an
-  // unknown name is kept and treated as a rank's failure.
-  for (const json& bad : {json(7), json::array({"aborted"}), json{{"x", 1}}}) {
+  // A cause that is not a known name is refused before anything is kept:
+  // a rank reading it back could not tell a death from a request's failure.
+  for (const json& bad : {json(7), json::array({"aborted"}), json{{"x", 1}}, json("no_such")}) {
     ExpectError(registry_->Publish(json{{"origin", origin}, {"cause", bad}}).status(),
                 StatusCode::kInvalidArgument, "'cause'");
   }
   EXPECT_EQ(StatusAt(RankRole::kPrefill, 0).state, Liveness::kAlive);
-  ASSERT_TRUE(registry_->Publish(json{{"origin", origin}, {"cause", "no_such_cause"}}).ok());
-  EXPECT_EQ(StatusAt(RankRole::kPrefill, 0).state, Liveness::kDead);
+  EXPECT_EQ(registry_->FailuresSince(0)->records.size(), 5u);
+}
+
+TEST_F(RegistryTest, DecodeRegistrationsBeyondTheLimitAreRefusedByName) {
+  RegistryOptions o;
+  o.max_decode_ranks = 3;
+  Reset(o);
+  for (uint64_t inc = 1; inc <= 3; ++inc) ASSERT_TRUE(registry_->Register(Decode(0, inc)).ok());
+  ExpectError(registry_->Register(Decode(0, 4)), StatusCode::kResourceExhausted,
+              "max_decode_ranks");
+  // A registered rank may register again; a silent one, once forgotten,
+  // makes room.
+  EXPECT_TRUE(registry_->Register(Decode(0, 2)).ok());
+  Advance(o.forget_decode_after + milliseconds(1));
+  EXPECT_TRUE(registry_->Register(Decode(0, 4)).ok());
+  EXPECT_EQ(registry_->ListRanks()->size(), 1u);
 }
 
 TEST_F(RegistryTest, NewLayoutIsAcceptedOnceEveryOldPrefillRankIsDead) {
@@ -465,9 +502,7 @@ TEST_F(RegistryTest, NewLayoutIsAcceptedOnceEveryOldPrefillRankIsDead) {
               "attn_tp_size 4");
   Advance(milliseconds(10001));
   ASSERT_TRUE(registry_->Register(Prefill(0, 4, 900)).ok());
-  Result<ParallelInfo> info = registry_->GetParallelInfo();
-  EXPECT_EQ(info->attn_tp_size, 4);
-  EXPECT_EQ(info->ranks_registered, 1);
+  ExpectError(registry_->GetParallelInfo().status(), StatusCode::kUnavailable, "1 of 4");
   ExpectError(registry_->GetRank(0, 0, 3, 0).status(), StatusCode::kUnavailable, "1 of 4");
 }
 
@@ -496,7 +531,7 @@ TEST(RegistryConcurrencyTest, ConcurrentCallsKeepTheTableConsistent) {
         registry->GetRank(0, 0, tp, 0).status().IgnoreError();
         EXPECT_TRUE(registry->ListRanks().ok());
         if (i % 50 == 0) {
-          EXPECT_TRUE(registry->Publish(json{{"tp", tp}}).ok());
+          EXPECT_TRUE(registry->Publish(RoomRecord(tp)).ok());
         }
       }
     });

@@ -57,8 +57,11 @@ std::string_view DataPathName(DataPath path);
 struct RegisteredRegion {
   RegionId id = 0;
   // Self-describing, checksummed blob a peer passes to ImportRegion. Carries
-  // the base address, length, memory kind, and whatever each path needs
-  // (UCX packed rkey, shared segment, owner pid).
+  // the base address, length, memory kind, the region's write capability (a
+  // random token every write must carry; give the blob only to peers that
+  // may write the region), and whatever each path needs (UCX packed rkey,
+  // where to ask the owner for same-host access). Nothing in it chooses a
+  // process, fd or address to write into without the owner's confirmation.
   std::string remote_key;
 };
 

@@ -13,7 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "control/auth.h"
 #include "control/bootstrap_client.h"
+#include "control/record_json.h"
 #include "kvbridge/errors.h"
 #include "tests/integration/subprocess_util.h"
 
@@ -99,17 +101,28 @@ const char kFailureMessage[] =
 TEST(CliBootstrapStatus, TableAndJsonShowRanksLivenessAndFailures) {
   Result<Bootstrap> bs = StartBootstrap();
   ASSERT_TRUE(bs.ok()) << bs.status().ToString();
-  auto client = BootstrapClient::Create(bs->address, milliseconds(5000)).value();
+  auto client =
+      BootstrapClient::Create(bs->address, milliseconds(5000), internal::AuthTokenFromEnvironment())
+          .value();
   ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kPrefill, 0, 11)).ok());
   ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kPrefill, 1, 12)).ok());
   ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kDecode, 0, 21)).ok());
-  ASSERT_TRUE(client
-                  ->PublishFailure(json{
-                      {"cause", "peer_exited"},
-                      {"origin",
-                       {{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 21}}},
-                      {"message", kFailureMessage}})
-                  .ok());
+  // The registry keeps a record in its canonical form: the message is made
+  // from the fields, as a rank's own record would be.
+  FailureRecord dead;
+  dead.room = 7;
+  dead.origin.role = Role::kDecode;
+  dead.origin.host = "node-a";
+  dead.origin.pid = 5000;
+  dead.origin.incarnation = 21;
+  dead.cause = FailureCause::kPeerExited;
+  dead.detail = "process exited";
+  dead.phase = Phase::kTransferring;
+  dead.detected_by.role = Role::kPrefill;
+  dead.mechanism = "transport error";
+  dead.hint = std::string(FailureHint(FailureCause::kPeerExited));
+  ASSERT_EQ(dead.Message(), kFailureMessage);
+  ASSERT_TRUE(client->PublishFailure(internal::FailureRecordToJson(dead)).ok());
 
   CommandOutput table = Cli("status --bootstrap " + bs->address);
   ASSERT_EQ(table.exit_status, 0) << table.out;
@@ -172,7 +185,9 @@ TEST(CliBootstrapStatus, TableAndJsonShowRanksLivenessAndFailures) {
 TEST(CliBootstrapStatus, BootstrapServesMetrics) {
   Result<Bootstrap> bs = StartBootstrap();
   ASSERT_TRUE(bs.ok()) << bs.status().ToString();
-  auto client = BootstrapClient::Create(bs->address, milliseconds(5000)).value();
+  auto client =
+      BootstrapClient::Create(bs->address, milliseconds(5000), internal::AuthTokenFromEnvironment())
+          .value();
   ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kPrefill, 0, 11)).ok());
   // The table's own queries are counted: GET /ranks answered 200.
   ASSERT_EQ(Cli("status --bootstrap " + bs->address).exit_status, 0);

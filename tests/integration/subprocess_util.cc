@@ -13,8 +13,15 @@
 #include <utility>
 
 #include "common/process.h"
+#include "control/auth.h"
 
 extern char** environ;
+
+namespace {
+// The processes a test starts share one deployment secret, as a real
+// deployment's do (control/auth.h); set before any test runs.
+[[maybe_unused]] const std::string kTestToken = kvbridge::internal::EnsureAuthTokenInEnvironment();
+}  // namespace
 
 namespace kvbridge::testing {
 namespace {

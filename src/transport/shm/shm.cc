@@ -127,18 +127,6 @@ Status CmaError(int err, std::string_view what, int pid, uint64_t remote_addr, s
   }
 }
 
-// True when `pid` is gone or exiting (a zombie has no fd table any more).
-bool ProcessGone(int pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(in, line)) return true;
-  const size_t paren = line.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
-  const char state = line[paren + 2];
-  return state == 'Z' || state == 'X';
-}
-
 }  // namespace
 
 const HostIdentity& ThisHost() { return *MutableThisHost(); }
@@ -147,68 +135,48 @@ bool SameHost(const HostIdentity& a, const HostIdentity& b) {
   return !a.boot_id.empty() && a.host == b.host && a.boot_id == b.boot_id;
 }
 
+bool SameProcess(const HostIdentity& a, const HostIdentity& b) {
+  return a.host == b.host && a.boot_id == b.boot_id && a.pid == b.pid;
+}
+
 std::optional<SharedSegmentRef> FindSharedSegment(const void* addr, size_t length) {
   if (addr == nullptr) return std::nullopt;
   auto found = SharedRegistry::Get().Find(reinterpret_cast<uintptr_t>(addr), length);
   if (!found) return std::nullopt;
   SharedSegmentRef ref;
-  ref.pid = getpid();
   ref.fd = found->second.fd;
   ref.offset = reinterpret_cast<uintptr_t>(addr) - found->first;
   ref.segment_size = found->second.size;
   return ref;
 }
 
-Result<MappedPeerSegment> MappedPeerSegment::Map(const SharedSegmentRef& ref) {
-  const std::string path = "/proc/" + std::to_string(ref.pid) + "/fd/" + std::to_string(ref.fd);
-  if (ref.pid <= 0 || ref.fd < 0 || ref.segment_size == 0) {
-    return InvalidArgumentError("bad shared segment ref: pid " + std::to_string(ref.pid) + " fd " +
-                                std::to_string(ref.fd) + " size " +
-                                std::to_string(ref.segment_size));
-  }
-  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    std::string msg = "cannot open shared segment " + path + ": " + ErrnoText(err);
-    if (err == EACCES || err == EPERM) {
-      return Status(StatusCode::kPermissionDenied,
-                    msg + ": no ptrace access to pid " + std::to_string(ref.pid));
-    }
-    if (err == ENOENT || err == ESRCH) {
-      if (ProcessGone(ref.pid))
-        return UnavailableError(msg + ": pid " + std::to_string(ref.pid) + " is gone");
-      return InvalidArgumentError(msg + ": pid " + std::to_string(ref.pid) + " has no such fd");
-    }
-    return InternalError(msg);
+Result<MappedPeerSegment> MappedPeerSegment::Map(int fd, uint64_t size) {
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  if (fd < 0 || size == 0 || size > static_cast<uint64_t>(SIZE_MAX)) {
+    return InvalidArgumentError("bad shared segment: fd " + std::to_string(fd) + " size " +
+                                std::to_string(size));
   }
   // The link target of a memfd is "/memfd:<name> (deleted)".
   char target[256] = {};
   const ssize_t n = readlink(path.c_str(), target, sizeof(target) - 1);
   const std::string want = std::string("/memfd:") + kMemfdName;
   struct stat st {};
-  Status status;
   if (n < 0 || std::string_view(target, static_cast<size_t>(n)).substr(0, want.size()) != want) {
-    status = InvalidArgumentError(path + " is not a kvbridge shared segment (it is '" +
-                                  std::string(target, n < 0 ? 0 : static_cast<size_t>(n)) + "')");
-  } else if (fstat(fd, &st) != 0) {
-    status = InternalError("fstat " + path + ": " + ErrnoText(errno));
-  } else if (static_cast<uint64_t>(st.st_size) != ref.segment_size) {
-    status = InvalidArgumentError("shared segment " + path + " has " + std::to_string(st.st_size) +
-                                  " bytes, the ref says " + std::to_string(ref.segment_size) +
-                                  ": not the segment the ref describes");
+    return InvalidArgumentError("fd " + std::to_string(fd) +
+                                " is not a kvbridge shared segment (it is '" +
+                                std::string(target, n < 0 ? 0 : static_cast<size_t>(n)) + "')");
   }
-  if (!status.ok()) {
-    close(fd);
-    return status;
+  if (fstat(fd, &st) != 0) return InternalError("fstat " + path + ": " + ErrnoText(errno));
+  if (static_cast<uint64_t>(st.st_size) != size) {
+    return InvalidArgumentError("shared segment has " + std::to_string(st.st_size) +
+                                " bytes, its owner says " + std::to_string(size));
   }
-  void* p = mmap(nullptr, ref.segment_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
-  close(fd);  // the mapping keeps the segment alive
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
-    return ResourceExhaustedError("mmap of shared segment " + path + " (" +
-                                  std::to_string(ref.segment_size) + " bytes): " + ErrnoText(err));
+    return ResourceExhaustedError("mmap of shared segment (" + std::to_string(size) +
+                                  " bytes): " + ErrnoText(errno));
   }
-  return MappedPeerSegment(static_cast<uint8_t*>(p), ref.segment_size);
+  return MappedPeerSegment(static_cast<uint8_t*>(p), size);
 }
 
 MappedPeerSegment::MappedPeerSegment(MappedPeerSegment&& other) noexcept
@@ -340,7 +308,7 @@ Result<void*> AllocateSharedBuffer(size_t length) {
     KVB_LOG_ERROR("AllocateSharedBuffer({}): {}", length, status.ToString());
     return status;
   }
-  // The fd stays open while allocated: peers open it through /proc/<pid>/fd.
+  // The fd stays open while allocated: RegisterMemory passes it to peers.
   internal::SharedRegistry::Get().Add(reinterpret_cast<uintptr_t>(p), {size, fd});
   return p;
 }

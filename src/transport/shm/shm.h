@@ -1,11 +1,13 @@
 // Same-host data paths: shared segments (memfd) and cross-memory attach.
 //
 // AllocateSharedBuffer (kvbridge/memory.h) hands out memfd-backed memory and
-// records it here, so RegisterMemory can tell that a region is shareable and
-// put a SharedSegmentRef in its remote key. A peer on the same host maps that
-// segment (via /proc/<pid>/fd/<fd>) and writes with memcpy. Regions that are
-// not shareable are written with process_vm_writev (needs ptrace access to
-// the peer: same uid without Yama restrictions, or root).
+// records it here, so RegisterMemory can tell that a region is shareable. A
+// peer on the same host receives the memfd from the owner itself over a unix
+// socket (SCM_RIGHTS, see same_host.h), maps it and writes with memcpy; no
+// pid or fd number is ever taken from the wire. Regions that are not
+// shareable are written with process_vm_writev into the pid the kernel
+// reported for the owner's socket (needs ptrace access to the peer: same uid
+// without Yama restrictions, or root).
 //
 // Thread safety: all functions are thread-safe; MappedPeerSegment is a
 // move-only value.
@@ -22,7 +24,9 @@
 namespace kvbridge::internal {
 
 // Who and where this process is; two processes are on the same host when
-// host name and boot id are equal.
+// host name and boot id are equal. SameHost is the one test for that in the
+// transport. What a peer declares is a hint for choosing a path, never a
+// permission: same_host.h checks who the peer is with the kernel.
 struct HostIdentity {
   std::string host;     // gethostname()
   std::string boot_id;  // /proc/sys/kernel/random/boot_id
@@ -30,11 +34,12 @@ struct HostIdentity {
 };
 const HostIdentity& ThisHost();
 bool SameHost(const HostIdentity& a, const HostIdentity& b);
+// Same declared process: host name, boot id (possibly both unknown) and pid.
+bool SameProcess(const HostIdentity& a, const HostIdentity& b);
 
-// Where a range of AllocateSharedBuffer memory lives.
+// Where a range of AllocateSharedBuffer memory of this process lives.
 struct SharedSegmentRef {
-  int pid = 0;                // owner process
-  int fd = -1;                // memfd in the owner process
+  int fd = -1;                // memfd in this process
   uint64_t offset = 0;        // of the queried address within the segment
   uint64_t segment_size = 0;  // whole segment
 };
@@ -45,10 +50,10 @@ std::optional<SharedSegmentRef> FindSharedSegment(const void* addr, size_t lengt
 // A peer's shared segment mapped into this process.
 class MappedPeerSegment {
  public:
-  // Opens /proc/<pid>/fd/<fd> and maps the whole segment shared.
-  // Errors: Unavailable (peer gone), PermissionDenied, InvalidArgument (size
-  // mismatch: not the segment the ref describes).
-  static Result<MappedPeerSegment> Map(const SharedSegmentRef& ref);
+  // Maps all `size` bytes of `fd` (a memfd the owner passed us; the caller
+  // keeps owning the fd) shared. Errors: InvalidArgument (not a kvbridge
+  // memfd, or not `size` bytes), ResourceExhausted (mmap failed).
+  static Result<MappedPeerSegment> Map(int fd, uint64_t size);
   MappedPeerSegment(MappedPeerSegment&& other) noexcept;
   MappedPeerSegment& operator=(MappedPeerSegment&& other) noexcept;
   MappedPeerSegment(const MappedPeerSegment&) = delete;

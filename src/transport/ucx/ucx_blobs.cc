@@ -1,5 +1,7 @@
 #include "transport/ucx/ucx_blobs.h"
 
+#include <cstring>
+
 #include "common/wire.h"
 
 namespace kvbridge::internal::ucx {
@@ -7,7 +9,8 @@ namespace {
 
 constexpr uint32_t kAddressMagic = 0x4b564241;  // "KVBA"
 constexpr uint32_t kRkeyMagic = 0x4b564252;     // "KVBR"
-constexpr uint32_t kVersion = 1;
+constexpr size_t kMaxSocketName = 100;
+constexpr uint32_t kVersion = 2;  // 2: token and same-host socket, no pid/fd
 
 void PutHost(WireWriter& w, const HostIdentity& h) {
   w.Bytes(h.host);
@@ -59,38 +62,31 @@ std::string EncodeRemoteKey(const RemoteKeyBlob& blob) {
   w.U64(blob.length);
   w.U8(static_cast<uint8_t>(blob.kind));
   w.Bytes(blob.packed_rkey);
-  w.U8(blob.segment.has_value() ? 1 : 0);
-  if (blob.segment) {
-    w.I64(blob.segment->pid);
-    w.I64(blob.segment->fd);
-    w.U64(blob.segment->offset);
-    w.U64(blob.segment->segment_size);
-  }
+  w.Bytes(std::string_view(reinterpret_cast<const char*>(blob.token.bytes.data()),
+                           blob.token.bytes.size()));
+  w.Bytes(blob.same_host_socket);
+  w.U8(blob.shareable ? 1 : 0);
   return w.FinishWithCrc();
 }
 
 Result<RemoteKeyBlob> DecodeRemoteKey(std::string_view bytes) {
   WireReader r(bytes);
   RemoteKeyBlob out;
-  uint8_t kind = 0, has_segment = 0;
+  uint8_t kind = 0, shareable = 0;
+  std::string_view token;
   bool ok = Header(r, kRkeyMagic) && GetHost(r, &out.owner) && r.U64(&out.region_id) &&
             r.U64(&out.base) && r.U64(&out.length) && r.U8(&kind) && kind <= 1 &&
-            r.Bytes(&out.packed_rkey) && r.U8(&has_segment) && has_segment <= 1;
-  if (ok && has_segment) {
-    SharedSegmentRef seg;
-    int64_t pid = 0, fd = 0;
-    ok = r.I64(&pid) && r.I64(&fd) && r.U64(&seg.offset) && r.U64(&seg.segment_size);
-    seg.pid = static_cast<int>(pid);
-    seg.fd = static_cast<int>(fd);
-    ok = ok && seg.offset <= seg.segment_size && out.length <= seg.segment_size - seg.offset;
-    out.segment = seg;
-  }
+            r.Bytes(&out.packed_rkey) && r.BytesView(&token) &&
+            token.size() == out.token.bytes.size() && r.Bytes(&out.same_host_socket) &&
+            out.same_host_socket.size() <= kMaxSocketName && r.U8(&shareable) && shareable <= 1;
   ok = ok && r.AtEnd() && out.length > 0 && out.base != 0 && out.base + out.length > out.base;
   if (!ok) {
     return InvalidArgumentError("garbled remote key blob (" + std::to_string(bytes.size()) +
                                 " bytes): bad magic, version, CRC or field");
   }
+  std::memcpy(out.token.bytes.data(), token.data(), token.size());
   out.kind = static_cast<MemoryKind>(kind);
+  out.shareable = shareable != 0;
   return out;
 }
 

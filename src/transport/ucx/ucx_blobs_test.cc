@@ -13,7 +13,11 @@ RemoteKeyBlob SampleKey(bool with_segment) {
   b.length = 1 << 20;
   b.kind = MemoryKind::kDram;
   b.packed_rkey = std::string("\x01\x02\x00\x03packed", 10);
-  if (with_segment) b.segment = SharedSegmentRef{1234, 9, 4096, 2 << 20};
+  for (size_t i = 0; i < b.token.bytes.size(); ++i) b.token.bytes[i] = static_cast<uint8_t>(i + 1);
+  if (with_segment) {
+    b.same_host_socket = "kvbridge-1234-00ff";
+    b.shareable = true;
+  }
   return b;
 }
 
@@ -37,11 +41,9 @@ TEST(UcxBlobsTest, RemoteKeyRoundTripsWithAndWithoutSegment) {
     EXPECT_EQ(out->base, in.base);
     EXPECT_EQ(out->length, in.length);
     EXPECT_EQ(out->packed_rkey, in.packed_rkey);
-    ASSERT_EQ(out->segment.has_value(), seg);
-    if (seg) {
-      EXPECT_EQ(out->segment->fd, 9);
-      EXPECT_EQ(out->segment->offset, 4096u);
-    }
+    EXPECT_TRUE(TokensEqual(out->token, in.token));
+    EXPECT_EQ(out->same_host_socket, in.same_host_socket);
+    EXPECT_EQ(out->shareable, seg);
   }
 }
 
@@ -64,9 +66,16 @@ TEST(UcxBlobsTest, EveryFlippedByteOrTruncationIsInvalidArgument) {
   EXPECT_EQ(DecodeRemoteKey(addr).status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(UcxBlobsTest, SegmentMustContainTheRegion) {
+TEST(UcxBlobsTest, HostileFieldsAreInvalidArgument) {
+  // A socket name longer than any abstract unix address, and a token of the
+  // wrong size, are refused before anything is used.
   RemoteKeyBlob b = SampleKey(true);
-  b.segment->offset = (2 << 20) - 4096;  // region of 1 MiB does not fit
+  b.same_host_socket = std::string(101, 'x');
+  EXPECT_EQ(DecodeRemoteKey(EncodeRemoteKey(b)).status().code(), StatusCode::kInvalidArgument);
+  b = SampleKey(false);
+  b.base = ~uint64_t{0} - 10;  // base + length wraps
+  EXPECT_EQ(DecodeRemoteKey(EncodeRemoteKey(b)).status().code(), StatusCode::kInvalidArgument);
+  b.base = 0;
   EXPECT_EQ(DecodeRemoteKey(EncodeRemoteKey(b)).status().code(), StatusCode::kInvalidArgument);
 }
 

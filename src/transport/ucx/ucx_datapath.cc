@@ -38,38 +38,6 @@ bool InRange(uint64_t offset, uint64_t length, uint64_t size) {
   return length > 0 && offset <= size && length <= size - offset;
 }
 
-// A rendezvous receive at the target; completes one block of a batch.
-struct Receive {
-  UcxTransport* transport;
-  std::pair<uint64_t, uint64_t> key;  // (connection, batch)
-  uint64_t length;
-};
-
-void ReceiveDone(void* request, ucs_status_t status, size_t, void* user_data) {
-  std::unique_ptr<Receive> rx(static_cast<Receive*>(user_data));
-  ucp_request_free(request);
-  Status st;
-  if (status != UCS_OK) {
-    st = FromUcs(status, "receive of " + std::to_string(rx->length) + " bytes");
-  }
-  rx->transport->OnBlockDone(rx->key, st, /*lost=*/status != UCS_OK);
-}
-
-// An ACK on its way back: header and message live until the send completes.
-struct AckSend {
-  AckHeader header;
-  std::string message;
-};
-
-void AckDone(void* request, ucs_status_t status, void* user_data) {
-  std::unique_ptr<AckSend> ack(static_cast<AckSend*>(user_data));
-  ucp_request_free(request);
-  if (status != UCS_OK && status != UCS_ERR_CANCELED) {
-    KVB_LOG_WARN("ucx transport: ACK of batch {} not sent: {}", ack->header.batch,
-                 ucs_status_string(status));
-  }
-}
-
 }  // namespace
 
 Status UcxTransport::PostWrites(PeerId peer_id, std::vector<WriteOp> ops, WriteCallback done) {
@@ -151,7 +119,8 @@ ucs_status_ptr_t UcxTransport::SendOp(Batch* batch, const ResolvedOp& op, uint64
                        op.region->rkey.get(), &p);
   }
   batch->headers.push_back(DataHeader{op.region->blob.region_id, op.remote_offset, op.length,
-                                      batch->peer->connection, batch->seq, am_blocks});
+                                      batch->peer->connection, batch->seq, am_blocks,
+                                      op.region->blob.token});
   // REPLY: the target acknowledges the batch on the endpoint this gives it.
   p.flags = UCP_AM_SEND_FLAG_REPLY |
             (op.length >= options_.rndv_threshold ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER);
@@ -202,19 +171,27 @@ void UcxTransport::StartUcxOps(Batch* batch, std::vector<ResolvedOp> ops) {
 
 // Writes same-host ops (memcpy into the mapped segment, process_vm_writev);
 // stops at the first op once the peer is dead. Any thread.
+// Only into what the owner granted: its memfd's mapping, or the pid the
+// kernel named for its socket (never a pid or fd from the wire).
 Status UcxTransport::WriteSameHost(const Peer& peer, const std::vector<ResolvedOp>& ops) {
   std::vector<CmaSegment> cma;
+  int cma_pid = 0;
   for (const auto& op : ops) {
     if (peer.dead) return Status::Ok();  // pending work of a failed peer is not done
     ImportedRegion& r = *op.region;
     if (r.path == DataPath::kSharedMemory) {
-      std::memcpy(r.segment->data() + r.blob.segment->offset + op.remote_offset, op.src, op.length);
-    } else {
-      cma.push_back(CmaSegment{op.src, r.blob.base + op.remote_offset, op.length});
+      std::memcpy(r.segment->data() + r.segment_offset + op.remote_offset, op.src, op.length);
+      continue;
     }
+    if (cma_pid != 0 && r.cma_pid != cma_pid) {
+      KVB_RETURN_IF_ERROR(CrossMemoryWrite(cma_pid, cma));
+      cma.clear();
+    }
+    cma_pid = r.cma_pid;
+    cma.push_back(CmaSegment{op.src, r.blob.base + op.remote_offset, op.length});
   }
   if (cma.empty() || peer.dead) return Status::Ok();
-  return CrossMemoryWrite(peer.host.pid, cma);
+  return CrossMemoryWrite(cma_pid, cma);
 }
 
 // Progress thread: the same-host part of batch `seq` finished with `st`.
@@ -384,131 +361,6 @@ void UcxTransport::SendNow(const std::shared_ptr<Peer>& peer_ptr, std::string pa
   } else if (UCS_PTR_IS_ERR(req)) {
     OnEpError(&peer, UCS_PTR_STATUS(req));
   }
-}
-
-ucs_status_t UcxTransport::OnDataAm(const void* header, size_t header_length, void* data,
-                                    size_t length, const ucp_am_recv_param_t* param) {
-  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-  if (header_length != sizeof(DataHeader)) {
-    // No batch to acknowledge: not one of our senders.
-    KVB_LOG_ERROR("ucx transport {}: rejected incoming write: header of {} bytes", options_.name,
-                  header_length);
-    return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
-  }
-  DataHeader h;
-  std::memcpy(&h, header, sizeof(h));
-  const std::pair<uint64_t, uint64_t> key{h.connection, h.batch};
-  IncomingBatch& in = incoming_[key];
-  in.expected = h.blocks;
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) in.reply_ep = param->reply_ep;
-  uint8_t* dst = nullptr;
-  ucp_mem_h memh = nullptr;
-  std::string bad;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = regions_.find(h.region_id);
-    if (it == regions_.end()) {
-      bad = "unknown region " + std::to_string(h.region_id);
-    } else if (h.length != length || !InRange(h.offset, h.length, it->second->length)) {
-      bad = "range [" + std::to_string(h.offset) + ", +" + std::to_string(length) +
-            ") outside region " + std::to_string(h.region_id);
-    } else {
-      dst = it->second->addr + h.offset;
-      memh = it->second->mem.get();
-    }
-  }
-  if (!bad.empty()) {
-    KVB_LOG_ERROR("ucx transport {}: rejected incoming write: {}", options_.name, bad);
-    OnBlockDone(key, InvalidArgumentError("target rejected write: " + bad), /*lost=*/false);
-    return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
-  }
-  if (!rndv) {
-    std::memcpy(dst, data, length);
-    OnBlockDone(key, Status::Ok(), /*lost=*/false);
-    return UCS_OK;
-  }
-  auto rx = std::make_unique<Receive>(Receive{this, key, length});
-  ucp_request_param_t p{};
-  p.op_attr_mask =
-      UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  p.memh = memh;
-  p.cb.recv_am = ReceiveDone;
-  p.user_data = rx.get();
-  ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_.get(), data, dst, length, &p);
-  if (UCS_PTR_IS_PTR(req)) {
-    rx.release();  // ReceiveDone owns it and reports the block
-  } else if (UCS_PTR_IS_ERR(req)) {
-    KVB_LOG_ERROR("ucx transport {}: receive of {} bytes failed: {}", options_.name, length,
-                  ucs_status_string(UCS_PTR_STATUS(req)));
-    OnBlockDone(key, FromUcs(UCS_PTR_STATUS(req), "receive"), /*lost=*/true);
-  } else {
-    OnBlockDone(key, Status::Ok(), /*lost=*/false);  // placed at once
-  }
-  return UCS_INPROGRESS;
-}
-
-void UcxTransport::OnBlockDone(std::pair<uint64_t, uint64_t> key, const Status& st, bool lost) {
-  auto it = incoming_.find(key);
-  if (it == incoming_.end()) return;
-  IncomingBatch& in = it->second;
-  if (!st.ok() && in.error.ok()) in.error = st;
-  in.lost |= lost;
-  if (++in.done < in.expected) return;
-  // Every block of the batch is in our memory (or was refused): tell the
-  // sender. A failed receive means a broken link: the sender sees that.
-  if (!in.lost && in.reply_ep != nullptr) {
-    SendAck(in.reply_ep, key.first, key.second, in.error);
-  } else if (in.reply_ep == nullptr) {
-    KVB_LOG_ERROR("ucx transport {}: batch {} arrived without a reply endpoint; not acknowledged",
-                  options_.name, key.second);
-  }
-  incoming_.erase(it);
-}
-
-void UcxTransport::SendAck(ucp_ep_h reply_ep, uint64_t connection, uint64_t batch,
-                           const Status& st) {
-  auto ack = std::make_unique<AckSend>();
-  ack->header.connection = connection;
-  ack->header.batch = batch;
-  ack->header.code = static_cast<int32_t>(st.code());
-  ack->message = st.message();
-  ucp_request_param_t p{};
-  p.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  p.cb.send = AckDone;
-  p.user_data = ack.get();
-  p.flags = UCP_AM_SEND_FLAG_EAGER;
-  ucs_status_ptr_t req = ucp_am_send_nbx(reply_ep, kAmAck, &ack->header, sizeof(AckHeader),
-                                         ack->message.data(), ack->message.size(), &p);
-  if (UCS_PTR_IS_PTR(req)) {
-    ack.release();  // AckDone owns it now
-  } else if (UCS_PTR_IS_ERR(req)) {
-    KVB_LOG_WARN("ucx transport {}: ACK of batch {} not sent: {}", options_.name, batch,
-                 ucs_status_string(UCS_PTR_STATUS(req)));
-  }
-}
-
-ucs_status_t UcxTransport::OnAckAm(const void* header, size_t header_length, void* data,
-                                   size_t length) {
-  if (header_length != sizeof(AckHeader)) return UCS_OK;
-  AckHeader h;
-  std::memcpy(&h, header, sizeof(h));
-  auto peer_it = peers_by_connection_.find(h.connection);
-  if (peer_it == peers_by_connection_.end()) return UCS_OK;  // closed meanwhile
-  std::shared_ptr<Peer> peer = peer_it->second;
-  auto it = peer->inflight.find(h.batch);
-  if (it == peer->inflight.end() || !it->second->awaiting_ack) return UCS_OK;
-  Batch* batch = it->second.get();
-  if (h.code != 0) {
-    Status st(static_cast<StatusCode>(h.code), std::string(static_cast<const char*>(data), length));
-    // The target's reason is more precise than the UCX status of a refused
-    // rendezvous send.
-    if (batch->error.ok() || batch->error.code() == st.code()) {
-      batch->error = st.WithContext("write to " + peer->name);
-    }
-  }
-  StopAwaitingAck(batch);
-  return UCS_OK;
 }
 
 ucs_status_t UcxTransport::OnMessageAm(void* data, size_t length) {

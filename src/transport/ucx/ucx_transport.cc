@@ -117,6 +117,15 @@ Status UcxTransport::Init() {
   KVB_ASSIGN_OR_RETURN(std::string worker_address, WorkerAddress(worker_.get()));
   address_ = EncodeAddress(AddressBlob{ThisHost(), std::move(worker_address)});
 
+  if (options_.same_host_paths) {
+    auto exporter = SameHostExporter::Start();
+    if (exporter.ok()) {
+      exporter_ = std::move(*exporter);
+    } else {
+      KVB_LOG_WARN("ucx transport {}: no same-host socket, peers will write over UCX: {}",
+                   options_.name, exporter.status().ToString());
+    }
+  }
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return ResourceExhaustedError("eventfd failed");
   progress_thread_ = std::thread([this] { ProgressLoop(); });
@@ -312,18 +321,31 @@ Result<RegisteredRegion> UcxTransport::RegisterMemory(void* addr, size_t length,
     KVB_LOG_ERROR("ucx transport {}: RegisterMemory: {}", options_.name, st.ToString());
     return st;
   }
+  KVB_ASSIGN_OR_RETURN(region->token, NewRegionToken());
   RemoteKeyBlob blob;
+  blob.token = region->token;
   blob.owner = ThisHost();
   blob.base = reinterpret_cast<uint64_t>(addr);
   blob.length = length;
   blob.kind = kind;
   blob.packed_rkey = std::move(packed);
-  if (kind == MemoryKind::kDram) blob.segment = FindSharedSegment(addr, length);
+  ExportedRegion exported{0, blob.token, blob.base, blob.length, std::nullopt};
+  if (kind == MemoryKind::kDram) exported.segment = FindSharedSegment(addr, length);
   RegisteredRegion out;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    out.id = blob.region_id = next_region_id_++;
+    out.id = blob.region_id = exported.region_id = next_region_id_++;
     regions_[out.id] = std::move(region);
+  }
+  if (exporter_ && kind == MemoryKind::kDram) {
+    Status added = exporter_->Add(exported);
+    if (added.ok()) {
+      blob.same_host_socket = exporter_->name();
+      blob.shareable = exported.segment.has_value();
+    } else {
+      KVB_LOG_WARN("ucx transport {}: region {} not offered to same-host peers: {}", options_.name,
+                   out.id, added.ToString());
+    }
   }
   out.remote_key = EncodeRemoteKey(blob);
   return out;
@@ -339,7 +361,8 @@ Status UcxTransport::DeregisterMemory(RegionId id) {
     region = std::move(it->second);
     regions_.erase(it);
   }
-  RunSync([&] { region.reset(); });  // ucp_mem_unmap on the progress thread
+  if (exporter_) exporter_->Remove(id);  // no new same-host grants
+  RunSync([&] { region.reset(); });      // ucp_mem_unmap on the progress thread
   return Status::Ok();
 }
 
@@ -371,9 +394,15 @@ Result<PeerId> UcxTransport::Connect(std::string_view peer_address) {
       return;
     }
     peer->ep = UcpEp(handle);
+    // Unguessable, so that nobody else can inject ACKs for our batches.
     do {
-      peer->connection = connection_rng_();
-    } while (peer->connection == 0 || peers_by_connection_.count(peer->connection) != 0);
+      auto connection = SecureRandomU64();
+      if (!connection.ok()) {
+        st = connection.status();
+        return;
+      }
+      peer->connection = *connection;
+    } while (peers_by_connection_.count(peer->connection) != 0);
     peers_by_connection_[peer->connection] = peer;
   });
   if (!st.ok()) {
@@ -391,7 +420,7 @@ Result<PeerId> UcxTransport::Connect(std::string_view peer_address) {
   return peer->id;
 }
 
-DataPath UcxTransport::ChoosePath(const Peer& peer, ImportedRegion& region) const {
+Result<DataPath> UcxTransport::ChoosePath(const Peer& peer, ImportedRegion& region) const {
   const RemoteKeyBlob& b = region.blob;
   const DataPath ucx_path = force_put_ ? DataPath::kUcxPut : DataPath::kUcxRendezvous;
   const char* why = "remote host";
@@ -399,21 +428,36 @@ DataPath UcxTransport::ChoosePath(const Peer& peer, ImportedRegion& region) cons
     why = "VRAM region";
   } else if (!options_.same_host_paths) {
     why = "same-host paths disabled";
+  } else if (SameHost(peer.host, ThisHost()) && b.same_host_socket.empty()) {
+    why = "same host, the owner offers no same-host socket";
   } else if (SameHost(peer.host, ThisHost())) {
-    if (b.segment) {
-      auto mapped = MappedPeerSegment::Map(*b.segment);
-      if (mapped.ok()) {
-        region.segment = std::move(*mapped);
-        return DataPath::kSharedMemory;
-      }
-      KVB_LOG_WARN("ucx transport {}: cannot map shared segment of peer {}: {}", options_.name,
-                   peer.name, mapped.status().ToString());
+    // Where we may write comes from the owner over its socket, never from
+    // the descriptor: see same_host.h.
+    auto grant = RequestSameHostGrant(b.same_host_socket, b.owner.pid, b.region_id, b.token, b.base,
+                                      b.length, options_.same_host_timeout);
+    if (!grant.ok() && grant.status().code() != StatusCode::kUnavailable) {
+      Status st = grant.status().WithContext("ImportRegion from " + peer.name);
+      KVB_LOG_ERROR("ucx transport {}: {}", options_.name, st.ToString());
+      return st;
     }
-    Status probe = ProbeCrossMemoryAttach(b.owner.pid, b.base);
-    if (probe.ok()) return DataPath::kCrossMemoryAttach;
-    KVB_LOG_WARN("ucx transport {}: cross-memory attach to peer {} unavailable: {}", options_.name,
-                 peer.name, probe.ToString());
-    why = "same host, no shared segment or cross-memory attach";
+    if (!grant.ok()) {
+      KVB_LOG_WARN("ucx transport {}: same-host grant from peer {} unavailable: {}", options_.name,
+                   peer.name, grant.status().ToString());
+      why = "same host, owner's socket unreachable";
+    } else if (grant->segment) {
+      region.segment = std::move(grant->segment);
+      region.segment_offset = grant->segment_offset;
+      return DataPath::kSharedMemory;
+    } else {
+      Status probe = ProbeCrossMemoryAttach(grant->pid, b.base);
+      if (probe.ok()) {
+        region.cma_pid = grant->pid;
+        return DataPath::kCrossMemoryAttach;
+      }
+      KVB_LOG_WARN("ucx transport {}: cross-memory attach to peer {} unavailable: {}",
+                   options_.name, peer.name, probe.ToString());
+      why = "same host, no shared segment or cross-memory attach";
+    }
   }
   KVB_LOG_INFO("ucx transport {}: UCX path for peer {} ({})", options_.name, peer.name, why);
   return ucx_path;
@@ -429,24 +473,24 @@ Result<RemoteRegionId> UcxTransport::ImportRegion(PeerId peer_id, std::string_vi
     if (peer->dead) return UnavailableError(peer->terminal.message());
     // One import (one unpacked rkey) per (endpoint, region): reuse it.
     for (const auto& [id, r] : peer->regions) {
+      // A descriptor with another token or socket is another import: a
+      // forged one imported first must not stand in for the genuine one.
       if (r->blob.region_id == blob.region_id && r->blob.base == blob.base &&
-          r->blob.length == blob.length && r->blob.owner.pid == blob.owner.pid) {
+          r->blob.length == blob.length && r->blob.owner.pid == blob.owner.pid &&
+          TokensEqual(r->blob.token, blob.token) &&
+          r->blob.same_host_socket == blob.same_host_socket) {
         return id;
       }
     }
   }
-  if (blob.owner.pid != peer->host.pid || blob.owner.host != peer->host.host ||
-      blob.owner.boot_id != peer->host.boot_id) {
+  if (!SameProcess(blob.owner, peer->host)) {
     return InvalidArgumentError("ImportRegion: remote key of host " + blob.owner.host + " pid " +
                                 std::to_string(blob.owner.pid) + " is foreign to peer " +
                                 peer->name);
   }
-  if (blob.segment && blob.segment->pid != blob.owner.pid) {
-    return InvalidArgumentError("ImportRegion: shared segment owner differs from region owner");
-  }
   auto region = std::make_shared<ImportedRegion>();
   region->blob = std::move(blob);
-  region->path = ChoosePath(*peer, *region);
+  KVB_ASSIGN_OR_RETURN(region->path, ChoosePath(*peer, *region));
   Status st;
   RunSync([&] {
     if (!peer->ep.get()) {

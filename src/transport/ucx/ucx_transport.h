@@ -43,6 +43,12 @@ struct UcxTransportOptions {
   // Cross-host writes with ucp_put_nbx + flush instead of active messages
   // (for hosts with a real RMA lane). Also set by KVBRIDGE_UCX_PATH=put.
   bool force_put = false;
+  // Target side: incoming write batches open at once per sender endpoint;
+  // a block that would open more is refused (ResourceExhausted), so a flood
+  // of half-sent batches cannot grow the target's state.
+  size_t max_incoming_batches_per_peer = 4096;
+  // How long an import waits for the owner's same-host socket.
+  std::chrono::milliseconds same_host_timeout{2000};
   // Name used in logs ("prefill tp1").
   std::string name = "ucx";
 };

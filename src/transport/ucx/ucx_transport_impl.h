@@ -18,9 +18,14 @@
 // copies inline), so a transfer uses more than one core's copy bandwidth.
 //
 // Paths, chosen per imported region at ImportRegion and logged at info:
-// same host and options.same_host_paths: kSharedMemory when the region is
-// AllocateSharedBuffer memory whose segment we can map, else
-// kCrossMemoryAttach when process_vm_writev into the owner works, else UCX.
+// same host (SameHost of the declared identities) and
+// options.same_host_paths: the writer asks the owner's same-host socket for
+// a grant (same_host.h: the owner's pid from SO_PEERCRED, its region from
+// its own table, its memfd by SCM_RIGHTS); kSharedMemory when the grant
+// carries a segment, else kCrossMemoryAttach when process_vm_writev into the
+// granted pid works, else UCX. A refused grant (pid or region not what the
+// descriptor declares) refuses the import; an unreachable socket falls back
+// to UCX.
 // UCX: kUcxRendezvous (active messages: a DataHeader {region, offset,
 // length} plus payload; blocks >= rndv_threshold use rendezvous and the
 // target receives them straight into its region with ucp_am_recv_data_nbx,
@@ -58,6 +63,15 @@
 // the writes they follow. The target defers handlers through the same FIFO
 // command queue, which keeps that order.
 //
+// Capabilities. Each registered region has a 128-bit random token, sent in
+// its remote key; every data AM carries it (DataHeader::token) and the
+// target compares it in constant time before it writes a byte. A wrong or
+// missing token: dropped, counted (IncomingStats), logged once per sender
+// endpoint, answered with a PermissionDenied ACK, never written. The target
+// keeps at most options.max_incoming_batches_per_peer open incoming batches
+// per sender endpoint (and blocks per batch are bounded): a block that would
+// open one more is refused with a ResourceExhausted ACK, and no state grows.
+//
 // Failure. The endpoint's error callback (UCP_ERR_HANDLING_MODE_PEER, with
 // keepalive), a failed UCX request, or ESRCH from process_vm_writev marks the
 // peer failed once: Status Unavailable naming the peer's host and pid and the
@@ -77,11 +91,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "transport/shm/same_host.h"
 #include "transport/shm/shm.h"
 #include "transport/transport.h"
 #include "transport/ucx/ucx_blobs.h"
@@ -96,6 +110,7 @@ constexpr unsigned kAmMessage = 12;
 constexpr unsigned kAmAck = 13;
 
 struct LocalRegion {
+  RegionToken token;  // write capability, checked on every incoming AM
   uint8_t* addr = nullptr;
   size_t length = 0;
   MemoryKind kind = MemoryKind::kDram;
@@ -106,7 +121,9 @@ struct ImportedRegion {
   RemoteKeyBlob blob;
   DataPath path = DataPath::kUcxRendezvous;
   UcpRkey rkey;                              // progress thread only
-  std::optional<MappedPeerSegment> segment;  // kSharedMemory
+  std::optional<MappedPeerSegment> segment;  // kSharedMemory, granted by the owner
+  uint64_t segment_offset = 0;               // region start within `segment`
+  int cma_pid = 0;                           // kCrossMemoryAttach: SO_PEERCRED pid
 };
 
 struct Batch;
@@ -159,11 +176,26 @@ struct Batch {
 
 // Target side: a batch whose data AMs are arriving from one sender.
 struct IncomingBatch {
-  ucp_ep_h reply_ep = nullptr;  // from the latest block's callback
+  ucp_ep_h reply_ep = nullptr;  // the sender's endpoint (from its first block)
   uint64_t expected = 0;        // DataHeader::blocks
   uint64_t done = 0;            // placed, rejected or failed
   bool lost = false;            // a receive failed: no ACK (the link is broken)
   Status error;                 // first rejection, sent back in the ACK
+};
+
+// Target side, per sender endpoint: open incoming batches and what was
+// logged about it.
+struct IncomingPeer {
+  size_t open_batches = 0;
+  bool logged_token = false;
+  bool logged_limit = false;
+};
+
+// Counters of the incoming data path (any thread).
+struct IncomingStats {
+  uint64_t rejected_token = 0;  // data AMs without the region's token
+  uint64_t rejected_limit = 0;  // data AMs over the per-peer bound
+  uint64_t open_batches = 0;    // incoming batches now open
 };
 
 class UcxTransport final : public Transport {
@@ -199,6 +231,10 @@ class UcxTransport final : public Transport {
   // Target side: one data AM of batch `key` was placed (ok), rejected
   // (error) or lost (its receive failed).
   void OnBlockDone(std::pair<uint64_t, uint64_t> key, const Status& st, bool lost);
+  // Counters of the incoming data path, read on the progress thread: also a
+  // barrier (everything the target did before the call has happened).
+  // Thread-safe; not from a UCX callback.
+  IncomingStats Stats();
 
  private:
   explicit UcxTransport(const UcxTransportOptions& options);
@@ -232,7 +268,14 @@ class UcxTransport final : public Transport {
   void MarkPeerFailed(Peer* peer, const Status& why);
   void ClosePeer(const std::shared_ptr<Peer>& peer, bool force);
   std::shared_ptr<Peer> FindPeerLocked(PeerId id) const;
-  DataPath ChoosePath(const Peer& peer, ImportedRegion& region) const;
+  // The path for `region`; a refused same-host grant is an error.
+  Result<DataPath> ChoosePath(const Peer& peer, ImportedRegion& region) const;
+  // Target side: checks one data AM before anything is written; on a
+  // refusal answers the sender and returns false.
+  bool AdmitDataAm(const DataHeader& h, size_t length, ucp_ep_h reply_ep, uint8_t** dst,
+                   ucp_mem_h* memh);
+  // Logs `what` about sender `ep` once (per flag).
+  void LogOncePerPeer(ucp_ep_h ep, bool IncomingPeer::*flag, const std::string& what);
 
   const UcxTransportOptions options_;
   bool force_put_ = false;
@@ -267,7 +310,11 @@ class UcxTransport final : public Transport {
   // and, as a target, the batches whose data AMs are arriving.
   std::map<uint64_t, std::shared_ptr<Peer>> peers_by_connection_;
   std::map<std::pair<uint64_t, uint64_t>, IncomingBatch> incoming_;
-  std::mt19937_64 connection_rng_{std::random_device{}()};
+  std::map<ucp_ep_h, IncomingPeer> incoming_peers_;
+  IncomingStats incoming_stats_;
+  // Owner side of the same-host grants; null when same-host paths are off
+  // or the socket could not be made (peers then use UCX).
+  std::unique_ptr<SameHostExporter> exporter_;
 
   std::mutex writer_mu_;
   std::condition_variable writer_cv_;

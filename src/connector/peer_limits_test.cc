@@ -1,0 +1,118 @@
+// Hostile sizes from a peer (issue 12, finding 7): a control message whose
+// sizes break a limit, or disagree with what its sender declared at its
+// handshake, is dropped and counted, and the requests around it carry on.
+#include <gtest/gtest.h>
+
+#include "connector/connector_test_util.h"
+#include "connector/manager_impl.h"
+#include "connector/protocol.h"
+#include "connector/test_cluster.h"
+
+namespace kvbridge::internal {
+namespace {
+
+class PeerLimitsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto c = TestCluster::Create(ClusterOptions{});
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    cluster_ = std::move(c).value();
+    Request warm{.room = 1};
+    warm.src = {1, 2};
+    warm.dst = {7, 8};
+    Start(*cluster_, warm, false);  // the handshake is done: decode declared tp size 1
+    SendChunks(warm, {2});
+    ExpectDelivered(*cluster_, warm);
+    Transport& dt = ManagerAccess::Of(decode()).transport();
+    to_prefill_ = dt.Connect(ManagerAccess::Of(prefill()).transport().Address()).value();
+  }
+  void TearDown() override {
+    if (cluster_) ManagerAccess::Of(decode()).transport().Disconnect(to_prefill_);
+  }
+  KVManager& prefill() { return *cluster_->prefill[0].manager; }
+  KVManager& decode() { return *cluster_->decode[0].manager; }
+  // Sends raw bytes to prefill as decode, on decode's own transport.
+  void SendRaw(std::string bytes) {
+    ASSERT_TRUE(
+        ManagerAccess::Of(decode()).transport().SendMessage(to_prefill_, std::move(bytes)).ok());
+  }
+  uint64_t Invalid() { return prefill().Stats().invalid_messages_dropped; }
+
+  std::unique_ptr<TestCluster> cluster_;
+  PeerId to_prefill_ = 0;
+};
+
+MetaMsg Meta(uint64_t room, int decode_tp_size) {
+  MetaMsg m;
+  m.room = room;
+  m.generation = 9001;
+  m.decode_tp_size = decode_tp_size;
+  m.pages = {5, 6};
+  m.aux_index = 0;
+  return m;
+}
+
+// A Meta claiming decode tp size 2 when decode's Hello said 1 used to be
+// adopted: prefill planned flows to a decode tp1 that does not exist and the
+// request waited for its metadata until its deadline. Now it is dropped; the
+// real metadata that follows is adopted and the request succeeds.
+TEST_F(PeerLimitsTest, MetaWhoseTpSizeIsNotItsHellosIsDroppedAndCounted) {
+  const uint64_t before = Invalid();
+  Request r{.room = 30};
+  r.src = {1, 2, 3};
+  r.dst = {9, 10, 11};
+  r.senders.push_back(std::move(KVSender::Create(prefill(), r.room)).value());
+  SendRaw(EncodeMessage(decode().self(), Meta(r.room, 2)));
+  ASSERT_TRUE(WaitFor([&] { return Invalid() == before + 1; })) << Invalid() - before;
+  EXPECT_EQ(r.senders[0]->Poll(), KVPoll::kBootstrapping);
+
+  auto rc = KVReceiver::Create(decode(), r.room);
+  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+  ASSERT_TRUE((*rc)->Init(0).ok());
+  ASSERT_TRUE((*rc)->SendMetadata(r.dst, r.dst_aux, r.dst_state).ok());
+  r.receivers.push_back(std::move(rc).value());
+  cluster_->prefill[0].pool->Fill(r.room, r.src, r.src_aux, r.src_state);
+  ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kWaitingForInput; }))
+      << KVPollName(r.senders[0]->Poll());
+  ASSERT_TRUE(r.senders[0]->Init(r.src.size(), r.src_aux).ok());
+  SendChunks(r, {3});
+  ExpectDelivered(*cluster_, r);
+  EXPECT_EQ(Invalid(), before + 1);
+}
+
+// A decode tp size of 2^30 drove ComputeFlows (under the manager mutex) into
+// allocating for a billion ranks: now the decoder refuses it. The message
+// after it is a barrier: it is processed after the hostile one.
+TEST_F(PeerLimitsTest, MetaWithHugeTpSizeNeverReachesThePlanner) {
+  const uint64_t before = Invalid();
+  auto sender = std::move(KVSender::Create(prefill(), 31)).value();
+  SendRaw(EncodeMessage(decode().self(), Meta(31, 1 << 30)));
+  SendRaw(EncodeMessage(decode().self(), Meta(31, 3)));
+  ASSERT_TRUE(WaitFor([&] { return Invalid() == before + 2; })) << Invalid() - before;
+  EXPECT_EQ(sender->Poll(), KVPoll::kBootstrapping);
+  EXPECT_EQ(prefill().Stats().pending_metadata, 0u);
+}
+
+// What the wire refuses is refused locally too, naming the limit.
+TEST(PeerLimitsOptionsTest, ParallelSizeAboveTheWireLimitIsRefused) {
+  PoolOptions po;
+  po.num_pages = 8;
+  auto pool = KvPool::Create(po);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto fabric = std::make_shared<LoopbackFabric>();
+  for (int size : {kMaxParallelSize + 1, 1 << 30}) {
+    ManagerOptions mo;
+    mo.role = Role::kDecode;
+    mo.args = (*pool)->Args();
+    mo.parallel.tp_size = size;
+    mo.start_bootstrap_server = false;
+    auto m = CreateManager(mo, std::move(CreateLoopbackTransport(fabric, "decode")).value());
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(m.status().message(),
+              "tp size " + std::to_string(size) + " exceeds the limit of 1024");
+  }
+}
+
+}  // namespace
+}  // namespace kvbridge::internal

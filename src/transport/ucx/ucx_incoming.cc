@@ -1,0 +1,254 @@
+// The target side of the UCX data path: admitting incoming data AMs (the
+// write capability and the per-sender bound), placing them, acknowledging
+// batches, and taking ACKs as a sender. See ucx_transport_impl.h.
+#include <cstring>
+
+#include "common/log.h"
+#include "transport/ucx/ucx_transport_impl.h"
+
+namespace kvbridge::internal::ucx {
+namespace {
+
+// More AMs in one batch than any sender posts; bounds `expected`.
+constexpr uint64_t kMaxBlocksPerBatch = uint64_t{1} << 24;
+
+bool InRange(uint64_t offset, uint64_t length, uint64_t size) {
+  return length > 0 && offset <= size && length <= size - offset;
+}
+
+// A rendezvous receive at the target; completes one block of a batch.
+struct Receive {
+  UcxTransport* transport;
+  std::pair<uint64_t, uint64_t> key;  // (connection, batch)
+  uint64_t length;
+};
+
+void ReceiveDone(void* request, ucs_status_t status, size_t, void* user_data) {
+  std::unique_ptr<Receive> rx(static_cast<Receive*>(user_data));
+  ucp_request_free(request);
+  Status st;
+  if (status != UCS_OK) {
+    st = FromUcs(status, "receive of " + std::to_string(rx->length) + " bytes");
+  }
+  rx->transport->OnBlockDone(rx->key, st, /*lost=*/status != UCS_OK);
+}
+
+// An ACK on its way back: header and message live until the send completes.
+struct AckSend {
+  AckHeader header;
+  std::string message;
+};
+
+void AckDone(void* request, ucs_status_t status, void* user_data) {
+  std::unique_ptr<AckSend> ack(static_cast<AckSend*>(user_data));
+  ucp_request_free(request);
+  if (status != UCS_OK && status != UCS_ERR_CANCELED) {
+    KVB_LOG_WARN("ucx transport: ACK of batch {} not sent: {}", ack->header.batch,
+                 ucs_status_string(status));
+  }
+}
+
+}  // namespace
+
+IncomingStats UcxTransport::Stats() {
+  IncomingStats out;
+  RunSync([&] { out = incoming_stats_; });
+  return out;
+}
+
+void UcxTransport::LogOncePerPeer(ucp_ep_h ep, bool IncomingPeer::*flag, const std::string& what) {
+  IncomingPeer& p = incoming_peers_[ep];
+  if (p.*flag) return;
+  p.*flag = true;
+  KVB_LOG_WARN("ucx transport {}: {} (logged once per sender endpoint)", options_.name, what);
+}
+
+bool UcxTransport::AdmitDataAm(const DataHeader& h, size_t length, ucp_ep_h reply_ep, uint8_t** dst,
+                               ucp_mem_h* memh) {
+  const std::pair<uint64_t, uint64_t> key{h.connection, h.batch};
+  std::string bad;
+  bool token_ok = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(h.region_id);
+    if (it == regions_.end()) {
+      bad = "unknown region " + std::to_string(h.region_id);
+    } else if (!TokensEqual(it->second->token, h.token)) {
+      token_ok = false;
+    } else if (h.length != length || !InRange(h.offset, h.length, it->second->length)) {
+      bad = "range [" + std::to_string(h.offset) + ", +" + std::to_string(length) +
+            ") outside region " + std::to_string(h.region_id);
+    } else {
+      *dst = it->second->addr + h.offset;
+      *memh = it->second->mem.get();
+    }
+  }
+  auto found = incoming_.find(key);
+  if (token_ok && found != incoming_.end() && found->second.reply_ep != reply_ep) {
+    token_ok = false;  // a block for another sender's batch
+  }
+  // Refusals that keep no state: the sender learns from the ACK.
+  if (!token_ok) {
+    ++incoming_stats_.rejected_token;
+    LogOncePerPeer(reply_ep, &IncomingPeer::logged_token,
+                   "dropped a write into region " + std::to_string(h.region_id) +
+                       " without its token; nothing written");
+    SendAck(reply_ep, h.connection, h.batch,
+            Status(StatusCode::kPermissionDenied,
+                   "target refused write: no valid token for region " +
+                       std::to_string(h.region_id) + "; nothing written"));
+    return false;
+  }
+  if (found == incoming_.end()) {
+    IncomingPeer& peer = incoming_peers_[reply_ep];
+    std::string refusal;
+    if (h.blocks == 0 || h.blocks > kMaxBlocksPerBatch) {
+      refusal = "batch of " + std::to_string(h.blocks) + " blocks (limit " +
+                std::to_string(kMaxBlocksPerBatch) + ")";
+    } else if (peer.open_batches >= options_.max_incoming_batches_per_peer) {
+      refusal = std::to_string(peer.open_batches) +
+                " incoming batches already open from this sender (limit "
+                "max_incoming_batches_per_peer = " +
+                std::to_string(options_.max_incoming_batches_per_peer) + ")";
+    }
+    if (!refusal.empty()) {
+      ++incoming_stats_.rejected_limit;
+      LogOncePerPeer(reply_ep, &IncomingPeer::logged_limit, "refused incoming writes: " + refusal);
+      SendAck(reply_ep, h.connection, h.batch,
+              ResourceExhaustedError("target refused write: " + refusal + "; nothing written"));
+      return false;
+    }
+    ++peer.open_batches;
+    ++incoming_stats_.open_batches;
+    IncomingBatch& in = incoming_[key];
+    in.expected = h.blocks;
+    in.reply_ep = reply_ep;
+  }
+  if (!bad.empty()) {
+    KVB_LOG_ERROR("ucx transport {}: rejected incoming write: {}", options_.name, bad);
+    OnBlockDone(key, InvalidArgumentError("target rejected write: " + bad), /*lost=*/false);
+    return false;
+  }
+  return true;
+}
+
+ucs_status_t UcxTransport::OnDataAm(const void* header, size_t header_length, void* data,
+                                    size_t length, const ucp_am_recv_param_t* param) {
+  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  const ucp_ep_h reply_ep =
+      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+  if (header_length != sizeof(DataHeader) || reply_ep == nullptr) {
+    // Not one of our senders (they send a full header, token included, with
+    // a reply endpoint): nothing to acknowledge, nothing written.
+    ++incoming_stats_.rejected_token;
+    LogOncePerPeer(reply_ep, &IncomingPeer::logged_token,
+                   "dropped a write with a " + std::to_string(header_length) + "-byte header" +
+                       (reply_ep == nullptr ? " and no reply endpoint" : "") +
+                       " (no token); nothing written");
+    return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+  }
+  DataHeader h;
+  std::memcpy(&h, header, sizeof(h));
+  uint8_t* dst = nullptr;
+  ucp_mem_h memh = nullptr;
+  if (!AdmitDataAm(h, length, reply_ep, &dst, &memh)) {
+    return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+  }
+  const std::pair<uint64_t, uint64_t> key{h.connection, h.batch};
+  if (!rndv) {
+    std::memcpy(dst, data, length);
+    OnBlockDone(key, Status::Ok(), /*lost=*/false);
+    return UCS_OK;
+  }
+  auto rx = std::make_unique<Receive>(Receive{this, key, length});
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.memh = memh;
+  p.cb.recv_am = ReceiveDone;
+  p.user_data = rx.get();
+  ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_.get(), data, dst, length, &p);
+  if (UCS_PTR_IS_PTR(req)) {
+    rx.release();  // ReceiveDone owns it and reports the block
+  } else if (UCS_PTR_IS_ERR(req)) {
+    KVB_LOG_ERROR("ucx transport {}: receive of {} bytes failed: {}", options_.name, length,
+                  ucs_status_string(UCS_PTR_STATUS(req)));
+    OnBlockDone(key, FromUcs(UCS_PTR_STATUS(req), "receive"), /*lost=*/true);
+  } else {
+    OnBlockDone(key, Status::Ok(), /*lost=*/false);  // placed at once
+  }
+  return UCS_INPROGRESS;
+}
+
+void UcxTransport::OnBlockDone(std::pair<uint64_t, uint64_t> key, const Status& st, bool lost) {
+  auto it = incoming_.find(key);
+  if (it == incoming_.end()) return;
+  IncomingBatch& in = it->second;
+  if (!st.ok() && in.error.ok()) in.error = st;
+  in.lost |= lost;
+  if (++in.done < in.expected) return;
+  // Every block of the batch is in our memory (or was refused). The slot is
+  // freed before the sender hears of it, so that a sender that reacts to
+  // the ACK finds the bound already lowered.
+  const IncomingBatch done = std::move(in);
+  incoming_.erase(it);
+  --incoming_stats_.open_batches;
+  auto peer = incoming_peers_.find(done.reply_ep);
+  if (peer != incoming_peers_.end()) {
+    --peer->second.open_batches;
+    if (peer->second.open_batches == 0 && !peer->second.logged_token &&
+        !peer->second.logged_limit) {
+      incoming_peers_.erase(peer);
+    }
+  }
+  // A failed receive means a broken link: the sender sees that.
+  if (!done.lost) SendAck(done.reply_ep, key.first, key.second, done.error);
+}
+
+void UcxTransport::SendAck(ucp_ep_h reply_ep, uint64_t connection, uint64_t batch,
+                           const Status& st) {
+  auto ack = std::make_unique<AckSend>();
+  ack->header.connection = connection;
+  ack->header.batch = batch;
+  ack->header.code = static_cast<int32_t>(st.code());
+  ack->message = st.message();
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = AckDone;
+  p.user_data = ack.get();
+  p.flags = UCP_AM_SEND_FLAG_EAGER;
+  ucs_status_ptr_t req = ucp_am_send_nbx(reply_ep, kAmAck, &ack->header, sizeof(AckHeader),
+                                         ack->message.data(), ack->message.size(), &p);
+  if (UCS_PTR_IS_PTR(req)) {
+    ack.release();  // AckDone owns it now
+  } else if (UCS_PTR_IS_ERR(req)) {
+    KVB_LOG_WARN("ucx transport {}: ACK of batch {} not sent: {}", options_.name, batch,
+                 ucs_status_string(UCS_PTR_STATUS(req)));
+  }
+}
+
+ucs_status_t UcxTransport::OnAckAm(const void* header, size_t header_length, void* data,
+                                   size_t length) {
+  if (header_length != sizeof(AckHeader)) return UCS_OK;
+  AckHeader h;
+  std::memcpy(&h, header, sizeof(h));
+  auto peer_it = peers_by_connection_.find(h.connection);
+  if (peer_it == peers_by_connection_.end()) return UCS_OK;  // closed meanwhile
+  std::shared_ptr<Peer> peer = peer_it->second;
+  auto it = peer->inflight.find(h.batch);
+  if (it == peer->inflight.end() || !it->second->awaiting_ack) return UCS_OK;
+  Batch* batch = it->second.get();
+  if (h.code != 0) {
+    Status st(static_cast<StatusCode>(h.code), std::string(static_cast<const char*>(data), length));
+    // The target's reason is more precise than the UCX status of a refused
+    // rendezvous send.
+    if (batch->error.ok() || batch->error.code() == st.code()) {
+      batch->error = st.WithContext("write to " + peer->name);
+    }
+  }
+  StopAwaitingAck(batch);
+  return UCS_OK;
+}
+
+}  // namespace kvbridge::internal::ucx

@@ -1,0 +1,325 @@
+// Write capabilities on the UCX transport (two transports in this process):
+// a data message without its region's token writes nothing, a forged region
+// descriptor is refused, and a flood of half-sent batches cannot grow the
+// target's state.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "kvbridge/memory.h"
+#include "transport/test_util.h"
+#include "transport/ucx/ucx_transport_impl.h"
+
+namespace kvbridge::internal::ucx {
+namespace {
+
+using testing::Completions;
+using ::testing::HasSubstr;
+
+constexpr size_t kRegion = 4 << 20;
+
+UcxTransportOptions Options(const char* name, bool same_host) {
+  UcxTransportOptions o;
+  o.tls = "tcp";
+  o.same_host_paths = same_host;
+  o.name = name;
+  return o;
+}
+
+std::unique_ptr<Transport> Make(const UcxTransportOptions& o) {
+  auto t = CreateUcxTransport(o);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+// Also a barrier with the target's progress thread (see Stats).
+IncomingStats StatsOf(Transport& t) { return static_cast<UcxTransport&>(t).Stats(); }
+
+bool AllZero(const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (p[i] != 0) return false;
+  return true;
+}
+
+std::string Reencode(const std::string& key, void (*mutate)(RemoteKeyBlob&)) {
+  auto blob = DecodeRemoteKey(key);
+  EXPECT_TRUE(blob.ok());
+  mutate(*blob);
+  return EncodeRemoteKey(*blob);
+}
+
+// A writer and a target, connected, with a source and a destination region.
+class UcxSecurityTest : public ::testing::Test {
+ protected:
+  void Build(bool same_host, size_t max_open = 4096) {
+    auto to = Options("target", same_host);
+    to.max_incoming_batches_per_peer = max_open;
+    target_ = Make(to);
+    writer_ = Make(Options("writer", same_host));
+    ASSERT_TRUE(target_ && writer_);
+    src_.resize(kRegion);
+    for (size_t i = 0; i < kRegion; ++i) src_[i] = static_cast<uint8_t>(i * 7 + 1);
+    dst_.assign(kRegion, 0);
+    auto s = writer_->RegisterMemory(src_.data(), kRegion, MemoryKind::kDram);
+    auto d = target_->RegisterMemory(dst_.data(), kRegion, MemoryKind::kDram);
+    ASSERT_TRUE(s.ok() && d.ok());
+    src_id_ = s->id;
+    dst_id_ = d->id;
+    dst_key_ = d->remote_key;
+    auto peer = writer_->Connect(target_->Address());
+    ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+    peer_ = *peer;
+  }
+
+  // Writes `length` bytes at `offset` through the import of `key`; returns
+  // the batch's Status (the target's ACK is the barrier).
+  Status Write(const std::string& key, uint64_t offset, uint64_t length) {
+    auto remote = writer_->ImportRegion(peer_, key);
+    if (!remote.ok()) return remote.status();
+    Completions done;
+    Status posted = writer_->PostWrites(peer_, {WriteOp{src_id_, offset, *remote, offset, length}},
+                                        done.Callback());
+    if (!posted.ok()) return posted;
+    return done.Wait(1)[0];
+  }
+
+  std::unique_ptr<Transport> target_, writer_;
+  std::vector<uint8_t> src_, dst_;
+  RegionId src_id_ = 0, dst_id_ = 0;
+  std::string dst_key_;
+  PeerId peer_ = 0;
+};
+
+TEST_F(UcxSecurityTest, WrongOrMissingTokenWritesNothingEagerOrRendezvous) {
+  Build(/*same_host=*/false);
+  const std::string wrong = Reencode(dst_key_, [](RemoteKeyBlob& b) { b.token.bytes[0] ^= 1; });
+  const std::string zero = Reencode(dst_key_, [](RemoteKeyBlob& b) { b.token = RegionToken{}; });
+  uint64_t rejected = 0;
+  for (const std::string* key : {&wrong, &zero}) {
+    for (uint64_t length : {uint64_t{4096}, uint64_t{1} << 20}) {  // eager, rendezvous
+      Status st = Write(*key, 0, length);
+      EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+      EXPECT_THAT(st.message(), HasSubstr("no valid token"));
+      // The refusing ACK, then Stats (run on the target's progress thread):
+      // whatever the target did with the message is visible by now.
+      EXPECT_EQ(StatsOf(*target_).rejected_token, ++rejected);
+      EXPECT_TRUE(AllZero(dst_.data(), kRegion)) << "forged write of " << length << " landed";
+    }
+  }
+  // The genuine descriptor still writes, at both sizes.
+  ASSERT_TRUE(Write(dst_key_, 0, 4096).ok());
+  ASSERT_TRUE(Write(dst_key_, 1 << 20, 1 << 20).ok());
+  IncomingStats stats = StatsOf(*target_);
+  EXPECT_EQ(stats.rejected_token, rejected);
+  EXPECT_EQ(stats.open_batches, 0u);
+  EXPECT_EQ(std::memcmp(dst_.data(), src_.data(), 4096), 0);
+  EXPECT_EQ(std::memcmp(dst_.data() + (1 << 20), src_.data() + (1 << 20), 1 << 20), 0);
+}
+
+TEST_F(UcxSecurityTest, ForgedSameHostDescriptorIsRefused) {
+  Build(/*same_host=*/true);
+  // Genuine: the owner grants its memory over its socket (cross-memory
+  // attach here: the region is heap memory).
+  ASSERT_TRUE(Write(dst_key_, 0, 4096).ok());
+  EXPECT_EQ(*writer_->PathTo(peer_), DataPath::kCrossMemoryAttach);
+  // Another pid (address blob and descriptor forged alike, so the blob is
+  // not simply "foreign"): the kernel says the socket is the target's.
+  auto addr = DecodeAddress(target_->Address());
+  ASSERT_TRUE(addr.ok());
+  addr->host.pid = getpid() + 1;
+  auto forged_peer = writer_->Connect(EncodeAddress(*addr));
+  ASSERT_TRUE(forged_peer.ok());
+  const std::string other_pid =
+      Reencode(dst_key_, [](RemoteKeyBlob& b) { b.owner.pid = getpid() + 1; });
+  auto refused = writer_->ImportRegion(*forged_peer, other_pid);
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status().ToString();
+  EXPECT_THAT(refused.status().message(), HasSubstr("not by the declared owner pid"));
+  // Another address inside the writer's reach: the owner's table disagrees.
+  const std::string other_base = Reencode(dst_key_, [](RemoteKeyBlob& b) { b.base += 4096; });
+  auto moved = writer_->ImportRegion(peer_, other_base);
+  EXPECT_EQ(moved.status().code(), StatusCode::kInvalidArgument) << moved.status().ToString();
+  // Another socket name: none there, so UCX, where the token still rules.
+  const std::string nowhere =
+      Reencode(dst_key_, [](RemoteKeyBlob& b) { b.same_host_socket = "kvbridge-nowhere"; });
+  auto fallback = writer_->ImportRegion(peer_, nowhere);
+  ASSERT_TRUE(fallback.ok()) << fallback.status().ToString();
+  EXPECT_EQ(*writer_->PathTo(peer_), DataPath::kUcxRendezvous);
+  writer_->Disconnect(*forged_peer);
+}
+
+TEST_F(UcxSecurityTest, SharedSegmentIsTheOwnersMemfd) {
+  Build(/*same_host=*/true);
+  auto shared = AllocateSharedBuffer(1 << 20);
+  ASSERT_TRUE(shared.ok());
+  auto* mem = static_cast<uint8_t*>(*shared);
+  std::memset(mem, 0, 1 << 20);
+  auto reg = target_->RegisterMemory(mem, 1 << 20, MemoryKind::kDram);
+  ASSERT_TRUE(reg.ok());
+  ASSERT_TRUE(Write(reg->remote_key, 0, 8192).ok());
+  EXPECT_EQ(*writer_->PathTo(peer_), DataPath::kSharedMemory);
+  EXPECT_EQ(std::memcmp(mem, src_.data(), 8192), 0);
+  // The token of another region does not open this one's segment.
+  const std::string borrowed =
+      Reencode(reg->remote_key, [](RemoteKeyBlob& b) { b.token.bytes[3] ^= 0x80; });
+  auto refused = writer_->ImportRegion(peer_, borrowed);
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status().ToString();
+  ASSERT_TRUE(target_->DeregisterMemory(reg->id).ok());
+  ASSERT_TRUE(FreeSharedBuffer(mem).ok());
+}
+
+// A sender that speaks the data AM protocol by hand, as a forger would.
+class RawSender {
+ public:
+  explicit RawSender(const std::string& target_address) {
+    ucp_config_t* raw_config = nullptr;
+    EXPECT_EQ(ucp_config_read(nullptr, nullptr, &raw_config), UCS_OK);
+    UcpConfig config(raw_config);
+    EXPECT_EQ(ucp_config_modify(config.get(), "TLS", "tcp"), UCS_OK);
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM;
+    ucp_context_h ctx = nullptr;
+    EXPECT_EQ(ucp_init(&params, config.get(), &ctx), UCS_OK);
+    context_ = UcpContext(ctx);
+    ucp_worker_params_t wp{};
+    ucp_worker_h worker = nullptr;
+    EXPECT_EQ(ucp_worker_create(context_.get(), &wp, &worker), UCS_OK);
+    worker_ = UcpWorker(worker);
+    ucp_am_handler_param_t h{};
+    h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                   UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    h.id = kAmAck;
+    h.flags = UCP_AM_FLAG_WHOLE_MSG;
+    h.cb = [](void* arg, const void* header, size_t header_length, void* data, size_t length,
+              const ucp_am_recv_param_t*) -> ucs_status_t {
+      AckHeader a{};
+      if (header_length == sizeof(a)) std::memcpy(&a, header, sizeof(a));
+      static_cast<RawSender*>(arg)->acks_.push_back(
+          {a, std::string(static_cast<const char*>(data), length)});
+      return UCS_OK;
+    };
+    h.arg = this;
+    EXPECT_EQ(ucp_worker_set_am_recv_handler(worker_.get(), &h), UCS_OK);
+    auto addr = DecodeAddress(target_address);
+    EXPECT_TRUE(addr.ok());
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    ep.address = reinterpret_cast<const ucp_address_t*>(addr->worker_address.data());
+    ucp_ep_h handle = nullptr;
+    EXPECT_EQ(ucp_ep_create(worker_.get(), &ep, &handle), UCS_OK);
+    ep_ = UcpEp(handle);
+  }
+  ~RawSender() {
+    ep_ = UcpEp();
+    for (int i = 0; i < 100; ++i) ucp_worker_progress(worker_.get());
+  }
+
+  // Sends one eager data AM with `header` and waits until it has left.
+  void Send(const void* header, size_t header_length, const void* data, size_t length) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    ucs_status_ptr_t req =
+        ucp_am_send_nbx(ep_.get(), kAmData, header, header_length, data, length, &p);
+    ASSERT_FALSE(UCS_PTR_IS_ERR(req));
+    if (req == nullptr) return;
+    while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_.get());
+    ucp_request_free(req);
+  }
+  // Progresses until `n` ACKs arrived (or 20 s passed).
+  const std::vector<std::pair<AckHeader, std::string>>& WaitAcks(size_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (acks_.size() < n && std::chrono::steady_clock::now() < deadline) {
+      ucp_worker_progress(worker_.get());
+    }
+    return acks_;
+  }
+
+ private:
+  UcpContext context_;
+  UcpWorker worker_;
+  UcpEp ep_;
+  std::vector<std::pair<AckHeader, std::string>> acks_;
+};
+
+DataHeader HeaderFor(const std::string& key, uint64_t offset, uint64_t length, uint64_t batch,
+                     uint64_t blocks) {
+  auto blob = DecodeRemoteKey(key);
+  EXPECT_TRUE(blob.ok());
+  return DataHeader{blob->region_id, offset, length, /*connection=*/77, batch, blocks, blob->token};
+}
+
+TEST_F(UcxSecurityTest, DataMessageWithoutTokenFieldWritesNothing) {
+  Build(/*same_host=*/false);
+  RawSender forger(target_->Address());
+  const std::vector<uint8_t> payload(4096, 0xab);
+  // The version-1 header: region, offset, length, connection, batch,
+  // blocks; no token.
+  DataHeader old = HeaderFor(dst_key_, 0, payload.size(), 1, 1);
+  forger.Send(&old, 48, payload.data(), payload.size());
+  // Then a valid message on the same endpoint: its ACK is the barrier (the
+  // target handles one endpoint's eager AMs in order).
+  DataHeader good = HeaderFor(dst_key_, 8192, payload.size(), 2, 1);
+  forger.Send(&good, sizeof(good), payload.data(), payload.size());
+  const auto& acks = forger.WaitAcks(1);
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].first.batch, 2u);
+  EXPECT_EQ(acks[0].first.code, 0);
+  // Stats runs on the target's progress thread: after it, every write the
+  // target made is visible here (the ACK came over a socket).
+  EXPECT_EQ(StatsOf(*target_).rejected_token, 1u);
+  EXPECT_TRUE(AllZero(dst_.data(), 8192)) << "the token-less write landed";
+  EXPECT_EQ(dst_[8192], 0xab);
+}
+
+TEST_F(UcxSecurityTest, FloodOfOpenBatchesIsRefusedAndStateStaysBounded) {
+  constexpr size_t kLimit = 8;
+  constexpr size_t kExtra = 40;
+  Build(/*same_host=*/false, kLimit);
+  RawSender flooder(target_->Address());
+  const std::vector<uint8_t> payload(64, 0xcd);
+  // Each batch announces 2 blocks and sends one: it stays open.
+  for (uint64_t b = 1; b <= kLimit + kExtra; ++b) {
+    DataHeader h = HeaderFor(dst_key_, b * 64, payload.size(), b, 2);
+    flooder.Send(&h, sizeof(h), payload.data(), payload.size());
+  }
+  const auto& acks = flooder.WaitAcks(kExtra);
+  ASSERT_EQ(acks.size(), kExtra);
+  for (const auto& [h, message] : acks) {
+    EXPECT_GT(h.batch, kLimit);
+    EXPECT_EQ(h.code, static_cast<int32_t>(StatusCode::kResourceExhausted));
+    EXPECT_THAT(message, HasSubstr("max_incoming_batches_per_peer = 8"));
+  }
+  IncomingStats stats = StatsOf(*target_);
+  EXPECT_EQ(stats.open_batches, kLimit);
+  EXPECT_EQ(stats.rejected_limit, kExtra);
+  // Nothing of a refused batch was written.
+  EXPECT_TRUE(AllZero(dst_.data() + (kLimit + 1) * 64, kExtra * 64));
+  // Finishing an open batch frees its slot: a new batch is taken again.
+  DataHeader second = HeaderFor(dst_key_, 0, payload.size(), 1, 2);
+  flooder.Send(&second, sizeof(second), payload.data(), payload.size());
+  DataHeader fresh = HeaderFor(dst_key_, 4096, payload.size(), 1000, 1);
+  flooder.Send(&fresh, sizeof(fresh), payload.data(), payload.size());
+  const auto& more = flooder.WaitAcks(kExtra + 2);
+  ASSERT_EQ(more.size(), kExtra + 2);
+  EXPECT_EQ(more[kExtra].first.batch, 1u);
+  EXPECT_EQ(more[kExtra].first.code, 0);
+  EXPECT_EQ(more[kExtra + 1].first.batch, 1000u);
+  EXPECT_EQ(more[kExtra + 1].first.code, 0);
+  EXPECT_EQ(StatsOf(*target_).open_batches, kLimit - 1);
+  EXPECT_EQ(dst_[4096], 0xcd);
+  // A batch claiming an absurd block count is refused up front.
+  DataHeader huge = HeaderFor(dst_key_, 8192, payload.size(), 2000, ~uint64_t{0});
+  flooder.Send(&huge, sizeof(huge), payload.data(), payload.size());
+  const auto& last = flooder.WaitAcks(kExtra + 3);
+  ASSERT_EQ(last.size(), kExtra + 3);
+  EXPECT_EQ(last.back().first.code, static_cast<int32_t>(StatusCode::kResourceExhausted));
+  EXPECT_EQ(StatsOf(*target_).rejected_limit, kExtra + 1);
+  EXPECT_EQ(dst_[8192], 0);
+}
+
+}  // namespace
+}  // namespace kvbridge::internal::ucx
