@@ -53,6 +53,7 @@
 #include <memory>
 #include <string>
 
+#include "kvbridge/export.h"
 #include "kvbridge/status.h"
 
 namespace kvbridge {
@@ -85,7 +86,7 @@ struct BootstrapServerOptions {
   std::function<std::chrono::steady_clock::time_point()> clock;
 };
 
-class BootstrapServer {
+class KVB_EXPORT BootstrapServer {
  public:
   // Binds, starts serving on a thread of its own, and returns once the
   // server accepts requests. InvalidArgument for bad options (named);

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvbridge/export.h"
 #include "kvbridge/options.h"
 #include "kvbridge/status.h"
 
@@ -42,16 +43,16 @@ enum class Phase {
 };
 
 // Every cause, for catalogs and tests.
-const std::vector<FailureCause>& AllFailureCauses();
+KVB_EXPORT const std::vector<FailureCause>& AllFailureCauses();
 // Stable snake_case name, e.g. "peer_exited"; the key of docs/errors.md.
-std::string_view FailureCauseName(FailureCause cause);
-bool ParseFailureCause(std::string_view name, FailureCause* cause);
-std::string_view PhaseName(Phase phase);  // "transferring"
+KVB_EXPORT std::string_view FailureCauseName(FailureCause cause);
+KVB_EXPORT bool ParseFailureCause(std::string_view name, FailureCause* cause);
+KVB_EXPORT std::string_view PhaseName(Phase phase);  // "transferring"
 // The status code a cause maps to (peer gone -> Unavailable, ...).
-StatusCode FailureCauseCode(FailureCause cause);
+KVB_EXPORT StatusCode FailureCauseCode(FailureCause cause);
 
 // A rank of an instance.
-struct RankId {
+struct KVB_EXPORT RankId {
   Role role = Role::kPrefill;
   int dp = 0;
   int tp = 0;
@@ -72,7 +73,7 @@ struct RankId {
   bool SameRank(const RankId& other) const;  // position, ignoring process
 };
 
-struct FailureRecord {
+struct KVB_EXPORT FailureRecord {
   uint64_t room = 0;
   uint64_t generation = 0;
   RankId origin;
@@ -93,11 +94,11 @@ struct FailureRecord {
 };
 
 // What to do about a cause, one line.
-std::string_view FailureHint(FailureCause cause);
+KVB_EXPORT std::string_view FailureHint(FailureCause cause);
 
 // Whether a cause means the origin rank itself failed (so every request
 // touching it fails and the registry marks it dead), as opposed to one
 // request failing (bad input, abort, deadline, layout) on a healthy rank.
-bool IsRankFailure(FailureCause cause);
+KVB_EXPORT bool IsRankFailure(FailureCause cause);
 
 }  // namespace kvbridge

@@ -6,6 +6,8 @@
 
 #include <string_view>
 
+#include "kvbridge/export.h"
+
 namespace kvbridge {
 
 enum class KVPoll : int {
@@ -16,6 +18,6 @@ enum class KVPoll : int {
   kSuccess = 4,
 };
 
-std::string_view KVPollName(KVPoll poll);
+KVB_EXPORT std::string_view KVPollName(KVPoll poll);
 
 }  // namespace kvbridge

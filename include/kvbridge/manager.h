@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kvbridge/errors.h"
+#include "kvbridge/export.h"
 #include "kvbridge/options.h"
 #include "kvbridge/status.h"
 
@@ -55,7 +56,7 @@ struct ManagerStats {
   uint64_t heartbeat_rounds = 0;
 };
 
-class KVManager {
+class KVB_EXPORT KVManager {
  public:
   // Validates options (InvalidArgument naming the field), registers memory,
   // starts the transport and, for prefill, registers with the bootstrap

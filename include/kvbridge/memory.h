@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <string_view>
 
+#include "kvbridge/export.h"
 #include "kvbridge/status.h"
 
 namespace kvbridge {
@@ -22,16 +23,16 @@ enum class MemoryKind {
   kVram,  // GPU memory (passed to UCX as CUDA memory)
 };
 
-std::string_view MemoryKindName(MemoryKind kind);
+KVB_EXPORT std::string_view MemoryKindName(MemoryKind kind);
 
 // Allocates `length` bytes (rounded up to the page size) of zero-filled memory
 // backed by an anonymous memfd that peers on this host can map. The memory is
 // released with FreeSharedBuffer; it lives as long as any peer maps it.
 // Errors: InvalidArgument (length 0), ResourceExhausted (memfd/mmap failed).
-Result<void*> AllocateSharedBuffer(size_t length);
+KVB_EXPORT Result<void*> AllocateSharedBuffer(size_t length);
 
 // Releases memory from AllocateSharedBuffer. NotFound when `ptr` did not come
 // from it.
-Status FreeSharedBuffer(void* ptr);
+KVB_EXPORT Status FreeSharedBuffer(void* ptr);
 
 }  // namespace kvbridge

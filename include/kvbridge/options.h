@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kvbridge/export.h"
 #include "kvbridge/memory.h"
 
 namespace kvbridge {
@@ -18,7 +19,7 @@ enum class Role {
   kDecode,
   kBootstrap,  // the bootstrap registry (only as a failure origin)
 };
-std::string_view RoleName(Role role);  // "prefill" / "decode" / "bootstrap"
+KVB_EXPORT std::string_view RoleName(Role role);  // "prefill" / "decode" / "bootstrap"
 
 // sglang's KVArgs. Pointers are integers because that is how frameworks pass
 // them (tensor.data_ptr()). Each buffer is `len` bytes of `item_len`-byte

@@ -27,6 +27,7 @@
 #include <span>
 
 #include "kvbridge/errors.h"
+#include "kvbridge/export.h"
 #include "kvbridge/kv_poll.h"
 #include "kvbridge/manager.h"
 #include "kvbridge/status.h"
@@ -37,7 +38,7 @@ namespace internal {
 struct ReceiverRoom;
 }
 
-class KVReceiver {
+class KVB_EXPORT KVReceiver {
  public:
   // FailedPrecondition when `room` already has a live receiver on this rank.
   static Result<std::unique_ptr<KVReceiver>> Create(KVManager& manager, uint64_t room);

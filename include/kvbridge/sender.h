@@ -21,6 +21,7 @@
 #include <span>
 
 #include "kvbridge/errors.h"
+#include "kvbridge/export.h"
 #include "kvbridge/kv_poll.h"
 #include "kvbridge/manager.h"
 #include "kvbridge/status.h"
@@ -31,7 +32,7 @@ namespace internal {
 struct SenderRoom;
 }
 
-class KVSender {
+class KVB_EXPORT KVSender {
  public:
   // FailedPrecondition when `room` already has a live sender on this rank.
   static Result<std::unique_ptr<KVSender>> Create(KVManager& manager, uint64_t room);

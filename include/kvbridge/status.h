@@ -23,6 +23,8 @@
 #include <utility>
 #include <variant>
 
+#include "kvbridge/export.h"
+
 namespace kvbridge {
 
 enum class StatusCode : int {
@@ -46,9 +48,9 @@ enum class StatusCode : int {
 };
 
 // Canonical upper-snake name of a code, e.g. "INVALID_ARGUMENT".
-std::string_view StatusCodeName(StatusCode code);
+KVB_EXPORT std::string_view StatusCodeName(StatusCode code);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] KVB_EXPORT Status {
  public:
   Status() = default;  // OK
   Status(StatusCode code, std::string message);
@@ -77,19 +79,19 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-Status InvalidArgumentError(std::string message);
-Status NotFoundError(std::string message);
-Status FailedPreconditionError(std::string message);
-Status UnavailableError(std::string message);
-Status DeadlineExceededError(std::string message);
-Status AbortedError(std::string message);
-Status DataLossError(std::string message);
-Status ResourceExhaustedError(std::string message);
-Status InternalError(std::string message);
-Status UnimplementedError(std::string message);
-Status AlreadyExistsError(std::string message);
-Status OutOfRangeError(std::string message);
-Status UnauthenticatedError(std::string message);
+KVB_EXPORT Status InvalidArgumentError(std::string message);
+KVB_EXPORT Status NotFoundError(std::string message);
+KVB_EXPORT Status FailedPreconditionError(std::string message);
+KVB_EXPORT Status UnavailableError(std::string message);
+KVB_EXPORT Status DeadlineExceededError(std::string message);
+KVB_EXPORT Status AbortedError(std::string message);
+KVB_EXPORT Status DataLossError(std::string message);
+KVB_EXPORT Status ResourceExhaustedError(std::string message);
+KVB_EXPORT Status InternalError(std::string message);
+KVB_EXPORT Status UnimplementedError(std::string message);
+KVB_EXPORT Status AlreadyExistsError(std::string message);
+KVB_EXPORT Status OutOfRangeError(std::string message);
+KVB_EXPORT Status UnauthenticatedError(std::string message);
 
 // A value or an error. Constructing from an OK Status is a programming error
 // and yields an kInternal error instead.

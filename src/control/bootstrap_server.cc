@@ -174,7 +174,8 @@ Status PutHeartbeat(internal::Registry& registry, const json& body) {
 
 }  // namespace
 
-struct BootstrapServer::Impl {
+// Hidden although nested in an exported class: the pimpl is not public API.
+struct [[gnu::visibility("hidden")]] BootstrapServer::Impl {
   BootstrapServerOptions options;
   std::string token;
   std::unique_ptr<internal::Registry> registry;
@@ -226,7 +227,9 @@ void BootstrapServer::Impl::AddMetrics() {
     }
     Result<internal::Counter*> c = m->GetCounter(
         "kvbridge_bootstrap_requests_total", "HTTP requests answered, by route, method and status",
-        {{"route", route}, {"method", req.method}, {"code", std::to_string(res.status)}});
+        {{"route", route},
+         {"method", std::string(internal::HttpMethodLabel(req.method))},  // a client's choice
+         {"code", internal::HttpCodeLabel(res.status)}});
     if (c.ok()) (*c)->Increment();
     if (route != "/failure" || req.method != "POST" || res.status != 200) return;
     json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);

@@ -1,9 +1,16 @@
 #include "control/metrics.h"
 
 #include <httplib.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 
 #include "common/log.h"
 #include "control/http_server.h"
@@ -39,40 +46,8 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-// Prometheus floats: integers without a fraction, +Inf/-Inf/NaN spelled its way.
-std::string FormatValue(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  if (v == std::floor(v) && std::fabs(v) < 1e15) {
-    return std::to_string(static_cast<int64_t>(v));
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  // Shortest form that round-trips.
-  for (int precision = 6; precision < 17; ++precision) {
-    char shorter[32];
-    std::snprintf(shorter, sizeof(shorter), "%.*g", precision, v);
-    if (std::strtod(shorter, nullptr) == v) return shorter;
-  }
-  return buf;
-}
-
-std::string EscapeLabelValue(std::string_view v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
+// prometheus-cpp 1.0's TextSerializer escapes label values but writes help
+// text as given, so a newline in it would end the # HELP line.
 std::string EscapeHelp(std::string_view v) {
   std::string out;
   for (char c : v) {
@@ -87,55 +62,97 @@ std::string EscapeHelp(std::string_view v) {
   return out;
 }
 
-// {a="x",b="y"}, with `extra` (le="...") appended; "" when there are none.
-std::string LabelText(const MetricLabels& labels, const std::string& extra = "") {
-  if (labels.empty() && extra.empty()) return "";
-  std::string out = "{";
-  for (const auto& [k, v] : labels) {
-    if (out.size() > 1) out += ",";
-    out += k + "=\"" + EscapeLabelValue(v) + "\"";
+// The checks prometheus-cpp would throw for, and kvbridge's own
+// conventions. `sorted`: the labels sorted by name.
+Status Validate(int type, std::string_view name, const MetricLabels& sorted,
+                const std::vector<double>* bounds, const std::string& what) {
+  if (!ValidName(name, /*colon_ok=*/true)) {
+    return InvalidArgumentError(what + ": not a valid Prometheus metric name");
   }
-  if (!extra.empty()) {
-    if (out.size() > 1) out += ",";
-    out += extra;
+  if (name.substr(0, 9) != "kvbridge_") {
+    return InvalidArgumentError(what + ": names start with 'kvbridge_'");
   }
-  return out + "}";
+  if (type == kCounterType && !EndsWith(name, "_total")) {
+    return InvalidArgumentError(what + ": counter names end in '_total'");
+  }
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const std::string& k = sorted[i].first;
+    if (!ValidName(k, /*colon_ok=*/false) || k.substr(0, 2) == "__") {
+      return InvalidArgumentError(what + ": invalid label name '" + k + "'");
+    }
+    if (i > 0 && sorted[i - 1].first == k) {
+      return InvalidArgumentError(what + ": label '" + k + "' given twice");
+    }
+    if (type == kHistogramType && k == "le") {
+      return InvalidArgumentError(what + ": histograms reserve the label 'le'");
+    }
+  }
+  if (bounds != nullptr) {
+    for (size_t i = 0; i < bounds->size(); ++i) {
+      if (!std::isfinite((*bounds)[i]) || (i > 0 && (*bounds)[i] <= (*bounds)[i - 1])) {
+        return InvalidArgumentError(what + ": bucket bounds must be finite and increasing");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// One family as prometheus-cpp keeps it; exactly one pointer is set.
+struct PrometheusFamily {
+  prometheus::Family<prometheus::Counter>* counters = nullptr;
+  prometheus::Family<prometheus::Gauge>* gauges = nullptr;
+  prometheus::Family<prometheus::Histogram>* histograms = nullptr;
+};
+
+// prometheus-cpp reports errors by throwing; they stop here. The inputs
+// were validated first, so a throw is a bug (or out of memory).
+Result<PrometheusFamily> AddFamily(prometheus::Registry& registry, int type,
+                                   const std::string& name, const std::string& help,
+                                   const std::string& what) {
+  PrometheusFamily f;
+  try {
+    const std::string escaped = EscapeHelp(help);
+    if (type == kCounterType) {
+      f.counters = &prometheus::BuildCounter().Name(name).Help(escaped).Register(registry);
+    } else if (type == kGaugeType) {
+      f.gauges = &prometheus::BuildGauge().Name(name).Help(escaped).Register(registry);
+    } else {
+      f.histograms = &prometheus::BuildHistogram().Name(name).Help(escaped).Register(registry);
+    }
+  } catch (const std::exception& e) {
+    return InternalError(what + ": prometheus-cpp refused the family: " + e.what());
+  }
+  return f;
 }
 
 }  // namespace
 
+std::string_view HttpMethodLabel(std::string_view method) {
+  static constexpr std::string_view kMethods[] = {"GET",    "HEAD",    "POST", "PUT",
+                                                  "DELETE", "OPTIONS", "PATCH"};
+  for (std::string_view m : kMethods) {
+    if (method == m) return m;
+  }
+  return "other";
+}
+
+std::string HttpCodeLabel(int status) {
+  return status >= 100 && status <= 599 ? std::to_string(status) : "other";
+}
+
 void Counter::Increment(double amount) {
   if (!(amount >= 0)) return;  // negative or NaN
-  value_.fetch_add(amount, std::memory_order_relaxed);
+  c_.Increment(amount);
 }
+double Counter::Value() const { return c_.Value(); }
 
-void Gauge::Add(double delta) { value_.fetch_add(delta, std::memory_order_relaxed); }
-
-Histogram::Histogram(std::vector<double> bounds)
-    : bounds_(std::move(bounds)),
-      buckets_(std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1)) {
-  for (size_t i = 0; i <= bounds_.size(); ++i) buckets_[i].store(0, std::memory_order_relaxed);
-}
+void Gauge::Set(double value) { g_.Set(value); }
+void Gauge::Add(double delta) { g_.Increment(delta); }
+double Gauge::Value() const { return g_.Value(); }
 
 void Histogram::Observe(double value) {
-  if (std::isnan(value)) return;
-  size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
-  buckets_[i].fetch_add(1, std::memory_order_relaxed);
-  sum_.fetch_add(value, std::memory_order_relaxed);
-}
-
-Histogram::Snapshot Histogram::Snap() const {
-  Snapshot s;
-  s.bounds = bounds_;
-  s.cumulative.resize(bounds_.size() + 1);
-  uint64_t total = 0;
-  for (size_t i = 0; i <= bounds_.size(); ++i) {
-    total += buckets_[i].load(std::memory_order_relaxed);
-    s.cumulative[i] = total;
-  }
-  s.count = total;
-  s.sum = sum_.load(std::memory_order_relaxed);
-  return s;
+  if (std::isnan(value)) return;  // would land in the first bucket and poison the sum
+  h_.Observe(value);
 }
 
 std::vector<double> ExponentialBuckets(double start, double factor, int count) {
@@ -150,59 +167,39 @@ std::vector<double> LatencyBuckets() {
           0.1,    0.25,    0.5,    1,     2.5,    5,     10,   30,    60};
 }
 
+// What a name was first registered with (later calls must agree), and the
+// series handed out so far.
 struct MetricsRegistry::Family {
   int type = kCounterType;
   std::string help;
   std::vector<std::string> label_names;  // sorted
   std::vector<double> bounds;            // histograms
+  PrometheusFamily prometheus;
   std::map<MetricLabels, std::unique_ptr<Counter>> counters;
   std::map<MetricLabels, std::unique_ptr<Gauge>> gauges;
   std::map<MetricLabels, std::unique_ptr<Histogram>> histograms;
+  size_t series() const { return counters.size() + gauges.size() + histograms.size(); }
 };
 
-MetricsRegistry::MetricsRegistry() = default;
+MetricsRegistry::MetricsRegistry() : registry_(std::make_unique<prometheus::Registry>()) {}
 MetricsRegistry::~MetricsRegistry() = default;
 
 template <typename T>
 Result<T*> MetricsRegistry::Get(int type, std::string_view name, std::string_view help,
                                 const std::vector<double>* bounds, const MetricLabels& labels) {
   const std::string what = "metric '" + std::string(name) + "'";
-  if (!ValidName(name, /*colon_ok=*/true)) {
-    return InvalidArgumentError(what + ": not a valid Prometheus metric name");
-  }
-  if (name.substr(0, 9) != "kvbridge_") {
-    return InvalidArgumentError(what + ": names start with 'kvbridge_'");
-  }
-  if (type == kCounterType && !EndsWith(name, "_total")) {
-    return InvalidArgumentError(what + ": counter names end in '_total'");
-  }
   MetricLabels sorted = labels;
   std::sort(sorted.begin(), sorted.end());
+  KVB_RETURN_IF_ERROR(Validate(type, name, sorted, bounds, what));
   std::vector<std::string> label_names;
-  for (const auto& [k, v] : sorted) {
-    if (!ValidName(k, /*colon_ok=*/false) || k.substr(0, 2) == "__") {
-      return InvalidArgumentError(what + ": invalid label name '" + k + "'");
-    }
-    if (!label_names.empty() && label_names.back() == k) {
-      return InvalidArgumentError(what + ": label '" + k + "' given twice");
-    }
-    if (type == kHistogramType && k == "le") {
-      return InvalidArgumentError(what + ": histograms reserve the label 'le'");
-    }
-    label_names.push_back(k);
-  }
-  if (bounds != nullptr) {
-    for (size_t i = 0; i < bounds->size(); ++i) {
-      if (!std::isfinite((*bounds)[i]) || (i > 0 && (*bounds)[i] <= (*bounds)[i - 1])) {
-        return InvalidArgumentError(what + ": bucket bounds must be finite and increasing");
-      }
-    }
-  }
+  for (const auto& [k, v] : sorted) label_names.push_back(k);
 
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = families_.find(name);
   if (it == families_.end()) {
     auto f = std::make_unique<Family>();
+    KVB_ASSIGN_OR_RETURN(f->prometheus,
+                         AddFamily(*registry_, type, std::string(name), std::string(help), what));
     f->type = type;
     f->help = std::string(help);
     f->label_names = label_names;
@@ -221,19 +218,36 @@ Result<T*> MetricsRegistry::Get(int type, std::string_view name, std::string_vie
   if (bounds != nullptr && f.bounds != *bounds) {
     return FailedPreconditionError(what + " exists with other bucket bounds");
   }
-  if constexpr (std::is_same_v<T, Counter>) {
-    auto& slot = f.counters[sorted];
-    if (!slot) slot = std::make_unique<Counter>();
-    return slot.get();
-  } else if constexpr (std::is_same_v<T, Gauge>) {
-    auto& slot = f.gauges[sorted];
-    if (!slot) slot = std::make_unique<Gauge>();
-    return slot.get();
-  } else {
-    auto& slot = f.histograms[sorted];
-    if (!slot) slot = std::make_unique<Histogram>(f.bounds);
-    return slot.get();
+  auto& series = [&f]() -> auto& {
+    if constexpr (std::is_same_v<T, Counter>) {
+      return f.counters;
+    } else if constexpr (std::is_same_v<T, Gauge>) {
+      return f.gauges;
+    } else {
+      return f.histograms;
+    }
   }
+  ();
+  auto found = series.find(sorted);
+  if (found != series.end()) return found->second.get();
+  if (f.series() >= kMaxSeriesPerFamily) {
+    return ResourceExhaustedError(what + ": more than " + std::to_string(kMaxSeriesPerFamily) +
+                                  " label sets; label values must come from a bounded set");
+  }
+  const prometheus::Labels prometheus_labels(sorted.begin(), sorted.end());
+  std::unique_ptr<T> made;
+  try {
+    if constexpr (std::is_same_v<T, Counter>) {
+      made.reset(new Counter(f.prometheus.counters->Add(prometheus_labels)));
+    } else if constexpr (std::is_same_v<T, Gauge>) {
+      made.reset(new Gauge(f.prometheus.gauges->Add(prometheus_labels)));
+    } else {
+      made.reset(new Histogram(f.prometheus.histograms->Add(prometheus_labels, f.bounds)));
+    }
+  } catch (const std::exception& e) {
+    return InternalError(what + ": prometheus-cpp refused the series: " + e.what());
+  }
+  return series.emplace(std::move(sorted), std::move(made)).first->second.get();
 }
 
 Result<Counter*> MetricsRegistry::GetCounter(std::string_view name, std::string_view help,
@@ -253,41 +267,28 @@ Result<Histogram*> MetricsRegistry::GetHistogram(std::string_view name, std::str
 }
 
 void MetricsRegistry::AddCollector(std::function<void()> collect) {
-  std::lock_guard<std::mutex> lock(collectors_mu_);
+  MutexLock lock(collectors_mu_);
   collectors_.push_back(std::make_shared<std::function<void()>>(std::move(collect)));
 }
 
 std::string MetricsRegistry::Render() {
   std::vector<std::shared_ptr<std::function<void()>>> collectors;
   {
-    std::lock_guard<std::mutex> lock(collectors_mu_);
+    MutexLock lock(collectors_mu_);
     collectors = collectors_;
   }
   for (const auto& c : collectors) (*c)();
 
-  std::string out;
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [name, f] : families_) {
-    out += "# HELP " + name + " " + EscapeHelp(f->help) + "\n";
-    out += "# TYPE " + name + " " + TypeName(f->type) + "\n";
-    for (const auto& [labels, c] : f->counters) {
-      out += name + LabelText(labels) + " " + FormatValue(c->Value()) + "\n";
-    }
-    for (const auto& [labels, g] : f->gauges) {
-      out += name + LabelText(labels) + " " + FormatValue(g->Value()) + "\n";
-    }
-    for (const auto& [labels, h] : f->histograms) {
-      Histogram::Snapshot s = h->Snap();
-      for (size_t i = 0; i <= s.bounds.size(); ++i) {
-        std::string le = i < s.bounds.size() ? FormatValue(s.bounds[i]) : "+Inf";
-        out += name + "_bucket" + LabelText(labels, "le=\"" + le + "\"") + " " +
-               std::to_string(s.cumulative[i]) + "\n";
-      }
-      out += name + "_sum" + LabelText(labels) + " " + FormatValue(s.sum) + "\n";
-      out += name + "_count" + LabelText(labels) + " " + std::to_string(s.count) + "\n";
-    }
+  // prometheus-cpp collects families in registration order and series in
+  // hash order; sorted, two scrapes of the same state read the same.
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  std::sort(families.begin(), families.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (prometheus::MetricFamily& f : families) {
+    std::sort(f.metric.begin(), f.metric.end(),
+              [](const auto& a, const auto& b) { return a.label < b.label; });
   }
-  return out;
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 struct MetricsServer::Impl {

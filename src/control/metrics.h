@@ -1,38 +1,53 @@
-// Metrics: a registry of Prometheus counters, gauges and histograms, and a
-// small HTTP server exposing them in the text exposition format (0.0.4) at
-// GET /metrics. The bootstrap server serves its registry on its own port;
-// every KVManager can start a MetricsServer on a configurable port.
+// Metrics: Prometheus counters, gauges and histograms kept by prometheus-cpp
+// (its core registry and its text serializer, exposition format 0.0.4), and
+// a small HTTP server (cpp-httplib, the server the bootstrap registry uses)
+// exposing them at GET /metrics. The bootstrap server serves its registry on
+// its own port; every KVManager can start a MetricsServer on a configurable
+// port. prometheus-cpp stays behind this header: nothing else includes it.
 //
 // Names follow Prometheus conventions and are checked when a metric is
 // created: they start with "kvbridge_", use [a-zA-Z0-9_:], counters end in
 // "_total", units are base units in the name ("_seconds", "_bytes"). The
 // metrics kvbridge exports are listed in docs/metrics.md.
 //
+// Label values must come from bounded sets (routes, causes, states): a value
+// a client chose (an HTTP method, a path) goes through a fixed table first
+// (HttpMethodLabel, HttpCodeLabel), and a family refuses more than
+// kMaxSeriesPerFamily label sets, so no sender can grow the registry
+// without bound.
+//
 // Usage:
 //   auto registry = std::make_shared<MetricsRegistry>();
 //   KVB_ASSIGN_OR_RETURN(Counter* bytes, registry->GetCounter(
 //       "kvbridge_transfer_bytes_total", "Payload bytes written"));
-//   bytes->Increment(n);  // hot path: one atomic add, no lock
+//   bytes->Increment(n);  // hot path: one atomic update, no registry lock
 //   KVB_ASSIGN_OR_RETURN(auto server, MetricsServer::Start(9100, registry));
 //
 // Thread safety: every method of every class here may be called
-// concurrently. Counter, Gauge and Histogram updates are lock-free; creating
-// a metric and rendering take the registry's lock. Metric pointers stay
-// valid as long as the registry.
+// concurrently. Counter and Gauge updates are atomic; a Histogram
+// observation takes that series' own (prometheus-cpp) lock; creating a
+// metric and rendering take the registry's lock. Metric pointers stay valid
+// as long as the registry.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "kvbridge/status.h"
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+}  // namespace prometheus
 
 namespace kvbridge::internal {
 
@@ -43,49 +58,53 @@ using MetricLabels = std::vector<std::pair<std::string, std::string>>;
 // The Content-Type of a /metrics answer.
 inline constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8";
 
+// The most label sets one family holds; GetCounter/GetGauge/GetHistogram
+// answer ResourceExhausted past it.
+inline constexpr size_t kMaxSeriesPerFamily = 1000;
+
+// An HTTP method as a label value: one of GET, HEAD, POST, PUT, DELETE,
+// OPTIONS, PATCH, else "other" (the method is whatever a client sent).
+std::string_view HttpMethodLabel(std::string_view method);
+// An HTTP status as a label value: "100" .. "599", else "other".
+std::string HttpCodeLabel(int status);
+
 // A monotonically increasing value (events, bytes).
 class Counter {
  public:
   // Adds `amount`; a negative or NaN amount is ignored (counters never go
   // down).
   void Increment(double amount = 1);
-  double Value() const { return value_.load(std::memory_order_relaxed); }
+  double Value() const;
 
  private:
-  std::atomic<double> value_{0};
+  friend class MetricsRegistry;
+  explicit Counter(prometheus::Counter& c) : c_(c) {}
+  prometheus::Counter& c_;
 };
 
 // A value that goes up and down (live peers, rooms in a state).
 class Gauge {
  public:
-  void Set(double value) { value_.store(value, std::memory_order_relaxed); }
+  void Set(double value);
   void Add(double delta);
-  double Value() const { return value_.load(std::memory_order_relaxed); }
+  double Value() const;
 
  private:
-  std::atomic<double> value_{0};
+  friend class MetricsRegistry;
+  explicit Gauge(prometheus::Gauge& g) : g_(g) {}
+  prometheus::Gauge& g_;
 };
 
-// Observations in cumulative buckets (latencies in seconds, sizes in bytes).
+// Observations in cumulative buckets (latencies in seconds, sizes in bytes);
+// `le` is inclusive. A NaN observation is ignored.
 class Histogram {
  public:
-  // `bounds`: strictly increasing finite upper bounds; +Inf is implicit.
-  explicit Histogram(std::vector<double> bounds);
   void Observe(double value);
 
-  struct Snapshot {
-    std::vector<double> bounds;
-    std::vector<uint64_t> cumulative;  // bounds.size() + 1 entries, the last is +Inf
-    double sum = 0;
-    uint64_t count = 0;  // == cumulative.back()
-  };
-  Snapshot Snap() const;
-  const std::vector<double>& bounds() const { return bounds_; }
-
  private:
-  std::vector<double> bounds_;
-  std::unique_ptr<std::atomic<uint64_t>[]> buckets_;  // per bucket, not cumulative
-  std::atomic<double> sum_{0};
+  friend class MetricsRegistry;
+  explicit Histogram(prometheus::Histogram& h) : h_(h) {}
+  prometheus::Histogram& h_;
 };
 
 // Latency buckets in seconds, 100 us to 60 s (about x2.5 apart).
@@ -106,7 +125,8 @@ class MetricsRegistry {
   // label name Prometheus rejects, a name without the "kvbridge_" prefix, a
   // counter name without "_total", a histogram without increasing finite
   // bounds or with an "le" label; FailedPrecondition when `name` exists with
-  // another type, help text, set of label names or bucket bounds.
+  // another type, help text, set of label names or bucket bounds;
+  // ResourceExhausted for a new label set past kMaxSeriesPerFamily.
   Result<Counter*> GetCounter(std::string_view name, std::string_view help,
                               const MetricLabels& labels = {});
   Result<Gauge*> GetGauge(std::string_view name, std::string_view help,
@@ -120,8 +140,9 @@ class MetricsRegistry {
   // two scrapes overlap.
   void AddCollector(std::function<void()> collect);
 
-  // Every series in the text exposition format: families sorted by name,
-  // each with its # HELP and # TYPE lines.
+  // Every series in the text exposition format (prometheus-cpp's
+  // TextSerializer): families sorted by name, each with its # HELP and
+  // # TYPE lines, its series sorted by labels.
   std::string Render();
 
  private:
@@ -130,10 +151,11 @@ class MetricsRegistry {
   Result<T*> Get(int type, std::string_view name, std::string_view help,
                  const std::vector<double>* bounds, const MetricLabels& labels);
 
-  std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Family>, std::less<>> families_;  // GUARDED_BY(mu_)
-  std::mutex collectors_mu_;
-  std::vector<std::shared_ptr<std::function<void()>>> collectors_;  // GUARDED_BY(collectors_mu_)
+  const std::unique_ptr<prometheus::Registry> registry_;  // has its own lock
+  Mutex mu_;
+  std::map<std::string, std::unique_ptr<Family>, std::less<>> families_ KVB_GUARDED_BY(mu_);
+  Mutex collectors_mu_;
+  std::vector<std::shared_ptr<std::function<void()>>> collectors_ KVB_GUARDED_BY(collectors_mu_);
 };
 
 // Serves GET /metrics (registry->Render()) on its own port until stopped

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -211,6 +213,80 @@ TEST(MetricsRegistry, CollectorsRunBeforeEachRender) {
   EXPECT_EQ(Parse(r.Render()).Get("kvbridge_calls"), 2);
 }
 
+TEST(MetricsRegistry, SeriesPerFamilyAreCapped) {
+  MetricsRegistry r;
+  for (size_t i = 0; i < kMaxSeriesPerFamily; ++i) {
+    ASSERT_TRUE(r.GetCounter("kvbridge_c_total", "C", {{"id", std::to_string(i)}}).ok()) << i;
+  }
+  Result<Counter*> over = r.GetCounter("kvbridge_c_total", "C", {{"id", "one-more"}});
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted) << over.status().ToString();
+  // The series already there still answer, and other families are not
+  // affected by this one being full.
+  EXPECT_TRUE(r.GetCounter("kvbridge_c_total", "C", {{"id", "0"}}).ok());
+  EXPECT_TRUE(r.GetGauge("kvbridge_g", "G", {{"id", "one-more"}}).ok());
+  Exposition e = Parse(r.Render());
+  ASSERT_TRUE(e.error.empty()) << e.error;
+  EXPECT_EQ(e.Get("kvbridge_c_total{id=\"999\"}"), 0);
+  EXPECT_EQ(e.Get("kvbridge_c_total{id=\"one-more\"}"), -1);  // absent
+}
+
+TEST(MetricsRegistry, NanAndNegativeUpdatesAreIgnored) {
+  MetricsRegistry r;
+  Counter* c = r.GetCounter("kvbridge_c_total", "C").value();
+  c->Increment(std::numeric_limits<double>::quiet_NaN());
+  c->Increment(-1);
+  c->Increment(2);
+  Histogram* h = r.GetHistogram("kvbridge_h_seconds", "H", {1}).value();
+  h->Observe(std::numeric_limits<double>::quiet_NaN());
+  h->Observe(0.5);
+  Exposition e = Parse(r.Render());
+  EXPECT_EQ(e.Get("kvbridge_c_total"), 2);
+  EXPECT_EQ(e.Get("kvbridge_h_seconds_count"), 1);
+  EXPECT_EQ(e.Get("kvbridge_h_seconds_sum"), 0.5);
+}
+
+TEST(MetricsRegistry, RenderIsSortedByNameThenLabels) {
+  MetricsRegistry r;
+  r.GetGauge("kvbridge_b", "B", {{"k", "y"}}).value()->Set(1);
+  r.GetCounter("kvbridge_a_total", "A").value()->Increment();
+  r.GetGauge("kvbridge_b", "B", {{"k", "x"}}).value()->Set(2);
+  const std::string text = r.Render();
+  const size_t a = text.find("# HELP kvbridge_a_total");
+  const size_t bx = text.find("kvbridge_b{k=\"x\"} 2");
+  const size_t by = text.find("kvbridge_b{k=\"y\"} 1");
+  ASSERT_NE(a, std::string::npos) << text;
+  ASSERT_NE(bx, std::string::npos) << text;
+  ASSERT_NE(by, std::string::npos) << text;
+  EXPECT_LT(a, bx);
+  EXPECT_LT(bx, by);
+}
+
+TEST(HttpLabels, MethodsAndCodesComeFromAFixedSet) {
+  const std::pair<std::string, std::string> methods[] = {
+      {"GET", "GET"},
+      {"PUT", "PUT"},
+      {"POST", "POST"},
+      {"DELETE", "DELETE"},
+      {"HEAD", "HEAD"},
+      {"PATCH", "PATCH"},
+      {"OPTIONS", "OPTIONS"},
+      {"get", "other"},
+      {"BREW", "other"},
+      {"", "other"},
+      {"TRACE", "other"},
+      {"GET\n", "other"},
+      {std::string(10000, 'G'), "other"},
+  };
+  for (const auto& [in, want] : methods) EXPECT_EQ(HttpMethodLabel(in), want) << in.size();
+  EXPECT_EQ(HttpCodeLabel(200), "200");
+  EXPECT_EQ(HttpCodeLabel(599), "599");
+  EXPECT_EQ(HttpCodeLabel(100), "100");
+  EXPECT_EQ(HttpCodeLabel(99), "other");
+  EXPECT_EQ(HttpCodeLabel(600), "other");
+  EXPECT_EQ(HttpCodeLabel(-1), "other");
+}
+
 TEST(MetricsServer, ServesTheRegistryOverHttp) {
   auto registry = std::make_shared<MetricsRegistry>();
   registry->GetCounter("kvbridge_transfer_bytes_total", "Bytes").value()->Increment(4096);
@@ -330,6 +406,46 @@ TEST(BootstrapServerMetrics, RanksFailuresAndRequestsAreExposed) {
   EXPECT_EQ(
       e.Get("kvbridge_bootstrap_requests_total{code=\"200\",method=\"GET\",route=\"/metrics\"}"),
       1);
+}
+
+// A client that invents HTTP methods gets its requests counted under
+// method="other": the label set does not grow with what it sends.
+TEST(BootstrapServerMetrics, HostileMethodsDoNotGrowTheLabelSet) {
+  BootstrapServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  Result<std::unique_ptr<BootstrapServer>> server = BootstrapServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  constexpr int kInvented = 50;
+  for (int i = 0; i < kInvented; ++i) {
+    httplib::Client cli("127.0.0.1", (*server)->port());
+    httplib::Request req;
+    req.method = "BREW" + std::to_string(i);
+    req.path = "/route";
+    httplib::Result res = cli.send(req);
+    ASSERT_TRUE(res) << i;  // answered (an error code), not dropped
+    EXPECT_GE(res->status, 400) << i;
+  }
+  httplib::Client cli("127.0.0.1", (*server)->port());
+  httplib::Result res = cli.Get("/metrics");
+  ASSERT_TRUE(res);
+  Exposition e = Parse(res->body);
+  ASSERT_TRUE(e.error.empty()) << e.error << "\n" << res->body;
+  const std::set<std::string> allowed = {"\"GET\"",    "\"HEAD\"",  "\"POST\"",    "\"PUT\"",
+                                         "\"DELETE\"", "\"PATCH\"", "\"OPTIONS\"", "\"other\""};
+  double other = 0;
+  int series = 0;
+  for (const auto& [name, value] : e.samples) {
+    if (name.rfind("kvbridge_bootstrap_requests_total{", 0) != 0) continue;
+    ++series;
+    const size_t at = name.find("method=");
+    ASSERT_NE(at, std::string::npos) << name;
+    const std::string method = name.substr(at + 7, name.find_first_of(",}", at) - at - 7);
+    EXPECT_EQ(allowed.count(method), 1u) << name;
+    if (method == "\"other\"") other += value;
+  }
+  EXPECT_EQ(other, kInvented);
+  EXPECT_LE(series, 3);  // the invented ones in one series (or one per status), no more
 }
 
 }  // namespace
