@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/log.h"
 #include "control/json_fields.h"
 #include "control/record_json.h"
 #include "control/registry.h"
@@ -30,6 +31,7 @@ void CheckRefusal(const Status& s) { Check(s.ok() || !s.message().empty()); }
 
 Registry& TheRegistry() {
   static std::unique_ptr<Registry> registry = [] {
+    SetLogLevel("off");  // the registry logs every record it keeps
     RegistryOptions o;
     o.max_failure_records = 16;
     o.max_decode_ranks = 16;
