@@ -188,8 +188,32 @@ def run_rank(spec: RankSpec, states, progress, go, done, results) -> None:
         time.sleep(0.01)
 
 
-class Cluster:
+class RankProcesses:
+    """One process per rank spec (`self.specs`, `self.procs`): start them, and
+    wait for a condition while failing fast if a rank exits on its own (a
+    SIGKILL the test sent, -9, is expected). `rank_name(spec)` names a rank."""
+
+    def start(self) -> None:
+        for p in self.procs:
+            p.start()
+
+    def wait_for(self, cond, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            for sp, p in zip(self.specs, self.procs):
+                if p.exitcode not in (None, 0, -9):
+                    raise AssertionError(f"{self.rank_name(sp)} exited with {p.exitcode}")
+            time.sleep(0.01)
+
+
+class Cluster(RankProcesses):
     """Prefill tp P -> decode tp D, one process per rank (spawned)."""
+
+    @staticmethod
+    def rank_name(spec) -> str:
+        return f"{spec.role} tp{spec.tp_rank}"
 
     def __init__(self, bootstrap_addr: str, prefill_tp: int, decode_tp: int, rooms: List[int],
                  hold_last_chunk: Optional[List[int]] = None, deadline_s: float = 40.0):
@@ -212,19 +236,6 @@ class Cluster:
                                        args=(sp, self.states, self.progress, self.go, self.done,
                                              self.results)) for sp in self.specs]
 
-    def start(self) -> None:
-        for p in self.procs:
-            p.start()
-
-    def wait_for(self, cond, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-            for sp, p in zip(self.specs, self.procs):
-                if p.exitcode not in (None, 0) and p.exitcode != -9:
-                    raise AssertionError(f"{sp.role} tp{sp.tp_rank} exited with {p.exitcode}")
-            time.sleep(0.01)
 
     def collect(self, expected: int, timeout: float) -> Dict[int, Dict]:
         out, deadline = {}, time.monotonic() + timeout

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from harness import ERROR_FIELDS, Shape, aux_pattern, page_indices, pattern
+from harness import ERROR_FIELDS, RankProcesses, Shape, aux_pattern, page_indices, pattern
 
 MARKER = 0xEEEE
 
@@ -235,7 +235,7 @@ def run_sg_rank(spec: SgSpec, states, progress, go, done, results) -> None:
         time.sleep(0.01)
 
 
-class SgCluster:
+class SgCluster(RankProcesses):
     def __init__(self, specs: List[SgSpec]):
         self.ctx = mp.get_context("spawn")
         self.specs = specs
@@ -251,19 +251,9 @@ class SgCluster:
                                        args=(sp, self.states, self.progress, self.go, self.done,
                                              self.results)) for sp in specs]
 
-    def start(self) -> None:
-        for p in self.procs:
-            p.start()
-
-    def wait_for(self, cond, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-            for sp, p in zip(self.specs, self.procs):
-                if p.exitcode not in (None, 0, -9):
-                    raise AssertionError(f"{sp.role} rank {sp.index} exited with {p.exitcode}")
-            time.sleep(0.01)
+    @staticmethod
+    def rank_name(spec) -> str:
+        return f"{spec.role} rank {spec.index}"
 
     def finish(self, alive: List[int], timeout: float) -> Dict[int, Dict]:
         """Waits until every rank in `alive` is done, then lets them check
