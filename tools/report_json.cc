@@ -32,7 +32,8 @@ nlohmann::json StatsToJson(const ManagerStats& s) {
           {"stale_messages_dropped", s.stale_messages_dropped},
           {"invalid_messages_dropped", s.invalid_messages_dropped},
           {"pending_metadata", s.pending_metadata},
-          {"peers_connected", s.peers_connected}};
+          {"peers_connected", s.peers_connected},
+          {"heartbeat_rounds", s.heartbeat_rounds}};
 }
 
 nlohmann::json ReportToJson(const RankId& self, const WorkerReport& r) {

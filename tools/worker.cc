@@ -29,6 +29,14 @@
 namespace kvbridge::tools {
 namespace {
 
+// Wall-clock microseconds since the epoch, comparable across processes (the
+// launcher relates PROGRESS and REPORT lines to when it injected a fault).
+int64_t WallMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 using Clock = std::chrono::steady_clock;
 
 struct WorkerFlags {
@@ -410,6 +418,8 @@ int RunWorker(const WorkerFlags& f) {
       progress["bytes"] = report.bytes;
       progress["verified_pages"] = report.verified_pages;
       progress["corrupt_pages"] = report.corrupt_pages;
+      progress["heartbeat_rounds"] = m.Stats().heartbeat_rounds;
+      progress["at_us"] = WallMicros();
       std::cout << "PROGRESS " << progress.dump() << std::endl;
     }
     // Scheduler step pacing: a real scheduler polls once per forward step.
@@ -427,6 +437,7 @@ int RunWorker(const WorkerFlags& f) {
   draining.clear();
   report.stats_after = m.Stats();
   nlohmann::json out = ReportToJson(m.self(), report);
+  out["at_us"] = WallMicros();
   out["warmup_succeeded"] = warmup_ok;
   out["warmup_failed"] = warmup_failed;
   out["window_seconds"] =

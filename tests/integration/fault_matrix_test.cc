@@ -3,6 +3,7 @@
 // surviving rank reports is checked by one shared helper.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <csignal>
 #include <map>
 #include <string>
@@ -191,6 +192,82 @@ TEST(FaultMatrixTest, KilledBootstrapFailsNewRequestsNamingTheRegistry) {
   // Requests past bootstrap before the kill completed.
   for (int i = 0; i < c.num_ranks(); ++i)
     EXPECT_GE(c.process(i).report->at("succeeded").get<int>(), 20) << c.process(i).name;
+  c.Shutdown(milliseconds(10000));
+}
+
+// Issue 10, defect 2, across processes: a registry that accepts connections
+// and never answers (the standalone bootstrap server SIGSTOPped: the kernel
+// still completes every TCP handshake, and each registry call waits out its
+// 2 s timeout) delays neither heartbeat rounds nor detection of a rank that
+// dies at the same moment. The ranks connected to the dead one name it
+// within 2 s of the kill; every survivor keeps its heartbeat rounds at
+// their interval; every failure names the dead rank or the silent registry;
+// nothing hangs.
+//
+// What this does not give: a sibling that shares no connection with the
+// dead rank (prefill tp0, decode tp0 in tp2 -> tp2) learns of it only
+// through the registry, so while the registry is silent it goes on
+// succeeding rooms whose other half failed (sglang's all-reduce of the poll
+// across the tp group still fails those requests).
+TEST(FaultMatrixTest, SilentRegistryDelaysNoHeartbeatAndNoDetection) {
+  Matrix m = Launch(2, 2, Workload(400, 24));
+  ASSERT_TRUE(m.cluster);
+  Cluster& c = *m.cluster;
+  WaitForProgress(c, 20);
+  const int registry = c.bootstrap_index();
+  const int victim = c.RankIndex(Role::kPrefill, 1);
+  const int pid = c.process(victim).pid;
+  // Each survivor's last progress before the registry goes silent.
+  std::map<int, json> before;
+  for (int i = 0; i < c.num_ranks(); ++i)
+    if (i != victim && i != registry) before[i] = c.process(i).progress.value_or(json());
+  ASSERT_TRUE(c.Signal(registry, SIGSTOP).ok());
+  const int64_t killed_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
+  ASSERT_TRUE(c.Signal(victim, SIGKILL).ok());
+  ASSERT_TRUE(c.CollectReports(milliseconds(120000), {victim, registry}).ok());
+  for (auto& [i, progress] : before) {
+    const ProcessInfo& p = c.process(i);
+    SCOPED_TRACE(p.name);
+    ASSERT_TRUE(p.report.has_value()) << p.exit.ToString();
+    const json& r = *p.report;
+    EXPECT_EQ(r["nonterminal"].get<int>(), 0) << "rooms left hanging";
+    EXPECT_EQ(r["corrupt_pages"].get<int>(), 0);
+    EXPECT_EQ(r["finished"].get<int>(), r["requests"].get<int>());
+    // Heartbeat rounds at >= half their rate (100 ms) from the last
+    // progress line before the silence to the report; a ticker waiting on
+    // the registry would manage one round per 2 s.
+    ASSERT_TRUE(progress.contains("heartbeat_rounds")) << progress.dump();
+    const double elapsed_ms =
+        (r["at_us"].get<int64_t>() - progress["at_us"].get<int64_t>()) / 1000.0;
+    const uint64_t rounds = r["stats_after"]["heartbeat_rounds"].get<uint64_t>() -
+                            progress["heartbeat_rounds"].get<uint64_t>();
+    EXPECT_GE(static_cast<double>(rounds), elapsed_ms / 100.0 / 2.0)
+        << rounds << " heartbeat rounds in " << elapsed_ms << " ms";
+    int64_t first_named_us = 0;
+    for (const json& f : r["failures"]) {
+      SCOPED_TRACE(f.dump());
+      const std::string origin = f["origin"]["name"].get<std::string>();
+      const std::string cause = f["cause"].get<std::string>();
+      if (origin == "prefill tp1") {
+        EXPECT_EQ(f["origin"]["pid"].get<int>(), pid);
+        EXPECT_TRUE(cause == "peer_exited" || cause == "peer_unreachable") << cause;
+        const int64_t at = f["detected_at_us"].get<int64_t>();
+        if (first_named_us == 0 || at < first_named_us) first_named_us = at;
+      } else {
+        EXPECT_EQ(origin, "bootstrap server");
+        EXPECT_EQ(cause, "registry_lost");
+      }
+    }
+    // decode tp1 reads from prefill tp1 (tp2 -> tp2): it must name it, fast.
+    if (p.name == "decode tp1") {
+      ASSERT_NE(first_named_us, 0) << "decode tp1 never named the killed rank";
+      EXPECT_LE(first_named_us - killed_us, 2'000'000)
+          << "named " << (first_named_us - killed_us) / 1000 << " ms after the kill";
+    }
+  }
+  ASSERT_TRUE(c.Signal(registry, SIGCONT).ok());
   c.Shutdown(milliseconds(10000));
 }
 
