@@ -11,12 +11,10 @@
 
 #include "common/log.h"
 #include "common/wire.h"
+#include "transport/loopback/loopback_codec.h"
 
 namespace kvbridge::internal {
 namespace loopback_detail {
-
-constexpr uint32_t kAddressMagic = 0x4c42564b;  // "KVBL"
-constexpr uint32_t kKeyMagic = 0x4b42564b;      // "KVBK"
 
 // Fabric ids and incarnations: unique within the process, never reused.
 uint64_t NextUniqueId() {
@@ -231,67 +229,6 @@ struct Endpoint {
     if (!DeliverToTarget(*peer, std::move(payload))) FailPeer(peer, GoneStatus(*peer));
   }
 };
-
-struct Address {
-  uint64_t fabric_id = 0;
-  std::string name;
-  uint64_t incarnation = 0;
-};
-
-std::string EncodeAddress(const Address& a) {
-  WireWriter w;
-  w.U32(kAddressMagic);
-  w.U64(a.fabric_id);
-  w.Bytes(a.name);
-  w.U64(a.incarnation);
-  return w.FinishWithCrc();
-}
-
-Result<Address> DecodeAddress(std::string_view blob) {
-  WireReader r(blob);
-  Address a;
-  uint32_t magic = 0;
-  if (!r.CheckCrc() || !r.U32(&magic) || magic != kAddressMagic || !r.U64(&a.fabric_id) ||
-      !r.Bytes(&a.name) || !r.U64(&a.incarnation) || !r.AtEnd()) {
-    return InvalidArgumentError("garbled loopback address blob (" + std::to_string(blob.size()) +
-                                " bytes)");
-  }
-  return a;
-}
-
-struct RemoteKey {
-  uint64_t fabric_id = 0;
-  uint64_t incarnation = 0;
-  RegionId region = 0;
-  uint64_t length = 0;
-};
-
-std::string EncodeKey(const RemoteKey& k, uint64_t addr, MemoryKind kind) {
-  WireWriter w;
-  w.U32(kKeyMagic);
-  w.U64(k.fabric_id);
-  w.U64(k.incarnation);
-  w.U64(k.region);
-  w.U64(addr);  // for logs and debugging; writes resolve the region by id
-  w.U64(k.length);
-  w.U8(static_cast<uint8_t>(kind));
-  return w.FinishWithCrc();
-}
-
-Result<RemoteKey> DecodeKey(std::string_view blob) {
-  WireReader r(blob);
-  RemoteKey k;
-  uint32_t magic = 0;
-  uint64_t addr = 0;
-  uint8_t kind = 0;
-  if (!r.CheckCrc() || !r.U32(&magic) || magic != kKeyMagic || !r.U64(&k.fabric_id) ||
-      !r.U64(&k.incarnation) || !r.U64(&k.region) || !r.U64(&addr) || !r.U64(&k.length) ||
-      !r.U8(&kind) || !r.AtEnd()) {
-    return InvalidArgumentError("garbled loopback remote key (" + std::to_string(blob.size()) +
-                                " bytes)");
-  }
-  return k;
-}
 
 bool RangeInside(uint64_t offset, uint64_t length, uint64_t size) {
   return offset <= size && length <= size - offset;
