@@ -90,6 +90,12 @@ struct ManagerOptions {
   std::string auth_token;
   // Host other ranks use to reach this one (registered with bootstrap).
   std::string advertise_host = "127.0.0.1";
+  // Prefill: whether requests reach the dp rank `room % dp_size` (sglang's
+  // load_balance_method "follow_bootstrap_room"), registered so that decode
+  // knows; when false, a decode rank asks the registry which dp rank took a
+  // room (sglang's /query_dp_ranks) and each prefill sender says so
+  // (/register_dp_rank).
+  bool follow_bootstrap_room = true;
 
   // Transport.
   std::string ucx_tls;  // "" = UCX default; "tcp" forces TCP

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 
 #include "kvbridge/errors.h"
 #include "kvbridge/export.h"
@@ -53,6 +54,11 @@ class KVB_EXPORT KVSender {
   // Fails the request with cause kAborted (origin: this rank) and tells
   // decode once nothing of it is in flight.
   void Abort();
+  // Fails the request with cause kInvalidRequest and `reason` as its detail
+  // (origin: this rank) and tells decode, as Abort() does: for a request this
+  // rank must not serve (e.g. sglang dispatched it to a dp rank other than
+  // the one its room implies).
+  void Reject(std::string reason);
   // Pages at the start of the request that decode already holds (its
   // SendMetadata decode_prefix_len / page_size; sglang's
   // pop_decode_prefix_len): Init's num_pages counts them and Send skips them.

@@ -173,6 +173,11 @@ class KVSender(_Room):
     def abort(self) -> None:
         self._impl.abort()
 
+    def reject(self, reason: str) -> None:
+        """Fails the request as invalid_request with `reason` (this rank must
+        not serve it) and tells decode."""
+        self._impl.reject(str(reason))
+
 
 class KVReceiver(_Room):
     """The decode side of one request on one rank (sglang's KVReceiver)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import sys
 from typing import Any, Dict, List, Optional
@@ -224,6 +225,22 @@ def _norm_addr(addr: str) -> str:
     return addr.replace("localhost:", "127.0.0.1:").replace("0.0.0.0:", "127.0.0.1:")
 
 
+def follows_bootstrap_room(server_args: Any) -> bool:
+    """Whether prefill requests reach dp rank room % dp_size: sglang's
+    load_balance_method "follow_bootstrap_room", which its ServerArgs also
+    makes of "round_robin" and "auto" in prefill mode (backward compatibility);
+    any other method (e.g. "total_requests") routes freely."""
+    method = getattr(server_args, "load_balance_method", None) or "auto"
+    method = str(getattr(method, "value", method))
+    return method in ("follow_bootstrap_room", "round_robin", "auto")
+
+
+def _force_query_prefill_dp_rank() -> bool:
+    """sglang's SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK (a bool env)."""
+    value = os.environ.get("SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK", "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
 class KVBridgeKVManager(BaseKVManager):
     """sglang's KVManager(args, disaggregation_mode, server_args, is_mla_backend).
 
@@ -258,7 +275,8 @@ class KVBridgeKVManager(BaseKVManager):
     def _config(self, bootstrap_addr: str) -> KVConfig:
         return KVConfig(bootstrap_addr=bootstrap_addr, start_bootstrap_server=False,
                         advertise_host=advertise_host(self.server_args),
-                        instance_id=self._instance_id(self.bootstrap_host))
+                        instance_id=self._instance_id(self.bootstrap_host),
+                        follow_bootstrap_room=follows_bootstrap_room(self.server_args))
 
     def _instance_id(self, host: str) -> str:
         """Decode: the server's own address, the same on all its ranks and
@@ -396,6 +414,35 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
         self._states = 0
         self._s = _Sender(mgr.core(), bootstrap_addr, bootstrap_room, dest_tp_ranks, pp_rank)
         self.poll = self._s.poll  # the C++ method itself: no Python frame per poll
+        self._route_dp_rank(req_has_disagg_prefill_dp_rank)
+
+    def _route_dp_rank(self, req_has_disagg_prefill_dp_rank: bool) -> None:
+        """sglang's sender with dp > 1: decode must learn which dp rank took
+        the room. Following the room, the room says it (a request dispatched
+        elsewhere is refused, naming both ranks, unless sglang's force-query
+        variable is set); otherwise the sender registers it."""
+        dp_size = int(getattr(self.kv_mgr.server_args, "dp_size", 1) or 1)
+        if dp_size <= 1 or req_has_disagg_prefill_dp_rank:
+            return
+        dp_rank = int(self.kv_mgr.attn_dp_rank)
+        if follows_bootstrap_room(self.kv_mgr.server_args):
+            if dp_rank == self.bootstrap_room % dp_size:
+                return
+            if not _force_query_prefill_dp_rank():
+                self._s.reject(
+                    f"follow_bootstrap_room conflict: dispatched to dp rank {dp_rank} but "
+                    f"bootstrap_room {self.bootstrap_room} implies dp rank "
+                    f"{self.bootstrap_room % dp_size}; set "
+                    "SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed routing")
+                return
+        try:
+            _kvbridge.register_dp_rank(_norm_addr(self.bootstrap_server_url), self.bootstrap_room,
+                                       dp_rank)
+        except kvbridge.KVTransferError as e:
+            # As sglang: logged; decode's query then finds no rank for the
+            # room and keeps the request pending until its own timeout.
+            log.error("room %s: registering prefill dp rank %s failed: %s", self.bootstrap_room,
+                      dp_rank, e)
 
     @property
     def conclude_state(self) -> Optional[KVPoll]:
@@ -477,6 +524,18 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
         if self._early is None:
             self._early = kvbridge.AbortedError(self.bootstrap_room, reason)
             log.warning("room %s: %s", self.bootstrap_room, reason)
+
+    @staticmethod
+    def query_prefill_dp_ranks(bootstrap_addr: str, bootstrap_rooms: List[int]) -> Dict[str, int]:
+        """sglang's CommonKVReceiver.query_prefill_dp_ranks: {str(room): dp
+        rank} for the rooms whose prefill sender registered one; {} (logged)
+        when the registry cannot be asked, as sglang's."""
+        try:
+            return dict(_kvbridge.query_dp_ranks(_norm_addr(bootstrap_addr),
+                                                 [int(r) for r in bootstrap_rooms]))
+        except kvbridge.KVTransferError as e:
+            log.error("querying prefill dp ranks from %s failed: %s", bootstrap_addr, e)
+            return {}
 
     def init(self, prefill_dp_rank: int = 0) -> None:
         if self._r is not None or self._early is not None:

@@ -156,6 +156,7 @@ ManagerOptions ManagerOptionsFromDict(const py::dict& d) {
   o.start_bootstrap_server =
       Field<bool>(d, "start_bootstrap_server", o.start_bootstrap_server, &seen);
   o.advertise_host = Field<std::string>(d, "advertise_host", o.advertise_host, &seen);
+  o.follow_bootstrap_room = Field<bool>(d, "follow_bootstrap_room", o.follow_bootstrap_room, &seen);
   o.ucx_tls = Field<std::string>(d, "ucx_tls", o.ucx_tls, &seen);
   std::string path = Field<std::string>(d, "same_host_path", "auto", &seen);
   if (path != "auto" && path != "ucx")

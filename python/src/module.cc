@@ -147,6 +147,7 @@ class PySender : public RoomHandle<KVSender> {
     Check(result);
   }
   void Abort() { live().Abort(); }
+  void Reject(const std::string& reason) { live().Reject(reason); }
   int64_t DecodePrefixPages() const { return room_ ? room_->DecodePrefixPages() : -1; }
 };
 
@@ -251,6 +252,7 @@ PYBIND11_MODULE(_kvbridge, m) {
       .def("group_failure_json", &PySender::GroupFailureJson)
       .def("decode_prefix_pages", &PySender::DecodePrefixPages)
       .def("abort", &PySender::Abort, Release())
+      .def("reject", &PySender::Reject, py::arg("reason"), Release())
       .def("close", &PySender::Close, Release());
 
   py::class_<PyReceiver>(m, "Receiver")

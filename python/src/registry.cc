@@ -4,8 +4,11 @@
 // rank whose KVArgs leave kv_head_num unset can take it from prefill. The
 // HTTP is C++ (BootstrapClient); Python does none.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <chrono>
+#include <map>
+#include <memory>
 #include <string>
 
 #include "connector/layout_json.h"
@@ -63,10 +66,55 @@ py::dict PrefillInfo(const std::string& address, double timeout_s) {
   return d;
 }
 
+std::chrono::milliseconds Timeout(double timeout_s) {
+  if (!(timeout_s > 0) || timeout_s > 3600)
+    throw StatusError(InvalidArgumentError("timeout_s must be in (0, 3600]"));
+  return std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+}
+
+std::unique_ptr<internal::BootstrapClient> Client(const std::string& address, double timeout_s) {
+  auto client = internal::BootstrapClient::Create(address, Timeout(timeout_s),
+                                                  internal::AuthTokenFromEnvironment());
+  if (!client.ok()) throw StatusError(client.status());
+  return std::move(client).value();
+}
+
+// sglang's prefill sender, when requests do not follow the room: which dp
+// rank took `room` (POST /register_dp_rank, with the deployment's secret).
+void RegisterDpRank(const std::string& address, uint64_t room, int dp_rank, double timeout_s) {
+  auto client = Client(address, timeout_s);
+  Status s = Status::Ok();
+  {
+    py::gil_scoped_release release;
+    s = client->RegisterDpRank(room, dp_rank);
+  }
+  if (!s.ok()) throw StatusError(s.WithContext(address));
+}
+
+// sglang's CommonKVReceiver.query_prefill_dp_ranks: {str(room): dp_rank} for
+// the rooms the registry knows (POST /query_dp_ranks).
+py::dict QueryDpRanks(const std::string& address, const std::vector<uint64_t>& rooms,
+                      double timeout_s) {
+  auto client = Client(address, timeout_s);
+  Result<std::map<uint64_t, int>> known = UnavailableError("not asked");
+  {
+    py::gil_scoped_release release;
+    known = client->QueryDpRanks(rooms);
+  }
+  if (!known.ok()) throw StatusError(known.status().WithContext(address));
+  py::dict d;
+  for (const auto& [room, rank] : *known) d[py::str(std::to_string(room))] = rank;
+  return d;
+}
+
 }  // namespace
 
 void DefineRegistry(py::module_& m) {
   m.def("prefill_info", &PrefillInfo, py::arg("address"), py::arg("timeout_s") = 5.0);
+  m.def("register_dp_rank", &RegisterDpRank, py::arg("address"), py::arg("room"),
+        py::arg("dp_rank"), py::arg("timeout_s") = 5.0);
+  m.def("query_dp_ranks", &QueryDpRanks, py::arg("address"), py::arg("rooms"),
+        py::arg("timeout_s") = 5.0);
 }
 
 }  // namespace kvbridge::python

@@ -6,16 +6,18 @@ shows."""
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import socket
 import sys
 import types
+import urllib.request
 
 import numpy as np
 import pytest
 
 import kvbridge
-from kvbridge import KVPoll, KVTransferError
+from kvbridge import KVPoll, KVTransferError, _kvbridge
 from kvbridge import sglang as sg
 from sglang_standins import SgPool, server_args, wait_until
 
@@ -439,3 +441,76 @@ def test_hostile_inputs_get_a_clear_error(pair):
     assert rx._impl.wait_quiesced(-5) is False
     assert time.monotonic() - t0 < 1.0
     rx.clear()
+
+
+def _dp2_prefill(port: int, method: str):
+    """Two prefill ranks of one instance, system dp 2 (sglang: two schedulers
+    with system_dp_rank 0 and 1), load_balance_method `method`."""
+    ranks = []
+    for dp in (0, 1):
+        pool = SgPool("prefill", system_dp_rank=dp)
+        sa = server_args(port, dp_size=2, port=30100 + dp)
+        sa.load_balance_method = method
+        ranks.append((pool, sg.KVBridgeKVManager(pool.args, "prefill", sa)))
+    return ranks
+
+
+def _sglang_query_dp_ranks(addr: str, rooms):
+    """What sglang's decode sends: POST /query_dp_ranks {"bootstrap_rooms": [...]}
+    with no token (the route is open), and the JSON it reads back."""
+    req = urllib.request.Request(f"http://{addr}/query_dp_ranks", method="POST",
+                                 data=json.dumps({"bootstrap_rooms": rooms}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def test_sender_registers_its_dp_rank_when_requests_do_not_follow_the_room(bootstrap):  # S11
+    port = int(bootstrap.rsplit(":", 1)[1])
+    ranks = _dp2_prefill(port, "total_requests")
+    try:
+        # decode's parallel info says the rooms are not followed
+        info = _kvbridge.prefill_info(bootstrap, 5.0)
+        assert info["complete"] and info["dp_size"] == 2
+        assert info["follow_bootstrap_room"] is False
+        assert _sglang_query_dp_ranks(bootstrap, [10, 11]) == {}
+        # room 10 implies dp 0; the router sent it to dp 1, which registers it
+        tx = sg.KVBridgeKVSender(ranks[1][1], bootstrap, 10, [0], 0)
+        assert tx.poll() == KVPoll.Bootstrapping, tx.failure()
+        assert _sglang_query_dp_ranks(bootstrap, [10, 11]) == {"10": 1}
+        # sglang's decode calls the receiver class's static method too
+        assert sg.KVBridgeKVReceiver.query_prefill_dp_ranks(bootstrap, [10, 11]) == {"10": 1}
+        # a request that already carries its dp rank registers nothing
+        sg.KVBridgeKVSender(ranks[0][1], bootstrap, 12, [0], 0,
+                            req_has_disagg_prefill_dp_rank=True)
+        assert _sglang_query_dp_ranks(bootstrap, [12]) == {}
+    finally:
+        for _, mgr in ranks:
+            mgr.close()
+
+
+def test_follow_bootstrap_room_conflict_fails_the_request_naming_both_ranks(bootstrap,
+                                                                          monkeypatch):  # S11
+    port = int(bootstrap.rsplit(":", 1)[1])
+    monkeypatch.delenv("SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK", raising=False)
+    ranks = _dp2_prefill(port, "follow_bootstrap_room")
+    try:
+        assert _kvbridge.prefill_info(bootstrap, 5.0)["follow_bootstrap_room"] is True
+        ok = sg.KVBridgeKVSender(ranks[1][1], bootstrap, 11, [0], 0)  # 11 % 2 == 1: its own
+        assert ok.poll() == KVPoll.Bootstrapping, ok.failure()
+        bad = sg.KVBridgeKVSender(ranks[1][1], bootstrap, 10, [0], 0)  # 10 % 2 == 0
+        assert bad.poll() == KVPoll.Failed
+        with pytest.raises(KVTransferError) as e:
+            bad.failure_exception()
+        assert "follow_bootstrap_room conflict" in str(e.value)
+        assert "dp rank 1" in str(e.value) and "implies dp rank 0" in str(e.value)
+        assert e.value.record["cause"] == "invalid_request"
+        assert _sglang_query_dp_ranks(bootstrap, [10, 11]) == {}
+        # sglang's escape hatch: the sender registers instead of failing
+        monkeypatch.setenv("SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK", "1")
+        forced = sg.KVBridgeKVSender(ranks[1][1], bootstrap, 20, [0], 0)
+        assert forced.poll() == KVPoll.Bootstrapping, forced.failure()
+        assert _sglang_query_dp_ranks(bootstrap, [20]) == {"20": 1}
+    finally:
+        for _, mgr in ranks:
+            mgr.close()

@@ -62,6 +62,10 @@ FailureRecord KVSender::GroupFailure() const {
   return ManagerAccess::Of(manager_).GroupFailure(*room_);
 }
 void KVSender::Abort() { ManagerAccess::Of(manager_).SenderAbort(room_); }
+void KVSender::Reject(std::string reason) {
+  ManagerAccess::Of(manager_).SenderAbort(room_, FailureCause::kInvalidRequest, std::move(reason),
+                                          "Reject()");
+}
 int64_t KVSender::DecodePrefixPages() const {
   return room_->decode_prefix_pages.load(std::memory_order_acquire);
 }

@@ -176,6 +176,7 @@ Status ManagerImpl::Start() {
   rec.pp_size = p.pp_size;
   rec.pp_rank = p.pp_rank;
   rec.rank_ip = opts_.advertise_host;
+  rec.follow_bootstrap_room = opts_.follow_bootstrap_room;
   rec.page_size = a.page_size;
   rec.kv_cache_dtype = a.dtype;
   rec.host = self_.host;

@@ -106,7 +106,11 @@ class ManagerImpl {
   Status SenderInit(SenderRoom& room, int64_t num_pages, int64_t aux_index);
   Status SenderSend(const std::shared_ptr<SenderRoom>& room, std::span<const int32_t> pages,
                     std::span<const int32_t> state);
-  void SenderAbort(const std::shared_ptr<SenderRoom>& room);
+  // Abort(): cause kAborted; Reject(reason): kInvalidRequest with `reason`.
+  void SenderAbort(const std::shared_ptr<SenderRoom>& room,
+                   FailureCause cause = FailureCause::kAborted,
+                   std::string detail = "aborted by the application",
+                   const char* mechanism = "Abort()");
   std::optional<FailureRecord> SenderFailure(const SenderRoom& room) const;
 
   // Decode side (receiver_side.cc).

@@ -222,13 +222,12 @@ Status ManagerImpl::SenderSend(const std::shared_ptr<SenderRoom>& sp,
   return result;
 }
 
-void ManagerImpl::SenderAbort(const std::shared_ptr<SenderRoom>& room) {
+void ManagerImpl::SenderAbort(const std::shared_ptr<SenderRoom>& room, FailureCause cause,
+                              std::string detail, const char* mechanism) {
   Outbox out;
   {
     MutexLock lock(mu_);
-    FailSenderLocked(*room,
-                     MakeRecord(self_, FailureCause::kAborted, "aborted by the application",
-                                room->phase, "Abort()"),
+    FailSenderLocked(*room, MakeRecord(self_, cause, std::move(detail), room->phase, mechanism),
                      out);
   }
   Flush(out);
