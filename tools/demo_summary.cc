@@ -15,7 +15,7 @@ using nlohmann::json;
 // Which data paths the ranks logged ("connected to X via shm").
 std::string DataPaths(const Cluster& c, const std::string& log_dir) {
   std::set<std::string> paths;
-  static const std::regex kVia(R"(connected to .* via (\S+)\s*$)");
+  static const std::regex kVia(R"(\] connected to .* via ([^\s:]+))");
   for (const ProcessInfo& p : c.processes()) {
     std::string name = p.name;
     std::replace(name.begin(), name.end(), ' ', '-');

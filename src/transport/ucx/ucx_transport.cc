@@ -518,9 +518,9 @@ Result<RemoteRegionId> UcxTransport::ImportRegion(PeerId peer_id, std::string_vi
     peer->regions[id] = region;
     peer->last_path = region->path;
   }
-  KVB_LOG_INFO("ucx transport {}: peer {} region {} ({} bytes at {:#x}) -> path {}", options_.name,
-               peer->name, region->blob.region_id, region->blob.length, region->blob.base,
-               DataPathName(region->path));
+  KVB_LOG_DEBUG("ucx transport {}: peer {} region {} ({} bytes at {:#x}) -> path {}", options_.name,
+                peer->name, region->blob.region_id, region->blob.length, region->blob.base,
+                DataPathName(region->path));
   return id;
 }
 
