@@ -230,6 +230,12 @@ int RunWorker(const WorkerFlags& f) {
   std::optional<Clock::time_point> window_start;
   Clock::time_point window_end{};
   uint64_t warmup_ok = 0, warmup_failed = 0;
+  // Where this rank's thread spends the run: filling (prefill's forward
+  // pass) and verifying (decode), for the demo's account of its time.
+  double fill_s = 0, verify_s = 0;
+  auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   // Stdin commands while running, read only with --progress-ms (the demo's
   // --duration): "pause" stops admitting and answers "PAUSED {admitted}";
   // "limit M" then admits up to M rooms in all, the same M on every rank, so
@@ -307,7 +313,9 @@ int RunWorker(const WorkerFlags& f) {
         l->sender = std::move(s).value();
         // The forward pass: it runs while decode bootstraps and sends its
         // metadata, as in sglang, so it is not part of the transfer.
+        const auto fill_t0 = Clock::now();
         (*pool)->Fill(l->plan.room, l->pages, l->aux, l->state, f.check_stride);
+        fill_s += seconds_since(fill_t0);
       } else {
         auto r = KVReceiver::Create(m, l->plan.room);
         if (!r.ok()) return 4;
@@ -357,6 +365,7 @@ int RunWorker(const WorkerFlags& f) {
       o.success = p == KVPoll::kSuccess;
       o.latency_us = std::chrono::duration<double, std::micro>(Clock::now() - l.t0).count();
       if (o.success && !prefill) {
+        const auto verify_t0 = Clock::now();
         uint64_t bad = (*pool)->CountCorruptPages(l.plan.room, l.pages, 0, f.check_stride);
         report.corrupt_pages += bad;
         if (bad > 0)
@@ -369,6 +378,7 @@ int RunWorker(const WorkerFlags& f) {
           ++report.corrupt_pages;
         if (!l.warmup)
           report.bytes += l.pages.size() * (*pool)->num_kv_buffers() * (*pool)->page_bytes();
+        verify_s += seconds_since(verify_t0);
       }
       o.failure = prefill ? l.sender->Failure() : l.receiver->Failure();
       if (l.warmup) {
@@ -429,6 +439,8 @@ int RunWorker(const WorkerFlags& f) {
   nlohmann::json out = ReportToJson(m.self(), report);
   out["warmup_succeeded"] = warmup_ok;
   out["warmup_failed"] = warmup_failed;
+  out["fill_seconds"] = fill_s;
+  out["verify_seconds"] = verify_s;
   out["window_seconds"] =
       window_start ? std::chrono::duration<double>(window_end - *window_start).count() : 0.0;
   // What this rank knows of other ranks' failures (sglang's "exception from
