@@ -156,7 +156,12 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, ConnectorTp,
     ::testing::Values(TpCase{"mha_1to1", 1, 1, false}, TpCase{"mha_2to2", 2, 2, false},
                       TpCase{"mha_1to2", 1, 2, false}, TpCase{"mha_2to1", 2, 1, false},
-                      TpCase{"mha_4to2", 4, 2, false}, TpCase{"mla_2to2", 2, 2, true}),
+                      TpCase{"mha_4to2", 4, 2, false}, TpCase{"mla_2to2", 2, 2, true},
+                      // Wide fan-out and fan-in (issue 14): a prefill rank's
+                      // heads split over two decode ranks, and four prefill
+                      // ranks' heads gathered into one decode rank.
+                      TpCase{"mha_4to8", 4, 8, false}, TpCase{"mha_8to2", 8, 2, false},
+                      TpCase{"mla_4to8", 4, 8, true}, TpCase{"mla_8to2", 8, 2, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // --- Pipeline parallel layouts -------------------------------------------
