@@ -266,7 +266,9 @@ int RunBenchRequests(const RequestsFlags& f) {
                      : Percentiles{};
   const double memcpy_us = one_page_memcpy.p50;
   const double added_p50 = memcpy_us > 0 ? small.p50_us - memcpy_us : 0;
-  const double added_p99 = memcpy_us > 0 ? small.p99_us - one_page_memcpy.p99 : 0;
+  // Against the floor (memcpy's p50): the reference's own p99 is the box's
+  // preemption noise, not a cost every request pays.
+  const double added_p99 = memcpy_us > 0 ? small.p99_us - memcpy_us : 0;
   if (f.json) {
     nlohmann::json results = nlohmann::json::array();
     for (const SweepResult* s : {&big, &small}) {
@@ -348,8 +350,8 @@ int RunBenchRequests(const RequestsFlags& f) {
     if (memcpy_us > 0)
       std::printf(
           "memcpy of those %zu pieces on one thread into pages not in the cache: p50 %.1f us, p99 "
-          "%.1f us; kvbridge adds p50 %.1f us (target <= 25: %s), p99 %.1f us (target <= 100: "
-          "%s)\n",
+          "%.1f us; kvbridge adds p50 %.1f us (target <= 25: %s), p99 %.1f us above the p50 copy "
+          "(target <= 100: %s)\n",
           pieces, memcpy_us, one_page_memcpy.p99, added_p50, added_p50 <= 25 ? "met" : "NOT met",
           added_p99, added_p99 <= 100 ? "met" : "NOT met");
   }
