@@ -14,6 +14,7 @@
 #include "kvbridge/bootstrap.h"
 #include "tools/cluster.h"
 #include "tools/demo_summary.h"
+#include "tools/memcpy_reference.h"
 
 namespace kvbridge::tools {
 namespace {
@@ -189,6 +190,13 @@ int RunDemo(const DemoFlags& flags) {
     co.rank_args[fault_victim_rank] = {"--fatal-after", std::to_string(fault.after_requests)};
   }
   view.Note(DescribeLayout(f, log_dir));
+  // The reference: memcpy of pieces the size of one page of one layer on
+  // one rank, before and after the run (the figure sits between them).
+  const size_t piece = static_cast<size_t>(f.page_size) * f.head_dim * 2 *
+                       (f.mla ? 1 : std::max(1, f.heads / std::max(f.prefill_tp, 1)));
+  constexpr size_t kReferenceBytes = size_t{256} << 20;
+  const double memcpy_before = ScatteredMemcpyGbps(piece, kReferenceBytes);
+  const auto start_t0 = Clock::now();
   auto started = Cluster::Start(co);
   if (!started.ok()) {
     std::cerr << "kvbridge demo: " << started.status().ToString() << " (logs in " << log_dir
@@ -197,6 +205,7 @@ int RunDemo(const DemoFlags& flags) {
   }
   Cluster& c = **started;
   const auto t0 = Clock::now();
+  const double start_seconds = std::chrono::duration<double>(t0 - start_t0).count();
   const auto deadline = t0 + std::chrono::seconds(f.timeout_s);
   auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
 
@@ -331,6 +340,7 @@ int RunDemo(const DemoFlags& flags) {
   view.Update(done, total, bytes, traffic_s, /*force=*/true);
   view.Finish();
   c.Shutdown(milliseconds(15000));
+  const double memcpy_after = ScatteredMemcpyGbps(piece, kReferenceBytes);
 
   DemoRun run;
   run.flags = f;
@@ -339,6 +349,9 @@ int RunDemo(const DemoFlags& flags) {
   run.victim = victim;
   run.fault_at_us = fault_at_us;
   run.seconds = traffic_s;
+  run.start_seconds = start_seconds;
+  run.memcpy_gbps_before = memcpy_before;
+  run.memcpy_gbps_after = memcpy_after;
   run.log_dir = log_dir;
   run.problems = problems;
   nlohmann::json summary = Summarize(c, run);

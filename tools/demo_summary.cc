@@ -15,7 +15,7 @@ using nlohmann::json;
 // Which data paths the ranks logged ("connected to X via shm").
 std::string DataPaths(const Cluster& c, const std::string& log_dir) {
   std::set<std::string> paths;
-  static const std::regex kVia(R"(connected to .* via (\S+)\s*$)");
+  static const std::regex kVia(R"(\] connected to .* via ([^\s:]+))");
   for (const ProcessInfo& p : c.processes()) {
     std::string name = p.name;
     std::replace(name.begin(), name.end(), ' ', '-');
@@ -70,6 +70,7 @@ json Summarize(const Cluster& c, const DemoRun& run) {
   int64_t requests = 0;
   uint64_t bytes = 0, verified = 0, corrupt = 0, nonterminal = 0;
   double p50 = 0, p99 = 0;
+  double window_s = 0, fill_s = 0, verify_s = 0;
   std::set<uint64_t> failed_rooms;
   json ranks = json::array(), reports = json::array();
   int64_t oom_at_us = 0;
@@ -105,6 +106,10 @@ json Summarize(const Cluster& c, const DemoRun& run) {
       verified += r.value("verified_pages", uint64_t{0});
       p50 = std::max(p50, r.value("p50_us", 0.0));
       p99 = std::max(p99, r.value("p99_us", 0.0));
+      window_s = std::max(window_s, r.value("window_seconds", 0.0));
+      verify_s = std::max(verify_s, r.value("verify_seconds", 0.0));
+    } else {
+      fill_s = std::max(fill_s, r.value("fill_seconds", 0.0));
     }
     corrupt += r.value("corrupt_pages", uint64_t{0});
     nonterminal = std::max(nonterminal, r.value("nonterminal", uint64_t{0}));
@@ -205,6 +210,16 @@ json Summarize(const Cluster& c, const DemoRun& run) {
   s["bytes"] = bytes;
   s["seconds"] = run.seconds;
   s["gbps"] = run.seconds > 0 ? bytes / run.seconds / 1e9 : 0.0;
+  s["start_seconds"] = run.start_seconds;
+  s["decode_window_seconds"] = window_s;
+  s["window_gbps"] = window_s > 0 ? bytes / window_s / 1e9 : 0.0;
+  s["fill_seconds"] = fill_s;
+  s["verify_seconds"] = verify_s;
+  const double memcpy_gbps = (run.memcpy_gbps_before + run.memcpy_gbps_after) / 2;
+  s["memcpy_gbps"] = memcpy_gbps;
+  s["memcpy_gbps_before"] = run.memcpy_gbps_before;
+  s["memcpy_gbps_after"] = run.memcpy_gbps_after;
+  s["ratio_to_memcpy"] = memcpy_gbps > 0 ? s["gbps"].get<double>() / memcpy_gbps : 0.0;
   s["p50_us"] = p50;
   s["p99_us"] = p99;
   s["verified_pages"] = verified;
@@ -240,9 +255,27 @@ void PrintSummary(std::ostream& out, const json& s) {
   out << fmt::format("  requests        {}  (succeeded {}, failed {}, unfinished {})\n",
                      s["requests"].get<int64_t>(), s["succeeded"].get<int64_t>(),
                      s["failed"].get<int64_t>(), s["nonterminal"].get<uint64_t>());
-  out << fmt::format("  moved           {:.2f} GiB in {:.1f} s = {:.2f} GB/s\n",
+  out << fmt::format("  moved           {:.2f} GiB in {:.1f} s = {:.2f} GB/s end to end",
                      gib(s["bytes"].get<uint64_t>()), s["seconds"].get<double>(),
                      s["gbps"].get<double>());
+  const double memcpy_gbps = s.value("memcpy_gbps", 0.0);
+  if (memcpy_gbps > 0)
+    out << fmt::format(" = {:.2f} x single-thread memcpy ({:.2f} GB/s, this box, this run)",
+                       s["ratio_to_memcpy"].get<double>(), memcpy_gbps);
+  out << "\n";
+  const double window = s.value("decode_window_seconds", 0.0);
+  if (window > 0) {
+    out << fmt::format(
+        "  transfer        {:.2f} GB/s over decode's window ({:.2f} s, first SendMetadata to last "
+        "Success); processes started in {:.1f} s before it\n",
+        s["window_gbps"].get<double>(), window, s.value("start_seconds", 0.0));
+    const double fill = s.value("fill_seconds", 0.0), verify = s.value("verify_seconds", 0.0);
+    out << fmt::format(
+        "  time            per rank thread: prefill filling {:.2f} s ({:.0f}%), decode verifying "
+        "{:.2f} s ({:.0f}%), the rest polling and waiting on transfers (2 cores: copies, fills and "
+        "checks share them)\n",
+        fill, 100 * fill / window, verify, 100 * verify / window);
+  }
   out << fmt::format(
       "  latency         p50 {:.1f} ms, p99 {:.1f} ms (SendMetadata to Success, "
       "slowest decode rank)\n",

@@ -51,9 +51,13 @@ struct DemoRun {
   DemoFlags flags;
   FaultSpec fault;
   bool fault_fired = false;
-  int victim = -1;          // process index
-  int64_t fault_at_us = 0;  // wall clock µs; 0 = unknown (oom: from records)
-  double seconds = 0;       // traffic time
+  int victim = -1;           // process index
+  int64_t fault_at_us = 0;   // wall clock µs; 0 = unknown (oom: from records)
+  double seconds = 0;        // traffic time
+  double start_seconds = 0;  // starting the processes (pools allocated and touched)
+  // Single-thread memcpy of page-sized pieces on this box, measured just
+  // before the processes start and just after they stop (0 = not measured).
+  double memcpy_gbps_before = 0, memcpy_gbps_after = 0;
   std::string log_dir;
   std::vector<std::string> problems;  // found by the driver (hangs)
 };
@@ -67,7 +71,10 @@ std::string DescribeLayout(const DemoFlags& flags, const std::string& log_dir);
 // rank that reported, victim flagged): the first failure naming the victim
 // among the rank's rooms ("source": "room"), else the rank's latest known
 // rank failure ("source": "rank"), with detection_ms = its detected_at minus
-// the time of the fault.
+// the time of the fault. Also the time account: decode_window_seconds (the
+// slowest decode rank's first SendMetadata to last Success), window_gbps,
+// fill_seconds / verify_seconds (the busiest prefill / decode rank's thread),
+// memcpy_gbps and ratio_to_memcpy (end-to-end rate over memcpy).
 nlohmann::json Summarize(const Cluster& cluster, const DemoRun& run);
 
 void PrintSummary(std::ostream& out, const nlohmann::json& summary);

@@ -6,6 +6,7 @@
 #include "bench/bench.h"
 #include "tools/bench_failures.h"
 #include "tools/bench_requests.h"
+#include "tools/bench_scale.h"
 #include "tools/bootstrap_cmd.h"
 #include "tools/demo.h"
 #include "tools/explain.h"
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
   if (CLI::App* bench = app.get_subcommand("bench")) {
     kvbridge::tools::AddBenchRequestsCommand(*bench, run);
     kvbridge::tools::AddBenchFailuresCommand(*bench, run);
+    kvbridge::tools::AddBenchScaleCommand(*bench, run);
   }
   kvbridge::tools::AddDemoCommands(app, run);
   kvbridge::tools::AddWorkerCommand(app, run);

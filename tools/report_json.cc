@@ -66,6 +66,7 @@ nlohmann::json ReportToJson(const RankId& self, const WorkerReport& r) {
           {"bytes", r.bytes},
           {"p50_us", pct(0.5)},
           {"p99_us", pct(0.99)},
+          {"max_us", lat.empty() ? 0.0 : lat.back()},
           {"fatal_reported", r.fatal_reported},
           {"failures", failures},
           {"stats", StatsToJson(r.stats)},

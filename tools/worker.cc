@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <deque>
 #include <iostream>
 #include <memory>
@@ -75,6 +76,19 @@ struct WorkerFlags {
   // Fill and check the pattern in 1 page of this many.
   int check_stride = 1;
 };
+
+// This process's resident anonymous memory (RssAnon: heap, stacks; not the
+// shared-memory pools), kB; 0 when /proc cannot say.
+uint64_t RssAnonKb() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  uint64_t kb = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr)
+    if (std::sscanf(line, "RssAnon: %lu kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb;
+}
 
 struct RoomPlan {
   uint64_t room;
@@ -238,6 +252,19 @@ int RunWorker(const WorkerFlags& f) {
   std::optional<Clock::time_point> window_start;
   Clock::time_point window_end{};
   uint64_t warmup_ok = 0, warmup_failed = 0;
+  // Where this rank's thread spends the run: filling (prefill's forward
+  // pass) and verifying (decode), for the demo's account of its time.
+  double fill_s = 0, verify_s = 0;
+  // Memory per room in flight (bench scale): RssAnon before the first
+  // admission and at the most rooms live, sampled when a new most is reached
+  // (at most every 10 ms).
+  const uint64_t rss_base_kb = RssAnonKb();
+  uint64_t rss_peak_kb = rss_base_kb;
+  size_t peak_live = 0;
+  auto last_rss = Clock::now() - std::chrono::seconds(1);
+  auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   // Stdin commands while running, read only with --progress-ms (the demo's
   // --duration): "pause" stops admitting and answers "PAUSED {admitted}";
   // "limit M" then admits up to M rooms in all, the same M on every rank, so
@@ -315,7 +342,9 @@ int RunWorker(const WorkerFlags& f) {
         l->sender = std::move(s).value();
         // The forward pass: it runs while decode bootstraps and sends its
         // metadata, as in sglang, so it is not part of the transfer.
+        const auto fill_t0 = Clock::now();
         (*pool)->Fill(l->plan.room, l->pages, l->aux, l->state, f.check_stride);
+        fill_s += seconds_since(fill_t0);
       } else {
         auto r = KVReceiver::Create(m, l->plan.room);
         if (!r.ok()) return 4;
@@ -328,6 +357,11 @@ int RunWorker(const WorkerFlags& f) {
       }
       live.push_back(std::move(l));
       ++next;
+    }
+    if (live.size() > peak_live && Clock::now() - last_rss >= std::chrono::milliseconds(10)) {
+      peak_live = live.size();
+      rss_peak_kb = std::max(rss_peak_kb, RssAnonKb());
+      last_rss = Clock::now();
     }
     if (stall_pending && finished >= f.stall_after) {
       fault->HoldWrites();
@@ -365,6 +399,7 @@ int RunWorker(const WorkerFlags& f) {
       o.success = p == KVPoll::kSuccess;
       o.latency_us = std::chrono::duration<double, std::micro>(Clock::now() - l.t0).count();
       if (o.success && !prefill) {
+        const auto verify_t0 = Clock::now();
         uint64_t bad = (*pool)->CountCorruptPages(l.plan.room, l.pages, 0, f.check_stride);
         report.corrupt_pages += bad;
         if (bad > 0)
@@ -377,6 +412,7 @@ int RunWorker(const WorkerFlags& f) {
           ++report.corrupt_pages;
         if (!l.warmup)
           report.bytes += l.pages.size() * (*pool)->num_kv_buffers() * (*pool)->page_bytes();
+        verify_s += seconds_since(verify_t0);
       }
       o.failure = prefill ? l.sender->Failure() : l.receiver->Failure();
       if (l.warmup) {
@@ -440,6 +476,11 @@ int RunWorker(const WorkerFlags& f) {
   out["at_us"] = WallMicros();
   out["warmup_succeeded"] = warmup_ok;
   out["warmup_failed"] = warmup_failed;
+  out["fill_seconds"] = fill_s;
+  out["peak_live"] = peak_live;
+  out["rss_anon_base_kb"] = rss_base_kb;
+  out["rss_anon_peak_kb"] = rss_peak_kb;
+  out["verify_seconds"] = verify_s;
   out["window_seconds"] =
       window_start ? std::chrono::duration<double>(window_end - *window_start).count() : 0.0;
   // What this rank knows of other ranks' failures (sglang's "exception from

@@ -399,6 +399,11 @@ void ManagerImpl::OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& o
   }
   if (peer.acked) return;  // the answer to a Hello sent again
   peer.acked = true;
+  // The writer chose the path when it mapped this rank's regions; it says
+  // which in the ack (this rank imports nothing of its own from a writer).
+  KVB_LOG_INFO(
+      "connected to {} via {}", peer.key,
+      ack.path.empty() ? std::string_view("? (the peer did not say)") : std::string_view(ack.path));
   if (peer.hello_attempts > 1)
     KVB_LOG_INFO("{} answered handshake attempt {}", peer.key, peer.hello_attempts);
   for (std::string& bytes : peer.held) out.messages.emplace_back(peer.tpeer, std::move(bytes));
@@ -424,7 +429,10 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello) {
         for (auto& [rank, flow] : room->flows) in_use = in_use || flow.peer_key == old->key;
       if (in_use) {
         // Requests already flow over our endpoint to it: answer on it again.
-        Send(out, *old, HelloAckMsg{StatusCode::kOk, "", transport_->Address()});
+        Result<DataPath> path = transport_->PathTo(old->tpeer);
+        Send(out, *old,
+             HelloAckMsg{StatusCode::kOk, "", transport_->Address(),
+                         std::string(path.ok() ? DataPathName(*path) : std::string_view())});
         answered_again = true;
       } else {
         // Our endpoint to it may be the stuck one: answer on a new one.
@@ -471,7 +479,9 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello) {
   if (verdict.ok()) verdict = import(hello.kv_keys, &peer->remote.kv);
   if (verdict.ok()) verdict = import(hello.aux_keys, &peer->remote.aux);
   if (verdict.ok()) verdict = import(hello.state_keys, &peer->remote.state);
-  HelloAckMsg ack{verdict.code(), verdict.message(), transport_->Address()};
+  Result<DataPath> path = transport_->PathTo(peer->tpeer);
+  const std::string path_name(path.ok() ? DataPathName(*path) : std::string_view());
+  HelloAckMsg ack{verdict.code(), verdict.message(), transport_->Address(), path_name};
   out.messages.emplace_back(peer->tpeer, EncodeMessage(self_, ack));
   if (!verdict.ok()) {
     KVB_LOG_WARN("refusing {}: {}", from.ToString(), verdict.ToString());
@@ -479,9 +489,11 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello) {
     transport_->Disconnect(peer->tpeer);
     return;
   }
-  Result<DataPath> path = transport_->PathTo(peer->tpeer);
-  KVB_LOG_INFO("connected to {} via {}", from.ToString(),
-               path.ok() ? DataPathName(*path) : std::string_view("?"));
+  // One line per peer (the transport logs each region at debug level).
+  KVB_LOG_INFO("connected to {} via {}: mapped {} regions ({} kv, {} aux, {} state)",
+               from.ToString(), path_name.empty() ? std::string("?") : path_name,
+               peer->remote.kv.size() + peer->remote.aux.size() + peer->remote.state.size(),
+               peer->remote.kv.size(), peer->remote.aux.size(), peer->remote.state.size());
   {
     MutexLock lock(mu_);
     dead_ranks_.erase(peer->key);

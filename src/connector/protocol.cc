@@ -187,6 +187,7 @@ struct Encoder {
     w.U32(static_cast<uint32_t>(m.code));
     w.Bytes(m.message);
     w.Bytes(m.address);
+    w.Bytes(m.path);
   }
   void operator()(const MetaMsg& m) {
     w.U64(m.room);
@@ -272,7 +273,8 @@ bool DecodeBody(uint8_t type, WireReader& r, MessageBody* body) {
       uint32_t code;
       if (!r.U32In("status code", &code, 0, static_cast<uint32_t>(StatusCode::kDataLoss)) ||
           !r.BoundedBytes("message", &m.message, kMaxTextBytes) ||
-          !r.BoundedBytes("address", &m.address, kMaxBlobBytes))
+          !r.BoundedBytes("address", &m.address, kMaxBlobBytes) ||
+          (!r.AtEnd() && !r.BoundedBytes("path", &m.path, kMaxNameBytes)))
         return false;
       m.code = static_cast<StatusCode>(code);
       *body = std::move(m);

@@ -57,6 +57,11 @@ struct HelloAckMsg {
   StatusCode code = StatusCode::kOk;
   std::string message;
   std::string address;
+  // The path the acknowledging rank writes into the Hello's sender by
+  // ("shm", "cma", "ucx-rndv", ...; DataPathName), so that a receiver that
+  // only exports memory can name it; "" when unknown. Optional on the wire:
+  // an ack without it decodes with "".
+  std::string path;
 };
 struct MetaMsg {
   uint64_t room = 0;

@@ -67,7 +67,7 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
   layout.aux = {{0x9000, 640, 64}};
   std::vector<MessageBody> bodies = {
       HelloMsg{layout, 4, "addr", {"k1"}, {"a"}, {}},
-      HelloAckMsg{StatusCode::kFailedPrecondition, "page size mismatch", "addr2"},
+      HelloAckMsg{StatusCode::kFailedPrecondition, "page size mismatch", "addr2", "shm"},
       MetaMsg{42, 7, 2, true, {1, 5, 9}, 3, {4}, 2},
       NotifyMsg{42, 7, 3, true, 12},
       RoomFailedMsg{42, 7, true, Record()},
@@ -91,6 +91,10 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
   EXPECT_EQ(meta.aux_index, 3);
   EXPECT_EQ(meta.prefix_pages, 2);
   EXPECT_TRUE(meta.dummy);
+  auto ack =
+      std::get<HelloAckMsg>(DecodeMessage(EncodeMessage(Rank(Role::kDecode, 3), bodies[1]))->body);
+  EXPECT_EQ(ack.address, "addr2");
+  EXPECT_EQ(ack.path, "shm");
   auto hello =
       std::get<HelloMsg>(DecodeMessage(EncodeMessage(Rank(Role::kDecode, 3), bodies[0]))->body);
   EXPECT_TRUE(hello.layout.is_mla);
@@ -295,8 +299,10 @@ TEST(ProtocolLimitsTest, EveryCountAndLengthIsBounded) {
   HelloAckMsg ack{StatusCode::kOk, std::string(kMaxTextBytes + 1, 'm'), "addr"};
   ExpectRejected(EncodeMessage(from, ack), "message of 16385 bytes exceeds the limit of 16384");
   std::string code = EncodeMessage(from, HelloAckMsg{StatusCode::kOk, "", ""});
-  code[code.size() - 12] = 16;  // the status code, before two empty strings
+  code[code.size() - 16] = 16;  // the status code, before three empty strings
   ExpectRejected(code, "status code 16 out of range [0, 15]");
+  ack = HelloAckMsg{StatusCode::kOk, "", "addr", std::string(kMaxNameBytes + 1, 'p')};
+  ExpectRejected(EncodeMessage(from, ack), "path of 257 bytes exceeds the limit of 256");
 
   FailureRecord f = Record();
   f.detail.assign(kMaxTextBytes + 1, 'd');

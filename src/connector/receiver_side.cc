@@ -271,9 +271,8 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
     transport_->Disconnect(tpeer);
     return sent.WithContext(key);
   }
-  Result<DataPath> path = transport_->PathTo(tpeer);
-  KVB_LOG_INFO("connected to {} via {}", key,
-               path.ok() ? DataPathName(*path) : std::string_view("?"));
+  // "connected to ... via PATH" follows with the peer's HelloAck.
+  KVB_LOG_DEBUG("handshake sent to {}", key);
   return key;
 }
 

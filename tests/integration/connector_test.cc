@@ -89,7 +89,9 @@ std::string MakeLogDir() {
   return mkdtemp(tmpl) ? std::string(tmpl) : std::string();
 }
 
-// The data paths the ranks logged ("connected to ... via shm").
+// The data paths the ranks logged ("connected to ... via shm[: ...]"), the
+// word after "via": prefill and decode ranks both name it (a "?" is a path
+// nobody named, and fails the caller's check).
 std::set<std::string> LoggedPaths(const std::string& dir) {
   std::set<std::string> paths;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
@@ -97,10 +99,10 @@ std::set<std::string> LoggedPaths(const std::string& dir) {
     std::string line;
     while (std::getline(in, line)) {
       size_t at = line.find(" via ");
-      // The side that connects back may not know the path yet ("?").
-      if (line.find("connected to ") != std::string::npos && at != std::string::npos &&
-          line.substr(at + 5) != "?")
-        paths.insert(line.substr(at + 5));
+      if (line.find("] connected to ") == std::string::npos || at == std::string::npos) continue;
+      std::string word = line.substr(at + 5);
+      word = word.substr(0, word.find_first_of(": "));
+      paths.insert(word);
     }
   }
   return paths;
@@ -154,7 +156,12 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, ConnectorTp,
     ::testing::Values(TpCase{"mha_1to1", 1, 1, false}, TpCase{"mha_2to2", 2, 2, false},
                       TpCase{"mha_1to2", 1, 2, false}, TpCase{"mha_2to1", 2, 1, false},
-                      TpCase{"mha_4to2", 4, 2, false}, TpCase{"mla_2to2", 2, 2, true}),
+                      TpCase{"mha_4to2", 4, 2, false}, TpCase{"mla_2to2", 2, 2, true},
+                      // Wide fan-out and fan-in (issue 14): a prefill rank's
+                      // heads split over two decode ranks, and four prefill
+                      // ranks' heads gathered into one decode rank.
+                      TpCase{"mha_4to8", 4, 8, false}, TpCase{"mha_8to2", 8, 2, false},
+                      TpCase{"mla_4to8", 4, 8, true}, TpCase{"mla_8to2", 8, 2, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // --- Pipeline parallel layouts -------------------------------------------
@@ -338,6 +345,20 @@ TEST_P(ConnectorPath, MovesVerifiedPages) {
   ASSERT_FALSE(paths.empty()) << "no 'connected to ... via' line in " << o.log_dir;
   for (const std::string& p : paths)
     EXPECT_NE(p.find(pc.expect_path), std::string::npos) << "logged path " << p;
+  // An operator reads one line per peer on each side, not one per region.
+  for (const auto& entry : std::filesystem::directory_iterator(o.log_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with("prefill") && !name.starts_with("decode")) continue;
+    std::ifstream in(entry.path());
+    std::string line;
+    int connected = 0, per_region = 0;
+    while (std::getline(in, line)) {
+      connected += line.find("] connected to ") != std::string::npos;
+      per_region += line.find(" -> path ") != std::string::npos;
+    }
+    EXPECT_GE(connected, 1) << name << " never said which path it uses";
+    EXPECT_EQ(per_region, 0) << name << " logged its peer's regions one by one";
+  }
   std::filesystem::remove_all(o.log_dir);
 }
 

@@ -214,10 +214,19 @@ void UcxTransport::ProgressLoop() {
   const int idle_ms =
       static_cast<int>(std::clamp<int64_t>(options_.keepalive_interval.count() / 2, 1, 100));
   std::optional<Clock::time_point> stop_deadline;
+  // After work, keep polling a little before sleeping (progress_spin).
+  const std::chrono::microseconds spin = options_.progress_spin;
+  Clock::time_point last_work = Clock::now();
   for (;;) {
     bool did = RunCommands();
     did |= ucp_worker_progress(worker_.get()) != 0;
     PollClosing();
+    if (did) {
+      last_work = Clock::now();
+    } else if (spin.count() > 0 && !stopping_ && Clock::now() - last_work < spin) {
+      std::this_thread::yield();
+      continue;
+    }
     if (stopping_) {
       if (!stop_deadline) stop_deadline = Clock::now() + std::chrono::seconds(3);
       bool busy = !closing_.empty() || active_batches_ > 0;
@@ -518,9 +527,9 @@ Result<RemoteRegionId> UcxTransport::ImportRegion(PeerId peer_id, std::string_vi
     peer->regions[id] = region;
     peer->last_path = region->path;
   }
-  KVB_LOG_INFO("ucx transport {}: peer {} region {} ({} bytes at {:#x}) -> path {}", options_.name,
-               peer->name, region->blob.region_id, region->blob.length, region->blob.base,
-               DataPathName(region->path));
+  KVB_LOG_DEBUG("ucx transport {}: peer {} region {} ({} bytes at {:#x}) -> path {}", options_.name,
+                peer->name, region->blob.region_id, region->blob.length, region->blob.base,
+                DataPathName(region->path));
   return id;
 }
 
