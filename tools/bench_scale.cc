@@ -129,7 +129,7 @@ int RunBenchScale(const ScaleFlags& f) {
                "x 2 B, 1-page requests of %d tokens, every byte verified; %d x rooms requests per "
                "point, the stream keeping that many rooms in flight; load average %.2f\n",
                f.prefill_tp, f.decode_tp, f.layers, f.heads, f.head_dim, f.page_size, f.rounds,
-               f.page_size, LoadAverage());
+               LoadAverage());
   std::fflush(note);
   std::vector<ScalePoint> points;
   for (int rooms : f.rooms) points.push_back(RunPoint(f, rooms));
