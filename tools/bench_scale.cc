@@ -138,7 +138,14 @@ int RunBenchScale(const ScaleFlags& f) {
   for (const ScalePoint& p : points) {
     ok = ok && p.error.empty();
     deadline_met = deadline_met && p.error.empty() && p.max_us <= f.deadline_ms * 1000.0;
-    memory_met = memory_met && p.bytes_per_room <= 1024;
+  }
+  // Per-room memory is judged where rooms dominate it: at the most rooms (a
+  // process's fixed growth spread over 100 rooms reads as kilobytes each).
+  if (!points.empty()) {
+    const auto most =
+        std::max_element(points.begin(), points.end(),
+                         [](const auto& a, const auto& b) { return a.rooms < b.rooms; });
+    memory_met = most->error.empty() && most->bytes_per_room <= 1024;
   }
   if (f.json) {
     nlohmann::json results = nlohmann::json::array();
@@ -185,8 +192,8 @@ int RunBenchScale(const ScaleFlags& f) {
       "B/room: the worst rank's resident anonymous memory (RssAnon, not the shared page "
       "pools) at its most rooms live, minus before the first, over those rooms\n");
   std::printf(
-      "target: no request slower than the %d ms deadline: %s; <= 1 KiB per room in "
-      "flight: %s; load average now %.2f\n",
+      "target: no request slower than the %d ms deadline: %s; <= 1 KiB per room in flight at "
+      "the most rooms: %s; load average now %.2f\n",
       f.deadline_ms, deadline_met ? "met" : "NOT met", memory_met ? "met" : "NOT met",
       LoadAverage());
   return ok ? 0 : 1;

@@ -84,7 +84,7 @@ std::optional<FailureRecord> ManagerImpl::RoomRecordLocked(const Room& room) con
 template <typename Room>
 FailureRecord ManagerImpl::GroupFailure(const Room& room) {
   auto known = [&]() KVB_REQUIRES(mu_) -> std::optional<FailureRecord> {
-    if (room.failure) return room.failure;
+    if (room.failure) return *room.failure;
     std::optional<FailureRecord> r = RoomRecordLocked(room);
     if (r) r->is_from_another_rank = IsFromAnotherRank(r->origin);  // as this rank holds it
     return r;

@@ -40,7 +40,8 @@ void ManagerImpl::ReleaseReceiver(const std::shared_ptr<ReceiverRoom>& room) {
 
 std::optional<FailureRecord> ManagerImpl::ReceiverFailure(const ReceiverRoom& room) const {
   MutexLock lock(mu_);
-  return room.failure;
+  if (!room.failure) return std::nullopt;
+  return *room.failure;
 }
 
 Status ManagerImpl::ReceiverInit(const std::shared_ptr<ReceiverRoom>& room, int prefill_dp_rank) {

@@ -72,7 +72,8 @@ void ManagerImpl::ReleaseSender(const std::shared_ptr<SenderRoom>& room) {
 
 std::optional<FailureRecord> ManagerImpl::SenderFailure(const SenderRoom& room) const {
   MutexLock lock(mu_);
-  return room.failure;
+  if (!room.failure) return std::nullopt;
+  return *room.failure;
 }
 
 Status ManagerImpl::SenderInit(SenderRoom& room, int64_t num_pages, int64_t aux_index) {
