@@ -125,6 +125,12 @@ Status ManagerImpl::Start() {
     t.name = self_.ShortName();
     KVB_ASSIGN_OR_RETURN(transport_, CreateUcxTransport(t));
   }
+  // Up before any handler can run: transport threads count into it.
+  if (opts_.metrics_port != 0) {
+    KVB_ASSIGN_OR_RETURN(metrics_, ManagerMetrics::Start(opts_.metrics_port, opts_.role,
+                                                         [this] { return Stats(); }));
+    KVB_LOG_INFO("metrics on port {}", metrics_->port());
+  }
   // Every message from here on is sealed or a handshake (peer_auth.h); the
   // secret proves this rank to its peers as it does to the registry.
   KVB_ASSIGN_OR_RETURN(std::string token, ResolveAuthToken(opts_.auth_token, self_.ShortName()));
@@ -199,11 +205,6 @@ Status ManagerImpl::Start() {
       return registered.WithContext("registering with bootstrap");
     }
     KVB_LOG_WARN("decode rank not listed in the bootstrap registry: {}", registered.ToString());
-  }
-  if (opts_.metrics_port != 0) {
-    KVB_ASSIGN_OR_RETURN(metrics_, ManagerMetrics::Start(opts_.metrics_port, opts_.role,
-                                                         [this] { return Stats(); }));
-    KVB_LOG_INFO("metrics on port {}", metrics_->port());
   }
   ticker_ = std::thread([this] { EveryHeartbeat([this] { Tick(); }); });
   registry_thread_ = std::thread([this] {
