@@ -1,6 +1,6 @@
 // Fuzz target: DecodeMessage (connector/protocol.h), every control message
 // type a peer can send: Hello, HelloAck, Meta, Notify, RoomFailed,
-// Quiesced, Heartbeat, RankFailed.
+// Quiesced, Heartbeat, RankFailed, HelloChallenge, HelloProof.
 //
 // Checks: a rejected message says why; an accepted one re-encodes to a
 // message of the same size that decodes again to the same encoding

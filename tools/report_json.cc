@@ -31,6 +31,7 @@ nlohmann::json StatsToJson(const ManagerStats& s) {
           {"chunks_sent", s.chunks_sent},
           {"stale_messages_dropped", s.stale_messages_dropped},
           {"invalid_messages_dropped", s.invalid_messages_dropped},
+          {"unauthenticated_messages_dropped", s.unauthenticated_messages_dropped},
           {"pending_metadata", s.pending_metadata},
           {"peers_connected", s.peers_connected},
           {"heartbeat_rounds", s.heartbeat_rounds}};

@@ -93,6 +93,8 @@ std::vector<Seed> Seeds() {
   named.instance = "decode-b";
   const std::string addr = "ucx:\x01\x02\x03 worker address";
   HelloMsg hello{Layout(), 2, addr, {"kv0", "kv1", "kv2", "kv3"}, {"aux0"}, {"state0"}};
+  hello.session = 0x5e55;
+  hello.nonce.fill(0xa5);
   FailureRecord bootstrap = Record();
   bootstrap.origin = RankId{};
   bootstrap.origin.role = Role::kBootstrap;
@@ -119,6 +121,9 @@ std::vector<Seed> Seeds() {
       {"control_message", "quiesced", EncodeMessage(prefill, QuiescedMsg{42, 3})},
       {"control_message", "heartbeat", EncodeMessage(decode, HeartbeatMsg{17})},
       {"control_message", "rank_failed", EncodeMessage(prefill, RankFailedMsg{Record()})},
+      {"control_message", "hello_challenge",
+       EncodeMessage(prefill, HelloChallengeMsg{0x5e55, 0x7a11, Nonce{1, 2, 3}, Digest{4, 5, 6}})},
+      {"control_message", "hello_proof", EncodeMessage(decode, HelloProofMsg{0x7a11, Digest{7}})},
       {"failure_record", "peer_exited", EncodeFailureRecord(Record())},
       {"failure_record", "registry_lost", EncodeFailureRecord(bootstrap)},
       {"base64", "empty", ""},

@@ -49,6 +49,12 @@ struct ManagerStats {
   // handshake (e.g. a Meta whose decode tp size is not its Hello's). Each is
   // logged once, with the reason.
   uint64_t invalid_messages_dropped = 0;
+  // Control messages dropped because no handshake proved their sender:
+  // plain messages that are not part of a handshake, sealed ones under an
+  // unknown session or with a wrong tag or a replayed sequence number,
+  // messages naming another rank than their session proved, and handshake
+  // answers whose proof fails (docs/security.md, "Peers prove who they are").
+  uint64_t unauthenticated_messages_dropped = 0;
   uint64_t pending_metadata = 0;  // metadata waiting for its sender
   uint64_t peers_connected = 0;
   // Liveness rounds the ticker ran (heartbeats sent, silences and deadlines

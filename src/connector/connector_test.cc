@@ -205,10 +205,10 @@ TEST(ConnectorTest, AbortThatOvertakesItsMetadataWinsOverIt) {
   ExpectDelivered(**c, warm);
   KVManager& prefill = *(*c)->prefill[0].manager;
   KVManager& decode = *(*c)->decode[0].manager;
-  // Decode's messages, in the order the race delivers them, on an endpoint
-  // of decode's own transport.
+  // Decode's messages, in the order the race delivers them, on decode's own
+  // (proven) endpoint to prefill.
   Transport& dt = ManagerAccess::Of(decode).transport();
-  const PeerId to_prefill = dt.Connect(ManagerAccess::Of(prefill).transport().Address()).value();
+  const PeerId to_prefill = ProvenEndpoint(decode, prefill.self());
   auto send = [&](const MessageBody& body) {
     ASSERT_TRUE(dt.SendMessage(to_prefill, EncodeMessage(decode.self(), body)).ok());
   };
@@ -242,7 +242,6 @@ TEST(ConnectorTest, AbortThatOvertakesItsMetadataWinsOverIt) {
   auto late = std::move(KVSender::Create(prefill, 21)).value();
   ASSERT_TRUE(WaitFor([&] { return late->Poll() == KVPoll::kFailed; })) << KVPollName(late->Poll());
   EXPECT_EQ(late->Failure()->cause, FailureCause::kAborted);
-  dt.Disconnect(to_prefill);
 }
 
 TEST(ConnectorTest, SecondLiveReceiverOrSenderIsRefused) {

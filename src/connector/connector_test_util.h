@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "connector/manager_impl.h"
 #include "connector/test_cluster.h"
 #include "transport/fault/fault_transport.h"
 
@@ -40,6 +41,15 @@ WrapInFaults(std::vector<FaultTransport*>* faults) {
     faults->push_back(f.get());
     return f;
   };
+}
+
+// The endpoint `from` talks to `to` on, once their handshake proved both:
+// what a test sends on it through `from`'s transport is sealed as `from`'s.
+inline PeerId ProvenEndpoint(KVManager& from, const RankId& to) {
+  for (const PeerSnapshot& p : ManagerAccess::Of(from).Peers())
+    if (p.id.SameRank(to) && p.ready && !p.failed) return p.endpoint;
+  ADD_FAILURE() << "no proven endpoint to " << to.ToString();
+  return 0;
 }
 
 struct Request {

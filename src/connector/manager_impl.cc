@@ -125,7 +125,22 @@ Status ManagerImpl::Start() {
     t.name = self_.ShortName();
     KVB_ASSIGN_OR_RETURN(transport_, CreateUcxTransport(t));
   }
-  transport_->SetMessageHandler([this](std::string_view bytes) { OnMessage(bytes); });
+  // Up before any handler can run: transport threads count into it.
+  if (opts_.metrics_port != 0) {
+    KVB_ASSIGN_OR_RETURN(metrics_, ManagerMetrics::Start(opts_.metrics_port, opts_.role,
+                                                         [this] { return Stats(); }));
+    KVB_LOG_INFO("metrics on port {}", metrics_->port());
+  }
+  // Every message from here on is sealed or a handshake (peer_auth.h); the
+  // secret proves this rank to its peers as it does to the registry.
+  KVB_ASSIGN_OR_RETURN(std::string token, ResolveAuthToken(opts_.auth_token, self_.ShortName()));
+  handshake_ = std::make_unique<HandshakeAuth>(token);
+  auto auth = std::make_unique<AuthTransport>(std::move(transport_));
+  auth_ = auth.get();
+  transport_ = std::move(auth);
+  auth_->SetAuthHandlers(
+      [this](std::string_view bytes, const RankId* proven) { OnMessage(bytes, proven); },
+      [this](const Status& why) { DropUnauthenticated(why.message()); });
   transport_->SetPeerFailureHandler(
       [this](PeerId peer, const Status& why) { OnPeerFailure(peer, why); });
 
@@ -145,7 +160,6 @@ Status ManagerImpl::Start() {
   KVB_RETURN_IF_ERROR(reg(layout_.state, &regions_.state, &state_keys_));
   engine_ = std::make_unique<TransferEngine>(*transport_, regions_);
 
-  KVB_ASSIGN_OR_RETURN(std::string token, ResolveAuthToken(opts_.auth_token, self_.ShortName()));
   KVB_ASSIGN_OR_RETURN(
       auto client,
       BootstrapClient::Create(opts_.bootstrap_addr, std::chrono::milliseconds(2000), token));
@@ -192,11 +206,6 @@ Status ManagerImpl::Start() {
       return registered.WithContext("registering with bootstrap");
     }
     KVB_LOG_WARN("decode rank not listed in the bootstrap registry: {}", registered.ToString());
-  }
-  if (opts_.metrics_port != 0) {
-    KVB_ASSIGN_OR_RETURN(metrics_, ManagerMetrics::Start(opts_.metrics_port, opts_.role,
-                                                         [this] { return Stats(); }));
-    KVB_LOG_INFO("metrics on port {}", metrics_->port());
   }
   ticker_ = std::thread([this] { EveryHeartbeat([this] { Tick(); }); });
   registry_thread_ = std::thread([this] {
@@ -344,7 +353,7 @@ bool ManagerImpl::MarkRoomFailedLocked(Room& room, FailureRecord& record) {
 template bool ManagerImpl::MarkRoomFailedLocked(SenderRoom&, FailureRecord&);
 template bool ManagerImpl::MarkRoomFailedLocked(ReceiverRoom&, FailureRecord&);
 
-void ManagerImpl::OnMessage(std::string_view bytes) {
+void ManagerImpl::OnMessage(std::string_view bytes, const RankId* proven) {
   KVB_LOG_TRACE("control message of {} bytes", bytes.size());
   Result<Message> decoded = DecodeMessage(bytes);
   if (!decoded.ok()) {
@@ -353,8 +362,17 @@ void ManagerImpl::OnMessage(std::string_view bytes) {
     return;
   }
   Message m = std::move(decoded).value();
+  if (!Admit(m, proven)) return;
   if (auto* hello = std::get_if<HelloMsg>(&m.body)) {
-    OnHello(m.from, std::move(*hello));
+    OnHello(m.from, std::move(*hello), bytes);
+    return;
+  }
+  if (auto* challenge = std::get_if<HelloChallengeMsg>(&m.body)) {
+    OnHelloChallenge(m.from, *challenge);
+    return;
+  }
+  if (auto* proof = std::get_if<HelloProofMsg>(&m.body)) {
+    OnHelloProof(m.from, *proof);
     return;
   }
   Outbox out;
@@ -411,99 +429,6 @@ void ManagerImpl::OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& o
   OnPeerAckedLocked(peer);
 }
 
-void ManagerImpl::OnHello(const RankId& from, HelloMsg hello) {
-  // Runs on a transport thread; Connect and ImportRegion are allowed there.
-  std::lock_guard<std::mutex> resolve(resolve_mu_);
-  Outbox out;
-  PeerId stale = 0;
-  bool answered_again = false;
-  {
-    MutexLock lock(mu_);
-    Peer* old = FindPeerLocked(PeerKey(from));
-    if (old != nullptr && old->id.incarnation == from.incarnation && old->ready) {
-      // The same process again: it did not hear our answer. A failed peer
-      // stays failed (it learns so from the RankFailed it gets).
-      if (old->failed) return;
-      bool in_use = false;
-      for (auto& [id, room] : senders_)
-        for (auto& [rank, flow] : room->flows) in_use = in_use || flow.peer_key == old->key;
-      if (in_use) {
-        // Requests already flow over our endpoint to it: answer on it again.
-        Result<DataPath> path = transport_->PathTo(old->tpeer);
-        Send(out, *old,
-             HelloAckMsg{StatusCode::kOk, "", transport_->Address(),
-                         std::string(path.ok() ? DataPathName(*path) : std::string_view())});
-        answered_again = true;
-      } else {
-        // Our endpoint to it may be the stuck one: answer on a new one.
-        KVB_LOG_INFO("{} sent its Hello again; answering on a new endpoint", from.ToString());
-        stale = old->tpeer;
-        by_tpeer_.erase(old->tpeer);
-        peers_.erase(PeerKey(from));
-      }
-    } else if (old != nullptr) {
-      if (!old->failed) {
-        FailPeerLocked(*old, FailureCause::kPeerExited,
-                       fmt::format("restarted as pid {}", from.pid), "new incarnation", out);
-      }
-      stale = old->tpeer;
-      by_tpeer_.erase(old->tpeer);
-      peers_.erase(PeerKey(from));
-    }
-  }
-  Flush(out);
-  if (answered_again) return;
-  if (stale != 0) transport_->Disconnect(stale);
-
-  auto peer = std::make_unique<Peer>();
-  peer->key = PeerKey(from);
-  peer->id = from;
-  peer->address = hello.address;
-  peer->layout = hello.layout;
-  peer->tp_size = hello.tp_size;
-  Result<PeerId> conn = transport_->Connect(hello.address);
-  if (!conn.ok()) {
-    KVB_LOG_WARN("cannot connect back to {}: {}", from.ToString(), conn.status().ToString());
-    return;
-  }
-  peer->tpeer = *conn;
-  Status verdict = CheckCompatible(layout_, hello.layout);
-  auto import = [&](const std::vector<std::string>& keys,
-                    std::vector<RemoteRegionId>* ids) -> Status {
-    for (const std::string& key : keys) {
-      KVB_ASSIGN_OR_RETURN(RemoteRegionId id, transport_->ImportRegion(peer->tpeer, key));
-      ids->push_back(id);
-    }
-    return Status();
-  };
-  if (verdict.ok()) verdict = import(hello.kv_keys, &peer->remote.kv);
-  if (verdict.ok()) verdict = import(hello.aux_keys, &peer->remote.aux);
-  if (verdict.ok()) verdict = import(hello.state_keys, &peer->remote.state);
-  Result<DataPath> path = transport_->PathTo(peer->tpeer);
-  const std::string path_name(path.ok() ? DataPathName(*path) : std::string_view());
-  HelloAckMsg ack{verdict.code(), verdict.message(), transport_->Address(), path_name};
-  out.messages.emplace_back(peer->tpeer, EncodeMessage(self_, ack));
-  if (!verdict.ok()) {
-    KVB_LOG_WARN("refusing {}: {}", from.ToString(), verdict.ToString());
-    Flush(out);
-    transport_->Disconnect(peer->tpeer);
-    return;
-  }
-  // One line per peer (the transport logs each region at debug level).
-  KVB_LOG_INFO("connected to {} via {}: mapped {} regions ({} kv, {} aux, {} state)",
-               from.ToString(), path_name.empty() ? std::string("?") : path_name,
-               peer->remote.kv.size() + peer->remote.aux.size() + peer->remote.state.size(),
-               peer->remote.kv.size(), peer->remote.aux.size(), peer->remote.state.size());
-  {
-    MutexLock lock(mu_);
-    dead_ranks_.erase(peer->key);
-    peer->ready = true;
-    by_tpeer_[peer->tpeer] = peer.get();
-    peers_[peer->key] = std::move(peer);
-  }
-  Flush(out);
-}
-
 void ManagerImpl::ReportFatal(const std::string& reason) {
   Outbox out;
   {
@@ -552,6 +477,7 @@ ManagerStats ManagerImpl::Stats() const {
   s.chunks_sent = chunks_sent_;
   s.stale_messages_dropped = stale_dropped_;
   s.invalid_messages_dropped = invalid_dropped_;
+  s.unauthenticated_messages_dropped = unauth_dropped_;
   s.pending_metadata = pending_meta_.size();
   s.heartbeat_rounds = heartbeat_seq_.load();
   for (auto& [key, p] : peers_) s.peers_connected += (p->ready && !p->failed) ? 1 : 0;

@@ -28,7 +28,9 @@
 
 #include "common/process.h"
 #include "common/thread_annotations.h"
+#include "connector/auth_transport.h"
 #include "connector/manager_metrics.h"
+#include "connector/peer_auth.h"
 #include "connector/protocol.h"
 #include "connector/rooms.h"
 #include "control/bootstrap_client.h"
@@ -60,6 +62,12 @@ struct Peer {
   // Encoded messages, sent in this order (all as ordered messages: nothing
   // was written to the peer before it answered, so none needs to overtake).
   std::vector<std::string> held;
+  // Decode side, while the handshake runs (peer_auth.h): the digest of the
+  // Hello sent last and its session id (0 once a challenge answered it),
+  // and how many challenges claiming this rank failed their proof.
+  Digest hello_digest{};
+  uint64_t hello_session = 0;
+  int auth_refusals = 0;
   bool failed = false;
   std::optional<FailureRecord> failure;  // why it failed (room 0)
   SteadyTime last_heard = std::chrono::steady_clock::now();
@@ -170,10 +178,34 @@ class ManagerImpl {
   void Send(Outbox& out, Peer& peer, const MessageBody& body, Lane lane = Lane::kOrdered)
       KVB_REQUIRES(mu_);
 
-  // Messages and transport events (manager_impl.cc).
-  void OnMessage(std::string_view bytes);
+  // Messages and transport events (manager_impl.cc). `proven`: the rank
+  // whose session the message opened under; null for a plain message.
+  void OnMessage(std::string_view bytes, const RankId* proven);
   void OnPeerFailure(PeerId peer, const Status& why);
-  void OnHello(const RankId& from, HelloMsg hello);
+
+  // The authenticated handshake (handshake.cc, peer_auth.h).
+  // Whether a decoded message may be applied: a plain one only when it is a
+  // handshake message this role takes; a sealed one only when it names the
+  // rank its session proved (and a RankFailed only about that rank).
+  bool Admit(const Message& m, const RankId* proven);
+  // Counts and logs (the first few, then every 1000th) a dropped message.
+  void DropUnauthenticated(const std::string& why);
+  // Decode: sends a fresh Hello to the prefill rank at `key` on `tpeer`.
+  Status SendHello(const std::string& key, PeerId tpeer);
+  // Prefill: a Hello (not yet proven): connects back and challenges it.
+  void OnHello(const RankId& from, HelloMsg hello, std::string_view bytes);
+  // Decode: checks prefill's proof, binds the session, proves itself.
+  void OnHelloChallenge(const RankId& from, const HelloChallengeMsg& c);
+  // Prefill: checks decode's proof; then AcceptHello.
+  void OnHelloProof(const RankId& from, const HelloProofMsg& p);
+  // Prefill: a proven Hello: replaces an old incarnation, imports the
+  // regions and answers (sealed) on `tpeer`, bound to `b`.
+  void AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer, AuthTransport::Binding b);
+  // What a proven Hello does to the peer at its position: true when that
+  // peer stays (the same process, answered again on its endpoint, or failed);
+  // else it is gone and `stale` names its endpoint.
+  bool KeepOldPeerLocked(const RankId& from, const AuthTransport::Binding& b, Outbox& out,
+                         PeerId* stale) KVB_REQUIRES(mu_);
   void Tick();
   // Runs `round` every heartbeat interval until the manager stops; each of
   // the ticker, registry and resolver threads is one such loop.
@@ -333,7 +365,9 @@ class ManagerImpl {
   const ManagerOptions opts_;
   RankId self_;
   RankLayout layout_;
-  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Transport> transport_;  // auth_ over the real transport
+  AuthTransport* auth_ = nullptr;         // owned by transport_
+  std::unique_ptr<HandshakeAuth> handshake_;
   RegionSet regions_;
   std::vector<std::string> kv_keys_, aux_keys_, state_keys_;
   std::unique_ptr<TransferEngine> engine_;
@@ -398,6 +432,18 @@ class ManagerImpl {
   std::thread ticker_;
   std::thread registry_thread_;
   std::thread resolver_;
+  // Prefill: Hellos challenged and not yet proven, by prefill's session id
+  // (bounded: kMaxPendingHellos, oldest dropped).
+  struct PendingHello {
+    RankId from;
+    HelloMsg hello;
+    Digest digest{};
+    Nonce nonce{};
+    PeerId tpeer = 0;
+    SteadyTime at;
+  };
+  std::map<uint64_t, PendingHello> pending_hellos_ KVB_GUARDED_BY(mu_);
+  std::atomic<uint64_t> unauth_dropped_{0};
   // Peers whose Hello the ticker found unanswered.
   std::set<std::string> hello_retries_ KVB_GUARDED_BY(mu_);
 };

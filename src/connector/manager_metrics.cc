@@ -18,6 +18,11 @@ Result<std::unique_ptr<ManagerMetrics>> ManagerMetrics::Start(int port, Role rol
                               "KV payload bytes written and completed", {{"role", role_name}}));
   KVB_ASSIGN_OR_RETURN(m->ops_, r.GetCounter("kvbridge_transfer_write_ops_total",
                                              "Coalesced writes posted", {{"role", role_name}}));
+  KVB_ASSIGN_OR_RETURN(
+      m->unauthenticated_,
+      r.GetCounter("kvbridge_unauthenticated_messages_total",
+                   "Control messages dropped because no handshake proved their sender",
+                   {{"role", role_name}}));
   KVB_ASSIGN_OR_RETURN(m->latency_,
                        r.GetHistogram("kvbridge_request_latency_seconds",
                                       "Request latency from creation to a terminal state",
@@ -57,6 +62,8 @@ void ManagerMetrics::Failed(FailureCause cause) {
   for (auto& [c, counter] : causes_)
     if (c == cause) counter->Increment();
 }
+
+void ManagerMetrics::DroppedUnauthenticated() { unauthenticated_->Increment(); }
 
 void ManagerMetrics::Wrote(uint64_t bytes, uint64_t ops) {
   bytes_->Increment(static_cast<double>(bytes));

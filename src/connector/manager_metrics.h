@@ -22,6 +22,8 @@ class ManagerMetrics {
   void Finished(bool success, double latency_seconds);
   void Failed(FailureCause cause);
   void Wrote(uint64_t bytes, uint64_t ops);
+  // A control message dropped because no handshake proved its sender.
+  void DroppedUnauthenticated();
 
  private:
   ManagerMetrics() = default;
@@ -31,6 +33,7 @@ class ManagerMetrics {
   Counter* failed_ = nullptr;
   Counter* bytes_ = nullptr;
   Counter* ops_ = nullptr;
+  Counter* unauthenticated_ = nullptr;
   Histogram* latency_ = nullptr;
   std::vector<std::pair<FailureCause, Counter*>> causes_;
 };

@@ -23,15 +23,13 @@ class PeerLimitsTest : public ::testing::Test {
     Start(*cluster_, warm, false);  // the handshake is done: decode declared tp size 1
     SendChunks(warm, {2});
     ExpectDelivered(*cluster_, warm);
-    Transport& dt = ManagerAccess::Of(decode()).transport();
-    to_prefill_ = dt.Connect(ManagerAccess::Of(prefill()).transport().Address()).value();
-  }
-  void TearDown() override {
-    if (cluster_) ManagerAccess::Of(decode()).transport().Disconnect(to_prefill_);
+    // Decode's own endpoint to prefill, whose handshake proved it: what is
+    // sent on it is sealed as decode's.
+    to_prefill_ = ProvenEndpoint(decode(), prefill().self());
   }
   KVManager& prefill() { return *cluster_->prefill[0].manager; }
   KVManager& decode() { return *cluster_->decode[0].manager; }
-  // Sends raw bytes to prefill as decode, on decode's own transport.
+  // Sends bytes to prefill as decode, on decode's own endpoint.
   void SendRaw(std::string bytes) {
     ASSERT_TRUE(
         ManagerAccess::Of(decode()).transport().SendMessage(to_prefill_, std::move(bytes)).ok());

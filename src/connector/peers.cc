@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "common/process.h"
 #include "connector/manager_impl.h"
+#include "control/auth.h"
 
 namespace kvbridge::internal {
 
@@ -148,7 +149,9 @@ void ManagerImpl::Tick() {
       if (peer->tpeer == 0) continue;
       // A peer failed for its own reported error is still alive: keep
       // beating so it does not take our silence for a failure of ours.
-      if (!peer->failed || (peer->failure && peer->failure->cause == FailureCause::kLocalError))
+      // Nothing goes to a rank before its handshake proved it (peer_auth.h).
+      if (peer->acked &&
+          (!peer->failed || (peer->failure && peer->failure->cause == FailureCause::kLocalError)))
         beats.push_back(peer->tpeer);
       // A rank that failed itself (fatal error, fenced) blames nobody else.
       if (peer->failed || !peer->ready || fatal_) continue;
@@ -159,10 +162,16 @@ void ManagerImpl::Tick() {
         if (now - peer->hello_at <= wait) continue;
         const ProcessState ps = LocalProcessState(peer->id);
         if (ps == ProcessState::kExited || now - peer->last_heard > silence_limit * 10) {
+          std::string refusals;
+          if (peer->auth_refusals > 0)
+            refusals = fmt::format(
+                "; {} answers claiming to be it did not prove the shared secret (set {} to the "
+                "same secret on every rank)",
+                peer->auth_refusals, kAuthTokenEnv);
           FailSilentPeerLocked(
               *peer, ps,
-              fmt::format("no answer to {} handshake attempts in {:.2f} s", peer->hello_attempts,
-                          std::chrono::duration<double>(now - peer->last_heard).count()),
+              fmt::format("no answer to {} handshake attempts in {:.2f} s{}", peer->hello_attempts,
+                          std::chrono::duration<double>(now - peer->last_heard).count(), refusals),
               "handshake", out);
         } else {
           hello_retries_.insert(key);  // by the resolver thread

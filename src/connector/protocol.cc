@@ -39,6 +39,19 @@ bool GetRank(WireReader& rd, std::string_view what, RankId* r) {
          rd.BoundedBytes("rank instance", &r->instance, kMaxNameBytes);
 }
 
+template <size_t N>
+void PutFixed(WireWriter& w, const std::array<uint8_t, N>& a) {
+  w.Bytes(std::string_view(reinterpret_cast<const char*>(a.data()), N));
+}
+template <size_t N>
+bool GetFixed(WireReader& r, std::string_view what, std::array<uint8_t, N>* a) {
+  std::string s;
+  if (!r.BoundedBytes(what, &s, N)) return false;
+  if (s.size() != N) return r.Fail(fmt::format("{} of {} bytes, not {}", what, s.size(), N));
+  std::copy(s.begin(), s.end(), a->begin());
+  return true;
+}
+
 void PutInts(WireWriter& w, const std::vector<int32_t>& v) {
   w.U32(static_cast<uint32_t>(v.size()));
   for (int32_t x : v) w.U32(static_cast<uint32_t>(x));
@@ -182,6 +195,18 @@ struct Encoder {
     PutStrings(w, m.kv_keys);
     PutStrings(w, m.aux_keys);
     PutStrings(w, m.state_keys);
+    w.U64(m.session);
+    PutFixed(w, m.nonce);
+  }
+  void operator()(const HelloChallengeMsg& m) {
+    w.U64(m.decode_session);
+    w.U64(m.session);
+    PutFixed(w, m.nonce);
+    PutFixed(w, m.proof);
+  }
+  void operator()(const HelloProofMsg& m) {
+    w.U64(m.session);
+    PutFixed(w, m.proof);
   }
   void operator()(const HelloAckMsg& m) {
     w.U32(static_cast<uint32_t>(m.code));
@@ -230,7 +255,8 @@ bool DecodeHello(WireReader& r, MessageBody* body) {
   if (!GetLayout(r, &m.layout) || !r.Int("tp_size", &m.tp_size, 1, kMaxParallelSize) ||
       !r.BoundedBytes("address", &m.address, kMaxBlobBytes) ||
       !GetStrings(r, "kv keys", &m.kv_keys) || !GetStrings(r, "aux keys", &m.aux_keys) ||
-      !GetStrings(r, "state keys", &m.state_keys))
+      !GetStrings(r, "state keys", &m.state_keys) || !r.U64(&m.session) ||
+      !GetFixed(r, "nonce", &m.nonce))
     return false;
   // A Hello describes one rank: its tp size is its layout's, and it has one
   // remote key per buffer it declares.
@@ -319,6 +345,20 @@ bool DecodeBody(uint8_t type, WireReader& r, MessageBody* body) {
       *body = std::move(m);
       return true;
     }
+    case 8: {
+      HelloChallengeMsg m;
+      if (!r.U64(&m.decode_session) || !r.U64(&m.session) || !GetFixed(r, "nonce", &m.nonce) ||
+          !GetFixed(r, "proof", &m.proof))
+        return r.Fail("challenge truncated");
+      *body = m;
+      return true;
+    }
+    case 9: {
+      HelloProofMsg m;
+      if (!r.U64(&m.session) || !GetFixed(r, "proof", &m.proof)) return r.Fail("proof truncated");
+      *body = m;
+      return true;
+    }
   }
   return r.Fail(fmt::format("unknown message type {}", type));
 }
@@ -331,11 +371,14 @@ bool HelloMatchesSender(const Message& m, WireReader& r) {
       fmt::format("layout tp_rank {} is not the sender's tp {}", hello->layout.tp_rank, m.from.tp));
 }
 
-constexpr std::string_view kTypeNames[] = {"Hello",      "HelloAck", "Meta",      "Notify",
-                                           "RoomFailed", "Quiesced", "Heartbeat", "RankFailed"};
+constexpr std::string_view kTypeNames[] = {"Hello",          "HelloAck",  "Meta",      "Notify",
+                                           "RoomFailed",     "Quiesced",  "Heartbeat", "RankFailed",
+                                           "HelloChallenge", "HelloProof"};
 static_assert(std::size(kTypeNames) == std::variant_size_v<MessageBody>);
 
 }  // namespace
+
+std::string_view MessageTypeName(const MessageBody& body) { return kTypeNames[body.index()]; }
 
 std::string EncodeMessage(const RankId& from, const MessageBody& body) {
   WireWriter w;

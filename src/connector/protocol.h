@@ -14,6 +14,11 @@
 //   prefill -> decode  Quiesced    nothing of (room, generation) is in flight
 //   either             Heartbeat   liveness
 //   either             RankFailed  a rank failed (record); for siblings
+//   prefill -> decode  HelloChallenge  prefill's nonce and proof (peer_auth.h)
+//   decode -> prefill  HelloProof      decode's proof
+//
+// Hello, HelloChallenge and HelloProof travel plain; every other message is
+// sealed under the session their handshake opened (peer_auth.h).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +27,7 @@
 #include <variant>
 #include <vector>
 
+#include "connector/peer_auth.h"
 #include "engine/plan.h"
 #include "kvbridge/errors.h"
 #include "kvbridge/status.h"
@@ -52,6 +58,20 @@ struct HelloMsg {
   int tp_size = 1;
   std::string address;  // transport address to answer on
   std::vector<std::string> kv_keys, aux_keys, state_keys;
+  // The handshake: decode's session id (what prefill's sealed messages to
+  // it carry) and its fresh nonce.
+  uint64_t session = 0;
+  Nonce nonce{};
+};
+struct HelloChallengeMsg {
+  uint64_t decode_session = 0;  // the Hello's session id: which Hello this answers
+  uint64_t session = 0;         // prefill's session id
+  Nonce nonce{};
+  Digest proof{};  // HandshakeAuth::Prove(kPrefill, transcript)
+};
+struct HelloProofMsg {
+  uint64_t session = 0;  // prefill's session id from the challenge
+  Digest proof{};        // HandshakeAuth::Prove(kDecode, transcript)
 };
 struct HelloAckMsg {
   StatusCode code = StatusCode::kOk;
@@ -99,8 +119,11 @@ struct RankFailedMsg {
   FailureRecord record;
 };
 
-using MessageBody = std::variant<HelloMsg, HelloAckMsg, MetaMsg, NotifyMsg, RoomFailedMsg,
-                                 QuiescedMsg, HeartbeatMsg, RankFailedMsg>;
+using MessageBody =
+    std::variant<HelloMsg, HelloAckMsg, MetaMsg, NotifyMsg, RoomFailedMsg, QuiescedMsg,
+                 HeartbeatMsg, RankFailedMsg, HelloChallengeMsg, HelloProofMsg>;
+// "Hello", "Meta", ...: the body's type, for logs.
+std::string_view MessageTypeName(const MessageBody& body);
 
 struct Message {
   RankId from;

@@ -74,7 +74,10 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
       QuiescedMsg{42, 7},
       HeartbeatMsg{99},
       RankFailedMsg{Record()},
+      HelloChallengeMsg{0x11, 0x22, Nonce{1, 2, 3}, Digest{4, 5}},
+      HelloProofMsg{0x22, Digest{6, 7}},
   };
+  ASSERT_EQ(bodies.size(), std::variant_size_v<MessageBody>);
   for (const MessageBody& body : bodies) {
     RankId from = Rank(Role::kDecode, 3);
     from.instance = "decode-b";
@@ -102,6 +105,16 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
   EXPECT_EQ(hello.kv_keys, (std::vector<std::string>{"k1"}));
   EXPECT_EQ(hello.tp_size, 4);
   EXPECT_EQ(hello.layout.tp_rank, 3);
+  auto challenge = std::get<HelloChallengeMsg>(
+      DecodeMessage(EncodeMessage(Rank(Role::kPrefill, 0), bodies[8]))->body);
+  EXPECT_EQ(challenge.decode_session, 0x11u);
+  EXPECT_EQ(challenge.session, 0x22u);
+  EXPECT_EQ(challenge.nonce, (Nonce{1, 2, 3}));
+  EXPECT_EQ(challenge.proof, (Digest{4, 5}));
+  auto proof = std::get<HelloProofMsg>(
+      DecodeMessage(EncodeMessage(Rank(Role::kDecode, 0), bodies[9]))->body);
+  EXPECT_EQ(proof.session, 0x22u);
+  EXPECT_EQ(proof.proof, (Digest{6, 7}));
   auto failed = std::get<RoomFailedMsg>(
       DecodeMessage(EncodeMessage(Rank(Role::kDecode, 0), bodies[4]))->body);
   EXPECT_TRUE(failed.quiesced);
@@ -310,6 +323,22 @@ TEST(ProtocolLimitsTest, EveryCountAndLengthIsBounded) {
   f = Record();
   f.hint.assign(kMaxTextBytes + 1, 'h');
   ExpectRejected(EncodeMessage(from, RoomFailedMsg{1, 2, true, f}), "record hint of 16385 bytes");
+}
+
+// The handshake's fixed-size fields are exactly their size: a proof one
+// byte short is refused naming it, never padded.
+TEST(ProtocolLimitsTest, ShortNonceOrProofIsRejectedNamingTheField) {
+  const std::string good = EncodeMessage(Rank(Role::kDecode, 0), HelloProofMsg{0x22, Digest{6, 7}});
+  // Layout: header, rank, u64 session, u32 length 32, 32 proof bytes. Make
+  // the length 31 and drop a byte.
+  std::string bad = good.substr(0, good.size() - 1);
+  const size_t len_at = good.size() - 32 - 4;
+  bad[len_at] = 31;
+  Result<Message> m = DecodeMessage(bad);
+  ASSERT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("proof of 31 bytes, not 32"), std::string::npos)
+      << m.status().message();
+  EXPECT_NE(m.status().message().find("(HelloProof)"), std::string::npos) << m.status().message();
 }
 
 TEST(ProtocolLimitsTest, ErrorNamesTypeAndTruncation) {

@@ -259,7 +259,7 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
   }
   Flush(out);
   if (stale != 0) transport_->Disconnect(stale);
-  Status sent = transport_->SendMessage(tpeer, EncodeMessage(self_, MakeHello()));
+  Status sent = SendHello(key, tpeer);
   if (!sent.ok()) {
     {
       MutexLock lock(mu_);
@@ -324,7 +324,7 @@ void ManagerImpl::RetryHello(const std::string& key) {
     return;
   }
   transport_->Disconnect(old_tpeer);
-  Status sent = transport_->SendMessage(*conn, EncodeMessage(self_, MakeHello()));
+  Status sent = SendHello(key, *conn);
   if (!sent.ok()) {
     KVB_LOG_WARN("handshake with {}: cannot send it again: {}", key, sent.ToString());
     return;

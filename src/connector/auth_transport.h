@@ -1,0 +1,113 @@
+// AuthTransport: a Transport that seals every message it sends on an
+// endpoint whose handshake completed, and opens what it receives, telling
+// its user which proven rank (if any) a message came from (peer_auth.h).
+//
+// The transport below gives a message no sender (connections are one-way,
+// and a UCX worker accepts messages from anyone who has its address), so a
+// rank's identity is bound to the session keys its handshake proved rather
+// than to an endpoint: a message opens under the session its id names, or
+// it is refused. Plain (unsealed) messages are passed up with no proven
+// sender; the manager accepts only handshake messages that way.
+//
+// Writes, regions and connections pass straight through. Sending on an
+// endpoint with no session fails (FailedPrecondition): nothing but the
+// handshake (SendPlain) leaves unauthenticated.
+//
+// Thread safety: every method is thread-safe; the handlers run on the inner
+// transport's threads, never under this class's lock.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "common/thread_annotations.h"
+#include "connector/peer_auth.h"
+#include "transport/transport.h"
+
+namespace kvbridge::internal {
+
+class AuthTransport final : public Transport {
+ public:
+  explicit AuthTransport(std::unique_ptr<Transport> inner);
+  ~AuthTransport() override = default;
+
+  // A message that arrived: `proven` is the rank whose session it opened
+  // under, or null for a plain message.
+  using AuthHandler = std::function<void(std::string_view payload, const RankId* proven)>;
+  // A sealed message refused (unknown session, bad tag, replayed), and why.
+  using RejectHandler = std::function<void(const Status& why)>;
+  // Set both before the first Connect.
+  void SetAuthHandlers(AuthHandler on_message, RejectHandler on_reject);
+
+  // One side of a session.
+  struct Binding {
+    SessionKey send_key{};
+    uint64_t remote_session = 0;  // the peer's id for the session
+    SessionKey recv_key{};
+    uint64_t local_session = 0;  // ours: messages to us carry it
+    RankId proven;               // who the handshake proved the peer to be
+  };
+  // Every message to `peer` is sealed under `b` from now on, and messages
+  // carrying b.local_session open as `b.proven`'s. Replaces an earlier
+  // binding of `peer` (and forgets its session).
+  void Bind(PeerId peer, const Binding& b);
+  // Sends a handshake message unsealed.
+  Status SendPlain(PeerId peer, std::string payload);
+
+  std::string_view Name() const override { return inner_->Name(); }
+  const std::string& Address() const override { return inner_->Address(); }
+  // Plain handlers are not used: SetAuthHandlers is. Kept for the interface.
+  void SetMessageHandler(MessageHandler) override {}
+  void SetPeerFailureHandler(PeerFailureHandler handler) override {
+    inner_->SetPeerFailureHandler(std::move(handler));
+  }
+  Result<RegisteredRegion> RegisterMemory(void* addr, size_t length, MemoryKind kind) override {
+    return inner_->RegisterMemory(addr, length, kind);
+  }
+  Status DeregisterMemory(RegionId id) override { return inner_->DeregisterMemory(id); }
+  Result<PeerId> Connect(std::string_view peer_address) override {
+    return inner_->Connect(peer_address);
+  }
+  Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) override {
+    return inner_->ImportRegion(peer, remote_key);
+  }
+  Result<DataPath> PathTo(PeerId peer) const override { return inner_->PathTo(peer); }
+  Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override {
+    return inner_->PostWrites(peer, std::move(ops), std::move(done));
+  }
+  Status SendMessage(PeerId peer, std::string payload) override;
+  Status SendMessageUnfenced(PeerId peer, std::string payload) override;
+  Status SendUrgentMessage(PeerId peer, std::string payload) override;
+  // Forgets the endpoint's session too.
+  void Disconnect(PeerId peer) override;
+
+  Transport& inner() { return *inner_; }
+
+ private:
+  struct Outgoing {
+    SessionKey key{};
+    uint64_t remote_session = 0;
+    uint64_t local_session = 0;
+    uint64_t next_seq[kSealLanes] = {};
+  };
+  struct Incoming {
+    SessionKey key{};
+    RankId proven;
+    ReplayWindow windows[kSealLanes];
+  };
+  // The sealed bytes for `peer`, or FailedPrecondition without a session.
+  Result<std::string> SealFor(PeerId peer, SealLane lane, std::string_view payload);
+  void OnInner(std::string_view bytes);
+
+  std::unique_ptr<Transport> inner_;
+  AuthHandler on_message_;
+  RejectHandler on_reject_;
+  mutable Mutex mu_;
+  std::unordered_map<PeerId, Outgoing> out_ KVB_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, Incoming> in_ KVB_GUARDED_BY(mu_);
+};
+
+}  // namespace kvbridge::internal

@@ -1,0 +1,300 @@
+// The authenticated handshake between a decode and a prefill rank
+// (peer_auth.h; docs/protocol.md, "The handshake"), and the rule every
+// control message passes before it is applied (Admit).
+#include <fmt/format.h>
+
+#include "common/log.h"
+#include "connector/manager_impl.h"
+#include "transport/region_token.h"
+
+namespace kvbridge::internal {
+namespace {
+
+// Hellos challenged and not yet proven that a prefill rank keeps (each holds
+// an endpoint back to whoever sent it): the oldest go first, and none lives
+// longer than kPendingHelloLifetime.
+constexpr size_t kMaxPendingHellos = 64;
+constexpr auto kPendingHelloLifetime = std::chrono::seconds(30);
+
+bool IsHandshake(const MessageBody& b) {
+  return std::holds_alternative<HelloMsg>(b) || std::holds_alternative<HelloChallengeMsg>(b) ||
+         std::holds_alternative<HelloProofMsg>(b);
+}
+
+}  // namespace
+
+bool ManagerImpl::Admit(const Message& m, const RankId* proven) {
+  const std::string_view type = MessageTypeName(m.body);
+  if (proven == nullptr) {
+    const bool prefill = opts_.role == Role::kPrefill;
+    const bool takes =
+        prefill
+            ? m.from.role == Role::kDecode && (std::holds_alternative<HelloMsg>(m.body) ||
+                                               std::holds_alternative<HelloProofMsg>(m.body))
+            : m.from.role == Role::kPrefill && std::holds_alternative<HelloChallengeMsg>(m.body);
+    if (takes) return true;
+    DropUnauthenticated(
+        fmt::format("plain {} claiming to be from {}: no handshake proved its sender", type,
+                    m.from.ToString()));
+    return false;
+  }
+  if (IsHandshake(m.body)) {
+    DropUnauthenticated(fmt::format("{} inside the session of {}: handshakes travel plain", type,
+                                    proven->ToString()));
+    return false;
+  }
+  if (!SameProcess(m.from, *proven)) {
+    DropUnauthenticated(fmt::format("{} naming {} under the session that proved {}", type,
+                                    m.from.ToString(), proven->ToString()));
+    return false;
+  }
+  if (const auto* failed = std::get_if<RankFailedMsg>(&m.body)) {
+    const RankId& origin = failed->record.origin;
+    if (!origin.SameRank(m.from) || origin.incarnation != m.from.incarnation) {
+      DropUnauthenticated(
+          fmt::format("RankFailed from {} about {}: a rank reports only its own "
+                      "failure to its peers (others come from the registry)",
+                      m.from.ToString(), origin.ToString()));
+      return false;
+    }
+  }
+  return true;
+}
+
+void ManagerImpl::DropUnauthenticated(const std::string& why) {
+  const uint64_t n = ++unauth_dropped_;
+  // Counted always, logged the first few times and then every 1000th: a
+  // flood must not flood the log too.
+  if (n <= 10 || n % 1000 == 0)
+    KVB_LOG_WARN("dropping control message ({} dropped unauthenticated so far): {}", n, why);
+  if (metrics_) metrics_->DroppedUnauthenticated();
+}
+
+Status ManagerImpl::SendHello(const std::string& key, PeerId tpeer) {
+  HelloMsg hello = MakeHello();
+  KVB_ASSIGN_OR_RETURN(hello.session, SecureRandomU64());
+  KVB_ASSIGN_OR_RETURN(hello.nonce, NewNonce());
+  std::string bytes = EncodeMessage(self_, hello);
+  {
+    // Kept before the Hello leaves: the challenge can come at once.
+    MutexLock lock(mu_);
+    Peer* p = FindPeerLocked(key);
+    if (p == nullptr || p->tpeer != tpeer)
+      return UnavailableError(key + ": endpoint replaced before its Hello left");
+    p->hello_digest = Sha256(bytes);
+    p->hello_session = hello.session;
+  }
+  return auth_->SendPlain(tpeer, std::move(bytes));
+}
+
+void ManagerImpl::OnHello(const RankId& from, HelloMsg hello, std::string_view bytes) {
+  // Nothing in the Hello is believed yet: its sender only gets a challenge,
+  // on an endpoint to the address it gave.
+  Result<Nonce> nonce = NewNonce();
+  Result<uint64_t> session = SecureRandomU64();
+  if (!nonce.ok() || !session.ok()) {
+    KVB_LOG_ERROR("cannot challenge {}: {}", from.ToString(),
+                  (nonce.ok() ? session.status() : nonce.status()).ToString());
+    return;
+  }
+  Result<PeerId> conn = transport_->Connect(hello.address);
+  if (!conn.ok()) {
+    KVB_LOG_WARN("cannot connect back to {}: {}", from.ToString(), conn.status().ToString());
+    return;
+  }
+  PendingHello pending;
+  pending.from = from;
+  pending.digest = Sha256(bytes);
+  pending.nonce = *nonce;
+  pending.tpeer = *conn;
+  pending.at = std::chrono::steady_clock::now();
+  const std::string t = HandshakeAuth::Transcript(pending.digest, self_, pending.nonce, *session);
+  const HelloChallengeMsg challenge{hello.session, *session, pending.nonce,
+                                    handshake_->Prove(Role::kPrefill, t)};
+  pending.hello = std::move(hello);
+  std::vector<PeerId> dropped;
+  {
+    MutexLock lock(mu_);
+    for (auto it = pending_hellos_.begin(); it != pending_hellos_.end();) {
+      if (pending.at - it->second.at <= kPendingHelloLifetime) {
+        ++it;
+        continue;
+      }
+      dropped.push_back(it->second.tpeer);
+      it = pending_hellos_.erase(it);
+    }
+    while (pending_hellos_.size() >= kMaxPendingHellos) {
+      auto oldest = pending_hellos_.begin();
+      for (auto it = pending_hellos_.begin(); it != pending_hellos_.end(); ++it)
+        if (it->second.at < oldest->second.at) oldest = it;
+      dropped.push_back(oldest->second.tpeer);
+      pending_hellos_.erase(oldest);
+    }
+    pending_hellos_[*session] = std::move(pending);
+  }
+  for (PeerId p : dropped) transport_->Disconnect(p);
+  Status sent = auth_->SendPlain(*conn, EncodeMessage(self_, challenge));
+  if (!sent.ok()) KVB_LOG_WARN("challenge to {} not sent: {}", from.ToString(), sent.ToString());
+}
+
+void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& c) {
+  PeerId tpeer = 0;
+  Digest proof{};
+  AuthTransport::Binding b;
+  {
+    MutexLock lock(mu_);
+    Peer* p = FindPeerLocked(PeerKey(from));
+    if (p == nullptr || p->acked || p->failed || p->hello_session == 0 ||
+        p->hello_session != c.decode_session || p->id.incarnation != from.incarnation) {
+      // An answer to a Hello this rank no longer waits for (sent again on a
+      // new endpoint, or answered already), or a replay.
+      ++stale_dropped_;
+      KVB_LOG_DEBUG("challenge from {} answers no Hello of this rank", from.ToString());
+      return;
+    }
+    const std::string t = HandshakeAuth::Transcript(p->hello_digest, from, c.nonce, c.session);
+    Status verified = handshake_->Verify(Role::kPrefill, t, c.proof, from.ToString());
+    if (!verified.ok()) {
+      // Not a failure of the peer: anyone can send this. The real answer
+      // may still come; Tick names the refusals if none does.
+      ++p->auth_refusals;
+      DropUnauthenticated(verified.message());
+      return;
+    }
+    p->hello_session = 0;  // one answer per Hello
+    const SessionKeys keys = handshake_->Keys(t);
+    b = {keys.decode_to_prefill, c.session, keys.prefill_to_decode, c.decode_session, from};
+    proof = handshake_->Prove(Role::kDecode, t);
+    tpeer = p->tpeer;
+  }
+  // Bound before the proof leaves: prefill's sealed answer can come at once.
+  auth_->Bind(tpeer, b);
+  Status sent = auth_->SendPlain(tpeer, EncodeMessage(self_, HelloProofMsg{c.session, proof}));
+  if (!sent.ok())
+    KVB_LOG_WARN("handshake with {}: proof not sent: {}", from.ShortName(), sent.ToString());
+}
+
+void ManagerImpl::OnHelloProof(const RankId& from, const HelloProofMsg& p) {
+  PendingHello pending;
+  {
+    MutexLock lock(mu_);
+    auto it = pending_hellos_.find(p.session);
+    if (it == pending_hellos_.end() || !SameProcess(it->second.from, from)) {
+      DropUnauthenticated(
+          fmt::format("HelloProof from {} answers no challenge of this rank (replayed or too late)",
+                      from.ToString()));
+      return;
+    }
+    pending = std::move(it->second);
+    pending_hellos_.erase(it);
+  }
+  const std::string t = HandshakeAuth::Transcript(pending.digest, self_, pending.nonce, p.session);
+  Status verified = handshake_->Verify(Role::kDecode, t, p.proof, from.ToString());
+  if (!verified.ok()) {
+    DropUnauthenticated(verified.message());
+    transport_->Disconnect(pending.tpeer);
+    return;
+  }
+  const SessionKeys keys = handshake_->Keys(t);
+  const AuthTransport::Binding b{keys.prefill_to_decode, pending.hello.session,
+                                 keys.decode_to_prefill, p.session, from};
+  AcceptHello(from, std::move(pending.hello), pending.tpeer, b);
+}
+
+bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Binding& b,
+                                    Outbox& out, PeerId* stale) {
+  Peer* old = FindPeerLocked(PeerKey(from));
+  if (old == nullptr) return false;
+  if (old->id.incarnation == from.incarnation && old->ready) {
+    // The same process again: it did not hear our answer. A failed peer
+    // stays failed (it learns so from the RankFailed it gets).
+    if (old->failed) return true;
+    bool in_use = false;
+    for (auto& [id, room] : senders_)
+      for (auto& [rank, flow] : room->flows) in_use = in_use || flow.peer_key == old->key;
+    if (in_use) {
+      // Requests already flow over our endpoint to it: answer on it again,
+      // in the new session (the only one it knows now).
+      auth_->Bind(old->tpeer, b);
+      Result<DataPath> path = transport_->PathTo(old->tpeer);
+      Send(out, *old,
+           HelloAckMsg{StatusCode::kOk, "", transport_->Address(),
+                       std::string(path.ok() ? DataPathName(*path) : std::string_view())});
+      return true;
+    }
+    // Our endpoint to it may be the stuck one: answer on the new one.
+    KVB_LOG_INFO("{} sent its Hello again; answering on a new endpoint", from.ToString());
+  } else if (!old->failed) {
+    FailPeerLocked(*old, FailureCause::kPeerExited, fmt::format("restarted as pid {}", from.pid),
+                   "new incarnation", out);
+  }
+  *stale = old->tpeer;
+  by_tpeer_.erase(old->tpeer);
+  peers_.erase(PeerKey(from));
+  return false;
+}
+
+void ManagerImpl::AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer,
+                              AuthTransport::Binding b) {
+  // Runs on a transport thread; ImportRegion is allowed there.
+  std::lock_guard<std::mutex> resolve(resolve_mu_);
+  Outbox out;
+  PeerId stale = 0;
+  bool keep_old = false;
+  {
+    MutexLock lock(mu_);
+    keep_old = KeepOldPeerLocked(from, b, out, &stale);
+  }
+  Flush(out);
+  if (keep_old) {
+    transport_->Disconnect(tpeer);
+    return;
+  }
+  if (stale != 0) transport_->Disconnect(stale);
+
+  auto peer = std::make_unique<Peer>();
+  peer->key = PeerKey(from);
+  peer->id = from;
+  peer->address = hello.address;
+  peer->layout = hello.layout;
+  peer->tp_size = hello.tp_size;
+  peer->tpeer = tpeer;
+  auth_->Bind(tpeer, b);
+  Status verdict = CheckCompatible(layout_, hello.layout);
+  auto import = [&](const std::vector<std::string>& keys,
+                    std::vector<RemoteRegionId>* ids) -> Status {
+    for (const std::string& key : keys) {
+      KVB_ASSIGN_OR_RETURN(RemoteRegionId id, transport_->ImportRegion(peer->tpeer, key));
+      ids->push_back(id);
+    }
+    return Status();
+  };
+  if (verdict.ok()) verdict = import(hello.kv_keys, &peer->remote.kv);
+  if (verdict.ok()) verdict = import(hello.aux_keys, &peer->remote.aux);
+  if (verdict.ok()) verdict = import(hello.state_keys, &peer->remote.state);
+  Result<DataPath> path = transport_->PathTo(peer->tpeer);
+  const std::string path_name(path.ok() ? DataPathName(*path) : std::string_view());
+  HelloAckMsg ack{verdict.code(), verdict.message(), transport_->Address(), path_name};
+  out.messages.emplace_back(peer->tpeer, EncodeMessage(self_, ack));
+  if (!verdict.ok()) {
+    KVB_LOG_WARN("refusing {}: {}", from.ToString(), verdict.ToString());
+    Flush(out);
+    transport_->Disconnect(peer->tpeer);
+    return;
+  }
+  // One line per peer (the transport logs each region at debug level).
+  KVB_LOG_INFO("connected to {} via {}: mapped {} regions ({} kv, {} aux, {} state)",
+               from.ToString(), path_name.empty() ? std::string("?") : path_name,
+               peer->remote.kv.size() + peer->remote.aux.size() + peer->remote.state.size(),
+               peer->remote.kv.size(), peer->remote.aux.size(), peer->remote.state.size());
+  {
+    MutexLock lock(mu_);
+    dead_ranks_.erase(peer->key);
+    peer->ready = true;
+    by_tpeer_[peer->tpeer] = peer.get();
+    peers_[peer->key] = std::move(peer);
+  }
+  Flush(out);
+}
+
+}  // namespace kvbridge::internal

@@ -1,0 +1,186 @@
+#include "connector/peer_auth.h"
+
+#include <fmt/format.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include <cstring>
+
+#include "common/wire.h"
+#include "control/auth.h"
+#include "transport/region_token.h"
+
+namespace kvbridge::internal {
+namespace {
+
+constexpr uint32_t kSealMagic = 0x5342564b;  // "KVBS" as bytes on the wire
+constexpr std::string_view kKeyLabel = "kvbridge peer handshake key v1";
+
+std::string_view AsView(const Digest& d) {
+  return {reinterpret_cast<const char*>(d.data()), d.size()};
+}
+
+std::string_view ProverLabel(Role prover) {
+  return prover == Role::kPrefill ? "prefill proof" : "decode proof";
+}
+
+uint32_t LoadU32(std::string_view b) {
+  uint32_t v;
+  std::memcpy(&v, b.data(), sizeof(v));
+  return v;
+}
+
+}  // namespace
+
+Digest Sha256(std::string_view data) {
+  Digest out{};
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), out.data(), &len, EVP_sha256(), nullptr);
+  return out;
+}
+
+Digest HmacSha256(const std::array<uint8_t, 32>& key, std::string_view data) {
+  Digest out{};
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out.data(), &len);
+  return out;
+}
+
+bool DigestsEqual(const Digest& a, const Digest& b) {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+Result<Nonce> NewNonce() {
+  Nonce n{};
+  KVB_RETURN_IF_ERROR(SecureRandomBytes(n.data(), n.size()));
+  return n;
+}
+
+bool SameProcess(const RankId& a, const RankId& b) {
+  return a.SameRank(b) && a.host == b.host && a.pid == b.pid && a.incarnation == b.incarnation;
+}
+
+HandshakeAuth::HandshakeAuth(std::string_view secret) {
+  // The bearer token travels in HTTP headers; the HMAC key is derived from
+  // it under its own label, so the two uses never share a value.
+  Digest k{};
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+       reinterpret_cast<const unsigned char*>(kKeyLabel.data()), kKeyLabel.size(), k.data(), &len);
+  key_ = k;
+}
+
+std::string HandshakeAuth::Transcript(const Digest& hello_digest, const RankId& prefill,
+                                      const Nonce& prefill_nonce, uint64_t prefill_session) {
+  WireWriter w;
+  w.Bytes("kvbridge handshake v1");
+  w.Bytes(AsView(hello_digest));
+  w.U8(static_cast<uint8_t>(prefill.role));
+  for (int v : {prefill.dp, prefill.tp, prefill.pp, prefill.cp, prefill.pid}) w.I64(v);
+  w.Bytes(prefill.host);
+  w.U64(prefill.incarnation);
+  w.Bytes(prefill.instance);
+  w.Bytes(
+      std::string_view(reinterpret_cast<const char*>(prefill_nonce.data()), prefill_nonce.size()));
+  w.U64(prefill_session);
+  return w.Finish();
+}
+
+Digest HandshakeAuth::Prove(Role prover, std::string_view transcript) const {
+  std::string data(ProverLabel(prover));
+  data.append(transcript);
+  return HmacSha256(key_, data);
+}
+
+Status HandshakeAuth::Verify(Role prover, std::string_view transcript, const Digest& proof,
+                             std::string_view who) const {
+  if (DigestsEqual(Prove(prover, transcript), proof)) return Status();
+  return UnauthenticatedError(fmt::format(
+      "handshake with {}: its proof does not match this rank's secret (an old or forged "
+      "handshake, or a rank of another deployment); set {} (or {}) to the same secret on every "
+      "rank and on the bootstrap server",
+      who, kAuthTokenEnv, kSglangAuthTokenEnv));
+}
+
+SessionKeys HandshakeAuth::Keys(std::string_view transcript) const {
+  std::string data("session");
+  data.append(transcript);
+  const Digest master = HmacSha256(key_, data);
+  SessionKeys k;
+  k.decode_to_prefill = HmacSha256(master, "decode to prefill");
+  k.prefill_to_decode = HmacSha256(master, "prefill to decode");
+  return k;
+}
+
+std::string Seal(const SessionKey& key, const SealedHeader& h, std::string_view payload) {
+  WireWriter w;
+  w.U32(kSealMagic);
+  w.U8(static_cast<uint8_t>(h.lane));
+  w.U64(h.session);
+  w.U64(h.seq);
+  std::string out = w.Finish();
+  out.reserve(out.size() + payload.size() + kSealTagBytes);
+  out.append(payload);
+  const Digest tag = HmacSha256(key, out);
+  out.append(reinterpret_cast<const char*>(tag.data()), kSealTagBytes);
+  return out;
+}
+
+bool LooksSealed(std::string_view bytes) {
+  return bytes.size() >= 4 && LoadU32(bytes) == kSealMagic;
+}
+
+Result<SealedHeader> ParseSealed(std::string_view bytes) {
+  if (bytes.size() < kSealHeaderBytes + kSealTagBytes || !LooksSealed(bytes))
+    return InvalidArgumentError(
+        fmt::format("sealed message of {} bytes: shorter than its {} bytes of header and tag",
+                    bytes.size(), kSealHeaderBytes + kSealTagBytes));
+  WireReader r(bytes.substr(4, kSealHeaderBytes - 4));
+  uint8_t lane = 0;
+  SealedHeader h;
+  if (!r.U8(&lane) || !r.U64(&h.session) || !r.U64(&h.seq))
+    return InvalidArgumentError("sealed message: truncated header");
+  if (lane >= kSealLanes)
+    return InvalidArgumentError(fmt::format("sealed message: unknown lane {}", lane));
+  h.lane = static_cast<SealLane>(lane);
+  return h;
+}
+
+Result<std::string_view> OpenSealed(const SessionKey& key, std::string_view bytes) {
+  KVB_RETURN_IF_ERROR(ParseSealed(bytes).status());
+  const std::string_view body = bytes.substr(0, bytes.size() - kSealTagBytes);
+  const Digest tag = HmacSha256(key, body);
+  if (CRYPTO_memcmp(tag.data(), bytes.data() + body.size(), kSealTagBytes) != 0)
+    return UnauthenticatedError(
+        fmt::format("sealed message of {} bytes: its tag is not its session's", bytes.size()));
+  return body.substr(kSealHeaderBytes);
+}
+
+bool ReplayWindow::Accept(uint64_t seq) {
+  if (!any_) {
+    any_ = true;
+    highest_ = seq;
+    seen_.reset();
+    seen_.set(0);
+    return true;
+  }
+  if (seq > highest_) {
+    const uint64_t shift = seq - highest_;
+    if (shift >= kReplayWindow) {
+      seen_.reset();
+    } else {
+      seen_ <<= shift;
+    }
+    highest_ = seq;
+    seen_.set(0);
+    return true;
+  }
+  const uint64_t age = highest_ - seq;
+  if (age >= kReplayWindow || seen_.test(age)) return false;
+  seen_.set(age);
+  return true;
+}
+
+}  // namespace kvbridge::internal

@@ -1,0 +1,124 @@
+// Peers prove who they are (issue 12, finding 6): the cryptography of the
+// rank-to-rank handshake and of the messages that follow it. Sans-I/O: pure
+// functions and small value types; no socket, thread or clock.
+//
+// The handshake (docs/protocol.md, "The handshake"), decode D to prefill P:
+//
+//   D -> P  Hello          D's RankId, layout, keys, nonce Nd, session id Sd
+//   P -> D  HelloChallenge P's RankId, nonce Np, session id Sp,
+//                          proof_P = HMAC(K, "prefill" | T)
+//   D -> P  HelloProof     proof_D = HMAC(K, "decode" | T)
+//   P -> D  HelloAck       sealed: the first message of the session
+//
+// K = HMAC-SHA256(deployment secret, fixed label): the secret every rank
+// holds (control/auth.h). T (Transcript) covers the Hello exactly as sent
+// (so D's RankId with its incarnation, its layout, its remote keys, Nd and
+// Sd), P's RankId with its incarnation, Np and Sp. Each side checks the
+// other's proof over a transcript with its own fresh nonce, so an old
+// handshake replayed, or one made without the secret, proves nothing. The
+// session keys come from T too, one per direction, so one direction's
+// messages cannot be reflected as the other's.
+//
+// After the handshake every message is sealed: [magic, lane, receiver's
+// session id, sequence number] payload [HMAC tag, 128 bits], under the
+// sender's direction key. The receiver looks the session up by its id,
+// checks the tag and refuses a sequence number it has seen (ReplayWindow).
+// The session id names the rank that proved it: a message is that rank's
+// or nobody's.
+//
+// Thread safety: everything here is a pure function or a value type.
+#pragma once
+
+#include <array>
+#include <bitset>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kvbridge/errors.h"
+#include "kvbridge/status.h"
+
+namespace kvbridge::internal {
+
+using Nonce = std::array<uint8_t, 16>;
+using Digest = std::array<uint8_t, 32>;  // SHA-256, HMAC-SHA256
+using SessionKey = std::array<uint8_t, 32>;
+
+Digest Sha256(std::string_view data);
+Digest HmacSha256(const std::array<uint8_t, 32>& key, std::string_view data);
+// Constant time (CRYPTO_memcmp).
+bool DigestsEqual(const Digest& a, const Digest& b);
+// A fresh nonce from the kernel CSPRNG; Internal when it cannot be read.
+Result<Nonce> NewNonce();
+
+// The same process: same position (RankId::SameRank), host, pid and
+// incarnation. A sealed message must name exactly the rank its session
+// proved.
+bool SameProcess(const RankId& a, const RankId& b);
+
+struct SessionKeys {
+  SessionKey decode_to_prefill{};
+  SessionKey prefill_to_decode{};
+};
+
+class HandshakeAuth {
+ public:
+  // `secret`: the deployment's token (ResolveAuthToken).
+  explicit HandshakeAuth(std::string_view secret);
+
+  // What both proofs cover: the SHA-256 of the Hello's bytes as sent, and
+  // the prefill rank's identity, nonce and session id.
+  static std::string Transcript(const Digest& hello_digest, const RankId& prefill,
+                                const Nonce& prefill_nonce, uint64_t prefill_session);
+  // `prover`'s proof over `transcript` (Role::kPrefill or Role::kDecode).
+  Digest Prove(Role prover, std::string_view transcript) const;
+  // Ok when `proof` is `prover`'s over `transcript` under this rank's
+  // secret; Unauthenticated naming `who` (the rank it claims to be) and the
+  // variables that hold the secret otherwise.
+  Status Verify(Role prover, std::string_view transcript, const Digest& proof,
+                std::string_view who) const;
+  SessionKeys Keys(std::string_view transcript) const;
+
+ private:
+  std::array<uint8_t, 32> key_{};
+};
+
+// Sealed messages. A plain control message starts with "KVBM"
+// (protocol.h); a sealed one with "KVBS".
+inline constexpr size_t kSealHeaderBytes = 4 + 1 + 8 + 8;
+inline constexpr size_t kSealTagBytes = 16;
+enum class SealLane : uint8_t { kOrdered = 0, kUnfenced = 1, kUrgent = 2 };
+inline constexpr int kSealLanes = 3;
+
+struct SealedHeader {
+  SealLane lane = SealLane::kOrdered;
+  uint64_t session = 0;  // the receiver's session id
+  uint64_t seq = 0;      // per lane, from 0
+};
+
+std::string Seal(const SessionKey& key, const SealedHeader& header, std::string_view payload);
+bool LooksSealed(std::string_view bytes);
+// The clear header of a sealed message; InvalidArgument when it is too
+// short or names no lane.
+Result<SealedHeader> ParseSealed(std::string_view bytes);
+// The payload when the tag is `key`'s over header and payload;
+// Unauthenticated otherwise.
+Result<std::string_view> OpenSealed(const SessionKey& key, std::string_view bytes);
+
+// Which sequence numbers of one lane were seen: refuses one seen before or
+// older than the last kReplayWindow. Messages of one lane arrive in order
+// except where sender threads race between numbering and sending, so the
+// window only has to cover that race.
+class ReplayWindow {
+ public:
+  static constexpr uint64_t kReplayWindow = 1024;
+  // True (and remembered) for a sequence number not seen and not too old.
+  bool Accept(uint64_t seq);
+
+ private:
+  bool any_ = false;
+  uint64_t highest_ = 0;
+  std::bitset<kReplayWindow> seen_;  // bit i: highest_ - i was seen
+};
+
+}  // namespace kvbridge::internal

@@ -1,0 +1,284 @@
+// The handshake's cryptography and the sealed channel (peer_auth.h,
+// auth_transport.h), without managers: proofs hold only under the same
+// secret and the same fresh nonces; a sealed message opens only under its
+// session, once.
+#include "connector/peer_auth.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+
+#include "connector/auth_transport.h"
+#include "transport/loopback/loopback_transport.h"
+
+namespace kvbridge::internal {
+namespace {
+
+RankId Prefill(uint64_t incarnation = 11) {
+  RankId id;
+  id.role = Role::kPrefill;
+  id.tp = 1;
+  id.host = "host-a";
+  id.pid = 4242;
+  id.incarnation = incarnation;
+  return id;
+}
+
+Nonce NonceOf(uint8_t fill) {
+  Nonce n;
+  n.fill(fill);
+  return n;
+}
+
+const Digest kHello = Sha256("a decode rank's Hello, as sent");
+
+TEST(HandshakeAuthTest, ProofVerifiesUnderTheSameSecretAndTranscriptOnly) {
+  HandshakeAuth ours("secret-of-this-deployment");
+  const std::string t = HandshakeAuth::Transcript(kHello, Prefill(), NonceOf(1), 77);
+  const Digest proof = ours.Prove(Role::kPrefill, t);
+  EXPECT_TRUE(ours.Verify(Role::kPrefill, t, proof, "prefill tp1").ok());
+  // The other side's label: a proof cannot be reflected back as the peer's.
+  EXPECT_EQ(ours.Verify(Role::kDecode, t, proof, "decode tp0").code(),
+            StatusCode::kUnauthenticated);
+  // Each part of the transcript counts.
+  for (const std::string& other :
+       {HandshakeAuth::Transcript(Sha256("another Hello"), Prefill(), NonceOf(1), 77),
+        HandshakeAuth::Transcript(kHello, Prefill(12), NonceOf(1), 77),
+        HandshakeAuth::Transcript(kHello, Prefill(), NonceOf(2), 77),
+        HandshakeAuth::Transcript(kHello, Prefill(), NonceOf(1), 78)}) {
+    EXPECT_EQ(ours.Verify(Role::kPrefill, other, proof, "prefill tp1").code(),
+              StatusCode::kUnauthenticated);
+  }
+}
+
+// A rank of another deployment (or one whose secret was mistyped) is refused
+// with a message that names what to set.
+TEST(HandshakeAuthTest, WrongSecretIsRefusedNamingTheVariable) {
+  HandshakeAuth ours("secret-of-this-deployment"), theirs("another-secret");
+  const std::string t = HandshakeAuth::Transcript(kHello, Prefill(), NonceOf(1), 77);
+  Status s = ours.Verify(Role::kPrefill, t, theirs.Prove(Role::kPrefill, t), "prefill tp1");
+  ASSERT_EQ(s.code(), StatusCode::kUnauthenticated);
+  EXPECT_NE(s.message().find("handshake with prefill tp1"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("KVBRIDGE_AUTH_TOKEN"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"), std::string::npos)
+      << s.message();
+}
+
+// A recorded handshake replayed: the prover answers a challenge with a new
+// nonce, and the old proof is not a proof over it.
+TEST(HandshakeAuthTest, ReplayedProofOverAnOldNonceFails) {
+  HandshakeAuth auth("secret");
+  const std::string old_t = HandshakeAuth::Transcript(kHello, Prefill(), NonceOf(1), 77);
+  const Digest recorded = auth.Prove(Role::kDecode, old_t);
+  Result<Nonce> fresh = NewNonce();
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_NE(*fresh, NonceOf(1));
+  const std::string new_t = HandshakeAuth::Transcript(kHello, Prefill(), *fresh, 77);
+  EXPECT_EQ(auth.Verify(Role::kDecode, new_t, recorded, "decode tp0").code(),
+            StatusCode::kUnauthenticated);
+}
+
+TEST(HandshakeAuthTest, SessionKeysDifferPerDirectionAndPerHandshake) {
+  HandshakeAuth auth("secret");
+  const std::string t1 = HandshakeAuth::Transcript(kHello, Prefill(), NonceOf(1), 77);
+  const std::string t2 = HandshakeAuth::Transcript(kHello, Prefill(), NonceOf(2), 77);
+  const SessionKeys k1 = auth.Keys(t1), k2 = auth.Keys(t2);
+  EXPECT_NE(k1.decode_to_prefill, k1.prefill_to_decode);
+  EXPECT_NE(k1.decode_to_prefill, k2.decode_to_prefill);
+  EXPECT_EQ(k1.decode_to_prefill, auth.Keys(t1).decode_to_prefill);  // both sides agree
+  EXPECT_NE(k1.decode_to_prefill, HandshakeAuth("other").Keys(t1).decode_to_prefill);
+}
+
+TEST(HmacTest, MatchesRfc4231TestCase2) {
+  // RFC 4231, test case 2 (key "Jefe", 4 bytes; here zero-padded to 32,
+  // which HMAC treats the same as the short key).
+  std::array<uint8_t, 32> key{};
+  std::memcpy(key.data(), "Jefe", 4);
+  const Digest mac = HmacSha256(key, "what do ya want for nothing?");
+  const uint8_t expected[] = {0x5b, 0xdc, 0xc1, 0x46, 0xbf, 0x60, 0x75, 0x4e, 0x6a, 0x04, 0x24,
+                              0x26, 0x08, 0x95, 0x75, 0xc7, 0x5a, 0x00, 0x3f, 0x08, 0x9d, 0x27,
+                              0x39, 0x83, 0x9d, 0xec, 0x58, 0xb9, 0x64, 0xec, 0x38, 0x43};
+  EXPECT_EQ(0, std::memcmp(mac.data(), expected, sizeof(expected)));
+}
+
+SessionKey KeyOf(uint8_t fill) {
+  SessionKey k;
+  k.fill(fill);
+  return k;
+}
+
+TEST(SealTest, OpensUnderItsKeyOnlyAndEveryByteCounts) {
+  const SealedHeader h{SealLane::kUrgent, 0x1234, 9};
+  const std::string sealed = Seal(KeyOf(1), h, "payload bytes");
+  ASSERT_TRUE(LooksSealed(sealed));
+  Result<SealedHeader> parsed = ParseSealed(sealed);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->lane, SealLane::kUrgent);
+  EXPECT_EQ(parsed->session, 0x1234u);
+  EXPECT_EQ(parsed->seq, 9u);
+  Result<std::string_view> opened = OpenSealed(KeyOf(1), sealed);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  EXPECT_EQ(*opened, "payload bytes");
+  EXPECT_EQ(OpenSealed(KeyOf(2), sealed).status().code(), StatusCode::kUnauthenticated);
+  for (size_t i = 4; i < sealed.size(); ++i) {
+    std::string bad = sealed;
+    bad[i] ^= 0x01;
+    Result<std::string_view> r = OpenSealed(KeyOf(1), bad);
+    EXPECT_FALSE(r.ok()) << "byte " << i << " flipped still opened";
+  }
+}
+
+TEST(SealTest, ShortOrForeignBytesAreRefusedWithTheReason) {
+  const std::string sealed = Seal(KeyOf(1), {SealLane::kOrdered, 1, 0}, "");
+  EXPECT_EQ(ParseSealed(sealed.substr(0, sealed.size() - 1)).status().code(),
+            StatusCode::kInvalidArgument);
+  std::string lane = sealed;
+  lane[4] = 7;
+  Result<SealedHeader> r = ParseSealed(lane);
+  ASSERT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("unknown lane 7"), std::string::npos);
+  EXPECT_FALSE(LooksSealed("KVBM plain"));
+}
+
+TEST(ReplayWindowTest, EachNumberOnceAndNoneTooOld) {
+  ReplayWindow w;
+  EXPECT_TRUE(w.Accept(0));
+  EXPECT_FALSE(w.Accept(0));
+  EXPECT_TRUE(w.Accept(2));
+  EXPECT_TRUE(w.Accept(1));  // overtaken by a racing sender thread
+  EXPECT_FALSE(w.Accept(1));
+  EXPECT_FALSE(w.Accept(2));
+  const uint64_t far = 2 + ReplayWindow::kReplayWindow;
+  EXPECT_TRUE(w.Accept(far));
+  EXPECT_FALSE(w.Accept(2));  // out of the window now
+  EXPECT_TRUE(w.Accept(far - 1));
+  EXPECT_FALSE(w.Accept(far - ReplayWindow::kReplayWindow));
+  EXPECT_TRUE(w.Accept(far - ReplayWindow::kReplayWindow + 1));
+  EXPECT_TRUE(w.Accept(far + 5 * ReplayWindow::kReplayWindow));
+  EXPECT_FALSE(w.Accept(far));
+}
+
+// What an AuthTransport hands up, in order.
+struct Inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<std::string, std::optional<RankId>>> got;
+  std::deque<Status> refused;
+  void Install(AuthTransport& t) {
+    t.SetAuthHandlers(
+        [this](std::string_view bytes, const RankId* proven) {
+          std::lock_guard<std::mutex> lock(mu);
+          got.emplace_back(std::string(bytes),
+                           proven ? std::optional<RankId>(*proven) : std::nullopt);
+          cv.notify_all();
+        },
+        [this](const Status& why) {
+          std::lock_guard<std::mutex> lock(mu);
+          refused.push_back(why);
+          cv.notify_all();
+        });
+  }
+  bool WaitTotal(size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(10),
+                       [&] { return got.size() + refused.size() >= n; });
+  }
+};
+
+class AuthTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto fabric = std::make_shared<LoopbackFabric>();
+    receiver_ = std::make_unique<AuthTransport>(
+        std::move(CreateLoopbackTransport(fabric, "receiver")).value());
+    inbox_.Install(*receiver_);
+    sender_ = std::make_unique<AuthTransport>(
+        std::move(CreateLoopbackTransport(fabric, "sender")).value());
+    sender_->SetAuthHandlers([](std::string_view, const RankId*) {}, [](const Status&) {});
+    raw_ = std::move(CreateLoopbackTransport(fabric, "raw")).value();
+    raw_->SetMessageHandler([](std::string_view) {});
+    to_receiver_ = sender_->Connect(receiver_->Address()).value();
+    raw_to_receiver_ = raw_->Connect(receiver_->Address()).value();
+    back_ = receiver_->Connect(sender_->Address()).value();
+    // The receiver's side of the session, as a handshake would bind it.
+    receiver_->Bind(back_, {KeyOf(2), 0x51, KeyOf(1), 0x52, Prefill()});
+  }
+
+  std::unique_ptr<AuthTransport> receiver_, sender_;
+  std::unique_ptr<Transport> raw_;
+  Inbox inbox_;
+  PeerId to_receiver_ = 0, raw_to_receiver_ = 0, back_ = 0;
+};
+
+TEST_F(AuthTransportTest, NothingButPlainLeavesAnEndpointWithoutASession) {
+  Status s = sender_->SendMessage(to_receiver_, "hello");
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("no authenticated session"), std::string::npos) << s.message();
+  EXPECT_EQ(sender_->SendUrgentMessage(to_receiver_, "x").code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(sender_->SendPlain(to_receiver_, "plain").ok());
+  ASSERT_TRUE(inbox_.WaitTotal(1));
+  std::lock_guard<std::mutex> lock(inbox_.mu);
+  ASSERT_EQ(inbox_.got.size(), 1u);
+  EXPECT_EQ(inbox_.got[0].first, "plain");
+  EXPECT_FALSE(inbox_.got[0].second.has_value());
+}
+
+TEST_F(AuthTransportTest, SealedMessagesOpenAsTheirSessionsRankOnceEach) {
+  sender_->Bind(to_receiver_, {KeyOf(1), 0x52, KeyOf(2), 0x51, RankId{}});
+  ASSERT_TRUE(sender_->SendMessage(to_receiver_, "one").ok());
+  ASSERT_TRUE(sender_->SendUrgentMessage(to_receiver_, "two").ok());
+  ASSERT_TRUE(sender_->SendMessageUnfenced(to_receiver_, "three").ok());
+  ASSERT_TRUE(inbox_.WaitTotal(3));
+  // A third party replays the sender's first message (what it would have
+  // sniffed), then forges one under the session with another key, then one
+  // for a session nobody opened.
+  ASSERT_TRUE(
+      raw_->SendMessage(raw_to_receiver_, Seal(KeyOf(1), {SealLane::kOrdered, 0x52, 0}, "one"))
+          .ok());
+  ASSERT_TRUE(
+      raw_->SendMessage(raw_to_receiver_, Seal(KeyOf(9), {SealLane::kOrdered, 0x52, 7}, "forged"))
+          .ok());
+  ASSERT_TRUE(
+      raw_->SendMessage(raw_to_receiver_, Seal(KeyOf(1), {SealLane::kOrdered, 0x99, 0}, "lost"))
+          .ok());
+  ASSERT_TRUE(inbox_.WaitTotal(6));
+  std::lock_guard<std::mutex> lock(inbox_.mu);
+  ASSERT_EQ(inbox_.got.size(), 3u);
+  std::vector<std::string> texts;
+  for (auto& [text, proven] : inbox_.got) {
+    texts.push_back(text);
+    ASSERT_TRUE(proven.has_value());
+    EXPECT_TRUE(SameProcess(*proven, Prefill()));
+  }
+  std::sort(texts.begin(), texts.end());
+  EXPECT_EQ(texts, (std::vector<std::string>{"one", "three", "two"}));
+  ASSERT_EQ(inbox_.refused.size(), 3u);
+  for (const Status& s : inbox_.refused) EXPECT_EQ(s.code(), StatusCode::kUnauthenticated);
+  EXPECT_NE(inbox_.refused[0].message().find("replayed"), std::string::npos)
+      << inbox_.refused[0].message();
+  EXPECT_NE(inbox_.refused[1].message().find("tag"), std::string::npos)
+      << inbox_.refused[1].message();
+  EXPECT_NE(inbox_.refused[2].message().find("no handshake opened"), std::string::npos)
+      << inbox_.refused[2].message();
+}
+
+TEST_F(AuthTransportTest, DisconnectForgetsTheSession) {
+  receiver_->Disconnect(back_);
+  ASSERT_TRUE(
+      raw_->SendMessage(raw_to_receiver_, Seal(KeyOf(1), {SealLane::kOrdered, 0x52, 0}, "late"))
+          .ok());
+  ASSERT_TRUE(inbox_.WaitTotal(1));
+  std::lock_guard<std::mutex> lock(inbox_.mu);
+  EXPECT_TRUE(inbox_.got.empty());
+  ASSERT_EQ(inbox_.refused.size(), 1u);
+  EXPECT_NE(inbox_.refused[0].message().find("no handshake opened"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvbridge::internal

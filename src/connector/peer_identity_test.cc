@@ -1,0 +1,407 @@
+// Peers prove who they are (issue 12, finding 6). Each test is an attack
+// that worked before the authenticated handshake: a process that can reach a
+// rank's endpoint (worker addresses are public in the registry) sends
+// control messages claiming to be another rank. Now they are dropped and
+// counted (unauthenticated_messages_dropped, the barrier each test waits on)
+// and the real ranks carry on.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+#include "connector/connector_test_util.h"
+#include "connector/manager_impl.h"
+#include "connector/peer_auth.h"
+#include "connector/protocol.h"
+#include "connector/test_cluster.h"
+#include "control/auth.h"
+#include "transport/region_token.h"
+
+namespace kvbridge::internal {
+namespace {
+
+// Forwards everything; records the plain (handshake) messages sent and
+// received, as someone on the wire would see them.
+class TapTransport final : public Transport {
+ public:
+  explicit TapTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  std::string_view Name() const override { return inner_->Name(); }
+  const std::string& Address() const override { return inner_->Address(); }
+  void SetMessageHandler(MessageHandler h) override {
+    inner_->SetMessageHandler([this, h](std::string_view bytes) {
+      if (!LooksSealed(bytes)) Record(&received_, bytes);
+      h(bytes);
+    });
+  }
+  void SetPeerFailureHandler(PeerFailureHandler h) override {
+    inner_->SetPeerFailureHandler(std::move(h));
+  }
+  Result<RegisteredRegion> RegisterMemory(void* a, size_t n, MemoryKind k) override {
+    return inner_->RegisterMemory(a, n, k);
+  }
+  Status DeregisterMemory(RegionId id) override { return inner_->DeregisterMemory(id); }
+  Result<PeerId> Connect(std::string_view a) override { return inner_->Connect(a); }
+  Result<RemoteRegionId> ImportRegion(PeerId p, std::string_view k) override {
+    return inner_->ImportRegion(p, k);
+  }
+  Result<DataPath> PathTo(PeerId p) const override { return inner_->PathTo(p); }
+  Status PostWrites(PeerId p, std::vector<WriteOp> ops, WriteCallback done) override {
+    return inner_->PostWrites(p, std::move(ops), std::move(done));
+  }
+  Status SendMessage(PeerId p, std::string payload) override {
+    if (!LooksSealed(payload)) Record(&sent_, payload);
+    return inner_->SendMessage(p, std::move(payload));
+  }
+  Status SendMessageUnfenced(PeerId p, std::string payload) override {
+    return inner_->SendMessageUnfenced(p, std::move(payload));
+  }
+  Status SendUrgentMessage(PeerId p, std::string payload) override {
+    return inner_->SendUrgentMessage(p, std::move(payload));
+  }
+  void Disconnect(PeerId p) override { inner_->Disconnect(p); }
+
+  // The first plain message of `type` sent (or received), waiting for it.
+  std::string Sent(std::string_view type) { return Find(&sent_, type); }
+  std::string Received(std::string_view type, size_t nth = 0) {
+    return Find(&received_, type, nth);
+  }
+
+ private:
+  void Record(std::vector<std::string>* log, std::string_view bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    log->emplace_back(bytes);
+    cv_.notify_all();
+  }
+  std::string Find(std::vector<std::string>* log, std::string_view type, size_t nth = 0) {
+    std::unique_lock<std::mutex> lock(mu_);
+    std::string found;
+    cv_.wait_for(lock, std::chrono::seconds(30), [&] {
+      size_t seen = 0;
+      for (const std::string& b : *log) {
+        Result<Message> m = DecodeMessage(b);
+        if (m.ok() && MessageTypeName(m->body) == type && seen++ == nth) {
+          found = b;
+          return true;
+        }
+      }
+      return false;
+    });
+    return found;
+  }
+  std::unique_ptr<Transport> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> sent_, received_;
+};
+
+// A process of the attacker's: a loopback transport on the cluster's fabric
+// that keeps what it receives.
+class Intruder {
+ public:
+  explicit Intruder(TestCluster& c)
+      : t_(std::move(CreateLoopbackTransport(c.fabric(), "intruder")).value()) {
+    t_->SetMessageHandler([this](std::string_view bytes) {
+      std::lock_guard<std::mutex> lock(mu_);
+      got_.emplace_back(bytes);
+      cv_.notify_all();
+    });
+  }
+  Transport& transport() { return *t_; }
+  void Send(KVManager& to, std::string bytes) {
+    const std::string& address = ManagerAccess::Of(to).transport().Address();
+    if (!endpoints_.count(address)) endpoints_[address] = t_->Connect(address).value();
+    ASSERT_TRUE(t_->SendMessage(endpoints_[address], std::move(bytes)).ok());
+  }
+  // The next message received, decoded (fails the test after 30 s).
+  Message Next() {
+    std::unique_lock<std::mutex> lock(mu_);
+    EXPECT_TRUE(cv_.wait_for(lock, std::chrono::seconds(30), [&] { return !got_.empty(); }));
+    if (got_.empty()) return {};
+    Result<Message> m = DecodeMessage(got_.front());
+    got_.pop_front();
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    return m.ok() ? *m : Message{};
+  }
+
+ private:
+  std::unique_ptr<Transport> t_;
+  std::map<std::string, PeerId> endpoints_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::string> got_;
+};
+
+class PeerIdentityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ClusterOptions o;
+    o.tweak = TolerantLiveness;
+    o.wrap = [this](std::unique_ptr<Transport> t, Role role, int) -> std::unique_ptr<Transport> {
+      if (role != Role::kDecode) return t;
+      auto tap = std::make_unique<TapTransport>(std::move(t));
+      decode_tap_ = tap.get();
+      return tap;
+    };
+    auto c = TestCluster::Create(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    cluster_ = std::move(c).value();
+    Deliver(1);  // the handshake is done
+    intruder_ = std::make_unique<Intruder>(*cluster_);
+  }
+  KVManager& prefill() { return *cluster_->prefill[0].manager; }
+  KVManager& decode() { return *cluster_->decode[0].manager; }
+  static uint64_t Dropped(KVManager& m) { return m.Stats().unauthenticated_messages_dropped; }
+  // A whole request, checked byte by byte.
+  void Deliver(uint64_t room) {
+    Request r{.room = room};
+    r.src = {1, 2, 3};
+    r.dst = {7, 8, 9};
+    Start(*cluster_, r, false);
+    SendChunks(r, {2, 1});
+    ExpectDelivered(*cluster_, r);
+  }
+  // The decode peer prefill talks to: the real process, proven, working.
+  void ExpectRealDecodePeer(PeerId endpoint) {
+    bool found = false;
+    for (const PeerSnapshot& p : ManagerAccess::Of(prefill()).Peers()) {
+      if (!p.id.SameRank(decode().self())) continue;
+      found = true;
+      EXPECT_TRUE(SameProcess(p.id, decode().self())) << p.id.ToString();
+      EXPECT_EQ(p.endpoint, endpoint);
+      EXPECT_TRUE(p.ready && !p.failed);
+    }
+    EXPECT_TRUE(found);
+  }
+  PeerId PrefillEndpointToDecode() { return ProvenEndpoint(prefill(), decode().self()); }
+  FailureRecord RecordAbout(const RankId& origin, const RankId& detector) {
+    FailureRecord r;
+    r.origin = origin;
+    r.cause = FailureCause::kPeerUnresponsive;
+    r.detail = "forged";
+    r.phase = Phase::kTransferring;
+    r.detected_by = detector;
+    r.mechanism = "forgery";
+    return r;
+  }
+  HelloMsg ForgedHello() {
+    const ManagerImpl& d = ManagerAccess::Of(decode());
+    HelloMsg h;
+    h.layout = d.layout();
+    h.tp_size = d.layout().tp_size;
+    h.address = intruder_->transport().Address();
+    h.kv_keys.assign(h.layout.kv.size(), "k");
+    h.aux_keys.assign(h.layout.aux.size(), "k");
+    h.state_keys.assign(h.layout.state.size(), "k");
+    h.session = 0x5e55;
+    h.nonce.fill(3);
+    return h;
+  }
+
+  std::unique_ptr<TestCluster> cluster_;
+  TapTransport* decode_tap_ = nullptr;
+  std::unique_ptr<Intruder> intruder_;
+};
+
+// Before: a RankFailed naming the receiver fenced it ("this rank was
+// declared failed"), from anyone; one naming a peer failed every request
+// with it.
+TEST_F(PeerIdentityTest, ForgedRankFailedFromAnUnprovenEndpointFencesNobody) {
+  const uint64_t d0 = Dropped(decode()), p0 = Dropped(prefill());
+  intruder_->Send(decode(),
+                  EncodeMessage(prefill().self(),
+                                RankFailedMsg{RecordAbout(decode().self(), prefill().self())}));
+  intruder_->Send(
+      prefill(),
+      EncodeMessage(decode().self(), RankFailedMsg{RecordAbout(decode().self(), decode().self())}));
+  ASSERT_TRUE(WaitFor([&] { return Dropped(decode()) > d0 && Dropped(prefill()) > p0; }));
+  EXPECT_FALSE(ManagerAccess::Of(decode()).RecentRankFailure().has_value());
+  EXPECT_FALSE(ManagerAccess::Of(prefill()).RecentRankFailure().has_value());
+  Deliver(2);
+}
+
+// A rank that did prove itself still speaks only for itself: a message under
+// its session naming another rank, or a RankFailed about another rank, is
+// dropped too.
+TEST_F(PeerIdentityTest, ProvenPeerCannotSpeakForAnotherRank) {
+  const uint64_t p0 = Dropped(prefill());
+  Transport& dt = ManagerAccess::Of(decode()).transport();
+  const PeerId to_prefill = ProvenEndpoint(decode(), prefill().self());
+  RankId other = decode().self();
+  other.tp = 1;
+  ASSERT_TRUE(
+      dt.SendMessage(to_prefill, EncodeMessage(other, RankFailedMsg{RecordAbout(other, other)}))
+          .ok());
+  ASSERT_TRUE(dt.SendMessage(to_prefill, EncodeMessage(decode().self(),
+                                                       RankFailedMsg{RecordAbout(prefill().self(),
+                                                                                 decode().self())}))
+                  .ok());
+  ASSERT_TRUE(WaitFor([&] { return Dropped(prefill()) == p0 + 2; })) << Dropped(prefill()) - p0;
+  EXPECT_FALSE(ManagerAccess::Of(prefill()).RecentRankFailure().has_value());
+  Deliver(3);
+}
+
+// Before: a Hello claiming decode tp0 with a new incarnation made prefill
+// fail the real decode peer ("restarted as pid ...") and drop its endpoint.
+// Now the claim only earns a challenge, which cannot be answered without
+// the secret.
+TEST_F(PeerIdentityTest, ForgedHelloDoesNotEvictTheRealDecodePeer) {
+  const PeerId endpoint = PrefillEndpointToDecode();
+  RankId impostor = decode().self();
+  impostor.incarnation += 1;
+  impostor.pid += 1;
+  intruder_->Send(prefill(), EncodeMessage(impostor, ForgedHello()));
+  Message answer = intruder_->Next();  // prefill has handled the Hello
+  auto* challenge = std::get_if<HelloChallengeMsg>(&answer.body);
+  ASSERT_NE(challenge, nullptr) << "answered with " << MessageTypeName(answer.body);
+  ExpectRealDecodePeer(endpoint);
+
+  const uint64_t p0 = Dropped(prefill());
+  const std::string t =
+      HandshakeAuth::Transcript(Sha256(EncodeMessage(impostor, ForgedHello())), answer.from,
+                                challenge->nonce, challenge->session);
+  HandshakeAuth guess("not the deployment's secret");
+  intruder_->Send(prefill(), EncodeMessage(impostor, HelloProofMsg{challenge->session,
+                                                                   guess.Prove(Role::kDecode, t)}));
+  ASSERT_TRUE(WaitFor([&] { return Dropped(prefill()) == p0 + 1; }));
+  ExpectRealDecodePeer(endpoint);
+  Deliver(4);
+}
+
+// Before: a Notify claiming prefill, with the request's room and generation
+// (visible to anyone on the path) and last=true, turned decode's request to
+// Success before a byte was written: decode handed corrupt pages on.
+TEST_F(PeerIdentityTest, ForgedFinalNotifyBeforeItsDataIsDropped) {
+  Request r{.room = 40};
+  r.src = {1, 2, 3, 4};
+  r.dst = {10, 11, 12, 13};
+  Start(*cluster_, r, false);
+  const uint64_t d0 = Dropped(decode());
+  intruder_->Send(decode(), EncodeMessage(prefill().self(),
+                                          NotifyMsg{r.room, r.receivers[0]->generation(), 0, true,
+                                                    static_cast<uint32_t>(r.src.size())}));
+  ASSERT_TRUE(WaitFor([&] { return Dropped(decode()) == d0 + 1; }));
+  EXPECT_EQ(r.receivers[0]->Poll(), KVPoll::kWaitingForInput);
+  SendChunks(r, {4});
+  ExpectDelivered(*cluster_, r);
+}
+
+// A handshake done right but under another secret is refused; the same
+// handshake under the deployment's secret is accepted (its answer opens
+// under the session it made), so the refusal is the secret's doing.
+TEST_F(PeerIdentityTest, HandshakeUnderAnotherSecretIsRefusedUnderTheRightOneAccepted) {
+  const PeerId endpoint = PrefillEndpointToDecode();
+  auto auth = std::make_unique<AuthTransport>(
+      std::move(CreateLoopbackTransport(cluster_->fabric(), "newcomer")).value());
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<std::string, bool>> got;  // bytes, sealed
+  auth->SetAuthHandlers(
+      [&](std::string_view bytes, const RankId* proven) {
+        std::lock_guard<std::mutex> lock(mu);
+        got.emplace_back(std::string(bytes), proven != nullptr);
+        cv.notify_all();
+      },
+      [](const Status&) {});
+  auto next = [&]() -> std::pair<Message, bool> {
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return !got.empty(); }));
+    if (got.empty()) return {};
+    auto [bytes, sealed] = got.front();
+    got.pop_front();
+    return {std::move(DecodeMessage(bytes)).value(), sealed};
+  };
+  const PeerId to_prefill =
+      auth->Connect(ManagerAccess::Of(prefill()).transport().Address()).value();
+  RankId newcomer = decode().self();
+  newcomer.instance = "newcomer";
+  newcomer.incarnation = 99;
+  // Remote keys that import (decode's own buffers, registered again), so
+  // that an accepted handshake is answered OK, not refused for its layout.
+  HelloMsg keyed = ForgedHello();
+  auto keys = [&](const std::vector<BufferSpan>& spans, std::vector<std::string>* out) {
+    out->clear();
+    for (const BufferSpan& b : spans)
+      out->push_back(
+          auth->RegisterMemory(reinterpret_cast<void*>(b.addr), b.length, MemoryKind::kDram)
+              .value()
+              .remote_key);
+  };
+  keys(keyed.layout.kv, &keyed.kv_keys);
+  keys(keyed.layout.aux, &keyed.aux_keys);
+  keys(keyed.layout.state, &keyed.state_keys);
+  for (const std::string secret :
+       {std::string("another deployment's secret"), AuthTokenFromEnvironment()}) {
+    SCOPED_TRACE(secret == AuthTokenFromEnvironment() ? "the deployment's secret" : "another");
+    HandshakeAuth hs(secret);
+    HelloMsg hello = keyed;
+    hello.address = auth->Address();
+    hello.session = SecureRandomU64().value();
+    hello.nonce = NewNonce().value();
+    const std::string hello_bytes = EncodeMessage(newcomer, hello);
+    ASSERT_TRUE(auth->SendPlain(to_prefill, hello_bytes).ok());
+    auto [answer, sealed] = next();
+    const auto* c = std::get_if<HelloChallengeMsg>(&answer.body);
+    ASSERT_NE(c, nullptr) << MessageTypeName(answer.body);
+    EXPECT_FALSE(sealed);
+    const std::string t =
+        HandshakeAuth::Transcript(Sha256(hello_bytes), answer.from, c->nonce, c->session);
+    EXPECT_EQ(hs.Verify(Role::kPrefill, t, c->proof, "prefill tp0").ok(),
+              secret == AuthTokenFromEnvironment());
+    const SessionKeys k = hs.Keys(t);
+    // Where prefill's answer comes from: the endpoint it connected back on
+    // is the one bound below (any endpoint of ours: the session id routes).
+    auth->Bind(to_prefill,
+               {k.decode_to_prefill, c->session, k.prefill_to_decode, hello.session, answer.from});
+    const uint64_t p0 = Dropped(prefill());
+    ASSERT_TRUE(auth->SendPlain(to_prefill,
+                                EncodeMessage(newcomer, HelloProofMsg{c->session,
+                                                                      hs.Prove(Role::kDecode, t)}))
+                    .ok());
+    if (secret != AuthTokenFromEnvironment()) {
+      ASSERT_TRUE(WaitFor([&] { return Dropped(prefill()) == p0 + 1; }));
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_TRUE(got.empty()) << "prefill answered a proof under another secret";
+      continue;
+    }
+    auto [ack, ack_sealed] = next();
+    const auto* verdict = std::get_if<HelloAckMsg>(&ack.body);
+    ASSERT_NE(verdict, nullptr) << MessageTypeName(ack.body);
+    EXPECT_EQ(verdict->code, StatusCode::kOk) << verdict->message;
+    EXPECT_TRUE(ack_sealed);
+    EXPECT_EQ(Dropped(prefill()), p0);
+  }
+  ExpectRealDecodePeer(endpoint);
+}
+
+// A handshake recorded on the wire and replayed: the Hello earns a new
+// challenge (with a new nonce, sent to the real decode rank, which answers
+// no challenge it did not ask for); the recorded proof answers no open
+// challenge, and pointed at the new one it proves nothing.
+TEST_F(PeerIdentityTest, ReplayedHandshakeIsRefused) {
+  const PeerId endpoint = PrefillEndpointToDecode();
+  const std::string hello = decode_tap_->Sent("Hello");
+  const std::string proof = decode_tap_->Sent("HelloProof");
+  ASSERT_FALSE(hello.empty());
+  ASSERT_FALSE(proof.empty());
+  const uint64_t stale0 = decode().Stats().stale_messages_dropped;
+  intruder_->Send(prefill(), hello);
+  // The new challenge reached the real decode rank, which dropped it.
+  const std::string challenge_bytes = decode_tap_->Received("HelloChallenge", 1);
+  ASSERT_FALSE(challenge_bytes.empty());
+  ASSERT_TRUE(WaitFor([&] { return decode().Stats().stale_messages_dropped > stale0; }));
+  const Message challenge = DecodeMessage(challenge_bytes).value();
+  const uint64_t fresh_session = std::get<HelloChallengeMsg>(challenge.body).session;
+
+  const uint64_t p0 = Dropped(prefill());
+  intruder_->Send(prefill(), proof);
+  Message recorded = DecodeMessage(proof).value();
+  std::get<HelloProofMsg>(recorded.body).session = fresh_session;
+  intruder_->Send(prefill(), EncodeMessage(recorded.from, recorded.body));
+  ASSERT_TRUE(WaitFor([&] { return Dropped(prefill()) == p0 + 2; })) << Dropped(prefill()) - p0;
+  ExpectRealDecodePeer(endpoint);
+  Deliver(5);
+}
+
+}  // namespace
+}  // namespace kvbridge::internal
