@@ -87,6 +87,66 @@ struct EtcdCluster::Reader {
   }
 };
 
+// Starts member `m` (the others named in `initial`); its stderr is m.out.
+static Status SpawnMember(const EtcdClusterOptions& o, EtcdCluster::Member& m,
+                          const std::string& root, const std::string& initial,
+                          const std::string& token) {
+  const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
+  const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
+  std::vector<std::string> args = {o.binary,
+                                   "--name",
+                                   m.name,
+                                   "--data-dir",
+                                   root + "/" + m.name,
+                                   "--listen-client-urls",
+                                   client,
+                                   "--advertise-client-urls",
+                                   client,
+                                   "--listen-peer-urls",
+                                   peer,
+                                   "--initial-advertise-peer-urls",
+                                   peer,
+                                   "--initial-cluster",
+                                   initial,
+                                   "--initial-cluster-state",
+                                   "new",
+                                   "--initial-cluster-token",
+                                   token,
+                                   "--heartbeat-interval",
+                                   std::to_string(o.heartbeat_ms),
+                                   "--election-timeout",
+                                   std::to_string(o.election_ms)};
+  int pipefd[2];
+  if (::pipe2(pipefd, O_CLOEXEC) != 0) return InternalError(Errno("pipe"));
+  if (!o.log_dir.empty()) {
+    const std::string path = o.log_dir + "/etcd-" + m.name + ".log";
+    m.log = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
+  const pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) return InternalError(Errno("fork"));
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    ::setpgid(0, 0);
+    ::dup2(pipefd[1], 2);
+    int null = ::open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      ::dup2(null, 0);
+      ::dup2(null, 1);
+    }
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(o.binary.c_str(), argv.data());
+    ::_exit(127);
+  }
+  ::close(pipefd[1]);
+  m.pid = pid;
+  m.out = pipefd[0];
+  return Status::Ok();
+}
+
 bool EtcdCluster::Available(const std::string& binary) {
   return ::access(binary.c_str(), X_OK) == 0;
 }
@@ -120,59 +180,7 @@ Result<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(const EtcdClusterOptions
   std::vector<int> logs;
   for (int i = 0; i < o.members; ++i) {
     Member& m = *c->members_[i];
-    const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
-    const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
-    std::vector<std::string> args = {o.binary,
-                                     "--name",
-                                     m.name,
-                                     "--data-dir",
-                                     c->root_ + "/" + m.name,
-                                     "--listen-client-urls",
-                                     client,
-                                     "--advertise-client-urls",
-                                     client,
-                                     "--listen-peer-urls",
-                                     peer,
-                                     "--initial-advertise-peer-urls",
-                                     peer,
-                                     "--initial-cluster",
-                                     initial,
-                                     "--initial-cluster-state",
-                                     "new",
-                                     "--initial-cluster-token",
-                                     std::string(tmpl + 5),
-                                     "--heartbeat-interval",
-                                     std::to_string(o.heartbeat_ms),
-                                     "--election-timeout",
-                                     std::to_string(o.election_ms)};
-    int pipefd[2];
-    if (::pipe2(pipefd, O_CLOEXEC) != 0) return InternalError(Errno("pipe"));
-    if (!o.log_dir.empty()) {
-      const std::string path = o.log_dir + "/etcd-" + std::to_string(i) + ".log";
-      m.log = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    }
-    const pid_t parent = ::getpid();
-    pid_t pid = ::fork();
-    if (pid < 0) return InternalError(Errno("fork"));
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(127);
-      ::setpgid(0, 0);
-      ::dup2(pipefd[1], 2);
-      int null = ::open("/dev/null", O_RDWR);
-      if (null >= 0) {
-        ::dup2(null, 0);
-        ::dup2(null, 1);
-      }
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(o.binary.c_str(), argv.data());
-      ::_exit(127);
-    }
-    ::close(pipefd[1]);
-    m.pid = pid;
-    m.out = pipefd[0];
+    KVB_RETURN_IF_ERROR(SpawnMember(o, m, c->root_, initial, std::string(tmpl + 5)));
     fds.push_back({i, m.out});
     logs.push_back(m.log);
   }
@@ -273,11 +281,13 @@ Result<int> EtcdCluster::Leader(std::chrono::milliseconds timeout) const {
         last = st.status().message();
         continue;
       }
-      int64_t self = 0, leader = 0;
+      // Member ids are uint64 (beyond int64 half the time): compared as text.
+      std::string self, leader;
       if (st->contains("header") && (*st)["header"].is_object())
-        internal::EtcdGateway::Int64Field((*st)["header"], "member_id", &self);
-      internal::EtcdGateway::Int64Field(*st, "leader", &leader);
-      if (self != 0 && self == leader) return i;
+        self = (*st)["header"].value("member_id", nlohmann::json()).dump();
+      leader = st->value("leader", nlohmann::json()).dump();
+      if (self != "null" && self == leader) return i;
+      last = "member " + std::to_string(i) + " reports leader " + leader;
     }
     if (Clock::now() >= deadline) break;
     // Polls a condition with a deadline: an election settles in about one

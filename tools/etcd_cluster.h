@@ -5,7 +5,7 @@
 //
 // A member is ready once it logged "ready to serve client requests" (etcd
 // prints it after joining the cluster): its stderr is read by a thread of
-// the cluster (poll(), no sleeps) and copied to <log_dir>/etcd-<i>.log when
+// the cluster (poll(), no sleeps) and copied to <log_dir>/etcd-m<i>.log when
 // log_dir is set. Members die with the thread that started them
 // (PR_SET_PDEATHSIG); the destructor SIGKILLs and reaps them and removes
 // the data directories.

@@ -134,6 +134,9 @@ class KVConfig:
     # ranks pass the same id, distinct per instance (e.g. the server's
     # dist-init address). Empty: one instance per role.
     instance_id: str = ""
+    # The cluster registry: "" (the bootstrap server at bootstrap_addr) or
+    # "etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE]" (docs/registry.md).
+    registry: str = ""
 
     def to_dict(self) -> dict:
         # "http://host:port/..." as sglang writes URLs: the host:port part.
@@ -148,7 +151,7 @@ class KVConfig:
                     waiting_timeout_ms=int(self.waiting_timeout_s * 1000),
                     transfer_timeout_ms=int(self.transfer_timeout_s * 1000),
                     metrics_port=int(self.metrics_port),
-                    instance_id=str(self.instance_id))
+                    instance_id=str(self.instance_id), registry=str(self.registry))
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)

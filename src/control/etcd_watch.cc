@@ -51,28 +51,16 @@ Result<EtcdEvent> ReadEvent(const json& j) {
   return ev;
 }
 
-}  // namespace
-
-Status EtcdGateway::WatchOne(
-    size_t index, const std::string& body,
-    const std::function<bool(const std::vector<EtcdEvent>&, int64_t)>& on_events,
-    int64_t* compacted) const {
-  const EtcdEndpoint& e = options_.endpoints[index];
-  const std::string where = "etcd " + e.ToString() + " watch";
-  KVB_ASSIGN_OR_RETURN(std::string token, Token(index, false));
-  httplib::Client cli(e.host, e.port);
-  cli.set_connection_timeout(options_.timeout);
-  cli.set_read_timeout(kWatchIdle);
-  cli.set_write_timeout(options_.timeout);
-  {
-    MutexLock lock(mu_);
-    if (stopping_) return Status(StatusCode::kCancelled, name_ + " watch stopped");
-    watching_.push_back(&cli);
-  }
-  std::string buffer;
+// One watch stream's lines, as they arrive.
+struct WatchLines {
+  const std::string& where;
+  const std::function<bool(const std::vector<EtcdEvent>&, int64_t)>& on_events;
+  int64_t* compacted;
   Status failure;
   bool handler_done = false;
-  auto handle_line = [&](std::string_view line) -> bool {
+
+  // False once the stream should end (failure or handler_done says why).
+  bool Handle(std::string_view line) {
     if (line.find_first_not_of(" \r\t") == std::string_view::npos) return true;
     Result<json> j = ParseJson(line, where, kMaxLineBytes);
     if (!j.ok() || !j->is_object()) {
@@ -86,7 +74,7 @@ Status EtcdGateway::WatchOne(
     const json& r = (*j)["result"];
     if (r.value("canceled", false)) {
       int64_t compact = 0;
-      Int64Field(r, "compact_revision", &compact);
+      EtcdGateway::Int64Field(r, "compact_revision", &compact);
       if (compact > 0) {
         *compacted = compact;
         failure = FailedPreconditionError(where + ": revisions before " + std::to_string(compact) +
@@ -112,13 +100,35 @@ Status EtcdGateway::WatchOne(
     }
     int64_t revision = 0;
     if (r.contains("header") && r["header"].is_object())
-      Int64Field(r["header"], "revision", &revision);
+      EtcdGateway::Int64Field(r["header"], "revision", &revision);
     if (!on_events(events, revision)) {
       handler_done = true;
       return false;
     }
     return true;
-  };
+  }
+};
+
+}  // namespace
+
+Status EtcdGateway::WatchOne(
+    size_t index, const std::string& body,
+    const std::function<bool(const std::vector<EtcdEvent>&, int64_t)>& on_events,
+    int64_t* compacted) const {
+  const EtcdEndpoint& e = options_.endpoints[index];
+  const std::string where = "etcd " + e.ToString() + " watch";
+  KVB_ASSIGN_OR_RETURN(std::string token, Token(index, false));
+  httplib::Client cli(e.host, e.port);
+  cli.set_connection_timeout(options_.timeout);
+  cli.set_read_timeout(kWatchIdle);
+  cli.set_write_timeout(options_.timeout);
+  {
+    MutexLock lock(mu_);
+    if (stopping_) return Status(StatusCode::kCancelled, name_ + " watch stopped");
+    watching_.push_back(&cli);
+  }
+  std::string buffer;
+  WatchLines lines{where, on_events, compacted};
   httplib::Request req;
   req.method = "POST";
   req.path = "/v3/watch";
@@ -129,11 +139,11 @@ Status EtcdGateway::WatchOne(
     buffer.append(data, len);
     size_t start = 0;
     for (size_t nl; (nl = buffer.find('\n', start)) != std::string::npos; start = nl + 1) {
-      if (!handle_line(std::string_view(buffer).substr(start, nl - start))) return false;
+      if (!lines.Handle(std::string_view(buffer).substr(start, nl - start))) return false;
     }
     buffer.erase(0, start);
     if (buffer.size() > kMaxLineBytes) {
-      failure =
+      lines.failure =
           InternalError(where + ": a line longer than " + std::to_string(kMaxLineBytes) + " bytes");
       return false;
     }
@@ -149,8 +159,8 @@ Status EtcdGateway::WatchOne(
     stopping = stopping_;
   }
   if (stopping) return Status(StatusCode::kCancelled, name_ + " watch stopped");
-  if (handler_done) return Status::Ok();
-  if (!failure.ok()) return failure;
+  if (lines.handler_done) return Status::Ok();
+  if (!lines.failure.ok()) return lines.failure;
   if (!sent) return UnavailableError(where + ": " + httplib::to_string(err));
   if (res.status != 200) {
     return UnavailableError(where + " answered HTTP " + std::to_string(res.status));

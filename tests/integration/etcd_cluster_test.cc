@@ -12,6 +12,7 @@
 
 #include "control/etcd_registry.h"
 #include "control/record_json.h"
+#include "tests/integration/subprocess_util.h"
 #include "tools/cluster.h"
 
 namespace kvbridge::tools {
@@ -230,6 +231,29 @@ TEST(EtcdRegistryProcessTest, EtcdLeaderKilledMidRunLosesNothingAndFailsNoReques
     EXPECT_EQ(batch.records[i]["room"].get<uint64_t>(), kRoomBase + i);
   }
   c.Shutdown(milliseconds(10000));
+}
+
+// The demo on its own 3-member etcd, its leader killed at the 10th request:
+// the same summary, every request succeeded, every page verified.
+TEST(EtcdRegistryProcessTest, DemoOnEtcdFinishesWhenTheEtcdLeaderIsKilled) {
+  if (!EtcdCluster::Available()) GTEST_SKIP() << "/usr/bin/etcd missing (etcd-server)";
+  const std::string cmd = std::string(KVB_BIN_DIR) +
+                          "/kvbridge demo --json --registry etcd --fault kill-etcd-leader@10 "
+                          "--requests 80 --layers 4 --head-dim 64 --max-tokens 1024 --timeout 90";
+  testing::CommandOutput r = testing::RunCommand(cmd);
+  json j = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << cmd << "\nstdout is not one JSON object:\n" << r.out;
+  EXPECT_EQ(r.exit_status, 0) << j.dump(2);
+  EXPECT_TRUE(j["ok"].get<bool>()) << j["problems"].dump();
+  EXPECT_EQ(j["succeeded"], 80);
+  EXPECT_EQ(j["failed"], 0);
+  EXPECT_EQ(j["corrupt_pages"], 0);
+  EXPECT_GT(j["verified_pages"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(j["registry"].get<std::string>().starts_with("etcd://")) << j["registry"];
+  EXPECT_TRUE(j["fault"]["fired"].get<bool>());
+  EXPECT_TRUE(j["fault"]["victim"].get<std::string>().starts_with("etcd member "))
+      << j["fault"].dump();
+  EXPECT_GT(j["fault"]["pid"].get<int>(), 0);
 }
 
 }  // namespace
