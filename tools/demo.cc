@@ -15,6 +15,7 @@
 #include "tools/cluster.h"
 #include "tools/demo_summary.h"
 #include "tools/memcpy_reference.h"
+#include "tools/etcd_cluster.h"
 
 namespace kvbridge::tools {
 namespace {
@@ -175,12 +176,42 @@ int RunDemo(const DemoFlags& flags) {
   FILE* view_out = f.json ? stderr : stdout;
   ProgressView view(view_out, !f.json || isatty(fileno(stderr)));
 
+  // --registry etcd: a local etcd of our own (3 members when one is to be
+  // killed); etcd://...: the given cluster.
+  std::unique_ptr<EtcdCluster> etcd;
+  std::string registry = f.registry;
+  if (fault.kind == "kill-etcd-leader" && registry != "etcd") {
+    std::cerr << "kvbridge demo: --fault kill-etcd-leader needs --registry etcd (the demo's own "
+                 "3-member etcd)\n";
+    return 2;
+  }
+  if (registry == "etcd") {
+    EtcdClusterOptions eo;
+    eo.members = fault.kind == "kill-etcd-leader" ? 3 : 1;
+    eo.log_dir = log_dir;
+    auto e = EtcdCluster::Start(eo);
+    if (!e.ok()) {
+      std::cerr << "kvbridge demo: starting etcd: " << e.status().ToString() << "\n";
+      return 1;
+    }
+    etcd = std::move(e).value();
+    registry = etcd->Url("demo");
+    view.Note("etcd: " + std::to_string(eo.members) + " member(s) at " + etcd->Endpoints());
+  } else if (!registry.empty() && !registry.starts_with("etcd://")) {
+    std::cerr << "kvbridge demo: --registry must be etcd or etcd://HOST:PORT[,...][/NAMESPACE]\n";
+    return 2;
+  }
+
   ClusterOptions co;
   co.binary = f.binary;
   co.prefill_tp = f.prefill_tp;
   co.decode_tp = f.decode_tp;
   co.bootstrap = BootstrapMode::kStandalone;
   co.worker_args = WorkerArgs(f);
+  if (!registry.empty()) {
+    co.bootstrap = BootstrapMode::kEmbedded;  // none is started: the ranks use etcd
+    co.worker_args.insert(co.worker_args.end(), {"--registry", registry});
+  }
   co.log_dir = log_dir;
   if (getenv("KVBRIDGE_LOG_LEVEL") == nullptr) co.env.push_back("KVBRIDGE_LOG_LEVEL=info");
   const int fault_victim_rank =
@@ -210,6 +241,8 @@ int RunDemo(const DemoFlags& flags) {
   auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
 
   int victim = -1;
+  std::string etcd_victim;
+  int etcd_victim_pid = -1;
   bool fault_fired = false;
   bool resumed = false;      // stop-prefill: SIGCONT sent
   double fault_seconds = 0;  // when the fault fired
@@ -266,6 +299,24 @@ int RunDemo(const DemoFlags& flags) {
       if (due) {
         victim = VictimIndex(c, fault.kind);
         fault_fired = true;
+        if (fault.kind == "kill-etcd-leader") {
+          victim = -1;
+          Result<int> leader = etcd->Leader(milliseconds(5000));
+          if (leader.ok()) {
+            etcd_victim = "etcd member " + std::to_string(*leader);
+            etcd_victim_pid = etcd->pid(*leader);
+            etcd->Kill(*leader).IgnoreError();
+          } else {
+            etcd_victim = "no etcd leader: " + leader.status().message();
+          }
+          fault_at_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+          view.Note("fault: kill-etcd-leader on " + etcd_victim + " (pid " +
+                    std::to_string(etcd_victim_pid) + ") at " + std::to_string(done) +
+                    " finished requests, " + std::to_string(seconds()).substr(0, 4) + " s");
+          continue;
+        }
         const ProcessInfo& v = c.process(victim);
         if (fault.kind == "oom") {
           fault_at_us = 0;  // taken from the victim's own records afterwards
@@ -354,6 +405,9 @@ int RunDemo(const DemoFlags& flags) {
   run.memcpy_gbps_after = memcpy_after;
   run.log_dir = log_dir;
   run.problems = problems;
+  run.registry = registry;
+  run.etcd_victim = etcd_victim;
+  run.etcd_victim_pid = etcd_victim_pid;
   nlohmann::json summary = Summarize(c, run);
   if (f.json) {
     std::cout << summary.dump() << std::endl;
@@ -373,11 +427,11 @@ bool ParseFaultSpec(const std::string& text, FaultSpec* spec, std::string* error
     kind = text.substr(0, at);
     when = text.substr(at + 1);
   }
-  static const char* kKinds[] = {"kill-prefill", "kill-decode", "stop-prefill", "kill-bootstrap",
-                                 "oom"};
+  static const char* kKinds[] = {"kill-prefill",   "kill-decode",      "stop-prefill",
+                                 "kill-bootstrap", "kill-etcd-leader", "oom"};
   if (std::find(std::begin(kKinds), std::end(kKinds), kind) == std::end(kKinds)) {
     *error = "unknown kind '" + kind +
-             "' (kill-prefill, kill-decode, stop-prefill, kill-bootstrap, oom)";
+             "' (kill-prefill, kill-decode, stop-prefill, kill-bootstrap, kill-etcd-leader, oom)";
     return false;
   }
   spec->kind = kind;
@@ -430,9 +484,13 @@ void AddDemoCommands(CLI::App& app, std::function<int()>& run) {
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--seed", f->seed);
   cmd->add_option("--fault", f->fault,
-                  "KIND[@WHEN]: kill-prefill, kill-decode, stop-prefill, kill-bootstrap, oom; "
+                  "KIND[@WHEN]: kill-prefill, kill-decode, stop-prefill, kill-bootstrap, "
+                  "kill-etcd-leader, oom; "
                   "WHEN = finished requests (20) or time (2s, 500ms)");
   cmd->add_flag("--json", f->json, "Print the summary as one JSON object");
+  cmd->add_option("--registry", f->registry,
+                  "etcd (start a local etcd) or etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE]; "
+                  "default: a bootstrap server process");
   cmd->add_flag("--ucx-only", f->ucx_only, "Same-host paths off: every byte over UCX");
   cmd->add_option("--ucx-tls", f->ucx_tls, "UCX_TLS for the workers, e.g. tcp");
   cmd->add_option("--heartbeat-ms", f->heartbeat_ms)->check(CLI::Range(1, 60000));

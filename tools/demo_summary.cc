@@ -200,7 +200,12 @@ json Summarize(const Cluster& c, const DemoRun& run) {
                        (run.fault.after_requests >= 0
                             ? std::to_string(run.fault.after_requests) + " requests finished"
                             : std::to_string(run.fault.after_ms) + " ms"));
-  if (faulted && run.fault_fired && run.fault.kind != "kill-bootstrap" && !victim_named)
+  const bool etcd_fault = run.fault.kind == "kill-etcd-leader";
+  // An etcd member is not a rank: nothing may fail because it died.
+  if (etcd_fault && failed != 0)
+    problems.push_back(fmt::format("{} requests failed after an etcd member died", failed));
+  if (faulted && run.fault_fired && run.fault.kind != "kill-bootstrap" && !etcd_fault &&
+      !victim_named)
     problems.push_back("no surviving rank named the victim " + (victim ? victim->name : ""));
 
   s["requests"] = requests;
@@ -234,13 +239,14 @@ json Summarize(const Cluster& c, const DemoRun& run) {
                  {"mla", run.flags.mla}};
   s["ranks"] = ranks;
   s["log_dir"] = run.log_dir;
+  s["registry"] = run.registry.empty() ? "bootstrap" : run.registry;
   if (faulted) {
     s["fault"] = {{"kind", run.fault.kind},
                   {"fired", run.fault_fired},
-                  {"victim", victim ? victim->name : ""},
+                  {"victim", victim ? victim->name : run.etcd_victim},
                   {"role", victim ? std::string(RoleName(victim->role)) : ""},
                   {"tp", victim ? victim->tp : -1},
-                  {"pid", victim ? victim->pid : -1},
+                  {"pid", victim ? victim->pid : run.etcd_victim_pid},
                   {"at_us", fault_at}};
     s["reports"] = reports;
   }
@@ -283,6 +289,8 @@ void PrintSummary(std::ostream& out, const json& s) {
   out << fmt::format("  verified        {} pages (page x layer buffer, every byte), {} corrupt\n",
                      s["verified_pages"].get<uint64_t>(), s["corrupt_pages"].get<uint64_t>());
   out << fmt::format("  data path       {}\n", s["data_path"].get<std::string>());
+  if (s.contains("registry") && s["registry"] != "bootstrap")
+    out << fmt::format("  registry        {}\n", s["registry"].get<std::string>());
   if (s.contains("fault")) {
     const json& f = s["fault"];
     out << fmt::format("\nFault: {} on {} (pid {}){}\n", f["kind"].get<std::string>(),

@@ -44,6 +44,10 @@ struct DemoFlags {
   int timeout_s = 120;
   std::string log_dir;
   std::string binary = "/proc/self/exe";
+  // The cluster registry: "" (a bootstrap server process), "etcd" (an etcd
+  // the demo starts: 3 members with --fault kill-etcd-leader, else 1) or
+  // "etcd://HOST:PORT[,...][/NAMESPACE]" (an existing cluster).
+  std::string registry;
   std::vector<std::string> worker_args;
 };
 
@@ -60,6 +64,10 @@ struct DemoRun {
   double memcpy_gbps_before = 0, memcpy_gbps_after = 0;
   std::string log_dir;
   std::vector<std::string> problems;  // found by the driver (hangs)
+  std::string registry;               // what the ranks used (ManagerOptions::registry)
+  // kill-etcd-leader: the member killed ("etcd member 1") and its pid.
+  std::string etcd_victim;
+  int etcd_victim_pid = -1;
 };
 
 // One line on what is about to run.

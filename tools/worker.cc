@@ -47,6 +47,7 @@ struct WorkerFlags {
   int pp_size = 1, pp_rank = 0;
   std::string bootstrap = "127.0.0.1:8998";
   bool embedded_bootstrap = false;
+  std::string registry;  // ManagerOptions::registry
   int requests = 50, concurrency = 8;
   uint32_t seed = 1;
   int min_tokens = 128, max_tokens = 2048, chunk_tokens = 1024;
@@ -177,6 +178,7 @@ int RunWorker(const WorkerFlags& f) {
   mo.is_mla = f.shape.mla;
   mo.bootstrap_addr = f.bootstrap;
   mo.start_bootstrap_server = f.embedded_bootstrap;
+  mo.registry = f.registry;
   mo.ucx_tls = f.ucx_tls;
   mo.same_host_path = f.ucx_only ? SameHostPath::kUcx : SameHostPath::kAuto;
   mo.heartbeat_interval = std::chrono::milliseconds(f.heartbeat_ms);
@@ -520,6 +522,8 @@ void AddWorkerCommand(CLI::App& app, std::function<int()>& run) {
       ->check(CLI::Range(0, 63));
   cmd->add_option("--bootstrap", f->bootstrap);
   cmd->add_flag("--embedded-bootstrap", f->embedded_bootstrap);
+  cmd->add_option("--registry", f->registry,
+                  "\"\" (the bootstrap server) or etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE]");
   cmd->add_option("--requests", f->requests)->check(CLI::Range(0, 1000000));
   cmd->add_option("--concurrency", f->concurrency)->check(CLI::Range(1, 100000));
   cmd->add_option("--seed", f->seed);

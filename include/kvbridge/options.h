@@ -83,6 +83,13 @@ struct ManagerOptions {
   std::string bootstrap_addr = "127.0.0.1:8998";
   // Prefill rank 0's embedded server listens on bootstrap_addr's host.
   bool start_bootstrap_server = true;
+  // The cluster registry. "" or "bootstrap": the HTTP bootstrap server at
+  // bootstrap_addr (sglang's; the one-machine default).
+  // "etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE]": an etcd cluster that every
+  // rank talks to (liveness by lease, failure records by watch; no embedded
+  // server). etcd authentication from $KVBRIDGE_ETCD_USER and
+  // $KVBRIDGE_ETCD_PASSWORD. docs/registry.md.
+  std::string registry;
   // The deployment's shared secret, shown on every write to the registry
   // (and required by the embedded server). Empty: $KVBRIDGE_AUTH_TOKEN, else
   // $SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN; KVManager::Create fails

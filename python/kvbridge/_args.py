@@ -137,6 +137,9 @@ class KVConfig:
     # Prefill: requests reach dp rank room % dp_size (sglang's
     # load_balance_method "follow_bootstrap_room"); registered for decode.
     follow_bootstrap_room: bool = True
+    # The cluster registry: "" (the bootstrap server at bootstrap_addr) or
+    # "etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE]" (docs/registry.md).
+    registry: str = ""
 
     def to_dict(self) -> dict:
         # "http://host:port/..." as sglang writes URLs: the host:port part.
@@ -152,7 +155,8 @@ class KVConfig:
                     transfer_timeout_ms=int(self.transfer_timeout_s * 1000),
                     metrics_port=int(self.metrics_port),
                     instance_id=str(self.instance_id),
-                    follow_bootstrap_room=bool(self.follow_bootstrap_room))
+                    follow_bootstrap_room=bool(self.follow_bootstrap_room),
+                    registry=str(self.registry))
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)

@@ -155,6 +155,7 @@ ManagerOptions ManagerOptionsFromDict(const py::dict& d) {
   o.bootstrap_addr = Field<std::string>(d, "bootstrap_addr", o.bootstrap_addr, &seen);
   o.start_bootstrap_server =
       Field<bool>(d, "start_bootstrap_server", o.start_bootstrap_server, &seen);
+  o.registry = Field<std::string>(d, "registry", o.registry, &seen);
   o.advertise_host = Field<std::string>(d, "advertise_host", o.advertise_host, &seen);
   o.follow_bootstrap_room = Field<bool>(d, "follow_bootstrap_room", o.follow_bootstrap_room, &seen);
   o.ucx_tls = Field<std::string>(d, "ucx_tls", o.ucx_tls, &seen);

@@ -96,7 +96,7 @@ void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
       RankId origin;
       if (lost) {
         origin.role = Role::kBootstrap;
-        origin.host = opts_.bootstrap_addr;
+        origin.host = registry_->address();
       } else {
         origin = self_;
       }

@@ -161,15 +161,17 @@ Status ManagerImpl::Start() {
   engine_ = std::make_unique<TransferEngine>(*transport_, regions_);
 
   KVB_ASSIGN_OR_RETURN(
-      auto client,
-      BootstrapClient::Create(opts_.bootstrap_addr, std::chrono::milliseconds(2000), token));
-  bootstrap_ = std::move(client);
+      registry_,
+      CreateRegistryClient(opts_.registry, opts_.bootstrap_addr, std::chrono::milliseconds(2000),
+                           token, opts_.heartbeat_interval * opts_.heartbeat_misses));
   bool first_prefill = opts_.role == Role::kPrefill && p.tp_rank == 0 && p.dp_rank == 0 &&
                        p.pp_rank == 0 && p.cp_rank == 0;
-  if (first_prefill && opts_.start_bootstrap_server && !bootstrap_->Health().ok()) {
+  if (first_prefill && opts_.start_bootstrap_server && !IsEtcdRegistry(opts_.registry) &&
+      !registry_->Health().ok()) {
+    auto* bootstrap = static_cast<BootstrapClient*>(registry_.get());
     BootstrapServerOptions so;
-    so.host = bootstrap_->host();
-    so.port = bootstrap_->port();
+    so.host = bootstrap->host();
+    so.port = bootstrap->port();
     so.auth_token = token;
     so.unresponsive_after = opts_.heartbeat_interval * opts_.heartbeat_misses;
     so.dead_after = std::max(so.dead_after, so.unresponsive_after);
@@ -199,7 +201,7 @@ Status ManagerImpl::Start() {
   rec.instance = self_.instance;
   rec.transport_address = transport_->Address();
   rec.layout = LayoutToJson(layout_);
-  Status registered = bootstrap_->RegisterRank(rec);
+  Status registered = registry_->RegisterRank(rec);
   if (!registered.ok()) {
     // A wrong secret is a deployment error that no retry mends.
     if (opts_.role == Role::kPrefill || registered.code() == StatusCode::kUnauthenticated) {
@@ -207,10 +209,19 @@ Status ManagerImpl::Start() {
     }
     KVB_LOG_WARN("decode rank not listed in the bootstrap registry: {}", registered.ToString());
   }
+  // A registry that pushes changes wakes the registry thread (etcd's watch):
+  // records and membership changes are applied as they arrive.
+  registry_->SetChangeCallback([this] {
+    {
+      std::lock_guard<std::mutex> lock(ticker_mu_);
+      registry_wake_ = true;
+    }
+    ticker_cv_.notify_all();
+  });
   ticker_ = std::thread([this] { EveryHeartbeat([this] { Tick(); }); });
   registry_thread_ = std::thread([this] {
     uint64_t round = 0;
-    EveryHeartbeat([&] { RegistryRound(round++); });
+    EveryHeartbeat([&] { RegistryRound(round++); }, &registry_wake_);
   });
   resolver_ = std::thread([this] { EveryHeartbeat([this] { ResolveRound(); }); });
   KVB_LOG_INFO("manager up: {} incarnation {:#x}, transport {}", self_.ToString(),
@@ -227,6 +238,7 @@ ManagerImpl::~ManagerImpl() {
   if (ticker_.joinable()) ticker_.join();
   if (registry_thread_.joinable()) registry_thread_.join();
   if (resolver_.joinable()) resolver_.join();
+  if (registry_) registry_->SetChangeCallback(nullptr);
   // Transport threads may still deliver messages and completions, which
   // flush more work: from here on nothing reaches the engine or the
   // transport, and the engine goes only once no flush is under way.

@@ -34,6 +34,7 @@
 #include "connector/protocol.h"
 #include "connector/rooms.h"
 #include "control/bootstrap_client.h"
+#include "control/registry_client.h"
 #include "engine/engine.h"
 #include "kvbridge/bootstrap.h"
 #include "kvbridge/manager.h"
@@ -208,8 +209,9 @@ class ManagerImpl {
                          PeerId* stale) KVB_REQUIRES(mu_);
   void Tick();
   // Runs `round` every heartbeat interval until the manager stops; each of
-  // the ticker, registry and resolver threads is one such loop.
-  void EveryHeartbeat(const std::function<void()>& round);
+  // the ticker, registry and resolver threads is one such loop. With `wake`
+  // (guarded by ticker_mu_), also as soon as it is set (and clears it).
+  void EveryHeartbeat(const std::function<void()>& round, bool* wake = nullptr);
   // Bootstrap lookups, connects and handshake retries that the ticker asks
   // for: they wait on the network, so they run on the resolver thread and
   // never delay a heartbeat or a liveness check.
@@ -372,8 +374,8 @@ class ManagerImpl {
   std::vector<std::string> kv_keys_, aux_keys_, state_keys_;
   std::unique_ptr<TransferEngine> engine_;
   std::unique_ptr<BootstrapServer> embedded_server_;
-  std::unique_ptr<BootstrapClient> bootstrap_;
-  std::unique_ptr<ManagerMetrics> metrics_;  // null when metrics are off
+  std::unique_ptr<RegistryClient> registry_;  // the bootstrap server or etcd
+  std::unique_ptr<ManagerMetrics> metrics_;   // null when metrics are off
 
   mutable Mutex mu_;
   std::map<std::string, std::unique_ptr<Peer>> peers_ KVB_GUARDED_BY(mu_);
@@ -429,6 +431,9 @@ class ManagerImpl {
   std::mutex ticker_mu_;
   std::condition_variable ticker_cv_;
   bool stop_ = false;
+  // Set by a registry that pushes changes (etcd's watch): the registry
+  // thread runs a round at once. Guarded by ticker_mu_.
+  bool registry_wake_ = false;
   std::thread ticker_;
   std::thread registry_thread_;
   std::thread resolver_;

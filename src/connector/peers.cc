@@ -109,11 +109,13 @@ bool ManagerImpl::FailedPeerCannotWriteLocked(const Peer& peer) const {
          (c == FailureCause::kPeerUnreachable && !OnThisHost(peer.id));
 }
 
-void ManagerImpl::EveryHeartbeat(const std::function<void()>& round) {
+void ManagerImpl::EveryHeartbeat(const std::function<void()>& round, bool* wake) {
   std::unique_lock<std::mutex> lock(ticker_mu_);
   while (!stop_) {
-    ticker_cv_.wait_for(lock, opts_.heartbeat_interval, [this] { return stop_; });
+    ticker_cv_.wait_for(lock, opts_.heartbeat_interval,
+                        [&] { return stop_ || (wake != nullptr && *wake); });
     if (stop_) return;
+    if (wake != nullptr) *wake = false;
     lock.unlock();
     round();
     lock.lock();

@@ -95,7 +95,7 @@ FailureRecord ManagerImpl::GroupFailure(const Room& room) {
   }
   // One look at the registry now: the record may be there before this
   // rank's next registry round reads it.
-  Result<FailureBatch> batch = bootstrap_->FailuresSince(0);
+  Result<FailureBatch> batch = registry_->FailuresSince(0);
   Outbox out;
   {
     MutexLock lock(mu_);
@@ -120,7 +120,7 @@ FailureRecord ManagerImpl::GroupFailure(const Room& room) {
     r = MakeRecord(self_, FailureCause::kAborted,
                    fmt::format("{}; no record of why reached {} within {} ms (from its peers or "
                                "the registry at {})",
-                               where, self_.ShortName(), wait.count(), opts_.bootstrap_addr),
+                               where, self_.ShortName(), wait.count(), registry_->address()),
                    Phase::kTransferring, "group poll");
     r.hint = "look at the other ranks' errors for this room";
   }
@@ -181,7 +181,7 @@ void ManagerImpl::ForgetRestartedRanks() {
     // or a lost registry blocks whatever the registry says.
     if (fatal_ || registry_lost_ || !NewRoomBlockerLocked()) return;
   }
-  Result<std::vector<RankStatus>> ranks = bootstrap_->ListRanks();
+  Result<std::vector<RankStatus>> ranks = registry_->ListRanks();
   if (!ranks.ok()) return;
   MutexLock lock(mu_);
   ForgetRestartedLocked(*ranks);
@@ -261,8 +261,8 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
 
 void ManagerImpl::RegistryRound(uint64_t round) {
   const SteadyTime now = std::chrono::steady_clock::now();
-  Status beat = bootstrap_->Heartbeat(ToRankRole(self_.role), self_.dp, self_.cp, self_.tp,
-                                      self_.pp, self_.incarnation);
+  Status beat = registry_->Heartbeat(ToRankRole(self_.role), self_.dp, self_.cp, self_.tp, self_.pp,
+                                     self_.incarnation);
   if (beat.code() == StatusCode::kUnavailable) {
     if (!registry_down_since_) registry_down_since_ = now;
     MutexLock lock(mu_);
@@ -270,7 +270,7 @@ void ManagerImpl::RegistryRound(uint64_t round) {
         now - *registry_down_since_ >= opts_.heartbeat_interval * opts_.heartbeat_misses) {
       RankId origin;
       origin.role = Role::kBootstrap;
-      origin.host = opts_.bootstrap_addr;
+      origin.host = registry_->address();
       // A registry this rank never reached was not lost: say so.
       const std::string why = registry_reached_
                                   ? beat.message()
@@ -286,7 +286,7 @@ void ManagerImpl::RegistryRound(uint64_t round) {
   {
     MutexLock lock(mu_);
     if (registry_lost_) {
-      KVB_LOG_WARN("bootstrap registry {} reachable again", opts_.bootstrap_addr);
+      KVB_LOG_WARN("registry {} reachable again", registry_->address());
       registry_lost_.reset();
     }
   }
@@ -295,11 +295,21 @@ void ManagerImpl::RegistryRound(uint64_t round) {
     MutexLock lock(mu_);
     to_publish.swap(publish_queue_);
   }
+  std::vector<FailureRecord> unsent;
   for (const FailureRecord& r : to_publish) {
-    Result<uint64_t> seq = bootstrap_->PublishFailure(FailureRecordToJson(r));
-    if (!seq.ok()) KVB_LOG_WARN("failure record not published: {}", seq.status().ToString());
+    Result<uint64_t> seq = registry_->PublishFailure(FailureRecordToJson(r));
+    if (seq.ok()) continue;
+    KVB_LOG_WARN("failure record not published: {}", seq.status().ToString());
+    // An unreachable registry (an etcd election, a restart) takes it later:
+    // no record is lost to a registry outage.
+    if (seq.status().code() == StatusCode::kUnavailable) unsent.push_back(r);
   }
-  Result<FailureBatch> batch = bootstrap_->FailuresSince(failure_seq_);
+  if (!unsent.empty()) {
+    MutexLock lock(mu_);
+    publish_queue_.insert(publish_queue_.begin(), unsent.begin(), unsent.end());
+    if (publish_queue_.size() > kMaxQueuedRecords) publish_queue_.resize(kMaxQueuedRecords);
+  }
+  Result<FailureBatch> batch = registry_->FailuresSince(failure_seq_);
   if (batch.ok()) failure_seq_ = batch->latest_seq;
   const bool have_records = batch.ok() && !batch->records.empty();
   // Who is alive now, read after the records (one read serves both uses):
@@ -307,7 +317,7 @@ void ManagerImpl::RegistryRound(uint64_t round) {
   // its successor's rooms; every third round it also checks the siblings.
   std::optional<std::vector<RankStatus>> ranks;
   if (have_records || round % 3 == 0) {
-    Result<std::vector<RankStatus>> listed = bootstrap_->ListRanks();
+    Result<std::vector<RankStatus>> listed = registry_->ListRanks();
     if (listed.ok()) ranks = std::move(listed).value();
   }
   if (have_records) {
@@ -374,7 +384,7 @@ void ManagerImpl::LastWords(const std::string& reason) {
   }
   std::string msg = EncodeMessage(self_, RankFailedMsg{r});
   for (PeerId p : peers) transport_->SendUrgentMessage(p, msg).IgnoreError();
-  bootstrap_->PublishFailure(FailureRecordToJson(r)).status().IgnoreError();
+  registry_->PublishFailure(FailureRecordToJson(r)).status().IgnoreError();
 }
 
 }  // namespace kvbridge::internal

@@ -83,7 +83,7 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
       known = prefill_info_;
     }
     if (!known) {
-      KVB_ASSIGN_OR_RETURN(ParallelInfo fetched, bootstrap_->GetParallelInfo());
+      KVB_ASSIGN_OR_RETURN(ParallelInfo fetched, registry_->GetParallelInfo());
       if (!fetched.complete())
         return UnavailableError(fmt::format("{} of {} prefill ranks registered",
                                             fetched.ranks_registered, fetched.ranks_expected));
@@ -103,7 +103,7 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
       }
       for (const auto& [key, r] : dead) {
         Result<RankRecord> now =
-            bootstrap_->GetRank(r.origin.dp, r.origin.cp, r.origin.tp, r.origin.pp);
+            registry_->GetRank(r.origin.dp, r.origin.cp, r.origin.tp, r.origin.pp);
         if (now.ok() && now->incarnation != r.origin.incarnation) {
           MutexLock lock(mu_);
           dead_ranks_.erase(key);  // restarted
@@ -218,7 +218,7 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
     if (p != nullptr && p->ready && !p->failed) return key;
     if (p != nullptr && p->failed) failed_incarnation = p->id.incarnation;
   }
-  Result<RankRecord> rec = bootstrap_->GetRank(pos.dp, pos.cp, pos.tp, pos.pp);
+  Result<RankRecord> rec = registry_->GetRank(pos.dp, pos.cp, pos.tp, pos.pp);
   if (!rec.ok()) return rec.status().WithContext(key);
   *registered = RankIdOf(*rec);
   if (failed_incarnation != 0 && rec->incarnation == failed_incarnation)

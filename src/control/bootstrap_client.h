@@ -25,11 +25,12 @@
 #include <vector>
 
 #include "control/registry.h"
+#include "control/registry_client.h"
 #include "kvbridge/status.h"
 
 namespace kvbridge::internal {
 
-class BootstrapClient {
+class BootstrapClient final : public RegistryClient {
  public:
   // `address` is "host:port" or "[ipv6]:port" with port 1..65535;
   // InvalidArgument naming the address otherwise. `timeout` bounds connect,
@@ -42,24 +43,25 @@ class BootstrapClient {
 
   const std::string& host() const { return host_; }
   int port() const { return port_; }
-  const std::string& address() const { return address_; }  // as given
+  const std::string& address() const override { return address_; }  // as given
 
   // PUT /route. The record is validated locally first (InvalidArgument).
-  Status RegisterRank(const RankRecord& record) const;
+  Status RegisterRank(const RankRecord& record) const override;
   // GET /route for one prefill rank; ranks must be >= 0.
-  Result<RankRecord> GetRank(int dp, int cp, int tp, int pp) const;
+  Result<RankRecord> GetRank(int dp, int cp, int tp, int pp) const override;
   // GET /route with every rank -1.
-  Result<ParallelInfo> GetParallelInfo() const;
+  Result<ParallelInfo> GetParallelInfo() const override;
   // GET /health.
-  Status Health() const;
+  Status Health() const override;
   // PUT /heartbeat.
-  Status Heartbeat(RankRole role, int dp, int cp, int tp, int pp, uint64_t incarnation) const;
+  Status Heartbeat(RankRole role, int dp, int cp, int tp, int pp,
+                   uint64_t incarnation) const override;
   // GET /ranks.
-  Result<std::vector<RankStatus>> ListRanks() const;
+  Result<std::vector<RankStatus>> ListRanks() const override;
   // POST /failure; returns the record's sequence number.
-  Result<uint64_t> PublishFailure(const nlohmann::json& record) const;
+  Result<uint64_t> PublishFailure(const nlohmann::json& record) const override;
   // GET /failures?since=N.
-  Result<FailureBatch> FailuresSince(uint64_t since) const;
+  Result<FailureBatch> FailuresSince(uint64_t since) const override;
   // POST /register_dp_rank (sglang: the prefill dp rank a room went to).
   Status RegisterDpRank(uint64_t room, int dp_rank) const;
   // POST /query_dp_ranks: the dp rank of each of `rooms` the server knows.

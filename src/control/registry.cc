@@ -17,36 +17,6 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-// The fields every prefill rank of one instance must agree on.
-struct InstanceLayout {
-  const RankRecord& r;
-  Status Compare(const RankRecord& n) const {
-    auto conflict = [&](const char* field, const std::string& mine, const std::string& theirs) {
-      return FailedPreconditionError(n.Describe() + " registers " + field + " " + theirs +
-                                     ", but the prefill ranks already registered have " + field +
-                                     " " + mine);
-    };
-    auto num = [](int v) { return std::to_string(v); };
-    if (n.attn_tp_size != r.attn_tp_size) {
-      return conflict("attn_tp_size", num(r.attn_tp_size), num(n.attn_tp_size));
-    }
-    if (n.attn_cp_size != r.attn_cp_size) {
-      return conflict("attn_cp_size", num(r.attn_cp_size), num(n.attn_cp_size));
-    }
-    if (n.attn_dp_size != r.attn_dp_size) {
-      return conflict("attn_dp_size", num(r.attn_dp_size), num(n.attn_dp_size));
-    }
-    if (n.pp_size != r.pp_size) return conflict("pp_size", num(r.pp_size), num(n.pp_size));
-    if (n.page_size != r.page_size) {
-      return conflict("page_size", num(r.page_size), num(n.page_size));
-    }
-    if (n.kv_cache_dtype != r.kv_cache_dtype) {
-      return conflict("kv_cache_dtype", r.kv_cache_dtype, n.kv_cache_dtype);
-    }
-    return Status::Ok();
-  }
-};
-
 int ExpectedRanks(const RankRecord& r) {
   return r.attn_tp_size * r.attn_cp_size * r.attn_dp_size * r.pp_size;
 }
@@ -295,9 +265,8 @@ class MemoryRegistry final : public Registry {
         break;
       }
     }
-    if (live != nullptr) return InstanceLayout{*live}.Compare(record);
-    if (!prefill_.empty() &&
-        !InstanceLayout{prefill_.begin()->second.record}.Compare(record).ok()) {
+    if (live != nullptr) return CompareInstanceLayout(*live, record);
+    if (!prefill_.empty() && !CompareInstanceLayout(prefill_.begin()->second.record, record).ok()) {
       KVB_LOG_WARN(
           "registry: every prefill rank is dead and {} brings a new layout; "
           "forgetting the {} old prefill ranks",
@@ -364,6 +333,30 @@ class MemoryRegistry final : public Registry {
 };
 
 }  // namespace
+
+Status CompareInstanceLayout(const RankRecord& r, const RankRecord& n) {
+  auto conflict = [&](const char* field, const std::string& mine, const std::string& theirs) {
+    return FailedPreconditionError(n.Describe() + " registers " + field + " " + theirs +
+                                   ", but the prefill ranks already registered have " + field +
+                                   " " + mine);
+  };
+  auto num = [](int v) { return std::to_string(v); };
+  if (n.attn_tp_size != r.attn_tp_size) {
+    return conflict("attn_tp_size", num(r.attn_tp_size), num(n.attn_tp_size));
+  }
+  if (n.attn_cp_size != r.attn_cp_size) {
+    return conflict("attn_cp_size", num(r.attn_cp_size), num(n.attn_cp_size));
+  }
+  if (n.attn_dp_size != r.attn_dp_size) {
+    return conflict("attn_dp_size", num(r.attn_dp_size), num(n.attn_dp_size));
+  }
+  if (n.pp_size != r.pp_size) return conflict("pp_size", num(r.pp_size), num(n.pp_size));
+  if (n.page_size != r.page_size) return conflict("page_size", num(r.page_size), num(n.page_size));
+  if (n.kv_cache_dtype != r.kv_cache_dtype) {
+    return conflict("kv_cache_dtype", r.kv_cache_dtype, n.kv_cache_dtype);
+  }
+  return Status::Ok();
+}
 
 std::unique_ptr<Registry> CreateMemoryRegistry(RegistryOptions options) {
   return std::make_unique<MemoryRegistry>(std::move(options));

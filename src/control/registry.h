@@ -231,6 +231,11 @@ class Registry {
   virtual std::map<uint64_t, int> QueryDpRanks(const std::vector<uint64_t>& rooms) const = 0;
 };
 
+// FailedPrecondition naming the first field (attn_tp/cp/dp size, pp size,
+// page size, dtype) on which `newcomer` differs from `registered`, a prefill
+// rank of the same instance.
+Status CompareInstanceLayout(const RankRecord& registered, const RankRecord& newcomer);
+
 // The in-memory registry. Precondition: ValidateRegistryOptions(options).ok().
 std::unique_ptr<Registry> CreateMemoryRegistry(RegistryOptions options);
 

@@ -1,0 +1,260 @@
+// kvbridge worker processes with etcd as the cluster registry: a real etcd
+// (one member, or three on loopback for the leader-loss test) started here,
+// prefill and decode instances as real processes that find each other only
+// through etcd. Skipped when /usr/bin/etcd is missing.
+#include "tools/etcd_cluster.h"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <string>
+#include <vector>
+
+#include "control/etcd_registry.h"
+#include "control/record_json.h"
+#include "tests/integration/subprocess_util.h"
+#include "tools/cluster.h"
+
+namespace kvbridge::tools {
+namespace {
+
+using internal::EtcdRegistryClient;
+using internal::Liveness;
+using internal::RankStatus;
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+std::vector<std::string> Workload(int requests, const std::string& registry) {
+  return {"--layers",
+          "2",
+          "--heads",
+          "8",
+          "--head-dim",
+          "16",
+          "--page-size",
+          "16",
+          "--min-tokens",
+          "256",
+          "--max-tokens",
+          "2048",
+          "--chunk-tokens",
+          "512",
+          "--requests",
+          std::to_string(requests),
+          "--concurrency",
+          "16",
+          "--pool-pages",
+          "16384",
+          "--heartbeat-ms",
+          "100",
+          "--heartbeat-misses",
+          "10",
+          "--progress-ms",
+          "100",
+          "--deadline-s",
+          "90",
+          "--quiesce-timeout-ms",
+          "5000",
+          "--rate",
+          "100",
+          "--registry",
+          registry};
+}
+
+uint64_t Finished(const ProcessInfo& p) {
+  if (p.report) return (*p.report)["finished"].get<uint64_t>();
+  return p.progress ? (*p.progress)["finished"].get<uint64_t>() : 0;
+}
+
+void WaitForProgress(Cluster& c, uint64_t n) {
+  Status s = c.PumpUntil(
+      [&] {
+        for (int d = 0; d < c.decode_tp(); ++d)
+          if (Finished(c.process(c.RankIndex(Role::kDecode, d))) < n) return false;
+        return true;
+      },
+      milliseconds(60000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+}
+
+// Waits on the client's watch until `done` holds, pumping the cluster's
+// pipes meanwhile; false at the deadline.
+bool WaitInEtcd(Cluster& c, const EtcdRegistryClient& etcd, const std::function<bool()>& done,
+                milliseconds timeout = milliseconds(15000)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const uint64_t seen = etcd.changes();
+    if (done()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    c.Pump(milliseconds(0));
+    etcd.AwaitChange(seen, milliseconds(100));
+  }
+}
+
+std::unique_ptr<EtcdRegistryClient> Watcher(const EtcdCluster& etcd, const std::string& ns) {
+  auto o = internal::ParseEtcdRegistryUrl(etcd.Url(ns));
+  EXPECT_TRUE(o.ok()) << o.status().ToString();
+  auto c = EtcdRegistryClient::Create(*o);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+int CountAlive(const EtcdRegistryClient& etcd) {
+  int n = 0;
+  const std::vector<RankStatus> ranks = etcd.ListRanks().value();
+  for (const RankStatus& s : ranks) n += s.state == Liveness::kAlive;
+  return n;
+}
+
+std::unique_ptr<Cluster> Launch(int requests, const std::string& registry) {
+  ClusterOptions o;
+  o.binary = std::string(KVB_BIN_DIR) + "/kvbridge";
+  o.prefill_tp = 2;
+  o.decode_tp = 2;
+  o.bootstrap = BootstrapMode::kEmbedded;  // not started: the registry is etcd
+  o.worker_args = Workload(requests, registry);
+  auto c = Cluster::Start(o);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+TEST(EtcdRegistryProcessTest, RanksMeetThroughEtcdAndAKilledRankIsNamedByLeaseAndPeers) {
+  if (!EtcdCluster::Available()) GTEST_SKIP() << "/usr/bin/etcd missing (etcd-server)";
+  auto etcd = EtcdCluster::Start({});
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  auto watcher = Watcher(**etcd, "kill-rank");
+  ASSERT_TRUE(watcher);
+  auto cluster = Launch(400, (*etcd)->Url("kill-rank"));
+  ASSERT_TRUE(cluster);
+  Cluster& c = *cluster;
+  // Every rank registered in etcd, alive by its lease.
+  ASSERT_TRUE(WaitInEtcd(c, *watcher, [&] { return CountAlive(*watcher) == 4; }))
+      << watcher->ListRanks()->size() << " ranks in etcd";
+  WaitForProgress(c, 20);
+  const int victim = c.RankIndex(Role::kPrefill, 1);
+  const int pid = c.process(victim).pid;
+  ASSERT_TRUE(c.Signal(victim, SIGKILL).ok());
+  // etcd learns it too: its alive lease runs out (or a peer's failure record
+  // names it) without anyone asking the dead process.
+  auto victim_state = [&] {
+    const std::vector<RankStatus> ranks = watcher->ListRanks().value();
+    for (const RankStatus& s : ranks)
+      if (s.record.role == internal::RankRole::kPrefill && s.record.attn_tp_rank == 1) return s;
+    return RankStatus{};
+  };
+  ASSERT_TRUE(WaitInEtcd(c, *watcher, [&] { return victim_state().state != Liveness::kAlive; }));
+  EXPECT_EQ(victim_state().record.pid, pid);
+  ASSERT_TRUE(c.CollectReports(milliseconds(120000), {victim}).ok());
+  for (int i = 0; i < c.num_ranks(); ++i) {
+    if (i == victim) continue;
+    const ProcessInfo& p = c.process(i);
+    SCOPED_TRACE(p.name);
+    ASSERT_TRUE(p.report.has_value()) << p.exit.ToString();
+    const json& r = *p.report;
+    EXPECT_EQ(r["nonterminal"].get<int>(), 0);
+    EXPECT_EQ(r["corrupt_pages"].get<int>(), 0);
+    EXPECT_EQ(r["finished"].get<int>(), r["requests"].get<int>());
+    EXPECT_GT(r["succeeded"].get<int>(), 0);
+    EXPECT_GT(r["failed"].get<int>(), 0);
+    for (const json& f : r["failures"]) {
+      EXPECT_EQ(f["origin"]["name"].get<std::string>(), "prefill tp1") << f.dump();
+      EXPECT_EQ(f["origin"]["pid"].get<int>(), pid);
+      const std::string cause = f["cause"].get<std::string>();
+      EXPECT_TRUE(cause == "peer_exited" || cause == "peer_unreachable") << cause;
+    }
+  }
+  // The record a survivor published reached etcd and names the rank.
+  bool named = false;
+  const internal::FailureBatch records = watcher->FailuresSince(0).value();
+  for (const json& j : records.records) named = named || j["origin"]["name"] == "prefill tp1";
+  EXPECT_TRUE(named) << "no failure record in etcd names prefill tp1";
+  c.Shutdown(milliseconds(10000));
+}
+
+FailureRecord RoomRecord(uint64_t room) {
+  FailureRecord f;
+  f.origin.role = Role::kDecode;
+  f.origin.tp = 0;
+  f.room = room;  // far above the rooms the workers use: touches no request
+  f.cause = FailureCause::kAborted;
+  f.detail = "test record " + std::to_string(room);
+  return f;
+}
+
+TEST(EtcdRegistryProcessTest, EtcdLeaderKilledMidRunLosesNothingAndFailsNoRequest) {
+  if (!EtcdCluster::Available()) GTEST_SKIP() << "/usr/bin/etcd missing (etcd-server)";
+  EtcdClusterOptions eo;
+  eo.members = 3;
+  auto etcd = EtcdCluster::Start(eo);
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  auto watcher = Watcher(**etcd, "leader");
+  ASSERT_TRUE(watcher);
+  constexpr uint64_t kRoomBase = uint64_t{1} << 60;
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(
+        watcher->PublishFailure(internal::FailureRecordToJson(RoomRecord(kRoomBase + i))).ok());
+  auto cluster = Launch(300, (*etcd)->Url("leader"));
+  ASSERT_TRUE(cluster);
+  Cluster& c = *cluster;
+  ASSERT_TRUE(WaitInEtcd(c, *watcher, [&] { return CountAlive(*watcher) == 4; }));
+  WaitForProgress(c, 30);
+  Result<int> leader = (*etcd)->Leader(milliseconds(5000));
+  ASSERT_TRUE(leader.ok()) << leader.status().ToString();
+  ASSERT_TRUE((*etcd)->Kill(*leader).ok());
+  // Writes during the election: they wait for the new leader, none is lost.
+  for (int i = 3; i < 5; ++i) {
+    Result<uint64_t> seq =
+        watcher->PublishFailure(internal::FailureRecordToJson(RoomRecord(kRoomBase + i)));
+    ASSERT_TRUE(seq.ok()) << seq.status().ToString();
+    EXPECT_EQ(*seq, static_cast<uint64_t>(i + 1));
+  }
+  Result<int> next = (*etcd)->Leader(milliseconds(10000));
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_NE(*next, *leader);
+  ASSERT_TRUE(c.CollectReports(milliseconds(120000)).ok());
+  for (int i = 0; i < c.num_ranks(); ++i) {
+    const ProcessInfo& p = c.process(i);
+    SCOPED_TRACE(p.name);
+    ASSERT_TRUE(p.report.has_value()) << p.exit.ToString();
+    const json& r = *p.report;
+    EXPECT_EQ(r["failed"].get<int>(), 0) << r["failures"].dump();
+    EXPECT_EQ(r["succeeded"].get<int>(), r["requests"].get<int>());
+    EXPECT_EQ(r["corrupt_pages"].get<int>(), 0);
+  }
+  // Every registration and every record survived the leader: the ranks are
+  // still registered (alive: their keep-alives moved to another member).
+  EXPECT_EQ(CountAlive(*watcher), 4);
+  internal::FailureBatch batch = watcher->FailuresSince(0).value();
+  ASSERT_EQ(batch.records.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(batch.records[i]["seq"].get<uint64_t>(), i + 1);
+    EXPECT_EQ(batch.records[i]["room"].get<uint64_t>(), kRoomBase + i);
+  }
+  c.Shutdown(milliseconds(10000));
+}
+
+// The demo on its own 3-member etcd, its leader killed at the 10th request:
+// the same summary, every request succeeded, every page verified.
+TEST(EtcdRegistryProcessTest, DemoOnEtcdFinishesWhenTheEtcdLeaderIsKilled) {
+  if (!EtcdCluster::Available()) GTEST_SKIP() << "/usr/bin/etcd missing (etcd-server)";
+  const std::string cmd = std::string(KVB_BIN_DIR) +
+                          "/kvbridge demo --json --registry etcd --fault kill-etcd-leader@10 "
+                          "--requests 80 --layers 4 --head-dim 64 --max-tokens 1024 --timeout 90";
+  testing::CommandOutput r = testing::RunCommand(cmd);
+  json j = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << cmd << "\nstdout is not one JSON object:\n" << r.out;
+  EXPECT_EQ(r.exit_status, 0) << j.dump(2);
+  EXPECT_TRUE(j["ok"].get<bool>()) << j["problems"].dump();
+  EXPECT_EQ(j["succeeded"], 80);
+  EXPECT_EQ(j["failed"], 0);
+  EXPECT_EQ(j["corrupt_pages"], 0);
+  EXPECT_GT(j["verified_pages"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(j["registry"].get<std::string>().starts_with("etcd://")) << j["registry"];
+  EXPECT_TRUE(j["fault"]["fired"].get<bool>());
+  EXPECT_TRUE(j["fault"]["victim"].get<std::string>().starts_with("etcd member "))
+      << j["fault"].dump();
+  EXPECT_GT(j["fault"]["pid"].get<int>(), 0);
+}
+
+}  // namespace
+}  // namespace kvbridge::tools

@@ -1,0 +1,78 @@
+// EtcdCluster: an etcd cluster of 1..7 members as child processes of this
+// one, on free 127.0.0.1 ports with data directories of their own under a
+// fresh temporary directory. Used by `kvbridge demo --registry etcd` and by
+// the etcd tests; a deployment points kvbridge at its own cluster instead.
+//
+// A member is ready once it logged "ready to serve client requests" (etcd
+// prints it after joining the cluster): its stderr is read by a thread of
+// the cluster (poll(), no sleeps) and copied to <log_dir>/etcd-m<i>.log when
+// log_dir is set. Members die with the thread that started them
+// (PR_SET_PDEATHSIG); the destructor SIGKILLs and reaps them and removes
+// the data directories.
+//
+// Thread safety: none, except that the reader thread is internal.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvbridge/status.h"
+
+namespace kvbridge::tools {
+
+struct EtcdClusterOptions {
+  int members = 1;
+  std::string binary = "/usr/bin/etcd";
+  std::string log_dir;  // empty: members' logs are read and dropped
+  std::chrono::milliseconds ready_timeout{30000};
+  // etcd's raft timing: a new leader within about one election timeout.
+  int heartbeat_ms = 50;
+  int election_ms = 500;
+};
+
+class EtcdCluster {
+ public:
+  // Whether `binary` exists and is executable (the tests skip without it).
+  static bool Available(const std::string& binary = "/usr/bin/etcd");
+
+  // InvalidArgument (members outside 1..7), Internal (fork, pipes, temp
+  // dir), Unavailable naming a member that exited before it was ready,
+  // DeadlineExceeded naming the ones not ready after ready_timeout.
+  static Result<std::unique_ptr<EtcdCluster>> Start(const EtcdClusterOptions& options);
+  ~EtcdCluster();
+
+  EtcdCluster(const EtcdCluster&) = delete;
+  EtcdCluster& operator=(const EtcdCluster&) = delete;
+
+  int members() const { return static_cast<int>(members_.size()); }
+  // "127.0.0.1:port" of member i's client port.
+  const std::string& endpoint(int i) const;
+  // Every member's client endpoint, comma separated.
+  std::string Endpoints() const;
+  // "etcd://<Endpoints()>/<ns>".
+  std::string Url(const std::string& ns) const;
+  pid_t pid(int i) const;
+  bool running(int i) const;
+
+  // The index of the member that is leader now, as the running members
+  // report it (/v3/maintenance/status). Unavailable when none reports one
+  // within `timeout`.
+  Result<int> Leader(std::chrono::milliseconds timeout) const;
+  // SIGKILLs member i and reaps it.
+  Status Kill(int i);
+
+  struct Member;
+  struct Reader;
+
+ private:
+  EtcdCluster() = default;
+  std::vector<std::unique_ptr<Member>> members_;
+  std::unique_ptr<Reader> reader_;
+  std::string root_;  // the temporary directory
+};
+
+}  // namespace kvbridge::tools
