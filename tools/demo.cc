@@ -21,9 +21,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-int RunBootstrap() {
+int RunBootstrap(const std::string& host) {
   BootstrapServerOptions o;
-  o.host = "127.0.0.1";
+  o.host = host;
   o.port = 0;
   auto server = BootstrapServer::Start(o);
   if (!server.ok()) {
@@ -36,7 +36,7 @@ int RunBootstrap() {
             << nlohmann::json{{"role", "bootstrap"},
                               {"pid", getpid()},
                               {"port", port},
-                              {"address", "127.0.0.1:" + std::to_string(port)}}
+                              {"address", host + ":" + std::to_string(port)}}
                    .dump()
             << std::endl;
   std::string line;
@@ -440,7 +440,9 @@ void AddDemoCommands(CLI::App& app, std::function<int()>& run) {
 
   CLI::App* boot = app.add_subcommand("demo-bootstrap", "Bootstrap server for the demo");
   boot->group("");  // internal: started by the demo's launcher
-  boot->callback([&run] { run = [] { return RunBootstrap(); }; });
+  auto boot_host = std::make_shared<std::string>("127.0.0.1");
+  boot->add_option("--host", *boot_host, "Address to listen on (an IPv4 address of this host)");
+  boot->callback([&run, boot_host] { run = [boot_host] { return RunBootstrap(*boot_host); }; });
 }
 
 }  // namespace kvbridge::tools

@@ -479,8 +479,10 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello) {
     return;
   }
   Result<DataPath> path = transport_->PathTo(peer->tpeer);
-  KVB_LOG_INFO("connected to {} via {}", from.ToString(),
-               path.ok() ? DataPathName(*path) : std::string_view("?"));
+  const std::string wire = transport_->WireTo(peer->tpeer);
+  KVB_LOG_INFO("connected to {} via {}{}{}", from.ToString(),
+               path.ok() ? DataPathName(*path) : std::string_view("?"),
+               wire.empty() ? "" : " over ", wire);
   {
     MutexLock lock(mu_);
     dead_ranks_.erase(peer->key);

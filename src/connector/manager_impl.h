@@ -193,10 +193,13 @@ class ManagerImpl {
   // write): exited when /proc on this host says so, else unreachable.
   std::pair<FailureCause, std::string> TransportErrorCause(const RankId& peer,
                                                            const Status& why) const;
-  // Blames a silent peer: exited when /proc says so, else unresponsive
-  // (naming a stopped process), `silence` saying what it failed to do.
+  // Blames a silent peer: exited when /proc says so, unreachable when it is
+  // on another host (nothing to read there), else unresponsive (naming a
+  // stopped process); `silence` says what it failed to do.
   void FailSilentPeerLocked(Peer& peer, ProcessState ps, const std::string& silence,
                             const char* mechanism, Outbox& out) KVB_REQUIRES(mu_);
+  // The detail of a silent rank on another host.
+  std::string RemoteSilence(const RankId& id, const std::string& silence) const;
   void FailPeerLocked(Peer& peer, FailureCause cause, std::string detail, std::string mechanism,
                       Outbox& out) KVB_REQUIRES(mu_);
   void FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base, Outbox& out)

@@ -41,8 +41,22 @@ void ManagerImpl::FailSilentPeerLocked(Peer& peer, ProcessState ps, const std::s
     FailPeerLocked(peer, FailureCause::kPeerExited, "process exited", mechanism, out);
     return;
   }
+  if (ps == ProcessState::kUnknown && !OnThisHost(peer.id)) {
+    FailPeerLocked(peer, FailureCause::kPeerUnreachable, RemoteSilence(peer.id, silence), mechanism,
+                   out);
+    return;
+  }
   const std::string what = ps == ProcessState::kStopped ? DescribeProcessState(ps) + ", " : "";
   FailPeerLocked(peer, FailureCause::kPeerUnresponsive, what + silence, mechanism, out);
+}
+
+// A silent rank on another host: no /proc to look at, so a partition, a
+// host that went down and a stopped process look the same from here.
+std::string ManagerImpl::RemoteSilence(const RankId& id, const std::string& silence) const {
+  return fmt::format(
+      "{} on host {} (this rank is on {}): partitioned, down or stopped; another host's "
+      "process state cannot be read from here",
+      silence, id.host, self_.host);
 }
 
 void ManagerImpl::FailPeerLocked(Peer& peer, FailureCause cause, std::string detail,

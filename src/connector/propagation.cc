@@ -345,11 +345,15 @@ void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
       if (applied_.count({key, id.incarnation}) || s.dead_by_seq != 0) continue;
       const ProcessState ps = LocalProcessState(id);
       if (ps == ProcessState::kRunning && s.age <= limit * 10) continue;  // busy, not failed
-      FailureCause cause =
-          ps == ProcessState::kExited ? FailureCause::kPeerExited : FailureCause::kPeerUnresponsive;
-      std::string detail = ps == ProcessState::kRunning || ps == ProcessState::kUnknown
-                               ? fmt::format("no heartbeat for {:.2f} s",
-                                             std::chrono::duration<double>(s.age).count())
+      const bool remote = ps == ProcessState::kUnknown && !OnThisHost(id);
+      FailureCause cause = ps == ProcessState::kExited ? FailureCause::kPeerExited
+                           : remote                    ? FailureCause::kPeerUnreachable
+                                                       : FailureCause::kPeerUnresponsive;
+      const std::string silence = fmt::format("no heartbeat at the registry for {:.2f} s",
+                                              std::chrono::duration<double>(s.age).count());
+      std::string detail = remote ? RemoteSilence(id, silence)
+                           : ps == ProcessState::kRunning || ps == ProcessState::kUnknown
+                               ? silence
                                : DescribeProcessState(ps);
       FailureRecord r = MakeRecord(id, cause, detail, Phase::kTransferring, "registry liveness");
       r.last_sign_of_life = std::chrono::system_clock::now() - s.age;

@@ -272,8 +272,10 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
     return sent.WithContext(key);
   }
   Result<DataPath> path = transport_->PathTo(tpeer);
-  KVB_LOG_INFO("connected to {} via {}", key,
-               path.ok() ? DataPathName(*path) : std::string_view("?"));
+  const std::string wire = transport_->WireTo(tpeer);
+  KVB_LOG_INFO("connected to {} via {}{}{}", key,
+               path.ok() ? DataPathName(*path) : std::string_view("?"),
+               wire.empty() ? "" : " over ", wire);
   return key;
 }
 
