@@ -294,6 +294,8 @@ void ManagerImpl::Flush(Outbox& out) {
                        std::move(post.notify), std::move(post.done));
   }
   out.posts.clear();
+  for (PeerId p : out.disconnect) transport_->Disconnect(p);
+  out.disconnect.clear();
   flushing_.fetch_sub(1);
 }
 

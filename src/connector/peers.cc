@@ -72,6 +72,12 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
   peer.failed = true;
   peer.failure = base;
   peer.held.clear();
+  // A peer on another host that went silent may be alive behind a
+  // partition, its writes queued in the network: closing the connection
+  // means none of them lands after the partition heals (its rooms fail
+  // here and their pages are reused at once, FailedPeerCannotWriteLocked).
+  if (base.cause == FailureCause::kPeerUnreachable && !OnThisHost(peer.id) && peer.tpeer != 0)
+    out.disconnect.push_back(peer.tpeer);
   if (base.cause != FailureCause::kLayoutMismatch) {
     dead_ranks_[peer.key] = base;
     applied_.insert({peer.key, peer.id.incarnation});

@@ -75,7 +75,7 @@ TEST(HostsTest, PrefillAndDecodeOnTwoHostsMoveEveryPageOverTcp) {
   // same-host path was possible, though every worker asked for one (--shm).
   // (Decode writes nothing, so its side of a connection has no path: "?".)
   for (int i = 0; i < c.prefill_ranks(); ++i) {
-    std::vector<std::string> paths = ConnectionPaths(hc, i);
+    std::vector<std::string> paths = ConnectionPaths(hc.log_dir, c, i);
     ASSERT_FALSE(paths.empty()) << c.process(i).name;
     for (const std::string& p : paths) EXPECT_EQ(p, "ucx-rndv over tcp") << c.process(i).name;
   }

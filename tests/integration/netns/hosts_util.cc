@@ -1,8 +1,10 @@
 #include "tests/integration/netns/hosts_util.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <regex>
 
@@ -44,13 +46,50 @@ std::vector<std::string> HostWorkload(int requests, int concurrency) {
           "--shm"};
 }
 
+std::string NewLogDir() {
+  char dir[] = "/tmp/kvb-hosts-XXXXXX";
+  return mkdtemp(dir) == nullptr ? std::string() : std::string(dir);
+}
+
+int64_t WallMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Result<std::unique_ptr<Cluster>> StartCluster(const HostNet& net, const HostsLayout& layout,
+                                              int bootstrap_host,
+                                              std::vector<std::string> worker_args,
+                                              const std::string& log_dir) {
+  const int ranks = layout.prefill_tp + layout.decode_tp;
+  if (static_cast<int>(layout.rank_hosts.size()) != ranks)
+    return InvalidArgumentError("rank_hosts names " + std::to_string(layout.rank_hosts.size()) +
+                                " hosts for " + std::to_string(ranks) + " ranks");
+  mkdir(log_dir.c_str(), 0755);
+  ClusterOptions o;
+  o.binary = std::string(KVB_BIN_DIR) + "/kvbridge";
+  o.prefill_tp = layout.prefill_tp;
+  o.decode_tp = layout.decode_tp;
+  o.bootstrap = BootstrapMode::kStandalone;
+  o.bootstrap_host = net.address(bootstrap_host);
+  o.bootstrap_wrap = net.Command(bootstrap_host);
+  for (int h : layout.rank_hosts) o.rank_wrap.push_back(net.Command(h));
+  o.worker_args = std::move(worker_args);
+  o.env = HostNet::Env();
+  o.env.push_back(getenv("KVB_HOSTS_DEBUG") ? "KVBRIDGE_LOG_LEVEL=debug"
+                                            : "KVBRIDGE_LOG_LEVEL=info");
+  o.log_dir = log_dir;
+  auto c = Cluster::Start(o);
+  if (!c.ok())
+    return Status(c.status().code(), c.status().message() + " (logs in " + log_dir + ")");
+  return c;
+}
+
 HostsCluster StartOnHosts(const HostsLayout& layout, std::vector<std::string> worker_args) {
   HostsCluster hc;
   hc.host_of = layout.rank_hosts;
-  const int ranks = layout.prefill_tp + layout.decode_tp;
-  if (static_cast<int>(hc.host_of.size()) != ranks) {
-    hc.error = "rank_hosts names " + std::to_string(hc.host_of.size()) + " hosts for " +
-               std::to_string(ranks) + " ranks";
+  if (hc.host_of.empty()) {
+    hc.error = "no rank hosts";
     return hc;
   }
   const int hosts = *std::max_element(hc.host_of.begin(), hc.host_of.end()) + 1;
@@ -60,40 +99,22 @@ HostsCluster StartOnHosts(const HostsLayout& layout, std::vector<std::string> wo
     return hc;
   }
   hc.net = std::move(net).value();
-  char dir[] = "/tmp/kvb-hosts-XXXXXX";
-  if (mkdtemp(dir) == nullptr) {
-    hc.error = "mkdtemp failed";
-    return hc;
-  }
-  hc.log_dir = dir;
-  ClusterOptions o;
-  o.binary = std::string(KVB_BIN_DIR) + "/kvbridge";
-  o.prefill_tp = layout.prefill_tp;
-  o.decode_tp = layout.decode_tp;
-  o.bootstrap = BootstrapMode::kStandalone;
-  o.bootstrap_host = hc.net->address(0);
-  o.bootstrap_wrap = hc.net->Command(0);
-  for (int h : hc.host_of) o.rank_wrap.push_back(hc.net->Command(h));
-  o.worker_args = std::move(worker_args);
-  o.env = HostNet::Env();
-  o.env.push_back(getenv("KVB_HOSTS_DEBUG") ? "KVBRIDGE_LOG_LEVEL=debug"
-                                            : "KVBRIDGE_LOG_LEVEL=info");
-  o.log_dir = hc.log_dir;
-  auto c = Cluster::Start(o);
+  hc.log_dir = NewLogDir();
+  auto c = StartCluster(*hc.net, layout, 0, std::move(worker_args), hc.log_dir);
   if (!c.ok()) {
-    hc.error = c.status().ToString() + " (logs in " + hc.log_dir + ")";
+    hc.error = c.status().ToString();
     return hc;
   }
   hc.cluster = std::move(c).value();
   return hc;
 }
 
-std::vector<std::string> ConnectionPaths(const HostsCluster& hc, int index) {
+std::vector<std::string> ConnectionPaths(const std::string& log_dir, const Cluster& c, int index) {
   std::vector<std::string> out;
   static const std::regex kVia(R"(\] connected to .* via (.*\S)\s*$)");
-  std::string name = hc.cluster->process(index).name;
+  std::string name = c.process(index).name;
   std::replace(name.begin(), name.end(), ' ', '-');
-  std::ifstream in(hc.log_dir + "/" + name + ".log");
+  std::ifstream in(log_dir + "/" + name + ".log");
   std::string line;
   std::smatch m;
   while (std::getline(in, line))

@@ -44,8 +44,21 @@ std::vector<std::string> HostWorkload(int requests, int concurrency);
 // Creates the hosts and starts the cluster; on failure `error` says why.
 HostsCluster StartOnHosts(const HostsLayout& layout, std::vector<std::string> worker_args);
 
+// Starts one more cluster on existing hosts (its own bootstrap server on
+// `bootstrap_host`), logs under `log_dir` (created if missing).
+Result<std::unique_ptr<Cluster>> StartCluster(const HostNet& net, const HostsLayout& layout,
+                                              int bootstrap_host,
+                                              std::vector<std::string> worker_args,
+                                              const std::string& log_dir);
+
+// A new directory under /tmp for logs ("" if it cannot be made).
+std::string NewLogDir();
+
+// Wall-clock µs since the epoch (the clock of failure records).
+int64_t WallMicros();
+
 // Every "connected to ... via X" in the log of process `index`: X, e.g.
 // "ucx-rndv over tcp".
-std::vector<std::string> ConnectionPaths(const HostsCluster& hc, int index);
+std::vector<std::string> ConnectionPaths(const std::string& log_dir, const Cluster& c, int index);
 
 }  // namespace kvbridge::tools
