@@ -1,7 +1,8 @@
 // Network faults between hosts (tools/hosts.h): two independent pairs
 // (prefill host 1 -> decode host 2, prefill host 3 -> decode host 4), each
 // with its own bootstrap server on host 0; one host of pair A is cut off by
-// nftables rules inside its namespace while every process lives on.
+// nftables rules inside its namespace while every process lives on, or goes
+// silent (link down, its processes stopped) and comes back.
 //
 // Every survivor of pair A must fail the affected requests within 2 s of
 // the cut, naming the cut-off rank (role, rank, host) as unreachable, never
@@ -11,6 +12,7 @@
 // the survivor reuses.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -52,6 +54,9 @@ struct PartitionCase {
   std::string name;
   Role victim;  // the role whose host is cut off
   Direction direction;
+  // Instead of a partition: the host goes silent (link down and every
+  // process on it SIGSTOPped) and comes back (link up, SIGCONT).
+  bool silent = false;
 };
 
 class PartitionTest : public ::testing::TestWithParam<PartitionCase> {};
@@ -85,12 +90,22 @@ TEST_P(PartitionTest, SurvivorsNameTheUnreachableRankAndTheOtherPairGoesOn) {
       milliseconds(60000)));
 
   const int64_t cut_at = WallMicros();
-  ASSERT_TRUE(net.Partition(victim_host, pc.direction).ok());
+  if (pc.silent) {
+    ASSERT_TRUE(net.SetLink(victim_host, false).ok());
+    ASSERT_TRUE(ca.Signal(victim, SIGSTOP).ok());
+  } else {
+    ASSERT_TRUE(net.Partition(victim_host, pc.direction).ok());
+  }
   // Cut until the survivor has failed requests over it, then healed.
   ASSERT_TRUE(PumpBoth(
       ca, cb, [&] { return Count(ca.process(survivor), "failed") > 0; }, milliseconds(20000)))
       << "the survivor failed nothing after the partition (logs in " << logs << ")";
-  ASSERT_TRUE(net.Heal(victim_host).ok());
+  if (pc.silent) {
+    ASSERT_TRUE(net.SetLink(victim_host, true).ok());
+    ASSERT_TRUE(ca.Signal(victim, SIGCONT).ok());
+  } else {
+    ASSERT_TRUE(net.Heal(victim_host).ok());
+  }
   ASSERT_TRUE(PumpBoth(
       ca, cb, [&] { return AllReported(ca) && AllReported(cb); }, milliseconds(120000)))
       << "logs in " << logs;
@@ -156,7 +171,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(PartitionCase{"prefill_host", Role::kPrefill, Direction::kBoth},
                       PartitionCase{"decode_host", Role::kDecode, Direction::kBoth},
                       PartitionCase{"prefill_host_outgoing_only", Role::kPrefill,
-                                    Direction::kOutgoing}),
+                                    Direction::kOutgoing},
+                      PartitionCase{"silent_prefill_host", Role::kPrefill, Direction::kBoth,
+                                    /*silent=*/true},
+                      PartitionCase{"silent_decode_host", Role::kDecode, Direction::kBoth,
+                                    /*silent=*/true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace
