@@ -9,9 +9,9 @@
 // and every byte between hosts goes over the network (UCX TCP).
 //
 // Faults are injected from outside the processes, inside a host's network
-// namespace: nftables drop rules (partition, one direction, random loss),
-// `ip link set eth0 down`, and a delay through an NFQUEUE delayer program
-// (netem is not built into every kernel; see docs/transport.md).
+// namespace: nftables drop rules (partition, one direction, random loss)
+// and `ip link set eth0 down`. No delay: this kernel has no netem
+// (CONFIG_NET_SCH_NETEM unset; see docs/transport.md).
 //
 // Names carry the launcher's pid ("kvb<pid>-h0", "kvb<pid>-br"), so
 // parallel runs never collide; Create removes namespaces left by launchers
