@@ -14,6 +14,7 @@
 #include "kvbridge/bootstrap.h"
 #include "tools/cluster.h"
 #include "tools/demo_summary.h"
+#include "tools/hosts.h"
 
 namespace kvbridge::tools {
 namespace {
@@ -142,6 +143,25 @@ int VictimIndex(const Cluster& c, const std::string& kind) {
   return c.RankIndex(Role::kPrefill, c.prefill_tp() - 1);
 }
 
+// --hosts: prefill ranks on hosts [0, N/2), decode ranks on the rest, the
+// bootstrap server on host 0; every byte between the sides goes over TCP.
+Result<std::unique_ptr<HostNet>> PlaceOnHosts(const DemoFlags& f, ClusterOptions& co) {
+  KVB_ASSIGN_OR_RETURN(std::unique_ptr<HostNet> net, HostNet::Create(f.hosts));
+  // Through nsenter, /proc/self/exe would name nsenter: resolve it here.
+  char self[4096];
+  ssize_t len = readlink(co.binary.c_str(), self, sizeof(self) - 1);
+  if (len > 0 && co.binary.starts_with("/proc/")) co.binary.assign(self, static_cast<size_t>(len));
+  const int prefill_hosts = f.hosts / 2;
+  const int decode_hosts = f.hosts - prefill_hosts;
+  for (int i = 0; i < f.prefill_tp; ++i) co.rank_wrap.push_back(net->Command(i % prefill_hosts));
+  for (int i = 0; i < f.decode_tp; ++i)
+    co.rank_wrap.push_back(net->Command(prefill_hosts + i % decode_hosts));
+  co.bootstrap_wrap = net->Command(0);
+  co.bootstrap_host = net->address(0);
+  for (const std::string& e : HostNet::Env()) co.env.push_back(e);
+  return net;
+}
+
 int RunDemo(const DemoFlags& flags) {
   DemoFlags f = flags;
   FaultSpec fault;
@@ -158,6 +178,10 @@ int RunDemo(const DemoFlags& flags) {
   }
   if (!fault.kind.empty() && fault.after_requests < 0 && fault.after_ms < 0)
     fault.after_requests = std::max(1, f.requests / 4);
+  if (f.hosts > 0 && (f.fault.starts_with("partition") || f.fault.starts_with("lossy"))) {
+    std::cerr << "kvbridge demo: --fault " << f.fault << " with --hosts is not implemented yet\n";
+    return 2;
+  }
   if (f.mla && !f.head_dim_set) f.head_dim = 576;
   if (f.pool_pages <= 0)
     f.pool_pages = f.concurrency * ((f.max_tokens + f.page_size - 1) / f.page_size + 1) + 64;
@@ -187,6 +211,15 @@ int RunDemo(const DemoFlags& flags) {
   if (fault.kind == "oom") {
     co.rank_args.resize(f.prefill_tp + f.decode_tp);
     co.rank_args[fault_victim_rank] = {"--fatal-after", std::to_string(fault.after_requests)};
+  }
+  std::unique_ptr<HostNet> net;  // outlives the cluster (declared first)
+  if (f.hosts > 0) {
+    auto made = PlaceOnHosts(f, co);
+    if (!made.ok()) {
+      std::cerr << "kvbridge demo: --hosts: " << made.status().ToString() << "\n";
+      return 2;
+    }
+    net = std::move(made).value();
   }
   view.Note(DescribeLayout(f, log_dir));
   auto started = Cluster::Start(co);
@@ -419,6 +452,10 @@ void AddDemoCommands(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--fault", f->fault,
                   "KIND[@WHEN]: kill-prefill, kill-decode, stop-prefill, kill-bootstrap, oom; "
                   "WHEN = finished requests (20) or time (2s, 500ms)");
+  cmd->add_option("--hosts", f->hosts,
+                  "Run the ranks on N hosts in network namespaces (root): prefill on the "
+                  "first half, decode on the rest, the bootstrap server on host 0")
+      ->check(CLI::Range(2, 32));
   cmd->add_flag("--json", f->json, "Print the summary as one JSON object");
   cmd->add_flag("--ucx-only", f->ucx_only, "Same-host paths off: every byte over UCX");
   cmd->add_option("--ucx-tls", f->ucx_tls, "UCX_TLS for the workers, e.g. tcp");
