@@ -5,6 +5,9 @@ pkgs=(build-essential cmake pkg-config ccache clang-format libucx-dev ucx-utils 
       libcpp-httplib-dev libcli11-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev
       libbenchmark-dev prometheus-cpp-dev libssl-dev pybind11-dev python3-dev python3-pytest python3-numpy etcd-server
       etcd-client iproute2 procps clang libclang-rt-14-dev)
+# Hosts in network namespaces and their faults (tests/integration/netns):
+# nftables for drops and loss, util-linux for unshare/nsenter.
+pkgs+=(nftables util-linux)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -112,12 +112,13 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o) {
     c->bootstrap_index_ = static_cast<int>(c->procs_.size());
     c->procs_.push_back(p);
     c->pipes_.emplace_back();
-    KVB_RETURN_IF_ERROR(c->Spawn(c->bootstrap_index_, {"demo-bootstrap"}, o));
+    KVB_RETURN_IF_ERROR(
+        c->Spawn(c->bootstrap_index_, {"demo-bootstrap", "--host", o.bootstrap_host}, o));
     KVB_RETURN_IF_ERROR(c->WaitReady({c->bootstrap_index_}, left()));
     c->bootstrap_addr_ = c->procs_[c->bootstrap_index_].ready.value("address", std::string());
   } else {
     KVB_ASSIGN_OR_RETURN(int port, PickFreePort());
-    c->bootstrap_addr_ = "127.0.0.1:" + std::to_string(port);
+    c->bootstrap_addr_ = o.bootstrap_host + ":" + std::to_string(port);
   }
 
   auto args_for = [&](int i) {
@@ -199,7 +200,11 @@ Status Cluster::Spawn(int index, const std::vector<std::string>& args, const Clu
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
-  std::vector<char*> argv{const_cast<char*>(o.binary.c_str())};
+  const std::vector<std::string>& wrap = Wrapper(index);
+  std::vector<char*> argv;
+  for (const auto& w : wrap) argv.push_back(const_cast<char*>(w.c_str()));
+  argv.push_back(const_cast<char*>(o.binary.c_str()));
+  const char* program = argv.front();
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   const pid_t parent = getpid();
@@ -217,7 +222,7 @@ Status Cluster::Spawn(int index, const std::vector<std::string>& args, const Clu
     dup2(in[0], STDIN_FILENO);
     dup2(out[1], STDOUT_FILENO);
     if (err >= 0) dup2(err, STDERR_FILENO);
-    execve(o.binary.c_str(), argv.data(), envp.data());
+    execve(program, argv.data(), envp.data());
     _exit(127);
   }
   setpgid(pid, pid);  // also from here: no race with a Signal() right after
@@ -228,6 +233,12 @@ Status Cluster::Spawn(int index, const std::vector<std::string>& args, const Clu
   pipes_[index].in = in[1];
   pipes_[index].out = out[0];
   return Status::Ok();
+}
+
+const std::vector<std::string>& Cluster::Wrapper(int index) const {
+  static const std::vector<std::string> kNone;
+  if (index == bootstrap_index_) return options_.bootstrap_wrap;
+  return index < static_cast<int>(options_.rank_wrap.size()) ? options_.rank_wrap[index] : kNone;
 }
 
 void Cluster::HandleLine(int index, const std::string& line) {
@@ -349,8 +360,15 @@ Status Cluster::WaitReady(const std::vector<int>& indices, std::chrono::millisec
     Pump(std::chrono::milliseconds(std::min(left, 200)));
   }
   on_line = saved;
-  for (int i : indices)
-    if (procs_[i].ready.is_object()) procs_[i].pid = procs_[i].ready.value("pid", procs_[i].pid);
+  for (int i : indices) {
+    ProcessInfo& p = procs_[i];
+    if (!p.ready.is_object()) continue;
+    p.own_pid = p.ready.value("pid", p.pid);
+    // Run directly, the process may still be a child of what was started
+    // (a shell): signal the pid it reports. Under a wrapper, that pid means
+    // nothing out here.
+    if (Wrapper(i).empty()) p.pid = p.own_pid;
+  }
   return result;
 }
 

@@ -62,6 +62,14 @@ struct ClusterOptions {
   // Where children's stderr goes: empty = inherited; otherwise a directory
   // that receives one log file per process ("prefill-tp0.log", ...).
   std::string log_dir;
+  // Hosts (tools/hosts.h): the argv prefix each process is started under,
+  // e.g. HostNet::Command(h); ranks indexed like ranks, then the standalone
+  // bootstrap server. Empty (or shorter than the ranks) = run directly.
+  std::vector<std::vector<std::string>> rank_wrap;
+  std::vector<std::string> bootstrap_wrap;
+  // The address the bootstrap server listens on and is reached at (the
+  // standalone one's host, or prefill tp0's with the embedded one).
+  std::string bootstrap_host = "127.0.0.1";
   // How long every process has to print READY.
   std::chrono::milliseconds ready_timeout{60000};
 };
@@ -82,7 +90,13 @@ struct ProcessInfo {
   // RankId::ShortName of the rank: "prefill tp0", "decode tp1",
   // "prefill tp1 pp1" (pp shown when non-zero), or "bootstrap".
   std::string name;
+  // The launcher's child: the pid Signal() and reaping use. Under a
+  // wrapper (rank_wrap) it is the wrapper's, whose process group holds the
+  // process.
   pid_t pid = -1;
+  // The pid the process reports for itself (READY "pid"; failure records
+  // carry it): pid when run directly, its PID-namespace pid under a host.
+  pid_t own_pid = -1;
   nlohmann::json ready;                    // the READY object
   std::optional<nlohmann::json> progress;  // the latest PROGRESS object
   std::optional<nlohmann::json> report;    // the REPORT object
@@ -123,7 +137,7 @@ class Cluster {
   // Every process (ranks then bootstrap).
   const std::vector<ProcessInfo>& processes() const { return procs_; }
   const ProcessInfo& process(int index) const { return procs_.at(index); }
-  // "127.0.0.1:port".
+  // "bootstrap_host:port".
   const std::string& bootstrap_addr() const { return bootstrap_addr_; }
 
   // Sends `sig` to the process group of process `index`; records the time
@@ -178,6 +192,7 @@ class Cluster {
   bool WaitExit(int index, std::chrono::steady_clock::time_point deadline);
   Status WaitReady(const std::vector<int>& indices, std::chrono::milliseconds timeout);
   void HandleLine(int index, const std::string& line);
+  const std::vector<std::string>& Wrapper(int index) const;
   void TryReap(int index, bool block);
 
   struct Pipes {

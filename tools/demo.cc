@@ -16,6 +16,7 @@
 #include "tools/demo_summary.h"
 #include "tools/memcpy_reference.h"
 #include "tools/etcd_cluster.h"
+#include "tools/hosts.h"
 
 namespace kvbridge::tools {
 namespace {
@@ -23,9 +24,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-int RunBootstrap() {
+int RunBootstrap(const std::string& host) {
   BootstrapServerOptions o;
-  o.host = "127.0.0.1";
+  o.host = host;
   o.port = 0;
   auto server = BootstrapServer::Start(o);
   if (!server.ok()) {
@@ -38,7 +39,7 @@ int RunBootstrap() {
             << nlohmann::json{{"role", "bootstrap"},
                               {"pid", getpid()},
                               {"port", port},
-                              {"address", "127.0.0.1:" + std::to_string(port)}}
+                              {"address", host + ":" + std::to_string(port)}}
                    .dump()
             << std::endl;
   std::string line;
@@ -144,6 +145,25 @@ int VictimIndex(const Cluster& c, const std::string& kind) {
   return c.RankIndex(Role::kPrefill, c.prefill_tp() - 1);
 }
 
+// --hosts: prefill ranks on hosts [0, N/2), decode ranks on the rest, the
+// bootstrap server on host 0; every byte between the sides goes over TCP.
+Result<std::unique_ptr<HostNet>> PlaceOnHosts(const DemoFlags& f, ClusterOptions& co) {
+  KVB_ASSIGN_OR_RETURN(std::unique_ptr<HostNet> net, HostNet::Create(f.hosts));
+  // Through nsenter, /proc/self/exe would name nsenter: resolve it here.
+  char self[4096];
+  ssize_t len = readlink(co.binary.c_str(), self, sizeof(self) - 1);
+  if (len > 0 && co.binary.starts_with("/proc/")) co.binary.assign(self, static_cast<size_t>(len));
+  const int prefill_hosts = f.hosts / 2;
+  const int decode_hosts = f.hosts - prefill_hosts;
+  for (int i = 0; i < f.prefill_tp; ++i) co.rank_wrap.push_back(net->Command(i % prefill_hosts));
+  for (int i = 0; i < f.decode_tp; ++i)
+    co.rank_wrap.push_back(net->Command(prefill_hosts + i % decode_hosts));
+  co.bootstrap_wrap = net->Command(0);
+  co.bootstrap_host = net->address(0);
+  for (const std::string& e : HostNet::Env()) co.env.push_back(e);
+  return net;
+}
+
 int RunDemo(const DemoFlags& flags) {
   DemoFlags f = flags;
   FaultSpec fault;
@@ -160,6 +180,10 @@ int RunDemo(const DemoFlags& flags) {
   }
   if (!fault.kind.empty() && fault.after_requests < 0 && fault.after_ms < 0)
     fault.after_requests = std::max(1, f.requests / 4);
+  if (f.hosts > 0 && (f.fault.starts_with("partition") || f.fault.starts_with("lossy"))) {
+    std::cerr << "kvbridge demo: --fault " << f.fault << " with --hosts is not implemented yet\n";
+    return 2;
+  }
   if (f.mla && !f.head_dim_set) f.head_dim = 576;
   if (f.pool_pages <= 0)
     f.pool_pages = f.concurrency * ((f.max_tokens + f.page_size - 1) / f.page_size + 1) + 64;
@@ -219,6 +243,15 @@ int RunDemo(const DemoFlags& flags) {
   if (fault.kind == "oom") {
     co.rank_args.resize(f.prefill_tp + f.decode_tp);
     co.rank_args[fault_victim_rank] = {"--fatal-after", std::to_string(fault.after_requests)};
+  }
+  std::unique_ptr<HostNet> net;  // outlives the cluster (declared first)
+  if (f.hosts > 0) {
+    auto made = PlaceOnHosts(f, co);
+    if (!made.ok()) {
+      std::cerr << "kvbridge demo: --hosts: " << made.status().ToString() << "\n";
+      return 2;
+    }
+    net = std::move(made).value();
   }
   view.Note(DescribeLayout(f, log_dir));
   // The reference: memcpy of pieces the size of one page of one layer on
@@ -487,6 +520,10 @@ void AddDemoCommands(CLI::App& app, std::function<int()>& run) {
                   "KIND[@WHEN]: kill-prefill, kill-decode, stop-prefill, kill-bootstrap, "
                   "kill-etcd-leader, oom; "
                   "WHEN = finished requests (20) or time (2s, 500ms)");
+  cmd->add_option("--hosts", f->hosts,
+                  "Run the ranks on N hosts in network namespaces (root): prefill on the "
+                  "first half, decode on the rest, the bootstrap server on host 0")
+      ->check(CLI::Range(2, 32));
   cmd->add_flag("--json", f->json, "Print the summary as one JSON object");
   cmd->add_option("--registry", f->registry,
                   "etcd (start a local etcd) or etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE]; "
@@ -511,7 +548,9 @@ void AddDemoCommands(CLI::App& app, std::function<int()>& run) {
 
   CLI::App* boot = app.add_subcommand("demo-bootstrap", "Bootstrap server for the demo");
   boot->group("");  // internal: started by the demo's launcher
-  boot->callback([&run] { run = [] { return RunBootstrap(); }; });
+  auto boot_host = std::make_shared<std::string>("127.0.0.1");
+  boot->add_option("--host", *boot_host, "Address to listen on (an IPv4 address of this host)");
+  boot->callback([&run, boot_host] { run = [boot_host] { return RunBootstrap(*boot_host); }; });
 }
 
 }  // namespace kvbridge::tools

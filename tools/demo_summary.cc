@@ -15,7 +15,10 @@ using nlohmann::json;
 // Which data paths the ranks logged ("connected to X via shm").
 std::string DataPaths(const Cluster& c, const std::string& log_dir) {
   std::set<std::string> paths;
-  static const std::regex kVia(R"(\] connected to .* via ([^\s:]+))");
+  // "via ucx-rndv over tcp": the network transport is the path that matters
+  // across hosts; "via shm" on one host. Prefill's line goes on with ": mapped
+  // N regions".
+  static const std::regex kVia(R"(\] connected to .* via ([^\s:]+)(?: over ([^\s:]+))?)");
   for (const ProcessInfo& p : c.processes()) {
     std::string name = p.name;
     std::replace(name.begin(), name.end(), ' ', '-');
@@ -23,7 +26,8 @@ std::string DataPaths(const Cluster& c, const std::string& log_dir) {
     std::string line;
     std::smatch m;
     while (std::getline(in, line))
-      if (std::regex_search(line, m, kVia) && m[1] != "?") paths.insert(m[1]);
+      if (std::regex_search(line, m, kVia) && m[1] != "?")
+        paths.insert(m[2].matched ? m[2].str() : m[1].str());
   }
   std::string out;
   for (const auto& p : paths) out += (out.empty() ? "" : ",") + p;

@@ -21,6 +21,9 @@ struct DemoFlags {
   double duration_s = 0;
   int prefill_tp = 2;
   int decode_tp = 2;
+  // Ranks on this many hosts in network namespaces (tools/hosts.h; root);
+  // 0 = all on this host.
+  int hosts = 0;
   bool mla = false;
   int layers = 32;
   int heads = 8;

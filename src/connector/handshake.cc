@@ -283,8 +283,10 @@ void ManagerImpl::AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer,
     return;
   }
   // One line per peer (the transport logs each region at debug level).
-  KVB_LOG_INFO("connected to {} via {}: mapped {} regions ({} kv, {} aux, {} state)",
+  const std::string wire = transport_->WireTo(peer->tpeer);
+  KVB_LOG_INFO("connected to {} via {}{}{}: mapped {} regions ({} kv, {} aux, {} state)",
                from.ToString(), path_name.empty() ? std::string("?") : path_name,
+               wire.empty() ? "" : " over ", wire,
                peer->remote.kv.size() + peer->remote.aux.size() + peer->remote.state.size(),
                peer->remote.kv.size(), peer->remote.aux.size(), peer->remote.state.size());
   {

@@ -316,6 +316,8 @@ void ManagerImpl::Flush(Outbox& out) {
                        std::move(post.notify), std::move(post.done));
   }
   out.posts.clear();
+  for (PeerId p : out.disconnect) transport_->Disconnect(p);
+  out.disconnect.clear();
   flushing_.fetch_sub(1);
 }
 
@@ -431,9 +433,11 @@ void ManagerImpl::OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& o
   peer.acked = true;
   // The writer chose the path when it mapped this rank's regions; it says
   // which in the ack (this rank imports nothing of its own from a writer).
+  const std::string wire = transport_->WireTo(peer.tpeer);
   KVB_LOG_INFO(
-      "connected to {} via {}", peer.key,
-      ack.path.empty() ? std::string_view("? (the peer did not say)") : std::string_view(ack.path));
+      "connected to {} via {}{}{}", peer.key,
+      ack.path.empty() ? std::string_view("? (the peer did not say)") : std::string_view(ack.path),
+      wire.empty() ? "" : " over ", wire);
   if (peer.hello_attempts > 1)
     KVB_LOG_INFO("{} answered handshake attempt {}", peer.key, peer.hello_attempts);
   for (std::string& bytes : peer.held) out.messages.emplace_back(peer.tpeer, std::move(bytes));

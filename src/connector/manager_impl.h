@@ -170,6 +170,8 @@ class ManagerImpl {
       ChunkCallback done;
     };
     std::vector<Post> posts;
+    // Endpoints to close after the rest (a cut-off peer's connection).
+    std::vector<PeerId> disconnect;
   };
 
   explicit ManagerImpl(const ManagerOptions& options);
@@ -231,10 +233,13 @@ class ManagerImpl {
   // write): exited when /proc on this host says so, else unreachable.
   std::pair<FailureCause, std::string> TransportErrorCause(const RankId& peer,
                                                            const Status& why) const;
-  // Blames a silent peer: exited when /proc says so, else unresponsive
-  // (naming a stopped process), `silence` saying what it failed to do.
+  // Blames a silent peer: exited when /proc says so, unreachable when it is
+  // on another host (nothing to read there), else unresponsive (naming a
+  // stopped process); `silence` says what it failed to do.
   void FailSilentPeerLocked(Peer& peer, ProcessState ps, const std::string& silence,
                             const char* mechanism, Outbox& out) KVB_REQUIRES(mu_);
+  // The detail of a silent rank on another host.
+  std::string RemoteSilence(const RankId& id, const std::string& silence) const;
   void FailPeerLocked(Peer& peer, FailureCause cause, std::string detail, std::string mechanism,
                       Outbox& out) KVB_REQUIRES(mu_);
   void FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base, Outbox& out)
@@ -306,6 +311,9 @@ class ManagerImpl {
   // Forgets dead ranks whose position `ranks` shows held by a live new
   // incarnation.
   void ForgetRestartedLocked(const std::vector<RankStatus>& ranks) KVB_REQUIRES(mu_);
+  // Publishes the failure records queued for the registry (RegistryRound);
+  // `answered_before` is when the registry answered the round before this.
+  void PublishQueued(std::chrono::system_clock::time_point answered_before);
   void CheckSiblings(const std::vector<RankStatus>& ranks);
   FailureRecord MakeRecord(const RankId& origin, FailureCause cause, std::string detail,
                            Phase phase, std::string mechanism) const;
@@ -414,7 +422,9 @@ class ManagerImpl {
   SteadyTime last_tick_ KVB_GUARDED_BY(mu_) = std::chrono::steady_clock::now();
   std::optional<SteadyTime> registry_down_since_;  // registry thread only
   bool registry_reached_ = false;                  // registry thread only: a heartbeat answered
-  std::mutex resolve_mu_;                          // serializes bootstrap lookups and connects
+  // When the registry last answered a heartbeat (registry thread only).
+  std::chrono::system_clock::time_point registry_answered_{};
+  std::mutex resolve_mu_;  // serializes bootstrap lookups and connects
 
   // Shutdown: once closing_ is set no Flush reaches the engine or the
   // transport; the destructor waits for those under way (flushing_) before

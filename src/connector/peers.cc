@@ -42,8 +42,22 @@ void ManagerImpl::FailSilentPeerLocked(Peer& peer, ProcessState ps, const std::s
     FailPeerLocked(peer, FailureCause::kPeerExited, "process exited", mechanism, out);
     return;
   }
+  if (ps == ProcessState::kUnknown && !OnThisHost(peer.id)) {
+    FailPeerLocked(peer, FailureCause::kPeerUnreachable, RemoteSilence(peer.id, silence), mechanism,
+                   out);
+    return;
+  }
   const std::string what = ps == ProcessState::kStopped ? DescribeProcessState(ps) + ", " : "";
   FailPeerLocked(peer, FailureCause::kPeerUnresponsive, what + silence, mechanism, out);
+}
+
+// A silent rank on another host: no /proc to look at, so a partition, a
+// host that went down and a stopped process look the same from here.
+std::string ManagerImpl::RemoteSilence(const RankId& id, const std::string& silence) const {
+  return fmt::format(
+      "{} on host {} (this rank is on {}): partitioned, down or stopped; another host's "
+      "process state cannot be read from here",
+      silence, id.host, self_.host);
 }
 
 void ManagerImpl::FailPeerLocked(Peer& peer, FailureCause cause, std::string detail,
@@ -59,6 +73,12 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
   peer.failed = true;
   peer.failure = base;
   peer.held.clear();
+  // A peer on another host that went silent may be alive behind a
+  // partition, its writes queued in the network: closing the connection
+  // means none of them lands after the partition heals (its rooms fail
+  // here and their pages are reused at once, FailedPeerCannotWriteLocked).
+  if (base.cause == FailureCause::kPeerUnreachable && !OnThisHost(peer.id) && peer.tpeer != 0)
+    out.disconnect.push_back(peer.tpeer);
   if (base.cause != FailureCause::kLayoutMismatch) {
     dead_ranks_[peer.key] = base;
     applied_.insert({peer.key, peer.id.incarnation});

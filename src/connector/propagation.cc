@@ -283,6 +283,7 @@ void ManagerImpl::RegistryRound(uint64_t round) {
   }
   registry_down_since_.reset();
   registry_reached_ = true;
+  const auto answered_before = std::exchange(registry_answered_, std::chrono::system_clock::now());
   {
     MutexLock lock(mu_);
     if (registry_lost_) {
@@ -290,25 +291,11 @@ void ManagerImpl::RegistryRound(uint64_t round) {
       registry_lost_.reset();
     }
   }
-  std::vector<FailureRecord> to_publish;
-  {
-    MutexLock lock(mu_);
-    to_publish.swap(publish_queue_);
-  }
-  std::vector<FailureRecord> unsent;
-  for (const FailureRecord& r : to_publish) {
-    Result<uint64_t> seq = registry_->PublishFailure(FailureRecordToJson(r));
-    if (seq.ok()) continue;
-    KVB_LOG_WARN("failure record not published: {}", seq.status().ToString());
-    // An unreachable registry (an etcd election, a restart) takes it later:
-    // no record is lost to a registry outage.
-    if (seq.status().code() == StatusCode::kUnavailable) unsent.push_back(r);
-  }
-  if (!unsent.empty()) {
-    MutexLock lock(mu_);
-    publish_queue_.insert(publish_queue_.begin(), unsent.begin(), unsent.end());
-    if (publish_queue_.size() > kMaxQueuedRecords) publish_queue_.resize(kMaxQueuedRecords);
-  }
+  // Read before publishing: a rank cut off from the others (a partition)
+  // blamed them for its own isolation while the registry was out of reach;
+  // if the others declared it failed meanwhile, it learns that here, is
+  // fenced, and its queued blame is dropped below instead of failing
+  // healthy ranks when the partition heals.
   Result<FailureBatch> batch = registry_->FailuresSince(failure_seq_);
   if (batch.ok()) failure_seq_ = batch->latest_seq;
   const bool have_records = batch.ok() && !batch->records.empty();
@@ -338,7 +325,54 @@ void ManagerImpl::RegistryRound(uint64_t round) {
     }
     Flush(out);
   }
+  PublishQueued(answered_before);
   if (round % 3 == 0 && ranks) CheckSiblings(*ranks);
+}
+
+void ManagerImpl::PublishQueued(std::chrono::system_clock::time_point answered_before) {
+  std::vector<FailureRecord> to_publish;
+  bool fenced = false;
+  {
+    MutexLock lock(mu_);
+    to_publish.swap(publish_queue_);
+    fenced = fatal_.has_value();
+  }
+  // The registry is the arbiter of a partition: the side that still reaches
+  // it blames the side that does not. Blame this rank gathered while the
+  // registry had not answered it for over half the silence limit is most
+  // likely about its own isolation (a partition cuts both ways: each side
+  // finds the other silent), so it stays local: this rank's rooms failed,
+  // the registry does not declare the other rank failed. A fenced rank
+  // blames nobody else (PublishLocked), also for what it queued before it
+  // knew.
+  const auto cut_off = (opts_.heartbeat_interval * opts_.heartbeat_misses) / 2;
+  std::erase_if(to_publish, [&](const FailureRecord& r) {
+    if (r.origin.SameRank(self_)) return false;
+    if (fenced) return true;
+    if (answered_before.time_since_epoch().count() == 0 ||
+        r.detected_at - answered_before <= cut_off)
+      return false;
+    KVB_LOG_WARN(
+        "not publishing blame of {} detected {:.2f} s after the registry last answered (this "
+        "rank may be the one cut off): {}",
+        r.origin.ShortName(),
+        std::chrono::duration<double>(r.detected_at - answered_before).count(), r.Message());
+    return true;
+  });
+  std::vector<FailureRecord> unsent;
+  for (const FailureRecord& r : to_publish) {
+    Result<uint64_t> seq = registry_->PublishFailure(FailureRecordToJson(r));
+    if (seq.ok()) continue;
+    KVB_LOG_WARN("failure record not published: {}", seq.status().ToString());
+    // An unreachable registry (an etcd election, a restart) takes it later:
+    // no record is lost to a registry outage.
+    if (seq.status().code() == StatusCode::kUnavailable) unsent.push_back(r);
+  }
+  if (!unsent.empty()) {
+    MutexLock lock(mu_);
+    publish_queue_.insert(publish_queue_.begin(), unsent.begin(), unsent.end());
+    if (publish_queue_.size() > kMaxQueuedRecords) publish_queue_.resize(kMaxQueuedRecords);
+  }
 }
 
 void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
@@ -355,11 +389,15 @@ void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
       if (applied_.count({key, id.incarnation}) || s.dead_by_seq != 0) continue;
       const ProcessState ps = LocalProcessState(id);
       if (ps == ProcessState::kRunning && s.age <= limit * 10) continue;  // busy, not failed
-      FailureCause cause =
-          ps == ProcessState::kExited ? FailureCause::kPeerExited : FailureCause::kPeerUnresponsive;
-      std::string detail = ps == ProcessState::kRunning || ps == ProcessState::kUnknown
-                               ? fmt::format("no heartbeat for {:.2f} s",
-                                             std::chrono::duration<double>(s.age).count())
+      const bool remote = ps == ProcessState::kUnknown && !OnThisHost(id);
+      FailureCause cause = ps == ProcessState::kExited ? FailureCause::kPeerExited
+                           : remote                    ? FailureCause::kPeerUnreachable
+                                                       : FailureCause::kPeerUnresponsive;
+      const std::string silence = fmt::format("no heartbeat at the registry for {:.2f} s",
+                                              std::chrono::duration<double>(s.age).count());
+      std::string detail = remote ? RemoteSilence(id, silence)
+                           : ps == ProcessState::kRunning || ps == ProcessState::kUnknown
+                               ? silence
                                : DescribeProcessState(ps);
       FailureRecord r = MakeRecord(id, cause, detail, Phase::kTransferring, "registry liveness");
       r.last_sign_of_life = std::chrono::system_clock::now() - s.age;

@@ -107,6 +107,11 @@ class Transport {
   virtual Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) = 0;
   // Path of the most recently imported region of `peer`.
   virtual Result<DataPath> PathTo(PeerId peer) const = 0;
+  // The network transports that carry `peer`'s bulk data on a UCX path, as
+  // UCX names them ("tcp", "rc_mlx5,ud_mlx5"), read from the endpoint's
+  // lanes when a region was imported. Empty for the same-host paths, the
+  // loopback transport, or when UCX did not say.
+  virtual std::string WireTo(PeerId peer) const { return {}; }
 
   // Posts a batch of writes. Every op is validated first (regions known,
   // ranges inside them); on any invalid op the call returns InvalidArgument,

@@ -72,6 +72,7 @@ class FaultTransport final : public Transport {
   Result<PeerId> Connect(std::string_view peer_address) override;
   Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) override;
   Result<DataPath> PathTo(PeerId peer) const override;
+  std::string WireTo(PeerId peer) const override { return inner_->WireTo(peer); }
   Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override;
   Status SendMessage(PeerId peer, std::string payload) override;
   // Never queued behind held or delayed batches (heartbeats must flow while a

@@ -1,5 +1,8 @@
 #include "transport/ucx/ucx_handles.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <set>
 #include <string>
 
 namespace kvbridge::internal::ucx {
@@ -88,6 +91,47 @@ Result<std::string> WorkerAddress(ucp_worker_h worker) {
   if (st != UCS_OK) return FromUcs(st, "worker address");
   std::string out(reinterpret_cast<const char*>(addr), len);
   ucp_worker_release_address(worker, addr);
+  return out;
+}
+
+}  // namespace kvbridge::internal::ucx
+
+namespace kvbridge::internal::ucx {
+
+// UCX 1.13 has no ucp_ep_query for transports; its printed endpoint
+// configuration has one line per lane: "lane[1]:  2:tcp/eth0.0 md[1] ...
+// am am_bw#0 wireup". The transport is the word between "N:" and "/".
+std::string EndpointWire(ucp_ep_h ep) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&text, &size);
+  if (f == nullptr) return {};
+  ucp_ep_print_info(ep, f);
+  fclose(f);
+  std::string all(text != nullptr ? text : "", size);
+  free(text);
+  std::set<std::string> bulk, any;
+  size_t start = 0;
+  while (start < all.size()) {
+    size_t end = all.find('\n', start);
+    if (end == std::string::npos) end = all.size();
+    std::string_view line(all.data() + start, end - start);
+    start = end + 1;
+    size_t lane = line.find("lane[");
+    if (lane == std::string_view::npos) continue;
+    size_t colon = line.find(':', line.find(']', lane) + 2);
+    size_t slash = colon == std::string_view::npos ? colon : line.find('/', colon);
+    if (slash == std::string_view::npos) continue;
+    std::string_view tl = line.substr(colon + 1, slash - colon - 1);
+    if (tl.empty() || tl.find(' ') != std::string_view::npos) continue;
+    any.emplace(tl);
+    if (line.find("am_bw") != std::string_view::npos ||
+        line.find("rma_bw") != std::string_view::npos)
+      bulk.emplace(tl);
+  }
+  const std::set<std::string>& use = bulk.empty() ? any : bulk;
+  std::string out;
+  for (const std::string& t : use) out += (out.empty() ? "" : ",") + t;
   return out;
 }
 

@@ -106,3 +106,12 @@ class UcpEp {
 Result<std::string> WorkerAddress(ucp_worker_h worker);
 
 }  // namespace kvbridge::internal::ucx
+
+namespace kvbridge::internal::ucx {
+
+// The UCX transports of `ep`'s bulk-data lanes (am_bw / rma_bw), from
+// ucp_ep_print_info, e.g. "tcp"; several are joined by ','. Empty when UCX
+// prints no lanes. Call on the thread that progresses the endpoint.
+std::string EndpointWire(ucp_ep_h ep);
+
+}  // namespace kvbridge::internal::ucx

@@ -499,6 +499,7 @@ Result<RemoteRegionId> UcxTransport::ImportRegion(PeerId peer_id, std::string_vi
   }
   auto region = std::make_shared<ImportedRegion>();
   region->blob = std::move(blob);
+  std::string wire;
   KVB_ASSIGN_OR_RETURN(region->path, ChoosePath(*peer, *region));
   Status st;
   RunSync([&] {
@@ -514,6 +515,8 @@ Result<RemoteRegionId> UcxTransport::ImportRegion(PeerId peer_id, std::string_vi
       return;
     }
     region->rkey = UcpRkey(rkey);
+    if (region->path == DataPath::kUcxRendezvous || region->path == DataPath::kUcxPut)
+      wire = EndpointWire(peer->ep.get());
   });
   if (!st.ok()) {
     KVB_LOG_ERROR("ucx transport {}: {}", options_.name, st.ToString());
@@ -526,10 +529,11 @@ Result<RemoteRegionId> UcxTransport::ImportRegion(PeerId peer_id, std::string_vi
     id = next_remote_id_++;
     peer->regions[id] = region;
     peer->last_path = region->path;
+    peer->wire = wire;
   }
-  KVB_LOG_DEBUG("ucx transport {}: peer {} region {} ({} bytes at {:#x}) -> path {}", options_.name,
-                peer->name, region->blob.region_id, region->blob.length, region->blob.base,
-                DataPathName(region->path));
+  KVB_LOG_DEBUG("ucx transport {}: peer {} region {} ({} bytes at {:#x}) -> path {}{}{}",
+                options_.name, peer->name, region->blob.region_id, region->blob.length,
+                region->blob.base, DataPathName(region->path), wire.empty() ? "" : " over ", wire);
   return id;
 }
 
@@ -539,6 +543,12 @@ Result<DataPath> UcxTransport::PathTo(PeerId peer_id) const {
   if (!peer) return NotFoundError("PathTo: unknown peer " + std::to_string(peer_id));
   if (!peer->last_path) return NotFoundError("PathTo: no region imported from " + peer->name);
   return *peer->last_path;
+}
+
+std::string UcxTransport::WireTo(PeerId peer_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto peer = FindPeerLocked(peer_id);
+  return peer ? peer->wire : std::string();
 }
 
 }  // namespace ucx

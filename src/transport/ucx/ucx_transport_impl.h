@@ -137,6 +137,7 @@ struct Peer {
   // Guarded by UcxTransport::mu_.
   std::map<RemoteRegionId, std::shared_ptr<ImportedRegion>> regions;
   std::optional<DataPath> last_path;
+  std::string wire;  // WireTo: UCX transports of the bulk lanes
   bool failed = false;
   // Set once, before `dead` becomes true: the Status of every later batch.
   Status terminal;
@@ -212,6 +213,7 @@ class UcxTransport final : public Transport {
   Result<PeerId> Connect(std::string_view peer_address) override;
   Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) override;
   Result<DataPath> PathTo(PeerId peer) const override;
+  std::string WireTo(PeerId peer) const override;
   Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override;
   Status SendMessage(PeerId peer, std::string payload) override;
   Status SendMessageUnfenced(PeerId peer, std::string payload) override;

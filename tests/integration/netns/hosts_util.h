@@ -1,0 +1,64 @@
+// Worker clusters on hosts (tools/hosts.h) for the multi-process tests:
+// host 0 runs the standalone bootstrap server, ranks go where the test says.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tools/cluster.h"
+#include "tools/hosts.h"
+
+// Skips the test, saying why, where hosts cannot be made (not root, no ip).
+#define KVB_SKIP_WITHOUT_HOSTS()                                                   \
+  do {                                                                             \
+    if (std::string why = ::kvbridge::tools::HostNet::Unsupported(); !why.empty()) \
+      GTEST_SKIP() << "hosts in network namespaces: " << why;                      \
+  } while (0)
+
+namespace kvbridge::tools {
+
+struct HostsLayout {
+  int prefill_tp = 1;
+  int decode_tp = 1;
+  // The host of every rank (indexed like Cluster ranks); host 0 is the
+  // registry's, so ranks go on 1, 2, ...
+  std::vector<int> rank_hosts;
+};
+
+struct HostsCluster {
+  // Declared first: destroyed last, after every process is gone.
+  std::unique_ptr<HostNet> net;
+  std::unique_ptr<Cluster> cluster;
+  std::vector<int> host_of;  // per rank index
+  std::string log_dir;
+  std::string error;  // why cluster is null
+};
+
+// The fault-matrix workload for hosts: paced, same-host paths requested
+// (--shm; they cannot work between hosts), 100 ms heartbeats, 10 misses.
+std::vector<std::string> HostWorkload(int requests, int concurrency);
+
+// Creates the hosts and starts the cluster; on failure `error` says why.
+HostsCluster StartOnHosts(const HostsLayout& layout, std::vector<std::string> worker_args);
+
+// Starts one more cluster on existing hosts (its own bootstrap server on
+// `bootstrap_host`), logs under `log_dir` (created if missing).
+Result<std::unique_ptr<Cluster>> StartCluster(const HostNet& net, const HostsLayout& layout,
+                                              int bootstrap_host,
+                                              std::vector<std::string> worker_args,
+                                              const std::string& log_dir);
+
+// A new directory under /tmp for logs ("" if it cannot be made).
+std::string NewLogDir();
+
+// Wall-clock µs since the epoch (the clock of failure records).
+int64_t WallMicros();
+
+// Every "connected to ... via X" in the log of process `index`: X, e.g.
+// "ucx-rndv over tcp".
+std::vector<std::string> ConnectionPaths(const std::string& log_dir, const Cluster& c, int index);
+
+}  // namespace kvbridge::tools
