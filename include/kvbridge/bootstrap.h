@@ -86,6 +86,10 @@ struct BootstrapServerOptions {
   std::function<std::chrono::steady_clock::time_point()> clock;
 };
 
+namespace internal {
+class BootstrapServerAccess;  // src/control/bootstrap_dispatch.h (fuzzing)
+}  // namespace internal
+
 class KVB_EXPORT BootstrapServer {
  public:
   // Binds, starts serving on a thread of its own, and returns once the
@@ -111,6 +115,7 @@ class KVB_EXPORT BootstrapServer {
   void Stop();
 
  private:
+  friend class internal::BootstrapServerAccess;
   struct Impl;
   explicit BootstrapServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -3,11 +3,14 @@
 // decision about ranks lives in the registry.
 #include <httplib.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <limits>
 
 #include "common/log.h"
 #include "control/auth.h"
+#include "control/bootstrap_dispatch.h"
 #include "control/http_server.h"
 #include "control/http_status.h"
 #include "control/json_fields.h"
@@ -172,6 +175,46 @@ Status PutHeartbeat(internal::Registry& registry, const json& body) {
   return registry.Heartbeat(*role, dp, cp, tp, pp, incarnation);
 }
 
+// An httplib server whose one-request entry (protected in httplib) the
+// socket-free dispatch below may call.
+class DispatchServer final : public httplib::Server {
+ public:
+  using httplib::Server::process_request;
+};
+
+// A request's bytes in, the answer's bytes out.
+class StringStream final : public httplib::Stream {
+ public:
+  explicit StringStream(std::string_view in) : in_(in) {}
+  bool is_readable() const override { return pos_ < in_.size(); }
+  bool is_writable() const override { return true; }
+  ssize_t read(char* ptr, size_t size) override {
+    const size_t n = std::min(size, in_.size() - pos_);
+    std::memcpy(ptr, in_.data() + pos_, n);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    out_.append(ptr, size);
+    return static_cast<ssize_t>(size);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 0;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 0;
+  }
+  socket_t socket() const override { return INVALID_SOCKET; }
+  std::string& out() { return out_; }
+
+ private:
+  std::string_view in_;
+  size_t pos_ = 0;
+  std::string out_;
+};
+
 }  // namespace
 
 // Hidden although nested in an exported class: the pimpl is not public API.
@@ -180,7 +223,7 @@ struct [[gnu::visibility("hidden")]] BootstrapServer::Impl {
   std::string token;
   std::unique_ptr<internal::Registry> registry;
   std::shared_ptr<internal::MetricsRegistry> metrics;
-  httplib::Server http;
+  DispatchServer http;
   internal::HttpServerThread serving;  // after `http`: stops serving before it goes
 
   void AddRoutes();
@@ -420,6 +463,15 @@ BootstrapServer::~BootstrapServer() { Stop(); }
 int BootstrapServer::port() const { return impl_->serving.port(); }
 
 std::string BootstrapServer::address() const { return impl_->serving.address(); }
+
+std::string internal::BootstrapServerAccess::Answer(BootstrapServer& server,
+                                                    std::string_view raw_request) {
+  StringStream stream(raw_request);
+  bool closed = false;
+  server.impl_->http.process_request(stream, /*close_connection=*/true, closed,
+                                     [](httplib::Request&) {});
+  return std::move(stream.out());
+}
 
 void BootstrapServer::Stop() {
   if (impl_->serving.Stop()) KVB_LOG_INFO("bootstrap server on {} stopped", address());
