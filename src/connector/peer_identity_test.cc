@@ -330,7 +330,7 @@ TEST_F(PeerIdentityTest, HandshakeUnderAnotherSecretIsRefusedUnderTheRightOneAcc
   keys(keyed.layout.kv, &keyed.kv_keys);
   keys(keyed.layout.aux, &keyed.aux_keys);
   keys(keyed.layout.state, &keyed.state_keys);
-  for (const std::string secret :
+  for (const std::string& secret :
        {std::string("another deployment's secret"), AuthTokenFromEnvironment()}) {
     SCOPED_TRACE(secret == AuthTokenFromEnvironment() ? "the deployment's secret" : "another");
     HandshakeAuth hs(secret);
