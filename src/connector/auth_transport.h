@@ -75,6 +75,7 @@ class AuthTransport final : public Transport {
     return inner_->ImportRegion(peer, remote_key);
   }
   Result<DataPath> PathTo(PeerId peer) const override { return inner_->PathTo(peer); }
+  std::string WireTo(PeerId peer) const override { return inner_->WireTo(peer); }
   Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override {
     return inner_->PostWrites(peer, std::move(ops), std::move(done));
   }

@@ -111,7 +111,8 @@ HostsCluster StartOnHosts(const HostsLayout& layout, std::vector<std::string> wo
 
 std::vector<std::string> ConnectionPaths(const std::string& log_dir, const Cluster& c, int index) {
   std::vector<std::string> out;
-  static const std::regex kVia(R"(\] connected to .* via (.*\S)\s*$)");
+  // "connected to X via PATH[ over WIRE][: mapped N regions (...)]".
+  static const std::regex kVia(R"(\] connected to .* via ([^:]*[^:\s])(?::.*)?\s*$)");
   std::string name = c.process(index).name;
   std::replace(name.begin(), name.end(), ' ', '-');
   std::ifstream in(log_dir + "/" + name + ".log");
