@@ -14,9 +14,9 @@
 #include "kvbridge/bootstrap.h"
 #include "tools/cluster.h"
 #include "tools/demo_summary.h"
-#include "tools/memcpy_reference.h"
 #include "tools/etcd_cluster.h"
 #include "tools/hosts.h"
+#include "tools/memcpy_reference.h"
 
 namespace kvbridge::tools {
 namespace {
