@@ -468,7 +468,8 @@ Result<DataPath> UcxTransport::ChoosePath(const Peer& peer, ImportedRegion& regi
       why = "same host, no shared segment or cross-memory attach";
     }
   }
-  KVB_LOG_INFO("ucx transport {}: UCX path for peer {} ({})", options_.name, peer.name, why);
+  // Debug: the connector's one line per peer names the path (issue 14).
+  KVB_LOG_DEBUG("ucx transport {}: UCX path for peer {} ({})", options_.name, peer.name, why);
   return ucx_path;
 }
 
