@@ -106,6 +106,20 @@ Status HeaderRevision(const json& answer, int64_t* revision) {
   return Status::Ok();
 }
 
+// A client for one call to member `e`: every wait bounded by `timeout`, no
+// keep-alive, and the member's auth token when there is one.
+std::unique_ptr<httplib::Client> CallClient(const EtcdEndpoint& e,
+                                            std::chrono::milliseconds timeout,
+                                            const std::string& token) {
+  auto cli = std::make_unique<httplib::Client>(e.host, e.port);
+  cli->set_connection_timeout(timeout);
+  cli->set_read_timeout(timeout);
+  cli->set_write_timeout(timeout);
+  cli->set_keep_alive(false);
+  if (!token.empty()) cli->set_default_headers({{"Authorization", token}});
+  return cli;
+}
+
 }  // namespace
 
 std::string EtcdEndpoint::ToString() const {
@@ -186,12 +200,9 @@ Result<std::string> EtcdGateway::Token(size_t index, bool refresh) const {
     if (!refresh && !tokens_[index].empty()) return tokens_[index];
   }
   const EtcdEndpoint& e = options_.endpoints[index];
-  httplib::Client cli(e.host, e.port);
-  cli.set_connection_timeout(options_.timeout);
-  cli.set_read_timeout(options_.timeout);
-  cli.set_write_timeout(options_.timeout);
+  auto cli = CallClient(e, options_.timeout, std::string());
   const std::string body = DumpJson(json{{"name", options_.user}, {"password", options_.password}});
-  httplib::Result res = cli.Post("/v3/auth/authenticate", body, "application/json");
+  httplib::Result res = cli->Post("/v3/auth/authenticate", body, "application/json");
   const std::string where = "etcd " + e.ToString() + " authenticate as '" + options_.user + "'";
   if (!res) return UnavailableError(where + ": " + Why(res.error()));
   if (res->status != 200) {
@@ -219,13 +230,8 @@ Status EtcdGateway::CallOne(size_t index, const std::string& path, const std::st
       *try_next = token.status().code() == StatusCode::kUnavailable;
       return token.status();
     }
-    httplib::Client cli(e.host, e.port);
-    cli.set_connection_timeout(options_.timeout);
-    cli.set_read_timeout(options_.timeout);
-    cli.set_write_timeout(options_.timeout);
-    cli.set_keep_alive(false);
-    if (!token->empty()) cli.set_default_headers({{"Authorization", *token}});
-    httplib::Result res = cli.Post(path, body, "application/json");
+    auto cli = CallClient(e, options_.timeout, *token);
+    httplib::Result res = cli->Post(path, body, "application/json");
     if (!res) return UnavailableError(where + ": " + Why(res.error()));
     if (res->status != 200) {
       Status s = EtcdError(res->status, res->body, where, try_next);
@@ -341,14 +347,9 @@ Result<std::vector<int64_t>> EtcdGateway::LeaseKeepAlive(const std::vector<int64
       last = token.status();
       continue;
     }
-    httplib::Client cli(e.host, e.port);
-    cli.set_connection_timeout(options_.timeout);
-    cli.set_read_timeout(options_.timeout);
-    cli.set_write_timeout(options_.timeout);
-    cli.set_keep_alive(false);
-    if (!token->empty()) cli.set_default_headers({{"Authorization", *token}});
+    auto cli = CallClient(e, options_.timeout, *token);
     const std::string where = "etcd " + e.ToString() + " lease keep-alive";
-    httplib::Result res = cli.Post("/v3/lease/keepalive", body, "application/json");
+    httplib::Result res = cli->Post("/v3/lease/keepalive", body, "application/json");
     if (!res) {
       last = UnavailableError(where + ": " + Why(res.error()));
       continue;
