@@ -87,7 +87,21 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Create(const ManagerOptions& o
 }
 
 Status ManagerImpl::Start() {
-  const KVArgs& a = opts_.args;
+  SetIdentity();
+  KVB_RETURN_IF_ERROR(SetLayout());
+  // Every message from here on is sealed or a handshake (peer_auth.h); the
+  // secret proves this rank to its peers as it does to the registry.
+  KVB_ASSIGN_OR_RETURN(std::string token, ResolveAuthToken(opts_.auth_token, self_.ShortName()));
+  KVB_RETURN_IF_ERROR(StartTransport(token));
+  KVB_RETURN_IF_ERROR(StartRegistry(token));
+  KVB_RETURN_IF_ERROR(RegisterSelf());
+  StartThreads();
+  KVB_LOG_INFO("manager up: {} incarnation {:#x}, transport {}", self_.ToString(),
+               self_.incarnation, transport_->Name());
+  return Status();
+}
+
+void ManagerImpl::SetIdentity() {
   const ParallelLayout& p = opts_.parallel;
   self_.role = opts_.role;
   self_.dp = p.dp_rank;
@@ -99,7 +113,11 @@ Status ManagerImpl::Start() {
   self_.incarnation = NewIncarnation();
   self_.instance = opts_.instance_id;
   SetLogIdentity(self_.ShortName());
+}
 
+Status ManagerImpl::SetLayout() {
+  const KVArgs& a = opts_.args;
+  const ParallelLayout& p = opts_.parallel;
   layout_.is_mla = opts_.is_mla;
   layout_.page_size = a.page_size;
   layout_.dtype = a.dtype;
@@ -116,8 +134,10 @@ Status ManagerImpl::Start() {
   layout_.kv = Spans(a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens);
   layout_.aux = Spans(a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens);
   layout_.state = Spans(a.state_data_ptrs, a.state_data_lens, a.state_item_lens);
-  KVB_RETURN_IF_ERROR(CheckLayout(layout_).WithContext("KVArgs"));
+  return CheckLayout(layout_).WithContext("KVArgs");
+}
 
+Status ManagerImpl::StartTransport(const std::string& token) {
   if (!transport_) {
     UcxTransportOptions t;
     t.tls = opts_.ucx_tls;
@@ -131,9 +151,6 @@ Status ManagerImpl::Start() {
                                                          [this] { return Stats(); }));
     KVB_LOG_INFO("metrics on port {}", metrics_->port());
   }
-  // Every message from here on is sealed or a handshake (peer_auth.h); the
-  // secret proves this rank to its peers as it does to the registry.
-  KVB_ASSIGN_OR_RETURN(std::string token, ResolveAuthToken(opts_.auth_token, self_.ShortName()));
   handshake_ = std::make_unique<HandshakeAuth>(token);
   auto auth = std::make_unique<AuthTransport>(std::move(transport_));
   auth_ = auth.get();
@@ -144,43 +161,53 @@ Status ManagerImpl::Start() {
   transport_->SetPeerFailureHandler(
       [this](PeerId peer, const Status& why) { OnPeerFailure(peer, why); });
 
-  auto reg = [&](const std::vector<BufferSpan>& spans, std::vector<RegionId>* ids,
-                 std::vector<std::string>* keys) -> Status {
-    for (const BufferSpan& s : spans) {
-      KVB_ASSIGN_OR_RETURN(
-          RegisteredRegion r,
-          transport_->RegisterMemory(reinterpret_cast<void*>(s.addr), s.length, a.memory_kind));
-      ids->push_back(r.id);
-      keys->push_back(std::move(r.remote_key));
-    }
-    return Status();
-  };
-  KVB_RETURN_IF_ERROR(reg(layout_.kv, &regions_.kv, &kv_keys_));
-  KVB_RETURN_IF_ERROR(reg(layout_.aux, &regions_.aux, &aux_keys_));
-  KVB_RETURN_IF_ERROR(reg(layout_.state, &regions_.state, &state_keys_));
+  KVB_RETURN_IF_ERROR(RegisterSpans(layout_.kv, &regions_.kv, &kv_keys_));
+  KVB_RETURN_IF_ERROR(RegisterSpans(layout_.aux, &regions_.aux, &aux_keys_));
+  KVB_RETURN_IF_ERROR(RegisterSpans(layout_.state, &regions_.state, &state_keys_));
   engine_ = std::make_unique<TransferEngine>(*transport_, regions_);
+  return Status();
+}
 
+Status ManagerImpl::RegisterSpans(const std::vector<BufferSpan>& spans, std::vector<RegionId>* ids,
+                                  std::vector<std::string>* keys) {
+  for (const BufferSpan& s : spans) {
+    KVB_ASSIGN_OR_RETURN(RegisteredRegion r,
+                         transport_->RegisterMemory(reinterpret_cast<void*>(s.addr), s.length,
+                                                    opts_.args.memory_kind));
+    ids->push_back(r.id);
+    keys->push_back(std::move(r.remote_key));
+  }
+  return Status();
+}
+
+Status ManagerImpl::StartRegistry(const std::string& token) {
+  const ParallelLayout& p = opts_.parallel;
   KVB_ASSIGN_OR_RETURN(
       registry_,
       CreateRegistryClient(opts_.registry, opts_.bootstrap_addr, std::chrono::milliseconds(2000),
                            token, opts_.heartbeat_interval * opts_.heartbeat_misses));
   bool first_prefill = opts_.role == Role::kPrefill && p.tp_rank == 0 && p.dp_rank == 0 &&
                        p.pp_rank == 0 && p.cp_rank == 0;
-  if (first_prefill && opts_.start_bootstrap_server && !IsEtcdRegistry(opts_.registry) &&
-      !registry_->Health().ok()) {
-    auto* bootstrap = static_cast<BootstrapClient*>(registry_.get());
-    BootstrapServerOptions so;
-    so.host = bootstrap->host();
-    so.port = bootstrap->port();
-    so.auth_token = token;
-    so.unresponsive_after = opts_.heartbeat_interval * opts_.heartbeat_misses;
-    so.dead_after = std::max(so.dead_after, so.unresponsive_after);
-    auto server = BootstrapServer::Start(so);
-    if (!server.ok()) return server.status().WithContext("embedded bootstrap server");
-    embedded_server_ = std::move(server).value();
-    KVB_LOG_INFO("embedded bootstrap server listening on {}", embedded_server_->address());
+  if (!first_prefill || !opts_.start_bootstrap_server || IsEtcdRegistry(opts_.registry) ||
+      registry_->Health().ok()) {
+    return Status();
   }
+  auto* bootstrap = static_cast<BootstrapClient*>(registry_.get());
+  BootstrapServerOptions so;
+  so.host = bootstrap->host();
+  so.port = bootstrap->port();
+  so.auth_token = token;
+  so.unresponsive_after = opts_.heartbeat_interval * opts_.heartbeat_misses;
+  so.dead_after = std::max(so.dead_after, so.unresponsive_after);
+  auto server = BootstrapServer::Start(so);
+  if (!server.ok()) return server.status().WithContext("embedded bootstrap server");
+  embedded_server_ = std::move(server).value();
+  KVB_LOG_INFO("embedded bootstrap server listening on {}", embedded_server_->address());
+  return Status();
+}
 
+RankRecord ManagerImpl::MakeRankRecord() const {
+  const ParallelLayout& p = opts_.parallel;
   RankRecord rec;
   rec.role = ToRankRole(opts_.role);
   rec.attn_tp_size = p.tp_size;
@@ -193,22 +220,29 @@ Status ManagerImpl::Start() {
   rec.pp_rank = p.pp_rank;
   rec.rank_ip = opts_.advertise_host;
   rec.follow_bootstrap_room = opts_.follow_bootstrap_room;
-  rec.page_size = a.page_size;
-  rec.kv_cache_dtype = a.dtype;
+  rec.page_size = opts_.args.page_size;
+  rec.kv_cache_dtype = opts_.args.dtype;
   rec.host = self_.host;
   rec.pid = self_.pid;
   rec.incarnation = self_.incarnation;
   rec.instance = self_.instance;
   rec.transport_address = transport_->Address();
   rec.layout = LayoutToJson(layout_);
-  Status registered = registry_->RegisterRank(rec);
-  if (!registered.ok()) {
-    // A wrong secret is a deployment error that no retry mends.
-    if (opts_.role == Role::kPrefill || registered.code() == StatusCode::kUnauthenticated) {
-      return registered.WithContext("registering with bootstrap");
-    }
-    KVB_LOG_WARN("decode rank not listed in the bootstrap registry: {}", registered.ToString());
+  return rec;
+}
+
+Status ManagerImpl::RegisterSelf() {
+  Status registered = registry_->RegisterRank(MakeRankRecord());
+  if (registered.ok()) return Status();
+  // A wrong secret is a deployment error that no retry mends.
+  if (opts_.role == Role::kPrefill || registered.code() == StatusCode::kUnauthenticated) {
+    return registered.WithContext("registering with bootstrap");
   }
+  KVB_LOG_WARN("decode rank not listed in the bootstrap registry: {}", registered.ToString());
+  return Status();
+}
+
+void ManagerImpl::StartThreads() {
   // A registry that pushes changes wakes the registry thread (etcd's watch):
   // records and membership changes are applied as they arrive.
   registry_->SetChangeCallback([this] {
@@ -224,9 +258,6 @@ Status ManagerImpl::Start() {
     EveryHeartbeat([&] { RegistryRound(round++); }, &registry_wake_);
   });
   resolver_ = std::thread([this] { EveryHeartbeat([this] { ResolveRound(); }); });
-  KVB_LOG_INFO("manager up: {} incarnation {:#x}, transport {}", self_.ToString(),
-               self_.incarnation, transport_->Name());
-  return Status();
 }
 
 ManagerImpl::~ManagerImpl() {

@@ -175,7 +175,21 @@ class ManagerImpl {
   };
 
   explicit ManagerImpl(const ManagerOptions& options);
+  // Start() runs the steps below in this order; an error stops it.
   Status Start();
+  void SetIdentity();
+  Status SetLayout();  // from KVArgs; checked
+  // The transport (UCX unless one was given) wrapped in AuthTransport, the
+  // metrics server, this rank's registered memory, and the engine.
+  Status StartTransport(const std::string& token);
+  Status RegisterSpans(const std::vector<BufferSpan>& spans, std::vector<RegionId>* ids,
+                       std::vector<std::string>* keys);
+  // The registry client; prefill rank 0 embeds the bootstrap server when
+  // none answers at the bootstrap address (and etcd is not the registry).
+  Status StartRegistry(const std::string& token);
+  RankRecord MakeRankRecord() const;
+  Status RegisterSelf();
+  void StartThreads();  // ticker, registry and resolver
   void Flush(Outbox& out);
   // Queues `body` for `peer`; held until the handshake with it is answered.
   void Send(Outbox& out, Peer& peer, const MessageBody& body, Lane lane = Lane::kOrdered)
