@@ -360,7 +360,27 @@ class ManagerImpl {
   void TickSendersLocked(SteadyTime now, Outbox& out) KVB_REQUIRES(mu_);
 
   // Decode internals (receiver_side.cc).
+  // Finds and connects the prefill ranks `room` reads from (the steps
+  // below); an error that no retry mends fails the room (FailUnresolved).
   Status ResolveSources(const std::shared_ptr<ReceiverRoom>& room);
+  // Prefill's parallel info, once read; Unavailable until every prefill
+  // rank registered.
+  Result<ParallelInfo> PrefillParallelInfo();
+  // Fails `room` when a rank of its prefill instance is dead and was not
+  // restarted (the registry lists no new incarnation at its position).
+  Status FailIfSourceInstanceDead(const std::shared_ptr<ReceiverRoom>& room);
+  struct SourcePosition {
+    RankId position;     // role, dp, tp, pp; process filled when connected
+    bool dummy = false;  // sends no pages to this rank, only its notices
+  };
+  // The prefill positions `room` hears from, by the two sides' layouts.
+  Result<std::vector<SourcePosition>> SourcePositions(const ReceiverRoom& room,
+                                                      const ParallelInfo& info) const;
+  // Takes the connected sources (unless the room failed or another
+  // resolution won) and sends the metadata if it came already.
+  void AdoptSources(ReceiverRoom& room, std::vector<ReceiverSource> sources);
+  void FailUnresolved(ReceiverRoom& room, const Status& s,
+                      const std::optional<RankId>& incompatible);
   // Connects to the prefill rank at `position` unless already connected;
   // `registered` gets the registry's record of it (host, pid) once read.
   Result<std::string> EnsurePrefillPeer(const RankId& position, RankId* registered);

@@ -77,107 +77,128 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
   std::lock_guard<std::mutex> resolve(resolve_mu_);
   std::optional<RankId> incompatible;  // the prefill rank whose layout does not fit
   Status s = [&]() -> Status {
-    std::optional<ParallelInfo> known;
-    {
-      MutexLock lock(mu_);
-      known = prefill_info_;
-    }
-    if (!known) {
-      KVB_ASSIGN_OR_RETURN(ParallelInfo fetched, registry_->GetParallelInfo());
-      if (!fetched.complete())
-        return UnavailableError(fmt::format("{} of {} prefill ranks registered",
-                                            fetched.ranks_registered, fetched.ranks_expected));
-      MutexLock lock(mu_);
-      prefill_info_ = known = fetched;
-    }
-    const ParallelInfo info = *known;
-    {
-      // A rank of that prefill instance is known dead (and not restarted):
-      // the request cannot complete.
-      std::vector<std::pair<std::string, FailureRecord>> dead;
-      {
-        MutexLock lock(mu_);
-        for (const auto& [key, r] : dead_ranks_)
-          if (r.origin.role == Role::kPrefill && r.origin.dp == room->prefill_dp_rank)
-            dead.emplace_back(key, r);
-      }
-      for (const auto& [key, r] : dead) {
-        Result<RankRecord> now =
-            registry_->GetRank(r.origin.dp, r.origin.cp, r.origin.tp, r.origin.pp);
-        if (now.ok() && now->incarnation != r.origin.incarnation) {
-          MutexLock lock(mu_);
-          dead_ranks_.erase(key);  // restarted
-          continue;
-        }
-        Outbox out;
-        {
-          MutexLock lock(mu_);
-          FailReceiverLocked(*room, r, out);
-        }
-        Flush(out);
-        return r.ToStatus();
-      }
-    }
-    if (room->prefill_dp_rank >= info.attn_dp_size)
-      return InvalidArgumentError(fmt::format("prefill dp rank {} out of range [0, {})",
-                                              room->prefill_dp_rank, info.attn_dp_size));
-    KVB_ASSIGN_OR_RETURN(
-        std::vector<HeadSlice> flows,
-        ComputeFlows(info.attn_tp_size, layout_.tp_size, layout_.total_kv_heads, layout_.is_mla));
-    std::vector<std::pair<int, bool>> ranks;  // prefill tp rank, dummy
-    for (const HeadSlice& f : FlowsToDecode(flows, self_.tp)) {
-      if (std::find(ranks.begin(), ranks.end(), std::pair{f.prefill_rank, false}) == ranks.end())
-        ranks.emplace_back(f.prefill_rank, false);
-    }
-    for (int p = 0; p < info.attn_tp_size; ++p) {
-      if (FlowsFromPrefill(flows, p).empty() && p % layout_.tp_size == self_.tp)
-        ranks.emplace_back(p, true);
-    }
-    KVB_ASSIGN_OR_RETURN(std::vector<int> stages,
-                         PrefillStagesOfDecode(info.pp_size, opts_.parallel.pp_size, self_.pp));
+    KVB_ASSIGN_OR_RETURN(const ParallelInfo info, PrefillParallelInfo());
+    KVB_RETURN_IF_ERROR(FailIfSourceInstanceDead(room));
+    KVB_ASSIGN_OR_RETURN(std::vector<SourcePosition> positions, SourcePositions(*room, info));
     std::vector<ReceiverSource> sources;
-    for (int pp : stages) {
-      for (auto [tp, dummy] : ranks) {
-        RankId pos;
-        pos.role = Role::kPrefill;
-        pos.dp = room->prefill_dp_rank;
-        pos.tp = tp;
-        pos.pp = pp;
-        RankId registered = pos;  // the registry's record of that rank, when read
-        Result<std::string> key = EnsurePrefillPeer(pos, &registered);
-        if (!key.ok()) {
-          if (key.status().code() == StatusCode::kFailedPrecondition) incompatible = registered;
-          return key.status();
-        }
-        ReceiverSource src;
-        src.peer_key = *key;
-        src.dummy = dummy;
-        MutexLock lock(mu_);
-        src.prefill = FindPeerLocked(*key)->id;
-        sources.push_back(std::move(src));
+    for (const SourcePosition& at : positions) {
+      RankId registered = at.position;  // the registry's record of that rank, when read
+      Result<std::string> key = EnsurePrefillPeer(at.position, &registered);
+      if (!key.ok()) {
+        if (key.status().code() == StatusCode::kFailedPrecondition) incompatible = registered;
+        return key.status();
       }
+      ReceiverSource src;
+      src.peer_key = *key;
+      src.dummy = at.dummy;
+      MutexLock lock(mu_);
+      src.prefill = FindPeerLocked(*key)->id;
+      sources.push_back(std::move(src));
+    }
+    AdoptSources(*room, std::move(sources));
+    return Status();
+  }();
+  if (!s.ok()) FailUnresolved(*room, s, incompatible);
+  return s;
+}
+
+Result<ParallelInfo> ManagerImpl::PrefillParallelInfo() {
+  {
+    MutexLock lock(mu_);
+    if (prefill_info_) return *prefill_info_;
+  }
+  KVB_ASSIGN_OR_RETURN(ParallelInfo fetched, registry_->GetParallelInfo());
+  if (!fetched.complete())
+    return UnavailableError(fmt::format("{} of {} prefill ranks registered",
+                                        fetched.ranks_registered, fetched.ranks_expected));
+  MutexLock lock(mu_);
+  prefill_info_ = fetched;
+  return fetched;
+}
+
+Status ManagerImpl::FailIfSourceInstanceDead(const std::shared_ptr<ReceiverRoom>& room) {
+  std::vector<std::pair<std::string, FailureRecord>> dead;
+  {
+    MutexLock lock(mu_);
+    for (const auto& [key, r] : dead_ranks_)
+      if (r.origin.role == Role::kPrefill && r.origin.dp == room->prefill_dp_rank)
+        dead.emplace_back(key, r);
+  }
+  for (const auto& [key, r] : dead) {
+    Result<RankRecord> now = registry_->GetRank(r.origin.dp, r.origin.cp, r.origin.tp, r.origin.pp);
+    if (now.ok() && now->incarnation != r.origin.incarnation) {
+      MutexLock lock(mu_);
+      dead_ranks_.erase(key);  // restarted
+      continue;
     }
     Outbox out;
     {
       MutexLock lock(mu_);
-      if (room->failure || room->resolved) return Status();
-      room->sources = std::move(sources);
-      room->resolved = true;
-      room->last_resolve_error = Status();
-      if (room->meta) {
-        SendMetaLocked(*room, out);
-      } else {
-        MaybeHandshakeDoneLocked(*room);
-      }
+      FailReceiverLocked(*room, r, out);
     }
     Flush(out);
-    return Status();
-  }();
-  if (s.ok()) return s;
+    return r.ToStatus();
+  }
+  return Status();
+}
+
+Result<std::vector<ManagerImpl::SourcePosition>> ManagerImpl::SourcePositions(
+    const ReceiverRoom& room, const ParallelInfo& info) const {
+  if (room.prefill_dp_rank >= info.attn_dp_size)
+    return InvalidArgumentError(fmt::format("prefill dp rank {} out of range [0, {})",
+                                            room.prefill_dp_rank, info.attn_dp_size));
+  KVB_ASSIGN_OR_RETURN(
+      std::vector<HeadSlice> flows,
+      ComputeFlows(info.attn_tp_size, layout_.tp_size, layout_.total_kv_heads, layout_.is_mla));
+  std::vector<std::pair<int, bool>> ranks;  // prefill tp rank, dummy
+  for (const HeadSlice& f : FlowsToDecode(flows, self_.tp)) {
+    if (std::find(ranks.begin(), ranks.end(), std::pair{f.prefill_rank, false}) == ranks.end())
+      ranks.emplace_back(f.prefill_rank, false);
+  }
+  for (int p = 0; p < info.attn_tp_size; ++p) {
+    if (FlowsFromPrefill(flows, p).empty() && p % layout_.tp_size == self_.tp)
+      ranks.emplace_back(p, true);
+  }
+  KVB_ASSIGN_OR_RETURN(std::vector<int> stages,
+                       PrefillStagesOfDecode(info.pp_size, opts_.parallel.pp_size, self_.pp));
+  std::vector<SourcePosition> positions;
+  for (int pp : stages) {
+    for (auto [tp, dummy] : ranks) {
+      SourcePosition at;
+      at.position.role = Role::kPrefill;
+      at.position.dp = room.prefill_dp_rank;
+      at.position.tp = tp;
+      at.position.pp = pp;
+      at.dummy = dummy;
+      positions.push_back(at);
+    }
+  }
+  return positions;
+}
+
+void ManagerImpl::AdoptSources(ReceiverRoom& room, std::vector<ReceiverSource> sources) {
   Outbox out;
   {
     MutexLock lock(mu_);
-    room->last_resolve_error = s;
+    if (room.failure || room.resolved) return;
+    room.sources = std::move(sources);
+    room.resolved = true;
+    room.last_resolve_error = Status();
+    if (room.meta) {
+      SendMetaLocked(room, out);
+    } else {
+      MaybeHandshakeDoneLocked(room);
+    }
+  }
+  Flush(out);
+}
+
+void ManagerImpl::FailUnresolved(ReceiverRoom& room, const Status& s,
+                                 const std::optional<RankId>& incompatible) {
+  Outbox out;
+  {
+    MutexLock lock(mu_);
+    room.last_resolve_error = s;
     if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kNotFound) {
       FailureCause cause = s.code() == StatusCode::kFailedPrecondition
                                ? FailureCause::kLayoutMismatch
@@ -190,23 +211,21 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
         // rank that may not exist.
         origin = incompatible.value_or(RankId{});
         origin.role = Role::kPrefill;
-        origin.dp = room->prefill_dp_rank;
+        origin.dp = room.prefill_dp_rank;
       }
       FailReceiverLocked(
-          *room, MakeRecord(origin, cause, s.message(), Phase::kBootstrapping, "layout check"),
-          out);
+          room, MakeRecord(origin, cause, s.message(), Phase::kBootstrapping, "layout check"), out);
     } else {
       // A known peer that is dead: fail now instead of waiting for the deadline.
       for (auto& [key, peer] : peers_) {
         if (peer->failed && peer->failure && s.message().find(key) != std::string::npos) {
-          FailReceiverLocked(*room, *peer->failure, out);
+          FailReceiverLocked(room, *peer->failure, out);
           break;
         }
       }
     }
   }
   Flush(out);
-  return s;
 }
 
 Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* registered) {
