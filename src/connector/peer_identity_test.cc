@@ -286,6 +286,22 @@ TEST_F(PeerIdentityTest, ForgedFinalNotifyBeforeItsDataIsDropped) {
   ExpectDelivered(*cluster_, r);
 }
 
+// Gives `hello` remote keys that import (the buffers it names, registered
+// again on `t`), so that an accepted handshake is answered OK, not refused
+// for its layout.
+void WithImportableKeys(Transport& t, HelloMsg* hello) {
+  auto keys = [&](const std::vector<BufferSpan>& spans, std::vector<std::string>* out) {
+    out->clear();
+    for (const BufferSpan& b : spans)
+      out->push_back(t.RegisterMemory(reinterpret_cast<void*>(b.addr), b.length, MemoryKind::kDram)
+                         .value()
+                         .remote_key);
+  };
+  keys(hello->layout.kv, &hello->kv_keys);
+  keys(hello->layout.aux, &hello->aux_keys);
+  keys(hello->layout.state, &hello->state_keys);
+}
+
 // A handshake done right but under another secret is refused; the same
 // handshake under the deployment's secret is accepted (its answer opens
 // under the session it made), so the refusal is the secret's doing.
@@ -316,20 +332,8 @@ TEST_F(PeerIdentityTest, HandshakeUnderAnotherSecretIsRefusedUnderTheRightOneAcc
   RankId newcomer = decode().self();
   newcomer.instance = "newcomer";
   newcomer.incarnation = 99;
-  // Remote keys that import (decode's own buffers, registered again), so
-  // that an accepted handshake is answered OK, not refused for its layout.
   HelloMsg keyed = ForgedHello();
-  auto keys = [&](const std::vector<BufferSpan>& spans, std::vector<std::string>* out) {
-    out->clear();
-    for (const BufferSpan& b : spans)
-      out->push_back(
-          auth->RegisterMemory(reinterpret_cast<void*>(b.addr), b.length, MemoryKind::kDram)
-              .value()
-              .remote_key);
-  };
-  keys(keyed.layout.kv, &keyed.kv_keys);
-  keys(keyed.layout.aux, &keyed.aux_keys);
-  keys(keyed.layout.state, &keyed.state_keys);
+  WithImportableKeys(*auth, &keyed);
   for (const std::string& secret :
        {std::string("another deployment's secret"), AuthTokenFromEnvironment()}) {
     SCOPED_TRACE(secret == AuthTokenFromEnvironment() ? "the deployment's secret" : "another");

@@ -390,116 +390,147 @@ std::vector<int32_t> ScatteredPages(std::mt19937& rng, int count, int limit) {
   return pages;
 }
 
-TEST(PlanKvPagesBruteForceTest, MatchesNaivePerHeadCopy) {
-  std::mt19937 rng(20261129);
+// One random shape for the brute-force check below.
+struct BruteCase {
+  bool mla;
+  int total, ptp, dtp, page_size;
+  uint64_t head_bytes;
+  int d_start, d_end, p_start, p_end;  // layers: prefill's within decode's
+  int p_pages, d_pages;
+  std::vector<int32_t> src, dst;
+
+  LayoutSpec Spec(int tp, int rank, int start, int end, int pages) const {
+    return LayoutSpec{.mla = mla,
+                      .page_size = page_size,
+                      .tp_size = tp,
+                      .tp_rank = rank,
+                      .total_heads = total,
+                      .start_layer = start,
+                      .end_layer = end,
+                      .head_bytes = head_bytes,
+                      .pages = static_cast<uint64_t>(pages)};
+  }
+  std::string Name() const {
+    return std::string(mla ? "MLA" : "MHA") + " heads " + std::to_string(total) + " tp " +
+           std::to_string(ptp) + "->" + std::to_string(dtp) + " page_size " +
+           std::to_string(page_size) + " head_bytes " + std::to_string(head_bytes) + " layers [" +
+           std::to_string(p_start) + "," + std::to_string(p_end) + ") into [" +
+           std::to_string(d_start) + "," + std::to_string(d_end) + ")";
+  }
+};
+
+BruteCase RandomCase(std::mt19937& rng) {
   auto pick = [&](std::initializer_list<int> values) {
     return *(values.begin() + rng() % values.size());
   };
+  BruteCase c;
+  c.mla = rng() % 4 == 0;
+  c.total = pick({1, 2, 4, 8});
+  c.ptp = 1 + rng() % 8;
+  c.dtp = 1 + rng() % 8;
+  c.page_size = pick({1, 2, 3, 4});
+  c.head_bytes = pick({1, 2, 3, 4});
+  c.d_start = rng() % 2;
+  c.d_end = c.d_start + 1 + rng() % 3;
+  c.p_start = c.d_start + rng() % (c.d_end - c.d_start);
+  c.p_end = c.p_start + 1 + rng() % (c.d_end - c.p_start);
+  c.p_pages = 4 + rng() % 9;
+  c.d_pages = 4 + rng() % 9;
+  const int count = rng() % (std::min(c.p_pages, c.d_pages) + 1);
+  c.src = ScatteredPages(rng, count, c.p_pages);
+  c.dst = ScatteredPages(rng, count, c.d_pages);
+  return c;
+}
+
+// Copies `runs` from `pm` into `got` after checking each against the
+// buffers' bounds, and that they are fully coalesced: no run continues its
+// predecessor on both sides. Adds the bytes copied to `written`.
+void ApplyRuns(const std::vector<CopyRun>& runs, const Memory& pm, Memory& got, uint64_t* written) {
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const CopyRun& r = runs[i];
+    ASSERT_EQ(r.cls, BufferClass::kKv);
+    ASSERT_LT(r.src_buffer, pm.size());
+    ASSERT_LT(r.dst_buffer, got.size());
+    ASSERT_GT(r.length, 0u);
+    ASSERT_LE(r.src_offset + r.length, pm[r.src_buffer].size());
+    ASSERT_LE(r.dst_offset + r.length, got[r.dst_buffer].size());
+    std::memcpy(&got[r.dst_buffer][r.dst_offset], &pm[r.src_buffer][r.src_offset], r.length);
+    *written += r.length;
+    if (i > 0) {
+      const CopyRun& prev = runs[i - 1];
+      EXPECT_FALSE(prev.src_buffer == r.src_buffer && prev.dst_buffer == r.dst_buffer &&
+                   prev.src_offset + prev.length == r.src_offset &&
+                   prev.dst_offset + prev.length == r.dst_offset)
+          << "runs " << i - 1 << " and " << i << " should be one";
+    }
+  }
+}
+
+// The naive reference: one head of one token of one page at a time,
+// straight from the memory model in plan.h.
+void NaivePerHeadCopy(const BruteCase& c, const RankLayout& pl, const Memory& pm,
+                      const RankLayout& decode, const HeadSlice& f, Memory& want) {
+  const int np = c.p_end - c.p_start;
+  const int nd = c.d_end - c.d_start;
+  for (int half = 0; half < (c.mla ? 1 : 2); ++half) {
+    for (int layer = c.p_start; layer < c.p_end; ++layer) {
+      const uint32_t sb = half * np + (layer - c.p_start);
+      const uint32_t db = half * nd + (layer - c.d_start);
+      for (size_t k = 0; k < c.src.size(); ++k) {
+        for (int t = 0; t < c.page_size; ++t) {
+          for (int h = 0; h < f.num_heads; ++h) {
+            const uint64_t s_off = c.src[k] * pl.kv[sb].item_len +
+                                   (uint64_t(t) * pl.kv_heads + f.src_head + h) * c.head_bytes;
+            const uint64_t d_off = c.dst[k] * decode.kv[db].item_len +
+                                   (uint64_t(t) * decode.kv_heads + f.dst_head + h) * c.head_bytes;
+            std::memcpy(&want[db][d_off], &pm[sb][s_off], c.head_bytes);
+          }
+        }
+      }
+    }
+  }
+}
+
+void CheckBruteCase(const BruteCase& c) {
+  std::vector<RankLayout> prefill;
+  std::vector<Memory> prefill_mem;
+  for (int p = 0; p < c.ptp; ++p) {
+    prefill.push_back(MakeLayout(c.Spec(c.ptp, p, c.p_start, c.p_end, c.p_pages)));
+    prefill_mem.push_back(Allocate(prefill.back(), p));
+  }
+  Result<std::vector<HeadSlice>> flows = ComputeFlows(c.ptp, c.dtp, c.total, c.mla);
+  ASSERT_TRUE(flows.ok());
+  for (int d = 0; d < c.dtp; ++d) {
+    const RankLayout decode = MakeLayout(c.Spec(c.dtp, d, c.d_start, c.d_end, c.d_pages));
+    Memory got = Allocate(decode, -1);
+    Memory want = Allocate(decode, -1);
+    uint64_t written = 0;
+    for (const HeadSlice& f : FlowsToDecode(*flows, d)) {
+      Result<std::vector<CopyRun>> runs =
+          PlanKvPages(prefill[f.prefill_rank], decode, f, c.src, c.dst);
+      ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+      ApplyRuns(*runs, prefill_mem[f.prefill_rank], got, &written);
+      NaivePerHeadCopy(c, prefill[f.prefill_rank], prefill_mem[f.prefill_rank], decode, f, want);
+    }
+    // Every byte of every decode buffer, including the ones nobody should
+    // have touched; and no byte written twice.
+    for (size_t b = 0; b < got.size(); ++b) {
+      ASSERT_EQ(got[b], want[b]) << "decode rank " << d << " buffer " << b;
+    }
+    const uint64_t layers = c.p_end - c.p_start;
+    const uint64_t expected =
+        layers * (c.mla ? 1 : 2) * c.src.size() * c.page_size * decode.kv_heads * c.head_bytes;
+    EXPECT_EQ(written, expected) << "decode rank " << d;
+  }
+}
+
+TEST(PlanKvPagesBruteForceTest, MatchesNaivePerHeadCopy) {
+  std::mt19937 rng(20261129);
   for (int iter = 0; iter < 500; ++iter) {
-    const bool mla = rng() % 4 == 0;
-    const int total = pick({1, 2, 4, 8});
-    const int ptp = 1 + rng() % 8;
-    const int dtp = 1 + rng() % 8;
-    const int page_size = pick({1, 2, 3, 4});
-    const uint64_t head_bytes = pick({1, 2, 3, 4});
-    const int d_start = rng() % 2;
-    const int d_end = d_start + 1 + rng() % 3;
-    const int p_start = d_start + rng() % (d_end - d_start);
-    const int p_end = p_start + 1 + rng() % (d_end - p_start);
-    const int p_pages = 4 + rng() % 9;
-    const int d_pages = 4 + rng() % 9;
-    const int count = rng() % (std::min(p_pages, d_pages) + 1);
-    const std::vector<int32_t> src = ScatteredPages(rng, count, p_pages);
-    const std::vector<int32_t> dst = ScatteredPages(rng, count, d_pages);
-    SCOPED_TRACE("iter " + std::to_string(iter) + (mla ? " MLA" : " MHA") + " heads " +
-                 std::to_string(total) + " tp " + std::to_string(ptp) + "->" + std::to_string(dtp) +
-                 " page_size " + std::to_string(page_size) + " head_bytes " +
-                 std::to_string(head_bytes) + " layers [" + std::to_string(p_start) + "," +
-                 std::to_string(p_end) + ") into [" + std::to_string(d_start) + "," +
-                 std::to_string(d_end) + ")");
-
-    auto spec = [&](int tp, int rank, int start, int end, int pages) {
-      return LayoutSpec{.mla = mla,
-                        .page_size = page_size,
-                        .tp_size = tp,
-                        .tp_rank = rank,
-                        .total_heads = total,
-                        .start_layer = start,
-                        .end_layer = end,
-                        .head_bytes = head_bytes,
-                        .pages = static_cast<uint64_t>(pages)};
-    };
-    std::vector<RankLayout> prefill;
-    std::vector<Memory> prefill_mem;
-    for (int p = 0; p < ptp; ++p) {
-      prefill.push_back(MakeLayout(spec(ptp, p, p_start, p_end, p_pages)));
-      prefill_mem.push_back(Allocate(prefill.back(), p));
-    }
-    Result<std::vector<HeadSlice>> flows = ComputeFlows(ptp, dtp, total, mla);
-    ASSERT_TRUE(flows.ok());
-
-    for (int d = 0; d < dtp; ++d) {
-      const RankLayout decode = MakeLayout(spec(dtp, d, d_start, d_end, d_pages));
-      Memory got = Allocate(decode, -1);
-      Memory want = Allocate(decode, -1);
-      uint64_t written = 0;
-      for (const HeadSlice& f : FlowsToDecode(*flows, d)) {
-        const RankLayout& pl = prefill[f.prefill_rank];
-        const Memory& pm = prefill_mem[f.prefill_rank];
-        Result<std::vector<CopyRun>> runs = PlanKvPages(pl, decode, f, src, dst);
-        ASSERT_TRUE(runs.ok()) << runs.status().ToString();
-        for (size_t i = 0; i < runs->size(); ++i) {
-          const CopyRun& r = (*runs)[i];
-          ASSERT_EQ(r.cls, BufferClass::kKv);
-          ASSERT_LT(r.src_buffer, pm.size());
-          ASSERT_LT(r.dst_buffer, got.size());
-          ASSERT_GT(r.length, 0u);
-          ASSERT_LE(r.src_offset + r.length, pm[r.src_buffer].size());
-          ASSERT_LE(r.dst_offset + r.length, got[r.dst_buffer].size());
-          std::memcpy(&got[r.dst_buffer][r.dst_offset], &pm[r.src_buffer][r.src_offset], r.length);
-          written += r.length;
-          // Fully coalesced: no run continues its predecessor on both sides.
-          if (i > 0) {
-            const CopyRun& prev = (*runs)[i - 1];
-            EXPECT_FALSE(prev.src_buffer == r.src_buffer && prev.dst_buffer == r.dst_buffer &&
-                         prev.src_offset + prev.length == r.src_offset &&
-                         prev.dst_offset + prev.length == r.dst_offset)
-                << "runs " << i - 1 << " and " << i << " should be one";
-          }
-        }
-        // The naive reference: one head of one token of one page at a time,
-        // straight from the memory model in plan.h.
-        const int np = p_end - p_start;
-        const int nd = d_end - d_start;
-        for (int half = 0; half < (mla ? 1 : 2); ++half) {
-          for (int layer = p_start; layer < p_end; ++layer) {
-            const uint32_t sb = half * np + (layer - p_start);
-            const uint32_t db = half * nd + (layer - d_start);
-            for (size_t k = 0; k < src.size(); ++k) {
-              for (int t = 0; t < page_size; ++t) {
-                for (int h = 0; h < f.num_heads; ++h) {
-                  const uint64_t s_off = src[k] * pl.kv[sb].item_len +
-                                         (uint64_t(t) * pl.kv_heads + f.src_head + h) * head_bytes;
-                  const uint64_t d_off =
-                      dst[k] * decode.kv[db].item_len +
-                      (uint64_t(t) * decode.kv_heads + f.dst_head + h) * head_bytes;
-                  std::memcpy(&want[db][d_off], &pm[sb][s_off], head_bytes);
-                }
-              }
-            }
-          }
-        }
-      }
-      // Every byte of every decode buffer, including the ones nobody should
-      // have touched; and no byte written twice.
-      for (size_t b = 0; b < got.size(); ++b) {
-        ASSERT_EQ(got[b], want[b]) << "decode rank " << d << " buffer " << b;
-      }
-      const uint64_t layers = p_end - p_start;
-      const uint64_t expected =
-          layers * (mla ? 1 : 2) * src.size() * page_size * decode.kv_heads * head_bytes;
-      EXPECT_EQ(written, expected) << "decode rank " << d;
-    }
+    const BruteCase c = RandomCase(rng);
+    SCOPED_TRACE("iter " + std::to_string(iter) + " " + c.Name());
+    CheckBruteCase(c);
+    if (HasFatalFailure()) return;
   }
 }
 
