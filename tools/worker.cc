@@ -374,9 +374,20 @@ int RunWorker(const WorkerFlags& f) {
       report.fatal_reported = true;
       fatal_pending = false;
     }
-    // One scheduler step: poll every room.
-    for (auto it = live.begin(); it != live.end();) {
-      Live& l = **it;
+    // One scheduler step: poll every room. Finished rooms leave `live` in one
+    // compaction pass per step (an erase per finished room made a step
+    // O(rooms^2) at 10,000 rooms); the rooms ahead are prefetched, since
+    // each poll is a chain of cache misses (Live, then its sender or
+    // receiver) that the loop would otherwise wait on one room at a time.
+    size_t kept = 0;
+    for (size_t i = 0; i < live.size(); ++i) {
+      if (i + 8 < live.size()) __builtin_prefetch(live[i + 8].get());
+      if (i + 4 < live.size()) {
+        const Live& ahead = *live[i + 4];
+        __builtin_prefetch(prefill ? static_cast<const void*>(ahead.sender.get())
+                                   : static_cast<const void*>(ahead.receiver.get()));
+      }
+      Live& l = *live[i];
       KVPoll p = prefill ? l.sender->Poll() : l.receiver->Poll();
       if (prefill && p == KVPoll::kWaitingForInput && !l.started) {
         l.started = l.sender->Init(l.plan.pages, l.aux).ok();
@@ -392,7 +403,8 @@ int RunWorker(const WorkerFlags& f) {
         p = l.sender->Poll();
       }
       if (p != KVPoll::kSuccess && p != KVPoll::kFailed) {
-        ++it;
+        if (kept != i) live[kept] = std::move(live[i]);
+        ++kept;
         continue;
       }
       ++finished;
@@ -425,12 +437,13 @@ int RunWorker(const WorkerFlags& f) {
       }
       if (!prefill && !o.success) {
         l.failed_at = Clock::now();
-        draining.push_back(std::move(*it));  // pages go back only once quiesced
+        draining.push_back(std::move(live[i]));  // pages go back only once quiesced
       } else {
         release(l);
+        live[i].reset();
       }
-      it = live.erase(it);
     }
+    live.resize(kept);
     for (auto it = draining.begin(); it != draining.end();) {
       Live& l = **it;
       bool timed_out = Clock::now() - l.failed_at > std::chrono::milliseconds(f.quiesce_timeout_ms);

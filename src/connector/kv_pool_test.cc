@@ -45,6 +45,35 @@ TEST(KvPoolTest, PatternSurvivesACopyAndCatchesEveryMisplacedPage) {
   EXPECT_EQ(b->CountCorruptPages(42, dst), 1u);
 }
 
+// The check is vectorized with a word-by-word tail: a flipped bit at any
+// byte of a page, in the vector part, the whole-word tail or the last
+// partial word of a run, is caught, for head sizes that leave each kind of
+// tail (5 x 2 B: one word and 2 bytes; 8 x 2 B: vectors only; 68 x 2 B:
+// vectors and a word).
+TEST(KvPoolTest, EveryFlippedByteOfAPageIsCaught) {
+  for (int head_dim : {5, 8, 68}) {
+    PoolOptions o;
+    o.shape.layers = 1;
+    o.shape.total_kv_heads = 2;
+    o.shape.head_dim = head_dim;
+    o.shape.page_size = 2;
+    o.num_pages = 4;
+    auto pool = KvPool::Create(o);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    KvPool& p = **pool;
+    std::vector<int32_t> pages{1, 3};
+    p.Fill(77, pages, -1, {});
+    ASSERT_EQ(p.CountCorruptPages(77, pages), 0u) << "head_dim " << head_dim;
+    uint8_t* page = reinterpret_cast<uint8_t*>(p.Args().kv_data_ptrs[1]) + 3 * p.page_bytes();
+    for (uint64_t i = 0; i < p.page_bytes(); ++i) {
+      page[i] ^= 0x10;
+      ASSERT_EQ(p.CountCorruptPages(77, pages), 1u) << "head_dim " << head_dim << " byte " << i;
+      page[i] ^= 0x10;
+    }
+    EXPECT_EQ(p.CountCorruptPages(77, pages), 0u);
+  }
+}
+
 TEST(KvPoolTest, HeadSliceOfATpRankMatchesTheFullPattern) {
   // Each tp rank of 2 holds 2 of the 4 heads: its pattern is the full one's slice.
   auto full = MakePool(1, 0), half = MakePool(2, 1);
