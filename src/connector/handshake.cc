@@ -230,6 +230,7 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
   }
   *stale = old->tpeer;
   by_tpeer_.erase(old->tpeer);
+  DropBeatLocked(*old, out);
   peers_.erase(PeerKey(from));
   return false;
 }
