@@ -27,6 +27,11 @@ void AuthTransport::Bind(PeerId peer, const Binding& b) {
   i.proven = b.proven;
 }
 
+void AuthTransport::Share(PeerId extra, PeerId main) {
+  MutexLock lock(mu_);
+  shared_[extra] = main;
+}
+
 Status AuthTransport::SendPlain(PeerId peer, std::string payload) {
   return inner_->SendMessage(peer, std::move(payload));
 }
@@ -36,7 +41,8 @@ Result<std::string> AuthTransport::SealFor(PeerId peer, SealLane lane, std::stri
   SealedHeader h;
   {
     MutexLock lock(mu_);
-    auto it = out_.find(peer);
+    auto shared = shared_.find(peer);
+    auto it = out_.find(shared == shared_.end() ? peer : shared->second);
     if (it == out_.end())
       return FailedPreconditionError(
           fmt::format("peer {}: no authenticated session (its handshake has not completed)", peer));
@@ -71,6 +77,7 @@ void AuthTransport::Disconnect(PeerId peer) {
       in_.erase(it->second.local_session);
       out_.erase(it);
     }
+    std::erase_if(shared_, [&](const auto& e) { return e.first == peer || e.second == peer; });
   }
   inner_->Disconnect(peer);
 }

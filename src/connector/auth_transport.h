@@ -57,6 +57,11 @@ class AuthTransport final : public Transport {
   // carrying b.local_session open as `b.proven`'s. Replaces an earlier
   // binding of `peer` (and forgets its session).
   void Bind(PeerId peer, const Binding& b);
+  // Messages to `extra`, a second endpoint to the peer of `main` (the
+  // heartbeat endpoint), are sealed under `main`'s session and share its
+  // sequence numbers, so no number is used twice. Follows a later Bind of
+  // `main`; forgotten when either endpoint is disconnected.
+  void Share(PeerId extra, PeerId main);
   // Sends a handshake message unsealed.
   Status SendPlain(PeerId peer, std::string payload);
 
@@ -112,6 +117,7 @@ class AuthTransport final : public Transport {
   mutable Mutex mu_;
   std::unordered_map<PeerId, Outgoing> out_ KVB_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, Incoming> in_ KVB_GUARDED_BY(mu_);
+  std::unordered_map<PeerId, PeerId> shared_ KVB_GUARDED_BY(mu_);  // extra -> main
 };
 
 }  // namespace kvbridge::internal

@@ -230,6 +230,7 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
   }
   *stale = old->tpeer;
   by_tpeer_.erase(old->tpeer);
+  DropBeatLocked(*old, out);
   peers_.erase(PeerKey(from));
   return false;
 }
@@ -289,10 +290,18 @@ void ManagerImpl::AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer,
                wire.empty() ? "" : " over ", wire,
                peer->remote.kv.size() + peer->remote.aux.size() + peer->remote.state.size(),
                peer->remote.kv.size(), peer->remote.aux.size(), peer->remote.state.size());
+  // The heartbeat endpoint (Peer::beat) opens before the ack leaves: later,
+  // on the resolver thread, it waited behind the first requests' writes
+  // (0.6 s in `kvbridge demo --hosts 2`), and so did the heartbeats.
+  if (Result<PeerId> beat = transport_->Connect(peer->address); beat.ok()) {
+    auth_->Share(*beat, peer->tpeer);
+    peer->beat = *beat;
+  }
   {
     MutexLock lock(mu_);
     dead_ranks_.erase(peer->key);
     peer->ready = true;
+    if (peer->beat != 0) by_tpeer_[peer->beat] = peer.get();
     by_tpeer_[peer->tpeer] = peer.get();
     peers_[peer->key] = std::move(peer);
   }

@@ -48,6 +48,12 @@ struct Peer {
   std::string key;
   RankId id;
   PeerId tpeer = 0;
+  // A second endpoint to the peer that carries only heartbeats (0 until the
+  // resolver opened it, ResolveRound): over TCP between hosts, tpeer's
+  // connection can hold hundreds of MiB of writes queued ahead of a
+  // heartbeat, which would then arrive long after it was sent and make a
+  // busy peer look silent. Its own connection is behind no bulk data.
+  PeerId beat = 0;
   std::string address;
   RankLayout layout;
   RemoteRegionSet remote;  // prefill side: decode's imported regions
@@ -232,6 +238,11 @@ class ManagerImpl {
   // for: they wait on the network, so they run on the resolver thread and
   // never delay a heartbeat or a liveness check.
   void ResolveRound();
+  // Opens the heartbeat endpoint (Peer::beat) of every proven peer that
+  // lacks one. Resolver thread.
+  void OpenBeatEndpoints();
+  // Forgets `peer`'s heartbeat endpoint and queues it for closing.
+  void DropBeatLocked(Peer& peer, Outbox& out) KVB_REQUIRES(mu_);
 
   // Peers.
   static std::string PeerKey(const RankId& id);

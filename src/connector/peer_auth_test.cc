@@ -280,5 +280,28 @@ TEST_F(AuthTransportTest, DisconnectForgetsTheSession) {
   EXPECT_NE(inbox_.refused[0].message().find("no handshake opened"), std::string::npos);
 }
 
+TEST_F(AuthTransportTest, ASharedEndpointSealsUnderItsMainSessionWithoutReusingNumbers) {
+  const PeerId beat = sender_->Connect(receiver_->Address()).value();
+  EXPECT_EQ(sender_->SendUrgentMessage(beat, "x").code(), StatusCode::kFailedPrecondition);
+  sender_->Bind(to_receiver_, {KeyOf(1), 0x52, KeyOf(2), 0x51, RankId{}});
+  sender_->Share(beat, to_receiver_);
+  // Urgent messages on both endpoints: one lane's numbers, none replayed.
+  ASSERT_TRUE(sender_->SendUrgentMessage(to_receiver_, "main").ok());
+  ASSERT_TRUE(sender_->SendUrgentMessage(beat, "beat").ok());
+  ASSERT_TRUE(inbox_.WaitTotal(2));
+  {
+    std::lock_guard<std::mutex> lock(inbox_.mu);
+    EXPECT_TRUE(inbox_.refused.empty()) << inbox_.refused[0].ToString();
+    ASSERT_EQ(inbox_.got.size(), 2u);
+    for (auto& [text, proven] : inbox_.got) {
+      ASSERT_TRUE(proven.has_value()) << text;
+      EXPECT_TRUE(SameProcess(*proven, Prefill()));
+    }
+  }
+  // Gone with its main endpoint.
+  sender_->Disconnect(to_receiver_);
+  EXPECT_EQ(sender_->SendUrgentMessage(beat, "late").code(), StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

@@ -77,8 +77,10 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
   // partition, its writes queued in the network: closing the connection
   // means none of them lands after the partition heals (its rooms fail
   // here and their pages are reused at once, FailedPeerCannotWriteLocked).
-  if (base.cause == FailureCause::kPeerUnreachable && !OnThisHost(peer.id) && peer.tpeer != 0)
+  if (base.cause == FailureCause::kPeerUnreachable && !OnThisHost(peer.id) && peer.tpeer != 0) {
     out.disconnect.push_back(peer.tpeer);
+    DropBeatLocked(peer, out);
+  }
   if (base.cause != FailureCause::kLayoutMismatch) {
     dead_ranks_[peer.key] = base;
     applied_.insert({peer.key, peer.id.incarnation});
@@ -150,6 +152,48 @@ void ManagerImpl::ResolveRound() {
   }
   for (const std::string& key : retry_hello) RetryHello(key);
   if (opts_.role == Role::kDecode) RetryUnresolved();
+  OpenBeatEndpoints();
+}
+
+void ManagerImpl::OpenBeatEndpoints() {
+  std::vector<std::pair<std::string, PeerId>> wanted;  // key, tpeer
+  std::map<std::string, std::string> addresses;
+  {
+    MutexLock lock(mu_);
+    for (auto& [key, peer] : peers_) {
+      if (peer->beat != 0 || peer->tpeer == 0 || !peer->ready || !peer->acked || peer->failed ||
+          peer->address.empty())
+        continue;
+      wanted.emplace_back(key, peer->tpeer);
+      addresses[key] = peer->address;
+    }
+  }
+  for (const auto& [key, tpeer] : wanted) {
+    Result<PeerId> conn = transport_->Connect(addresses[key]);
+    if (!conn.ok()) {
+      KVB_LOG_DEBUG("heartbeat endpoint to {} not opened: {}", key, conn.status().ToString());
+      continue;  // heartbeats go over tpeer meanwhile; tried again next round
+    }
+    // Sealed under the peer's session before any heartbeat can use it.
+    auth_->Share(*conn, tpeer);
+    bool taken = false;
+    {
+      MutexLock lock(mu_);
+      Peer* p = FindPeerLocked(key);
+      if (p != nullptr && p->tpeer == tpeer && p->beat == 0 && !p->failed) {
+        p->beat = *conn;
+        by_tpeer_[p->beat] = p;
+        taken = true;
+      }
+    }
+    if (!taken) transport_->Disconnect(*conn);  // the peer changed meanwhile
+  }
+}
+
+void ManagerImpl::DropBeatLocked(Peer& peer, Outbox& out) {
+  if (peer.beat == 0) return;
+  by_tpeer_.erase(peer.beat);
+  out.disconnect.push_back(std::exchange(peer.beat, 0));
 }
 
 void ManagerImpl::Tick() {
@@ -174,7 +218,7 @@ void ManagerImpl::Tick() {
       // Nothing goes to a rank before its handshake proved it (peer_auth.h).
       if (peer->acked &&
           (!peer->failed || (peer->failure && peer->failure->cause == FailureCause::kLocalError)))
-        beats.push_back(peer->tpeer);
+        beats.push_back(peer->beat != 0 ? peer->beat : peer->tpeer);
       // A rank that failed itself (fatal error, fenced) blames nobody else.
       if (peer->failed || !peer->ready || fatal_) continue;
       if (!peer->acked) {

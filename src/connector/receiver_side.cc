@@ -265,6 +265,7 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
                        fmt::format("restarted as pid {}", peer->id.pid), "new incarnation", out);
       stale = old->tpeer;
       by_tpeer_.erase(old->tpeer);
+      DropBeatLocked(*old, out);
     }
     dead_ranks_.erase(key);
     peer->ready = true;
