@@ -8,11 +8,12 @@
 namespace kvbridge::internal {
 
 TransferEngine::TransferEngine(Transport& transport, RegionSet local, size_t max_batch_ops,
-                               size_t inline_max_runs)
+                               size_t inline_max_runs, uint64_t window_bytes)
     : transport_(transport),
       local_(std::move(local)),
       max_batch_ops_(max_batch_ops == 0 ? 1 : max_batch_ops),
       inline_max_runs_(inline_max_runs),
+      window_(std::make_shared<Window>(window_bytes == 0 ? 1 : window_bytes)),
       thread_([this] { Loop(); }) {}
 
 TransferEngine::~TransferEngine() {
@@ -21,6 +22,11 @@ TransferEngine::~TransferEngine() {
     stop_ = true;
   }
   cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(window_->mu);
+    window_->stop = true;
+  }
+  window_->cv.notify_all();
   thread_.join();
   for (Job& job : queue_) job.done(AbortedError("transfer engine shut down"), 0, 0);
 }
@@ -46,7 +52,7 @@ void TransferEngine::PostChunk(PeerId peer, RemoteRegionSet remote, std::vector<
     job.done(AbortedError("transfer engine shut down"), 0, 0);
     return;
   }
-  Run(std::move(job));
+  Run(std::move(job), /*windowed=*/false);
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_ = false;
@@ -63,7 +69,7 @@ void TransferEngine::Loop() {
     queue_.pop_front();
     running_ = true;
     lock.unlock();
-    Run(std::move(job));
+    Run(std::move(job), /*windowed=*/true);
     lock.lock();
     running_ = false;
   }
@@ -95,7 +101,21 @@ Result<std::vector<WriteOp>> TransferEngine::ToWriteOps(const RegionSet& local,
   return ops;
 }
 
-void TransferEngine::Run(Job job) {
+void TransferEngine::Window::Enter(uint64_t bytes) {
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return stop || inflight < limit; });
+  inflight += bytes;
+}
+
+void TransferEngine::Window::Leave(uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    inflight -= bytes;
+  }
+  cv.notify_all();
+}
+
+void TransferEngine::Run(Job job, bool windowed) {
   Result<std::vector<WriteOp>> ops = ToWriteOps(local_, job.remote, job.runs);
   if (!ops.ok()) {
     job.done(ops.status(), 0, 0);
@@ -143,8 +163,19 @@ void TransferEngine::Run(Job job) {
     size_t begin = b * max_batch_ops_;
     size_t end = std::min(ops->size(), begin + max_batch_ops_);
     std::vector<WriteOp> batch(ops->begin() + begin, ops->begin() + end);
-    Status s = transport_.PostWrites(job.peer, std::move(batch), finish_one);
+    uint64_t batch_bytes = 0;
+    for (const WriteOp& op : batch) batch_bytes += op.length;
+    WriteCallback done = finish_one;
+    if (windowed) {
+      window_->Enter(batch_bytes);
+      done = [window = window_, batch_bytes, finish_one](const Status& s) {
+        window->Leave(batch_bytes);
+        finish_one(s);
+      };
+    }
+    Status s = transport_.PostWrites(job.peer, std::move(batch), done);
     if (!s.ok()) {
+      if (windowed) window_->Leave(batch_bytes);  // refused: `done` is never called
       // This batch and the ones never posted count as failed now.
       for (size_t rest = b; rest < batches; ++rest) finish_one(s);
       return;

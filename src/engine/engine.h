@@ -13,6 +13,14 @@
 // engine thread to wake. Chunks are posted in the order PostChunk was called
 // either way (a chunk never overtakes one queued before it).
 //
+// Bytes in flight are bounded: the engine thread posts no further batch while
+// `window_bytes` or more of earlier batches are posted and not complete (one
+// batch always goes). Without a bound, a burst of large requests queues
+// gigabytes in the transport, and across hosts the messages that share its
+// connections and progress thread (heartbeats, notices) wait behind them
+// long enough for healthy peers to be taken for dead. Inline posts (small
+// chunks on the caller's thread) are not held: they are small by definition.
+//
 // Thread safety: all methods are thread-safe.
 #pragma once
 
@@ -20,6 +28,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -42,8 +51,9 @@ using ChunkCallback = std::function<void(const Status&, uint64_t bytes, uint64_t
 
 class TransferEngine {
  public:
+  static constexpr uint64_t kDefaultWindowBytes = uint64_t{64} << 20;
   TransferEngine(Transport& transport, RegionSet local, size_t max_batch_ops = 1024,
-                 size_t inline_max_runs = 256);
+                 size_t inline_max_runs = 256, uint64_t window_bytes = kDefaultWindowBytes);
   ~TransferEngine();  // drains queued jobs (their callbacks get Aborted), joins
   TransferEngine(const TransferEngine&) = delete;
   TransferEngine& operator=(const TransferEngine&) = delete;
@@ -69,12 +79,29 @@ class TransferEngine {
     ChunkCallback done;
   };
   void Loop();
-  void Run(Job job);
+  // `windowed`: waits for room in the window before each batch (the engine
+  // thread); an inline post does not.
+  void Run(Job job, bool windowed);
+  // Bytes posted and not complete. Shared with the completions, which may
+  // run on a transport thread after the engine is gone.
+  struct Window {
+    explicit Window(uint64_t l) : limit(l) {}
+    const uint64_t limit;
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t inflight = 0;
+    bool stop = false;
+    // Engine thread: blocks until fewer than `limit` bytes are in flight (or
+    // the engine stops), then counts `bytes` in.
+    void Enter(uint64_t bytes);
+    void Leave(uint64_t bytes);  // a batch completed (any thread)
+  };
 
   Transport& transport_;
   const RegionSet local_;
   const size_t max_batch_ops_;
   const size_t inline_max_runs_;
+  const std::shared_ptr<Window> window_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -144,6 +147,72 @@ TEST(TransferEngineTest, SmallChunkNeverOvertakesABigOneQueuedBeforeIt) {
   t.cv.wait(tl, [&] { return t.log.size() == 4; });
   EXPECT_EQ(t.log,
             (std::vector<std::string>{"writes 10", "notify big", "writes 2", "notify small"}));
+}
+
+// Completes nothing by itself: keeps each batch's callback until the test
+// completes it, and records the most bytes posted and not complete.
+class DeferringTransport : public RecordingTransport {
+ public:
+  Status PostWrites(PeerId, std::vector<WriteOp> ops, WriteCallback done) override {
+    std::lock_guard<std::mutex> lock(mu);
+    uint64_t bytes = 0;
+    for (const WriteOp& op : ops) bytes += op.length;
+    outstanding += bytes;
+    most_outstanding = std::max(most_outstanding, outstanding);
+    pending.push_back({bytes, std::move(done)});
+    ++posted;
+    cv.notify_all();
+    return Status();
+  }
+  // Completes the oldest pending batch, off the lock as a transport would.
+  void CompleteOne() {
+    std::pair<uint64_t, WriteCallback> batch;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      batch = std::move(pending.front());
+      pending.pop_front();
+      outstanding -= batch.first;
+    }
+    batch.second(Status());
+  }
+
+  std::deque<std::pair<uint64_t, WriteCallback>> pending;
+  uint64_t outstanding = 0, most_outstanding = 0;
+  int posted = 0;
+};
+
+TEST(TransferEngineTest, BytesInFlightStayWithinTheWindow) {
+  DeferringTransport t;
+  // One 8-byte write per batch, nothing inline, a window of two batches.
+  TransferEngine engine(t, RegionSet{{11}, {}, {}}, /*max_batch_ops=*/1, /*inline_max_runs=*/0,
+                        /*window_bytes=*/16);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<Status, uint64_t>> finished;
+  engine.PostChunk(1, RemoteRegionSet{{111}, {}, {}}, Runs(10), "end",
+                   [&](const Status& s, uint64_t bytes, uint64_t) {
+                     std::lock_guard<std::mutex> lock(mu);
+                     finished.emplace_back(s, bytes);
+                     cv.notify_all();
+                   });
+  for (int completed = 0; completed < 10; ++completed) {
+    {
+      // Two batches out (the window is full) or every batch posted.
+      std::unique_lock<std::mutex> lock(t.mu);
+      ASSERT_TRUE(t.cv.wait_for(lock, std::chrono::seconds(30),
+                                [&] { return t.posted - completed == 2 || t.posted == 10; }))
+          << "posted " << t.posted << " completed " << completed;
+    }
+    t.CompleteOne();
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return !finished.empty(); }));
+  EXPECT_TRUE(finished[0].first.ok()) << finished[0].first.ToString();
+  EXPECT_EQ(finished[0].second, 80u);
+  std::lock_guard<std::mutex> tl(t.mu);
+  EXPECT_EQ(t.posted, 10);
+  // Without the window the engine posts all ten at once (80 bytes out).
+  EXPECT_EQ(t.most_outstanding, 16u);
 }
 
 }  // namespace
