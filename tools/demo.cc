@@ -194,28 +194,13 @@ int RunDemo(const DemoFlags& flags) {
   FILE* view_out = f.json ? stderr : stdout;
   ProgressView view(view_out, !f.json || isatty(fileno(stderr)));
 
-  // --registry etcd: a local etcd of our own (3 members when one is to be
-  // killed); etcd://...: the given cluster.
-  std::unique_ptr<EtcdCluster> etcd;
   std::string registry = f.registry;
   if (fault.kind == "kill-etcd-leader" && registry != "etcd") {
     std::cerr << "kvbridge demo: --fault kill-etcd-leader needs --registry etcd (the demo's own "
                  "3-member etcd)\n";
     return 2;
   }
-  if (registry == "etcd") {
-    EtcdClusterOptions eo;
-    eo.members = fault.kind == "kill-etcd-leader" ? 3 : 1;
-    eo.log_dir = log_dir;
-    auto e = EtcdCluster::Start(eo);
-    if (!e.ok()) {
-      std::cerr << "kvbridge demo: starting etcd: " << e.status().ToString() << "\n";
-      return 1;
-    }
-    etcd = std::move(e).value();
-    registry = etcd->Url("demo");
-    view.Note("etcd: " + std::to_string(eo.members) + " member(s) at " + etcd->Endpoints());
-  } else if (!registry.empty() && !registry.starts_with("etcd://")) {
+  if (!registry.empty() && registry != "etcd" && !registry.starts_with("etcd://")) {
     std::cerr << "kvbridge demo: --registry must be etcd or etcd://HOST:PORT[,...][/NAMESPACE]\n";
     return 2;
   }
@@ -226,10 +211,6 @@ int RunDemo(const DemoFlags& flags) {
   co.decode_tp = f.decode_tp;
   co.bootstrap = BootstrapMode::kStandalone;
   co.worker_args = WorkerArgs(f);
-  if (!registry.empty()) {
-    co.bootstrap = BootstrapMode::kEmbedded;  // none is started: the ranks use etcd
-    co.worker_args.insert(co.worker_args.end(), {"--registry", registry});
-  }
   co.log_dir = log_dir;
   if (getenv("KVBRIDGE_LOG_LEVEL") == nullptr) co.env.push_back("KVBRIDGE_LOG_LEVEL=info");
   const int fault_victim_rank = fault.kind == "kill-decode" || fault.kind == "partition-decode"
@@ -239,7 +220,7 @@ int RunDemo(const DemoFlags& flags) {
     co.rank_args.resize(f.prefill_tp + f.decode_tp);
     co.rank_args[fault_victim_rank] = {"--fatal-after", std::to_string(fault.after_requests)};
   }
-  DemoHosts hosts;  // outlives the cluster (declared first)
+  DemoHosts hosts;  // outlives the cluster and etcd (declared first)
   if (f.hosts > 0) {
     auto made = PlaceOnHosts(f, fault.kind, fault_victim_rank, log_dir, co);
     if (!made.ok()) {
@@ -247,6 +228,30 @@ int RunDemo(const DemoFlags& flags) {
       return 2;
     }
     hosts = std::move(made).value();
+  }
+  // --registry etcd: an etcd of our own (3 members when one is to be
+  // killed; with --hosts, member i on host i); etcd://...: the given one.
+  std::unique_ptr<EtcdCluster> etcd;
+  if (registry == "etcd") {
+    EtcdClusterOptions eo;
+    eo.members = fault.kind == "kill-etcd-leader" ? 3 : 1;
+    eo.log_dir = log_dir;
+    if (hosts.net) {
+      eo.net = hosts.net.get();
+      for (int i = 0; i < eo.members; ++i) eo.member_hosts.push_back(i % f.hosts);
+    }
+    auto e = EtcdCluster::Start(eo);
+    if (!e.ok()) {
+      std::cerr << "kvbridge demo: starting etcd: " << e.status().ToString() << "\n";
+      return 1;
+    }
+    etcd = std::move(e).value();
+    registry = etcd->Url("demo");
+    view.Note("etcd: " + std::to_string(eo.members) + " member(s) at " + etcd->Endpoints());
+  }
+  if (!registry.empty()) {
+    co.bootstrap = BootstrapMode::kEmbedded;  // none is started: the ranks use etcd
+    co.worker_args.insert(co.worker_args.end(), {"--registry", registry});
   }
   view.Note(DescribeLayout(f, log_dir));
   // The reference: memcpy of pieces the size of one page of one layer on
