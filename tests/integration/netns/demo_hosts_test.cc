@@ -48,6 +48,8 @@ struct PartitionCase {
   const char* victim;
 };
 
+void PrintTo(const PartitionCase& c, std::ostream* os) { *os << c.name; }
+
 class DemoPartition : public ::testing::TestWithParam<PartitionCase> {};
 
 TEST_P(DemoPartition, EverySurvivorNamesTheCutOffRankAsUnreachable) {
