@@ -394,17 +394,11 @@ int RunDemo(const DemoFlags& flags) {
       c.Signal(victim, SIGCONT).IgnoreError();
       view.Note("resumed " + c.process(victim).name + " with SIGCONT");
     }
-    // partition-*: heal once a survivor has failed a request over the cut
-    // and every survivor had the 2 s it has to detect it (at most 10 s).
+    // partition-*: heal (PartitionHealDue), then the victim learns it was
+    // failed, fences itself and reports.
     if (fault.kind.starts_with("partition-") && fault_fired && !resumed) {
       const double since = seconds() - fault_seconds;
-      bool failed_over = false;
-      for (int i = 0; i < c.num_ranks(); ++i) {
-        const ProcessInfo& p = c.process(i);
-        const nlohmann::json* j = p.report ? &*p.report : p.progress ? &*p.progress : nullptr;
-        if (i != victim && j != nullptr && j->value("failed", 0) > 0) failed_over = true;
-      }
-      if ((failed_over && since >= 2.0) || since >= 10.0) {
+      if (PartitionHealDue(c, victim, since)) {
         resumed = true;
         Status healed = hosts.net->Heal(hosts.fault_host);
         if (!healed.ok()) problems.push_back("heal: " + healed.ToString());

@@ -47,4 +47,15 @@ Result<DemoHosts> PlaceOnHosts(const DemoFlags& f, const std::string& fault_kind
   return d;
 }
 
+bool PartitionHealDue(const Cluster& c, int victim, double since) {
+  if (since >= 10.0) return true;
+  if (since < 2.0) return false;
+  for (int i = 0; i < c.num_ranks(); ++i) {
+    const ProcessInfo& p = c.process(i);
+    const nlohmann::json* j = p.report ? &*p.report : p.progress ? &*p.progress : nullptr;
+    if (i != victim && j != nullptr && j->value("failed", 0) > 0) return true;
+  }
+  return false;
+}
+
 }  // namespace kvbridge::tools

@@ -39,4 +39,9 @@ struct DemoHosts {
 Result<DemoHosts> PlaceOnHosts(const DemoFlags& f, const std::string& fault_kind, int victim_rank,
                                const std::string& log_dir, ClusterOptions& co);
 
+// partition-*: whether to heal `since` seconds after the cut: once a
+// survivor (a rank other than process `victim`) has failed a request over
+// it and every survivor had the 2 s it has to detect it; at 10 s anyway.
+bool PartitionHealDue(const Cluster& c, int victim, double since);
+
 }  // namespace kvbridge::tools
