@@ -13,6 +13,7 @@
 
 #include "kvbridge/bootstrap.h"
 #include "tools/cluster.h"
+#include "tools/demo_hosts.h"
 #include "tools/demo_summary.h"
 #include "tools/etcd_cluster.h"
 #include "tools/hosts.h"
@@ -23,6 +24,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+
+// Wall-clock µs since the epoch (the clock of failure records).
+int64_t WallMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 int RunBootstrap(const std::string& host) {
   BootstrapServerOptions o;
@@ -128,7 +136,11 @@ std::vector<std::string> WorkerArgs(const DemoFlags& f) {
                                 "--bootstrap-timeout-ms",
                                 std::to_string(f.phase_timeout_ms),
                                 "--heartbeat-ms",
-                                std::to_string(f.heartbeat_ms)};
+                                std::to_string(f.heartbeat_ms),
+                                "--heartbeat-misses",
+                                std::to_string(f.heartbeat_misses > 0 ? f.heartbeat_misses
+                                               : f.hosts > 0          ? 10
+                                                                      : 5)};
   if (f.mla) a.push_back("--mla");
   if (!f.ucx_only) a.push_back("--shm");
   if (f.ucx_only) a.push_back("--ucx-only");
@@ -141,27 +153,9 @@ std::vector<std::string> WorkerArgs(const DemoFlags& f) {
 // so that the embedded-bootstrap case stays a prefill fault only).
 int VictimIndex(const Cluster& c, const std::string& kind) {
   if (kind == "kill-bootstrap") return c.bootstrap_index();
-  if (kind == "kill-decode") return c.RankIndex(Role::kDecode, c.decode_tp() - 1);
+  if (kind == "kill-decode" || kind == "partition-decode")
+    return c.RankIndex(Role::kDecode, c.decode_tp() - 1);
   return c.RankIndex(Role::kPrefill, c.prefill_tp() - 1);
-}
-
-// --hosts: prefill ranks on hosts [0, N/2), decode ranks on the rest, the
-// bootstrap server on host 0; every byte between the sides goes over TCP.
-Result<std::unique_ptr<HostNet>> PlaceOnHosts(const DemoFlags& f, ClusterOptions& co) {
-  KVB_ASSIGN_OR_RETURN(std::unique_ptr<HostNet> net, HostNet::Create(f.hosts));
-  // Through nsenter, /proc/self/exe would name nsenter: resolve it here.
-  char self[4096];
-  ssize_t len = readlink(co.binary.c_str(), self, sizeof(self) - 1);
-  if (len > 0 && co.binary.starts_with("/proc/")) co.binary.assign(self, static_cast<size_t>(len));
-  const int prefill_hosts = f.hosts / 2;
-  const int decode_hosts = f.hosts - prefill_hosts;
-  for (int i = 0; i < f.prefill_tp; ++i) co.rank_wrap.push_back(net->Command(i % prefill_hosts));
-  for (int i = 0; i < f.decode_tp; ++i)
-    co.rank_wrap.push_back(net->Command(prefill_hosts + i % decode_hosts));
-  co.bootstrap_wrap = net->Command(0);
-  co.bootstrap_host = net->address(0);
-  for (const std::string& e : HostNet::Env()) co.env.push_back(e);
-  return net;
 }
 
 int RunDemo(const DemoFlags& flags) {
@@ -180,8 +174,8 @@ int RunDemo(const DemoFlags& flags) {
   }
   if (!fault.kind.empty() && fault.after_requests < 0 && fault.after_ms < 0)
     fault.after_requests = std::max(1, f.requests / 4);
-  if (f.hosts > 0 && (f.fault.starts_with("partition") || f.fault.starts_with("lossy"))) {
-    std::cerr << "kvbridge demo: --fault " << f.fault << " with --hosts is not implemented yet\n";
+  if (IsNetworkFault(fault.kind) && f.hosts == 0) {
+    std::cerr << "kvbridge demo: --fault " << fault.kind << " needs --hosts N\n";
     return 2;
   }
   if (f.mla && !f.head_dim_set) f.head_dim = 576;
@@ -200,28 +194,13 @@ int RunDemo(const DemoFlags& flags) {
   FILE* view_out = f.json ? stderr : stdout;
   ProgressView view(view_out, !f.json || isatty(fileno(stderr)));
 
-  // --registry etcd: a local etcd of our own (3 members when one is to be
-  // killed); etcd://...: the given cluster.
-  std::unique_ptr<EtcdCluster> etcd;
   std::string registry = f.registry;
   if (fault.kind == "kill-etcd-leader" && registry != "etcd") {
     std::cerr << "kvbridge demo: --fault kill-etcd-leader needs --registry etcd (the demo's own "
                  "3-member etcd)\n";
     return 2;
   }
-  if (registry == "etcd") {
-    EtcdClusterOptions eo;
-    eo.members = fault.kind == "kill-etcd-leader" ? 3 : 1;
-    eo.log_dir = log_dir;
-    auto e = EtcdCluster::Start(eo);
-    if (!e.ok()) {
-      std::cerr << "kvbridge demo: starting etcd: " << e.status().ToString() << "\n";
-      return 1;
-    }
-    etcd = std::move(e).value();
-    registry = etcd->Url("demo");
-    view.Note("etcd: " + std::to_string(eo.members) + " member(s) at " + etcd->Endpoints());
-  } else if (!registry.empty() && !registry.starts_with("etcd://")) {
+  if (!registry.empty() && registry != "etcd" && !registry.starts_with("etcd://")) {
     std::cerr << "kvbridge demo: --registry must be etcd or etcd://HOST:PORT[,...][/NAMESPACE]\n";
     return 2;
   }
@@ -232,26 +211,47 @@ int RunDemo(const DemoFlags& flags) {
   co.decode_tp = f.decode_tp;
   co.bootstrap = BootstrapMode::kStandalone;
   co.worker_args = WorkerArgs(f);
-  if (!registry.empty()) {
-    co.bootstrap = BootstrapMode::kEmbedded;  // none is started: the ranks use etcd
-    co.worker_args.insert(co.worker_args.end(), {"--registry", registry});
-  }
   co.log_dir = log_dir;
   if (getenv("KVBRIDGE_LOG_LEVEL") == nullptr) co.env.push_back("KVBRIDGE_LOG_LEVEL=info");
-  const int fault_victim_rank =
-      fault.kind == "kill-decode" ? f.prefill_tp + f.decode_tp - 1 : f.prefill_tp - 1;
+  const int fault_victim_rank = fault.kind == "kill-decode" || fault.kind == "partition-decode"
+                                    ? f.prefill_tp + f.decode_tp - 1
+                                    : f.prefill_tp - 1;
   if (fault.kind == "oom") {
     co.rank_args.resize(f.prefill_tp + f.decode_tp);
     co.rank_args[fault_victim_rank] = {"--fatal-after", std::to_string(fault.after_requests)};
   }
-  std::unique_ptr<HostNet> net;  // outlives the cluster (declared first)
+  DemoHosts hosts;  // outlives the cluster and etcd (declared first)
   if (f.hosts > 0) {
-    auto made = PlaceOnHosts(f, co);
+    auto made = PlaceOnHosts(f, fault.kind, fault_victim_rank, log_dir, co);
     if (!made.ok()) {
       std::cerr << "kvbridge demo: --hosts: " << made.status().ToString() << "\n";
       return 2;
     }
-    net = std::move(made).value();
+    hosts = std::move(made).value();
+  }
+  // --registry etcd: an etcd of our own (3 members when one is to be
+  // killed; with --hosts, member i on host i); etcd://...: the given one.
+  std::unique_ptr<EtcdCluster> etcd;
+  if (registry == "etcd") {
+    EtcdClusterOptions eo;
+    eo.members = fault.kind == "kill-etcd-leader" ? 3 : 1;
+    eo.log_dir = log_dir;
+    if (hosts.net) {
+      eo.net = hosts.net.get();
+      for (int i = 0; i < eo.members; ++i) eo.member_hosts.push_back(i % f.hosts);
+    }
+    auto e = EtcdCluster::Start(eo);
+    if (!e.ok()) {
+      std::cerr << "kvbridge demo: starting etcd: " << e.status().ToString() << "\n";
+      return 1;
+    }
+    etcd = std::move(e).value();
+    registry = etcd->Url("demo");
+    view.Note("etcd: " + std::to_string(eo.members) + " member(s) at " + etcd->Endpoints());
+  }
+  if (!registry.empty()) {
+    co.bootstrap = BootstrapMode::kEmbedded;  // none is started: the ranks use etcd
+    co.worker_args.insert(co.worker_args.end(), {"--registry", registry});
   }
   view.Note(DescribeLayout(f, log_dir));
   // The reference: memcpy of pieces the size of one page of one layer on
@@ -303,6 +303,14 @@ int RunDemo(const DemoFlags& flags) {
     }
     return true;
   };
+  std::vector<std::string> problems;
+  if (fault.kind == "lossy-link") {  // on from the start (PlaceOnHosts)
+    fault_fired = true;
+    fault_at_us = WallMicros();
+    view.Note("fault: lossy-link: " + hosts.net->hostname(hosts.fault_host) + "'s link drops " +
+              std::to_string(kLossyLinkPercent) + "% of packets both ways and holds each " +
+              std::to_string(kLossyLinkDelayMs) + " ms each way");
+  }
   std::vector<int> paused_replies;
   c.on_line = [&](int i, const std::string& line) {
     if (line.starts_with("PAUSED ")) {
@@ -351,6 +359,18 @@ int RunDemo(const DemoFlags& flags) {
           continue;
         }
         const ProcessInfo& v = c.process(victim);
+        if (fault.kind.starts_with("partition-")) {
+          // The victim's host is cut off both ways; every process lives on.
+          Status cut = hosts.net->Partition(hosts.fault_host, Direction::kBoth);
+          if (!cut.ok()) problems.push_back("partition: " + cut.ToString());
+          fault_at_us = WallMicros();
+          fault_seconds = seconds();
+          view.Note("fault: " + fault.kind + ": " + hosts.net->hostname(hosts.fault_host) + " (" +
+                    v.name + ", pid " + std::to_string(v.pid) + ") cut off at " +
+                    std::to_string(done) + " finished requests, " +
+                    std::to_string(seconds()).substr(0, 4) + " s");
+          continue;
+        }
         if (fault.kind == "oom") {
           fault_at_us = 0;  // taken from the victim's own records afterwards
         } else {
@@ -373,6 +393,18 @@ int RunDemo(const DemoFlags& flags) {
       resumed = true;
       c.Signal(victim, SIGCONT).IgnoreError();
       view.Note("resumed " + c.process(victim).name + " with SIGCONT");
+    }
+    // partition-*: heal (PartitionHealDue), then the victim learns it was
+    // failed, fences itself and reports.
+    if (fault.kind.starts_with("partition-") && fault_fired && !resumed) {
+      const double since = seconds() - fault_seconds;
+      if (PartitionHealDue(c, victim, since)) {
+        resumed = true;
+        Status healed = hosts.net->Heal(hosts.fault_host);
+        if (!healed.ok()) problems.push_back("heal: " + healed.ToString());
+        view.Note("healed the partition of " + hosts.net->hostname(hosts.fault_host) + " after " +
+                  std::to_string(since).substr(0, 4) + " s");
+      }
     }
     // --duration: stop admitting on every rank at the same room count.
     if (f.duration_s > 0 && !paused && seconds() >= f.duration_s) {
@@ -402,7 +434,6 @@ int RunDemo(const DemoFlags& flags) {
     }
   }
   const double traffic_s = seconds();
-  std::vector<std::string> problems;
   if (!all_reported()) {
     for (int i = 0; i < c.num_ranks(); ++i) {
       if (std::find(skip.begin(), skip.end(), i) != skip.end()) continue;
@@ -441,6 +472,7 @@ int RunDemo(const DemoFlags& flags) {
   run.registry = registry;
   run.etcd_victim = etcd_victim;
   run.etcd_victim_pid = etcd_victim_pid;
+  if (hosts.fault_host >= 0) run.fault_host = hosts.net->hostname(hosts.fault_host);
   nlohmann::json summary = Summarize(c, run);
   if (f.json) {
     std::cout << summary.dump() << std::endl;
@@ -460,11 +492,13 @@ bool ParseFaultSpec(const std::string& text, FaultSpec* spec, std::string* error
     kind = text.substr(0, at);
     when = text.substr(at + 1);
   }
-  static const char* kKinds[] = {"kill-prefill",   "kill-decode",      "stop-prefill",
-                                 "kill-bootstrap", "kill-etcd-leader", "oom"};
+  static const char* kKinds[] = {"kill-prefill",      "kill-decode",      "stop-prefill",
+                                 "kill-bootstrap",    "kill-etcd-leader", "oom",
+                                 "partition-prefill", "partition-decode", "lossy-link"};
   if (std::find(std::begin(kKinds), std::end(kKinds), kind) == std::end(kKinds)) {
     *error = "unknown kind '" + kind +
-             "' (kill-prefill, kill-decode, stop-prefill, kill-bootstrap, kill-etcd-leader, oom)";
+             "' (kill-prefill, kill-decode, stop-prefill, kill-bootstrap, kill-etcd-leader, oom, "
+             "partition-prefill, partition-decode, lossy-link)";
     return false;
   }
   spec->kind = kind;
@@ -518,11 +552,14 @@ void AddDemoCommands(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--seed", f->seed);
   cmd->add_option("--fault", f->fault,
                   "KIND[@WHEN]: kill-prefill, kill-decode, stop-prefill, kill-bootstrap, "
-                  "kill-etcd-leader, oom; "
+                  "kill-etcd-leader, oom; with --hosts: partition-prefill, partition-decode "
+                  "(the victim's host cut off, healed after detection), lossy-link (5% loss, "
+                  "20 ms delay each way on a decode host's link); "
                   "WHEN = finished requests (20) or time (2s, 500ms)");
   cmd->add_option("--hosts", f->hosts,
                   "Run the ranks on N hosts in network namespaces (root): prefill on the "
-                  "first half, decode on the rest, the bootstrap server on host 0")
+                  "first half, decode on the rest, the bootstrap server on host 0 (a "
+                  "partition's victim on the last host alone)")
       ->check(CLI::Range(2, 32));
   cmd->add_flag("--json", f->json, "Print the summary as one JSON object");
   cmd->add_option("--registry", f->registry,
@@ -531,6 +568,9 @@ void AddDemoCommands(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("--ucx-only", f->ucx_only, "Same-host paths off: every byte over UCX");
   cmd->add_option("--ucx-tls", f->ucx_tls, "UCX_TLS for the workers, e.g. tcp");
   cmd->add_option("--heartbeat-ms", f->heartbeat_ms)->check(CLI::Range(1, 60000));
+  cmd->add_option("--heartbeat-misses", f->heartbeat_misses,
+                  "Silent heartbeats before a peer is failed (default 5, 10 with --hosts)")
+      ->check(CLI::Range(1, 1000));
   cmd->add_option("--phase-timeout-ms", f->phase_timeout_ms,
                   "Deadline of the bootstrapping and waiting phases of a request")
       ->check(CLI::Range(100, 3600000));

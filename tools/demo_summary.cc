@@ -14,10 +14,11 @@ using nlohmann::json;
 
 // Which data paths the ranks logged ("connected to X via shm").
 std::string DataPaths(const Cluster& c, const std::string& log_dir) {
-  std::set<std::string> paths;
+  std::set<std::string> paths, wired;
   // "via ucx-rndv over tcp": the network transport is the path that matters
   // across hosts; "via shm" on one host. Prefill's line goes on with ": mapped
-  // N regions".
+  // N regions"; decode's names no wire ("via ucx-rndv"), so a path that
+  // some rank named with its wire counts as that wire.
   static const std::regex kVia(R"(\] connected to .* via ([^\s:]+)(?: over ([^\s:]+))?)");
   for (const ProcessInfo& p : c.processes()) {
     std::string name = p.name;
@@ -26,11 +27,14 @@ std::string DataPaths(const Cluster& c, const std::string& log_dir) {
     std::string line;
     std::smatch m;
     while (std::getline(in, line))
-      if (std::regex_search(line, m, kVia) && m[1] != "?")
+      if (std::regex_search(line, m, kVia) && m[1] != "?") {
         paths.insert(m[2].matched ? m[2].str() : m[1].str());
+        if (m[2].matched) wired.insert(m[1].str());
+      }
   }
   std::string out;
-  for (const auto& p : paths) out += (out.empty() ? "" : ",") + p;
+  for (const auto& p : paths)
+    if (!wired.count(p)) out += (out.empty() ? "" : ",") + p;
   return out.empty() ? "unknown" : out;
 }
 
@@ -98,7 +102,8 @@ json Summarize(const Cluster& c, const DemoRun& run) {
       continue;
     }
     if (!p.report) {
-      if (!is_victim || run.fault.kind == "stop-prefill" || run.fault.kind == "oom")
+      if (!is_victim || run.fault.kind == "stop-prefill" || run.fault.kind == "oom" ||
+          run.fault.kind.starts_with("partition-"))
         problems.push_back(p.name + " (pid " + std::to_string(p.pid) + ") sent no report (" +
                            p.exit.ToString() + ")");
       continue;
@@ -171,6 +176,11 @@ json Summarize(const Cluster& c, const DemoRun& run) {
       const json& f = *shown;
       const bool named = victim != nullptr && NamesVictim(f, *victim);
       if (named && !is_victim) victim_named = true;
+      // A partitioned rank lives on: survivors must say it is unreachable.
+      if (named && !is_victim && run.fault.kind.starts_with("partition-") &&
+          f.value("cause", "") != "peer_unreachable")
+        problems.push_back(p.name + " named " + victim->name + " as " + f.value("cause", "?") +
+                           ", not unreachable");
       e["names_victim"] = named;
       e["room"] = f.value("room", uint64_t{0});
       e["origin"] = f.contains("origin") ? f["origin"].value("name", "") : "";
@@ -205,10 +215,14 @@ json Summarize(const Cluster& c, const DemoRun& run) {
                             ? std::to_string(run.fault.after_requests) + " requests finished"
                             : std::to_string(run.fault.after_ms) + " ms"));
   const bool etcd_fault = run.fault.kind == "kill-etcd-leader";
-  // An etcd member is not a rank: nothing may fail because it died.
+  const bool lossy = run.fault.kind == "lossy-link";
+  // An etcd member is not a rank: nothing may fail because it died. A lossy,
+  // slow link is no failure either.
   if (etcd_fault && failed != 0)
     problems.push_back(fmt::format("{} requests failed after an etcd member died", failed));
-  if (faulted && run.fault_fired && run.fault.kind != "kill-bootstrap" && !etcd_fault &&
+  if (lossy && failed != 0)
+    problems.push_back(fmt::format("{} requests failed over a lossy, slow link", failed));
+  if (faulted && run.fault_fired && run.fault.kind != "kill-bootstrap" && !etcd_fault && !lossy &&
       !victim_named)
     problems.push_back("no surviving rank named the victim " + (victim ? victim->name : ""));
 
@@ -247,7 +261,10 @@ json Summarize(const Cluster& c, const DemoRun& run) {
   if (faulted) {
     s["fault"] = {{"kind", run.fault.kind},
                   {"fired", run.fault_fired},
-                  {"victim", victim ? victim->name : run.etcd_victim},
+                  {"victim", victim  ? victim->name
+                             : lossy ? "link of " + run.fault_host
+                                     : run.etcd_victim},
+                  {"host", run.fault_host},
                   {"role", victim ? std::string(RoleName(victim->role)) : ""},
                   {"tp", victim ? victim->tp : -1},
                   {"pid", victim ? victim->pid : run.etcd_victim_pid},

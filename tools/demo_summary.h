@@ -41,6 +41,11 @@ struct DemoFlags {
   bool ucx_only = false;
   std::string ucx_tls;
   int heartbeat_ms = 100;
+  // Silent heartbeats before a peer is failed; 0 = 5 on one host, 10 with
+  // --hosts: over TCP a lost segment waits >= 200 ms for retransmission and
+  // each further loss doubles that, so on a lossy link a live peer can be
+  // silent for over 0.5 s (the netns tests use 10 too).
+  int heartbeat_misses = 0;
   // Bootstrapping / waiting deadline per request: bounds a fault run whose
   // victim will never answer (the library default is 30 s).
   int phase_timeout_ms = 15000;
@@ -71,6 +76,9 @@ struct DemoRun {
   // kill-etcd-leader: the member killed ("etcd member 1") and its pid.
   std::string etcd_victim;
   int etcd_victim_pid = -1;
+  // Network faults (--hosts): the host cut off (partition-*) or whose link
+  // is lossy and slow (lossy-link).
+  std::string fault_host;
 };
 
 // One line on what is about to run.

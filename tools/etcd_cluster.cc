@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -17,6 +18,7 @@
 
 #include "control/etcd_gateway.h"
 #include "tools/cluster.h"
+#include "tools/hosts.h"
 
 namespace kvbridge::tools {
 namespace {
@@ -26,10 +28,32 @@ constexpr std::string_view kReadyLine = "ready to serve client requests";
 
 std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
+// Runs `fn` on a thread of its own that joined network namespace `netns`
+// (ip netns name; "" = runs `fn` here): a member on a host is reachable
+// only from inside the hosts' network.
+template <class F>
+auto InNetns(const std::string& netns, F fn) -> decltype(fn()) {
+  if (netns.empty()) return fn();
+  decltype(fn()) out = InternalError("etcd cluster: cannot join network namespace " + netns);
+  std::thread t([&] {
+    const std::string path = "/run/netns/" + netns;
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    const bool joined = ::setns(fd, CLONE_NEWNET) == 0;
+    ::close(fd);
+    if (joined) out = fn();
+  });
+  t.join();
+  return out;
+}
+
 }  // namespace
 
 struct EtcdCluster::Member {
   std::string name;
+  std::string host = "127.0.0.1";  // the address it listens on
+  std::vector<std::string> wrap;   // argv prefix (HostNet::Command), or none
+  std::string netns;               // its host's network namespace, or ""
   int client_port = 0;
   int peer_port = 0;
   std::string endpoint;
@@ -91,31 +115,32 @@ struct EtcdCluster::Reader {
 static Status SpawnMember(const EtcdClusterOptions& o, EtcdCluster::Member& m,
                           const std::string& root, const std::string& initial,
                           const std::string& token) {
-  const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
-  const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
-  std::vector<std::string> args = {o.binary,
-                                   "--name",
-                                   m.name,
-                                   "--data-dir",
-                                   root + "/" + m.name,
-                                   "--listen-client-urls",
-                                   client,
-                                   "--advertise-client-urls",
-                                   client,
-                                   "--listen-peer-urls",
-                                   peer,
-                                   "--initial-advertise-peer-urls",
-                                   peer,
-                                   "--initial-cluster",
-                                   initial,
-                                   "--initial-cluster-state",
-                                   "new",
-                                   "--initial-cluster-token",
-                                   token,
-                                   "--heartbeat-interval",
-                                   std::to_string(o.heartbeat_ms),
-                                   "--election-timeout",
-                                   std::to_string(o.election_ms)};
+  const std::string client = "http://" + m.host + ":" + std::to_string(m.client_port);
+  const std::string peer = "http://" + m.host + ":" + std::to_string(m.peer_port);
+  std::vector<std::string> args = m.wrap;
+  args.insert(args.end(), {o.binary,
+                           "--name",
+                           m.name,
+                           "--data-dir",
+                           root + "/" + m.name,
+                           "--listen-client-urls",
+                           client,
+                           "--advertise-client-urls",
+                           client,
+                           "--listen-peer-urls",
+                           peer,
+                           "--initial-advertise-peer-urls",
+                           peer,
+                           "--initial-cluster",
+                           initial,
+                           "--initial-cluster-state",
+                           "new",
+                           "--initial-cluster-token",
+                           token,
+                           "--heartbeat-interval",
+                           std::to_string(o.heartbeat_ms),
+                           "--election-timeout",
+                           std::to_string(o.election_ms)});
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) != 0) return InternalError(Errno("pipe"));
   if (!o.log_dir.empty()) {
@@ -138,7 +163,7 @@ static Status SpawnMember(const EtcdClusterOptions& o, EtcdCluster::Member& m,
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    ::execv(o.binary.c_str(), argv.data());
+    ::execv(argv[0], argv.data());
     ::_exit(127);
   }
   ::close(pipefd[1]);
@@ -165,13 +190,25 @@ Result<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(const EtcdClusterOptions
   for (int i = 0; i < o.members; ++i) {
     auto m = std::make_unique<Member>();
     m->name = "m" + std::to_string(i);
-    KVB_ASSIGN_OR_RETURN(m->client_port, PickFreePort());
-    KVB_ASSIGN_OR_RETURN(m->peer_port, PickFreePort());
-    if (m->peer_port == m->client_port) {
+    if (o.net != nullptr && !o.member_hosts.empty()) {
+      // A host's ports are its own: fixed ones, distinct per member.
+      const int h = o.member_hosts[i % o.member_hosts.size()];
+      if (h < 0 || h >= o.net->size())
+        return InvalidArgumentError("etcd cluster: no host " + std::to_string(h));
+      m->host = o.net->address(h);
+      m->wrap = o.net->Command(h);
+      m->netns = o.net->netns(h);
+      m->client_port = 2379 + 10 * i;
+      m->peer_port = 2380 + 10 * i;
+    } else {
+      KVB_ASSIGN_OR_RETURN(m->client_port, PickFreePort());
       KVB_ASSIGN_OR_RETURN(m->peer_port, PickFreePort());
+      if (m->peer_port == m->client_port) {
+        KVB_ASSIGN_OR_RETURN(m->peer_port, PickFreePort());
+      }
     }
-    m->endpoint = "127.0.0.1:" + std::to_string(m->client_port);
-    initial += (i ? "," : "") + m->name + "=http://127.0.0.1:" + std::to_string(m->peer_port);
+    m->endpoint = m->host + ":" + std::to_string(m->client_port);
+    initial += (i ? "," : "") + m->name + "=http://" + m->host + ":" + std::to_string(m->peer_port);
     c->members_.push_back(std::move(m));
   }
   c->reader_ = std::make_unique<Reader>();
@@ -216,6 +253,7 @@ Result<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(const EtcdClusterOptions
 EtcdCluster::~EtcdCluster() {
   for (auto& m : members_) {
     if (m->pid > 0 && !m->reaped) {
+      ::kill(-m->pid, SIGKILL);
       ::kill(m->pid, SIGKILL);
       ::waitpid(m->pid, nullptr, 0);
       m->reaped = true;
@@ -259,6 +297,7 @@ Status EtcdCluster::Kill(int i) {
   if (i < 0 || i >= members()) return InvalidArgumentError("no etcd member " + std::to_string(i));
   Member& m = *members_[i];
   if (m.reaped) return Status::Ok();
+  ::kill(-m.pid, SIGKILL);  // its group: on a host, nsenter and etcd
   ::kill(m.pid, SIGKILL);
   ::waitpid(m.pid, nullptr, 0);
   m.reaped = true;
@@ -272,11 +311,13 @@ Result<int> EtcdCluster::Leader(std::chrono::milliseconds timeout) const {
     for (int i = 0; i < members(); ++i) {
       if (!running(i)) continue;
       internal::EtcdGatewayOptions go;
-      go.endpoints = {internal::EtcdEndpoint{"127.0.0.1", members_[i]->client_port}};
+      go.endpoints = {internal::EtcdEndpoint{members_[i]->host, members_[i]->client_port}};
       go.timeout = std::chrono::milliseconds(500);
       auto gw = internal::EtcdGateway::Create(go);
       if (!gw.ok()) return gw.status();
-      auto st = (*gw)->Call("/v3/maintenance/status", nlohmann::json::object(), false);
+      auto st = InNetns(members_[i]->netns, [&] {
+        return (*gw)->Call("/v3/maintenance/status", nlohmann::json::object(), false);
+      });
       if (!st.ok()) {
         last = st.status().message();
         continue;

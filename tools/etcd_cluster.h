@@ -1,6 +1,7 @@
 // EtcdCluster: an etcd cluster of 1..7 members as child processes of this
 // one, on free 127.0.0.1 ports with data directories of their own under a
-// fresh temporary directory. Used by `kvbridge demo --registry etcd` and by
+// fresh temporary directory, or each on a host of a HostNet (tools/hosts.h),
+// reached at that host's address. Used by `kvbridge demo --registry etcd` and by
 // the etcd tests; a deployment points kvbridge at its own cluster instead.
 //
 // A member is ready once it logged "ready to serve client requests" (etcd
@@ -24,6 +25,8 @@
 
 namespace kvbridge::tools {
 
+class HostNet;
+
 struct EtcdClusterOptions {
   int members = 1;
   std::string binary = "/usr/bin/etcd";
@@ -32,6 +35,12 @@ struct EtcdClusterOptions {
   // etcd's raft timing: a new leader within about one election timeout.
   int heartbeat_ms = 50;
   int election_ms = 500;
+  // Hosts: member i runs on host member_hosts[i % size] of `net` (which
+  // must outlive the cluster), started through HostNet::Command and
+  // listening on that host's address, ports 2379 + 10 i (clients) and
+  // 2380 + 10 i (peers). Null: every member here on 127.0.0.1.
+  const HostNet* net = nullptr;
+  std::vector<int> member_hosts;
 };
 
 class EtcdCluster {
@@ -49,7 +58,7 @@ class EtcdCluster {
   EtcdCluster& operator=(const EtcdCluster&) = delete;
 
   int members() const { return static_cast<int>(members_.size()); }
-  // "127.0.0.1:port" of member i's client port.
+  // "ADDRESS:port" of member i's client port (127.0.0.1 without hosts).
   const std::string& endpoint(int i) const;
   // Every member's client endpoint, comma separated.
   std::string Endpoints() const;
@@ -59,10 +68,11 @@ class EtcdCluster {
   bool running(int i) const;
 
   // The index of the member that is leader now, as the running members
-  // report it (/v3/maintenance/status). Unavailable when none reports one
-  // within `timeout`.
+  // report it (/v3/maintenance/status; asked from inside each member's
+  // host). Unavailable when none reports one within `timeout`.
   Result<int> Leader(std::chrono::milliseconds timeout) const;
-  // SIGKILLs member i and reaps it.
+  // SIGKILLs member i (its process group: on a host, the nsenter wrapper
+  // and etcd) and reaps it.
   Status Kill(int i);
 
   struct Member;

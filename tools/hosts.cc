@@ -2,9 +2,11 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -67,6 +69,22 @@ void RemoveStale(const std::string& ip) {
     if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
     RunTool({ip, "netns", "delete", name}).IgnoreError();
   }
+}
+
+// The first line `fd` gives within `ms` (or what it gave until then).
+std::string ReadLine(int fd, int ms) {
+  std::string text;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (text.find('\n') == std::string::npos) {
+    pollfd p{fd, POLLIN, 0};
+    int left = internal::RemainingMs(deadline);
+    if (left == 0 || poll(&p, 1, left) <= 0) break;
+    char buf[256];
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  return text;
 }
 
 }  // namespace
@@ -158,12 +176,25 @@ Result<std::unique_ptr<HostNet>> HostNet::Create(int hosts) {
     KVB_RETURN_IF_ERROR(RunTool({ip, "-n", ns, "link", "set", "lo", "up"}));
     n->holder_.push_back(-1);
     n->init_.push_back(-1);
+    n->delayer_.push_back({});
     KVB_RETURN_IF_ERROR(n->StartInit(h));
   }
   return n;
 }
 
 HostNet::~HostNet() {
+  for (Delayer& d : delayer_) {
+    if (d.pid <= 0) continue;
+    // End of stdin stops it (it prints its counters); SIGKILL if it has
+    // not within a second.
+    close(d.stdin_fd);
+    const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, d.pid, 0));
+    pollfd p{pidfd, POLLIN, 0};
+    if (pidfd < 0 || poll(&p, 1, 1000) != 1) kill(d.pid, SIGKILL);
+    if (pidfd >= 0) close(pidfd);
+    while (waitpid(d.pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
   // Killing unshare kills the init (--kill-child), and with it every
   // process left in the host's PID namespace.
   for (pid_t pid : holder_) {
@@ -214,17 +245,7 @@ Status HostNet::StartInit(int h) {
   }
   close(out[1]);
   holder_[h] = pid;
-  std::string text;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (text.find('\n') == std::string::npos) {
-    pollfd p{out[0], POLLIN, 0};
-    int left = internal::RemainingMs(deadline);
-    if (left == 0 || poll(&p, 1, left) <= 0) break;
-    char buf[256];
-    ssize_t n = read(out[0], buf, sizeof(buf));
-    if (n <= 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
+  const std::string text = ReadLine(out[0], 10000);
   close(out[0]);
   if (!text.starts_with("ready"))
     return InternalError("hosts: the init of " + hostname(h) + " did not start (`" + Join(argv) +
@@ -301,6 +322,68 @@ Status HostNet::Heal(int h) {
 
 Status HostNet::SetLink(int h, bool up) {
   return RunTool({ip_, "-n", netns_.at(h), "link", "set", kDevice, up ? "up" : "down"});
+}
+
+Status HostNet::Delay(int h, int ms, const std::string& kvbridge, const std::string& log) {
+  if (ms < 1 || ms > 10000)
+    return InvalidArgumentError("hosts: delay of " + std::to_string(ms) + " ms; 1..10000");
+  if (delayer_.at(h).pid > 0)
+    return FailedPreconditionError("hosts: " + hostname(h) + " already has a delay");
+  // Port p<h> leaves the bridge; veth d<h>/e<h> takes its place (e<h> in
+  // the bridge) and the delayer joins p<h> to d<h>.
+  const std::string& br = bridge_ns_;
+  const std::string p = "p" + std::to_string(h), d = "d" + std::to_string(h),
+                    e = "e" + std::to_string(h);
+  KVB_RETURN_IF_ERROR(
+      RunTool({ip_, "-n", br, "link", "add", d, "type", "veth", "peer", "name", e}));
+  KVB_RETURN_IF_ERROR(RunTool({ip_, "-n", br, "link", "set", e, "master", "br0", "up"}));
+  KVB_RETURN_IF_ERROR(RunTool({ip_, "-n", br, "link", "set", d, "up"}));
+  KVB_RETURN_IF_ERROR(RunTool({ip_, "-n", br, "link", "set", p, "nomaster"}));
+  // Everything the child needs is made before fork (it only makes
+  // async-signal-safe calls).
+  const std::string ns_path = "/run/netns/" + br;
+  std::vector<std::string> argv = {
+      kvbridge,     "link-delay",       "--dev-a",      p,      "--dev-b", d,
+      "--delay-ms", std::to_string(ms), "--deadline-s", "86400"};
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const int ns_fd = open(ns_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (ns_fd < 0) return InternalError("hosts: open " + ns_path + ": " + strerror(errno));
+  const int log_fd =
+      log.empty() ? -1 : open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  int in[2], out[2];
+  if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
+    close(ns_fd);
+    return InternalError(std::string("pipe: ") + strerror(errno));
+  }
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent || setns(ns_fd, CLONE_NEWNET) != 0) _exit(126);
+    dup2(in[0], STDIN_FILENO);
+    dup2(out[1], STDOUT_FILENO);
+    if (log_fd >= 0) dup2(log_fd, STDERR_FILENO);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(ns_fd);
+  if (log_fd >= 0) close(log_fd);
+  close(in[0]);
+  close(out[1]);
+  if (pid < 0) {
+    close(in[1]);
+    close(out[0]);
+    return InternalError(std::string("fork: ") + strerror(errno));
+  }
+  delayer_[h] = {pid, in[1]};  // from here the destructor stops it
+  const std::string text = ReadLine(out[0], 10000);
+  close(out[0]);
+  if (!text.starts_with("ready"))
+    return InternalError("hosts: the delayer of " + hostname(h) + " did not start (`" + Join(argv) +
+                         "` printed \"" + text + "\")");
+  return Status::Ok();
 }
 
 }  // namespace kvbridge::tools

@@ -10,8 +10,10 @@
 //
 // Faults are injected from outside the processes, inside a host's network
 // namespace: nftables drop rules (partition, one direction, random loss)
-// and `ip link set eth0 down`. No delay: this kernel has no netem
-// (CONFIG_NET_SCH_NETEM unset; see docs/transport.md).
+// and `ip link set eth0 down`. Delay: this kernel has no netem
+// (CONFIG_NET_SCH_NETEM unset; see docs/transport.md), so Delay cuts the
+// host's port out of the bridge and forwards its frames through
+// `kvbridge link-delay` (tools/link_delay.h), which holds each one.
 //
 // Names carry the launcher's pid ("kvb<pid>-h0", "kvb<pid>-br"), so
 // parallel runs never collide; Create removes namespaces left by launchers
@@ -88,6 +90,13 @@ class HostNet {
   Status Heal(int h);
   // `ip link set eth0 down` / up inside host `h`.
   Status SetLink(int h, bool up);
+  // Holds every frame to and from host `h` `ms` (1..10000) milliseconds
+  // (each direction: a round trip gains 2 x ms), from now until this
+  // HostNet goes: `kvbridge` (the binary at that path) runs `link-delay` in
+  // the bridge's namespace, its stderr to `log` ("" = inherited). Once per
+  // host. FailedPrecondition when `h` already has one; Internal naming the
+  // command that failed.
+  Status Delay(int h, int ms, const std::string& kvbridge, const std::string& log = "");
 
  private:
   HostNet() = default;
@@ -101,6 +110,11 @@ class HostNet {
   std::vector<bool> ruled_;    // host has the kvbfault nft table
   std::vector<pid_t> holder_;  // per host: the unshare process (our child)
   std::vector<pid_t> init_;    // per host: its PID namespace's init, as seen here
+  struct Delayer {
+    pid_t pid = -1;
+    int stdin_fd = -1;  // closing it stops the delayer
+  };
+  std::vector<Delayer> delayer_;  // per host
   std::string ip_, unshare_, nsenter_, nft_, sh_;
 };
 

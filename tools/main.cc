@@ -1,4 +1,5 @@
-// The `kvbridge` command: demo, bench, bootstrap, status, explain.
+// The `kvbridge` command: demo, bench, bootstrap, status, explain (and the
+// internal worker, demo-bootstrap and link-delay).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <functional>
@@ -10,6 +11,7 @@
 #include "tools/bootstrap_cmd.h"
 #include "tools/demo.h"
 #include "tools/explain.h"
+#include "tools/link_delay.h"
 #include "tools/status_cmd.h"
 #include "tools/worker.h"
 
@@ -29,6 +31,7 @@ int main(int argc, char** argv) {
   kvbridge::tools::AddBootstrapCommand(app, run);
   kvbridge::tools::AddStatusCommand(app, run);
   kvbridge::tools::AddExplainCommand(app, run);
+  kvbridge::tools::AddLinkDelayCommand(app, run);
   CLI11_PARSE(app, argc, argv);
   if (!run) {
     std::fputs(app.help().c_str(), stdout);
