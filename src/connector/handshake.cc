@@ -275,6 +275,10 @@ void ManagerImpl::AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer,
   if (verdict.ok()) verdict = import(hello.state_keys, &peer->remote.state);
   Result<DataPath> path = transport_->PathTo(peer->tpeer);
   const std::string path_name(path.ok() ? DataPathName(*path) : std::string_view());
+  // Over UCX the target acknowledges each batch from its own progress
+  // thread: a completed write is word from decode (see OnChunkDone). On
+  // the same-host paths a write completes here, whatever decode's state.
+  peer->acks_prove_life = path.ok() && *path == DataPath::kUcxRendezvous;
   HelloAckMsg ack{verdict.code(), verdict.message(), transport_->Address(), path_name};
   out.messages.emplace_back(peer->tpeer, EncodeMessage(self_, ack));
   if (!verdict.ok()) {

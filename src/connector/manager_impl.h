@@ -75,6 +75,11 @@ struct Peer {
   Digest hello_digest{};
   uint64_t hello_session = 0;
   int auth_refusals = 0;
+  // Prefill side: a write to this peer completes only when the peer's
+  // process acknowledged it (UCX active messages), so its completion counts
+  // as hearing from the peer. Not on the same-host paths, where a write
+  // completes without the peer taking part.
+  bool acks_prove_life = false;
   bool failed = false;
   std::optional<FailureRecord> failure;  // why it failed (room 0)
   SteadyTime last_heard = std::chrono::steady_clock::now();

@@ -249,6 +249,16 @@ void ManagerImpl::OnChunkDone(const std::shared_ptr<SenderRoom>& sp, int decode_
     --flow.inflight;
     --room.inflight;
     room.phase_since = std::chrono::steady_clock::now();
+    if (s.ok()) {
+      // Decode acknowledged these writes: on a lossy link its heartbeats may
+      // wait for a retransmit on their own connection while the data
+      // connection still carries its word.
+      Peer* peer = FindPeerLocked(flow.peer_key);
+      if (peer != nullptr && peer->acks_prove_life && !peer->failed) {
+        peer->last_heard = room.phase_since;
+        peer->last_heard_wall = std::chrono::system_clock::now();
+      }
+    }
     if (!s.ok() && !room.failure) {
       Peer* peer = FindPeerLocked(flow.peer_key);
       FailureRecord r;
