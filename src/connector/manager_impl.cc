@@ -116,6 +116,15 @@ Status ManagerImpl::Start() {
   layout_.kv = Spans(a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens);
   layout_.aux = Spans(a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens);
   layout_.state = Spans(a.state_data_ptrs, a.state_data_lens, a.state_item_lens);
+  if (!a.state_buffer_types.empty() && a.state_buffer_types.size() != layout_.state.size())
+    return InvalidArgumentError(
+        fmt::format("KVArgs: state_buffer_types has {} entries, state_data_ptrs {}",
+                    a.state_buffer_types.size(), layout_.state.size()));
+  for (int32_t t : a.state_buffer_types)
+    if (t < 0 || t >= static_cast<int32_t>(layout_.state.size()))
+      return InvalidArgumentError(fmt::format(
+          "KVArgs: state_buffer_types entry {} out of range [0, {})", t, layout_.state.size()));
+  layout_.state_types = a.state_buffer_types;
   KVB_RETURN_IF_ERROR(CheckLayout(layout_).WithContext("KVArgs"));
 
   if (!transport_) {
@@ -181,34 +190,7 @@ Status ManagerImpl::Start() {
     KVB_LOG_INFO("embedded bootstrap server listening on {}", embedded_server_->address());
   }
 
-  RankRecord rec;
-  rec.role = ToRankRole(opts_.role);
-  rec.attn_tp_size = p.tp_size;
-  rec.attn_tp_rank = p.tp_rank;
-  rec.attn_cp_size = p.cp_size;
-  rec.attn_cp_rank = p.cp_rank;
-  rec.attn_dp_size = p.dp_size;
-  rec.attn_dp_rank = p.dp_rank;
-  rec.pp_size = p.pp_size;
-  rec.pp_rank = p.pp_rank;
-  rec.rank_ip = opts_.advertise_host;
-  rec.follow_bootstrap_room = opts_.follow_bootstrap_room;
-  rec.page_size = a.page_size;
-  rec.kv_cache_dtype = a.dtype;
-  rec.host = self_.host;
-  rec.pid = self_.pid;
-  rec.incarnation = self_.incarnation;
-  rec.instance = self_.instance;
-  rec.transport_address = transport_->Address();
-  rec.layout = LayoutToJson(layout_);
-  Status registered = registry_->RegisterRank(rec);
-  if (!registered.ok()) {
-    // A wrong secret is a deployment error that no retry mends.
-    if (opts_.role == Role::kPrefill || registered.code() == StatusCode::kUnauthenticated) {
-      return registered.WithContext("registering with bootstrap");
-    }
-    KVB_LOG_WARN("decode rank not listed in the bootstrap registry: {}", registered.ToString());
-  }
+  KVB_RETURN_IF_ERROR(RegisterSelf());
   // A registry that pushes changes wakes the registry thread (etcd's watch):
   // records and membership changes are applied as they arrive.
   registry_->SetChangeCallback([this] {
@@ -226,6 +208,72 @@ Status ManagerImpl::Start() {
   resolver_ = std::thread([this] { EveryHeartbeat([this] { ResolveRound(); }); });
   KVB_LOG_INFO("manager up: {} incarnation {:#x}, transport {}", self_.ToString(),
                self_.incarnation, transport_->Name());
+  return Status();
+}
+
+// Lists this rank with the registry (decode ranks not with sglang's own
+// server) and, for a prefill rank, serves its record at its rank_port.
+Status ManagerImpl::RegisterSelf() {
+  const KVArgs& a = opts_.args;
+  const ParallelLayout& p = opts_.parallel;
+  if (!IsEtcdRegistry(opts_.registry)) {
+    Result<bool> speaks = static_cast<BootstrapClient*>(registry_.get())->SpeaksKvbridge();
+    sglang_registry_ = speaks.ok() && !*speaks;
+    if (sglang_registry_)
+      KVB_LOG_INFO(
+          "bootstrap server {} is sglang's own (no /heartbeat, /failure, /failures): liveness "
+          "from peers only, failure records travel between peers{}",
+          registry_->address(), opts_.role == Role::kDecode ? "; decode ranks are not listed" : "");
+  }
+  RankRecord rec;
+  if (opts_.role == Role::kPrefill) {
+    // sglang's server keeps only rank_ip and rank_port: the rest of the
+    // record is served there (RankEndpoint); kvbridge's own server does not
+    // need it, so an advertised address that cannot be bound here only
+    // costs that.
+    auto endpoint = RankEndpoint::Start(opts_.advertise_host);
+    if (endpoint.ok()) {
+      rank_endpoint_ = std::move(endpoint).value();
+      rec.rank_port = rank_endpoint_->port();
+    } else if (sglang_registry_) {
+      return endpoint.status().WithContext("serving this rank's record for sglang's server");
+    } else {
+      KVB_LOG_WARN("rank record not served at {}: {}", opts_.advertise_host,
+                   endpoint.status().ToString());
+    }
+  }
+  rec.role = ToRankRole(opts_.role);
+  rec.attn_tp_size = p.tp_size;
+  rec.attn_tp_rank = p.tp_rank;
+  rec.attn_cp_size = p.cp_size;
+  rec.attn_cp_rank = p.cp_rank;
+  rec.attn_dp_size = p.dp_size;
+  rec.attn_dp_rank = p.dp_rank;
+  rec.pp_size = p.pp_size;
+  rec.pp_rank = p.pp_rank;
+  rec.rank_ip = opts_.advertise_host;
+  rec.follow_bootstrap_room = opts_.follow_bootstrap_room;
+  rec.prefill_http_port = opts_.prefill_http_port;
+  rec.page_size = a.page_size;
+  rec.kv_cache_dtype = a.dtype;
+  rec.host = self_.host;
+  rec.pid = self_.pid;
+  rec.incarnation = self_.incarnation;
+  rec.instance = self_.instance;
+  rec.transport_address = transport_->Address();
+  rec.layout = LayoutToJson(layout_);
+  if (rank_endpoint_) rank_endpoint_->SetRecord(rec.ToJson().dump());
+  // sglang's server would file a decode rank's registration as a prefill
+  // rank's: decode ranks are not listed there.
+  Status registered =
+      sglang_registry_ && opts_.role == Role::kDecode ? Status() : registry_->RegisterRank(rec);
+  if (!registered.ok()) {
+    // A wrong secret is a deployment error that no retry mends.
+    if (opts_.role == Role::kPrefill || registered.code() == StatusCode::kUnauthenticated) {
+      return registered.WithContext("registering with bootstrap");
+    }
+    KVB_LOG_WARN("decode rank not listed in the bootstrap registry: {}", registered.ToString());
+  }
   return Status();
 }
 

@@ -34,6 +34,7 @@
 #include "connector/protocol.h"
 #include "connector/rooms.h"
 #include "control/bootstrap_client.h"
+#include "control/rank_endpoint.h"
 #include "control/registry_client.h"
 #include "engine/engine.h"
 #include "kvbridge/bootstrap.h"
@@ -176,6 +177,7 @@ class ManagerImpl {
 
   explicit ManagerImpl(const ManagerOptions& options);
   Status Start();
+  Status RegisterSelf();
   void Flush(Outbox& out);
   // Queues `body` for `peer`; held until the handshake with it is answered.
   void Send(Outbox& out, Peer& peer, const MessageBody& body, Lane lane = Lane::kOrdered)
@@ -383,7 +385,11 @@ class ManagerImpl {
   std::unique_ptr<TransferEngine> engine_;
   std::unique_ptr<BootstrapServer> embedded_server_;
   std::unique_ptr<RegistryClient> registry_;  // the bootstrap server or etcd
-  std::unique_ptr<ManagerMetrics> metrics_;   // null when metrics are off
+  // sglang's own bootstrap server (no /heartbeat, /failure, /failures):
+  // liveness comes from peers only and failure records travel between peers.
+  bool sglang_registry_ = false;
+  std::unique_ptr<RankEndpoint> rank_endpoint_;  // prefill: its record at its rank_port
+  std::unique_ptr<ManagerMetrics> metrics_;      // null when metrics are off
 
   mutable Mutex mu_;
   std::map<std::string, std::unique_ptr<Peer>> peers_ KVB_GUARDED_BY(mu_);
