@@ -34,6 +34,7 @@
 #include "connector/protocol.h"
 #include "connector/rooms.h"
 #include "control/bootstrap_client.h"
+#include "control/rank_endpoint.h"
 #include "control/registry_client.h"
 #include "engine/engine.h"
 #include "kvbridge/bootstrap.h"
@@ -199,6 +200,8 @@ class ManagerImpl {
   // none answers at the bootstrap address (and etcd is not the registry).
   Status StartRegistry(const std::string& token);
   RankRecord MakeRankRecord() const;
+  // Lists this rank (not a decode rank with sglang's own server) and, on
+  // prefill, serves its record at its rank_port (RankEndpoint).
   Status RegisterSelf();
   void StartThreads();  // ticker, registry and resolver
   void Flush(Outbox& out);
@@ -433,7 +436,11 @@ class ManagerImpl {
   std::unique_ptr<TransferEngine> engine_;
   std::unique_ptr<BootstrapServer> embedded_server_;
   std::unique_ptr<RegistryClient> registry_;  // the bootstrap server or etcd
-  std::unique_ptr<ManagerMetrics> metrics_;   // null when metrics are off
+  // sglang's own bootstrap server (no /heartbeat, /failure, /failures):
+  // liveness comes from peers only and failure records travel between peers.
+  bool sglang_registry_ = false;
+  std::unique_ptr<RankEndpoint> rank_endpoint_;  // prefill: its record at its rank_port
+  std::unique_ptr<ManagerMetrics> metrics_;      // null when metrics are off
 
   mutable Mutex mu_;
   std::map<std::string, std::unique_ptr<Peer>> peers_ KVB_GUARDED_BY(mu_);

@@ -260,6 +260,7 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
 }
 
 void ManagerImpl::RegistryRound(uint64_t round) {
+  if (sglang_registry_) return;  // it keeps no liveness or records: peers tell
   const SteadyTime now = std::chrono::steady_clock::now();
   Status beat = registry_->Heartbeat(ToRankRole(self_.role), self_.dp, self_.cp, self_.tp, self_.pp,
                                      self_.incarnation);

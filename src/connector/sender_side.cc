@@ -9,21 +9,16 @@
 namespace kvbridge::internal {
 namespace {
 
+int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 int64_t Rows(const std::vector<BufferSpan>& bufs) {
   int64_t rows = INT64_MAX;
   for (const auto& b : bufs) rows = std::min<int64_t>(rows, b.length / b.item_len);
   return bufs.empty() ? 0 : rows;
-}
-
-Status CheckSlots(const char* what, const std::vector<BufferSpan>& bufs,
-                  std::span<const int32_t> slots) {
-  int64_t rows = Rows(bufs);
-  for (size_t i = 0; i < slots.size(); ++i) {
-    if (slots[i] < 0 || slots[i] >= rows)
-      return InvalidArgumentError(
-          fmt::format("{} index {} at position {} out of range [0, {})", what, slots[i], i, rows));
-  }
-  return Status();
 }
 
 }  // namespace
@@ -139,7 +134,8 @@ Status ManagerImpl::SenderSend(const std::shared_ptr<SenderRoom>& sp,
                       room.room, n, room.num_pages, room.pages_sent));
     } else {
       result = CheckPageIndices(layout_, pages, /*unique=*/false);
-      if (result.ok()) result = CheckSlots("state", layout_.state, state);
+      if (result.ok())
+        result = CheckStateSlots("state index", layout_.state, layout_.state_types, state);
     }
     const bool last = result.ok() && room.pages_sent + n == room.num_pages;
     std::vector<std::pair<int, Outbox::Post>> posts;  // by decode rank
@@ -200,6 +196,8 @@ Status ManagerImpl::SenderSend(const std::shared_ptr<SenderRoom>& sp,
       FailSenderLocked(
           room, MakeRecord(self_, cause, result.message(), room.phase, "argument check"), out);
     } else {
+      if (!posts.empty() && room.first_write_ns.load(std::memory_order_relaxed) == 0)
+        room.first_write_ns.store(SteadyNs(), std::memory_order_relaxed);
       for (auto& [rank, post] : posts) {
         // Counted before anything can complete: completions need mu_.
         SenderFlow& flow = room.flows.at(rank);
@@ -334,11 +332,14 @@ void ManagerImpl::UpdateSenderStateLocked(SenderRoom& room) {
   }
   KVPoll prev = room.poll();
   if (next == prev) return;
+  if (next != KVPoll::kBootstrapping && room.metadata_done_ns.load(std::memory_order_relaxed) == 0)
+    room.metadata_done_ns.store(SteadyNs(), std::memory_order_relaxed);
   if (next == KVPoll::kWaitingForInput) {
     room.phase = Phase::kWaitingForInput;
     room.phase_since = std::chrono::steady_clock::now();
   }
   if (next == KVPoll::kSuccess) {
+    room.writes_done_ns.store(SteadyNs(), std::memory_order_relaxed);
     room.phase = Phase::kDone;
     ++succeeded_;
     if (metrics_)
@@ -495,7 +496,9 @@ void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg 
         (flow.meta.aux_index < 0 || flow.meta.aux_index >= Rows(peer->layout.aux)))
       bad = InvalidArgumentError(fmt::format("decode aux index {} out of range [0, {})",
                                              flow.meta.aux_index, Rows(peer->layout.aux)));
-    if (bad.ok()) bad = CheckSlots("decode state", peer->layout.state, flow.meta.state);
+    if (bad.ok())
+      bad = CheckStateSlots("decode state index", peer->layout.state, layout_.state_types,
+                            flow.meta.state);
     if (bad.ok() && room.initialized &&
         static_cast<int64_t>(flow.meta.pages.size()) != room.num_pages - flow.meta.prefix_pages)
       bad = InvalidArgumentError(

@@ -1,13 +1,16 @@
 #include "control/bootstrap_client.h"
 
+#include <fmt/format.h>
 #include <httplib.h>
 
 #include <charconv>
 
 #include "common/log.h"
 #include "control/auth.h"
+#include "control/http_server.h"
 #include "control/http_status.h"
 #include "control/json_fields.h"
+#include "control/rank_endpoint.h"
 
 namespace kvbridge::internal {
 namespace {
@@ -93,27 +96,35 @@ BootstrapClient::BootstrapClient(std::string address, std::string host, int port
 
 Result<std::string> BootstrapClient::Call(const char* method, const std::string& path,
                                           const std::string& body) const {
+  return CallAt(host_, port_, address_, method, path, body, /*auth=*/true);
+}
+
+Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
+                                            const std::string& address, const char* method,
+                                            const std::string& path, const std::string& body,
+                                            bool auth) const {
   // A client per call: httplib::Client is not safe for concurrent requests,
   // and a fresh connection notices a restarted server at once.
-  httplib::Client cli(host_, port_);
+  httplib::Client cli(host, port);
   cli.set_connection_timeout(timeout_);
   cli.set_read_timeout(timeout_);
   cli.set_write_timeout(timeout_);
   cli.set_keep_alive(false);
-  if (!auth_token_.empty()) cli.set_default_headers({{"Authorization", BearerValue(auth_token_)}});
+  if (auth && !auth_token_.empty())
+    cli.set_default_headers({{"Authorization", BearerValue(auth_token_)}});
   const std::string method_name(method);
   httplib::Result res = method_name == "GET"   ? cli.Get(path)
                         : method_name == "PUT" ? cli.Put(path, body, "application/json")
                                                : cli.Post(path, body, "application/json");
-  const std::string context = "bootstrap server " + address_ + " " + method_name + " " + path;
+  const std::string context = "bootstrap server " + address + " " + method_name + " " + path;
   if (!res) {
-    Status s = UnavailableError("bootstrap server " + address_ +
+    Status s = UnavailableError("bootstrap server " + address +
                                 " unreachable: " + Why(res.error(), timeout_));
     KVB_LOG_DEBUG("{} failed: {}", context, s.ToString());
     return s;
   }
   if (res->status >= 200 && res->status < 300) return std::move(res->body);
-  Status s = StatusFromResponse(res->status, res->body, "bootstrap server " + address_);
+  Status s = StatusFromResponse(res->status, res->body, "bootstrap server " + address);
   KVB_LOG_DEBUG("{} answered {}: {}", context, res->status, s.ToString());
   return s;
 }
@@ -148,9 +159,50 @@ Result<RankRecord> BootstrapClient::GetRank(int dp, int cp, int tp, int pp) cons
       "/route?prefill_dp_rank=" + std::to_string(dp) + "&prefill_cp_rank=" + std::to_string(cp) +
       "&target_tp_rank=" + std::to_string(tp) + "&target_pp_rank=" + std::to_string(pp);
   KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", path, ""));
+  // sglang's own server keeps only where the rank is; the rank itself
+  // serves the rest of its record there (RankEndpoint).
+  if (j.is_object() && !j.contains("attn_tp_size") && j.contains("rank_ip"))
+    return RecordFromRank(j, RankKey{dp, cp, tp, pp});
   Result<RankRecord> r = RankRecord::FromJson(j);
   if (!r.ok()) return Malformed("GET " + path, r.status());
   return r;
+}
+
+Result<RankRecord> BootstrapClient::RecordFromRank(const json& where, const RankKey& key) const {
+  JsonFields f(where, "rank location");
+  std::string ip;
+  int port = 0;
+  Status s = f.String("rank_ip", &ip);
+  if (s.ok()) s = f.Int("rank_port", 1, 65535, &port);
+  if (!s.ok()) return Malformed("GET /route for rank " + key.ToString(), s);
+  const std::string at = JoinHostPort(ip, port);
+  Result<std::string> text = CallAt(ip, port, "rank " + at, "GET", kRankEndpointPath, "",
+                                    /*auth=*/false);  // the secret goes to the registry only
+  if (!text.ok())
+    return text.status().WithContext("prefill rank " + key.ToString() + " (listed by " + address_ +
+                                     " without kvbridge's fields)");
+  Result<json> j = ParseJson(*text, "the rank record (" + Clip(*text, 80) + ")", size_t{1} << 20);
+  Result<RankRecord> r = j.ok() ? RankRecord::FromJson(*j) : Result<RankRecord>(j.status());
+  if (!r.ok()) return Malformed("GET " + at + kRankEndpointPath, r.status());
+  if (r->role != RankRole::kPrefill || !(r->key() == key))
+    return FailedPreconditionError(
+        fmt::format("{} listed {} as prefill rank {}, but the rank there is {} rank {}", address_,
+                    at, key.ToString(), RankRoleName(r->role), r->key().ToString()));
+  return r;
+}
+
+Result<bool> BootstrapClient::SpeaksKvbridge() const {
+  Result<std::string> r = Call("GET", "/failures?since=0", "");
+  if (r.ok()) return true;
+  switch (r.status().code()) {
+    case StatusCode::kNotFound:
+      return false;  // sglang's own server: no such route
+    case StatusCode::kUnauthenticated:
+    case StatusCode::kPermissionDenied:
+      return true;  // the route is there, for other credentials
+    default:
+      return r.status();
+  }
 }
 
 Result<ParallelInfo> BootstrapClient::GetParallelInfo() const {

@@ -66,6 +66,10 @@ class BootstrapClient final : public RegistryClient {
   Status RegisterDpRank(uint64_t room, int dp_rank) const;
   // POST /query_dp_ranks: the dp rank of each of `rooms` the server knows.
   Result<std::map<uint64_t, int>> QueryDpRanks(const std::vector<uint64_t>& rooms) const;
+  // Whether the server has kvbridge's routes (/heartbeat, /failure,
+  // /failures) or is sglang's own, which answers 404 there. Unavailable
+  // when it cannot be asked.
+  Result<bool> SpeaksKvbridge() const;
 
  private:
   BootstrapClient(std::string address, std::string host, int port,
@@ -74,6 +78,13 @@ class BootstrapClient final : public RegistryClient {
   // Sends one request; the body of a 2xx answer, or the error.
   Result<std::string> Call(const char* method, const std::string& path,
                            const std::string& body) const;
+  // The same to another server; `auth`: send the shared secret.
+  Result<std::string> CallAt(const std::string& host, int port, const std::string& address,
+                             const char* method, const std::string& path, const std::string& body,
+                             bool auth) const;
+  // A rank sglang's server listed by its location only: its record, read
+  // from the rank itself (RankEndpoint) and checked to be at `key`.
+  Result<RankRecord> RecordFromRank(const nlohmann::json& where, const RankKey& key) const;
   // Call() and parse the answer as JSON (Internal when it is not).
   Result<nlohmann::json> CallJson(const char* method, const std::string& path,
                                   const std::string& body) const;
