@@ -15,6 +15,7 @@
 
 #include "control/auth.h"
 #include "control/bootstrap_client.h"
+#include "control/registry.h"
 #include "kvbridge/bootstrap.h"
 
 namespace kvbridge::internal {
@@ -116,6 +117,76 @@ TEST_F(BootstrapHostileTest, AForgedRecordWithoutTheTokenFencesNoRank) {
                   "KVBRIDGE_AUTH_TOKEN");
   EXPECT_TRUE(client_->Heartbeat(RankRole::kPrefill, 0, 0, 0, 0, 200).ok());
   EXPECT_EQ(client_->ListRanks()->at(0).state, Liveness::kAlive);
+}
+
+// A holder of the token who is not the rank it names (issue 12: records
+// only from authenticated ranks). Before, any holder of the token could
+// post a record naming any rank as its origin and fence it until restart.
+TEST_F(BootstrapHostileTest, AForgedRecordForAnotherRankIsRefusedAndFencesNobody) {
+  const std::string token = AuthTokenFromEnvironment();
+  httplib::Result prefill = Send("PUT", "/route", PrefillRecord().dump(), token);
+  ASSERT_TRUE(prefill);
+  ASSERT_EQ(prefill->status, 200) << prefill->body;
+  EXPECT_EQ(prefill->body, "OK");  // sglang's answer, unchanged
+  const std::string prefill_credential = prefill->get_header_value(kRankCredentialHeader);
+  EXPECT_GE(prefill_credential.size(), 32u);  // >= 128 bits, hex
+  json decode = PrefillRecord();
+  decode["role"] = "decode";
+  decode["incarnation"] = 300;
+  httplib::Result registered = Send("PUT", "/route", decode.dump(), token);
+  ASSERT_TRUE(registered);
+  ASSERT_EQ(registered->status, 200) << registered->body;
+  const std::string decode_credential = registered->get_header_value(kRankCredentialHeader);
+  ASSERT_FALSE(decode_credential.empty());
+  EXPECT_NE(decode_credential, prefill_credential);
+
+  const json by_decode{{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 300}};
+  const json by_prefill{{"role", "prefill"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 200}};
+  json forged = FenceTp0Record();
+  forged["detected_by"] = by_decode;
+  const auto with = [](const std::string& credential) {
+    return httplib::Headers{{kRankCredentialHeader, credential}};
+  };
+  // The token alone, no rank credential.
+  ExpectJsonError(Send("POST", "/failure", forged.dump(), token), 403, "PERMISSION_DENIED",
+                  "without a rank credential");
+  // A made-up credential.
+  ExpectJsonError(Send("POST", "/failure", forged.dump(), token, with(std::string(64, 'a'))), 403,
+                  "PERMISSION_DENIED", "not the one given to decode");
+  // Decode's own credential, the record in prefill's name.
+  forged["detected_by"] = by_prefill;
+  ExpectJsonError(Send("POST", "/failure", forged.dump(), token, with(decode_credential)), 403,
+                  "PERMISSION_DENIED", "not the one given to prefill");
+  // A heartbeat that would keep prefill alive, and a silent takeover of its
+  // live registration (same incarnation, another address).
+  const std::string beat = R"({"role":"prefill","dp":0,"cp":0,"tp":0,"pp":0,"incarnation":200})";
+  ExpectJsonError(Send("PUT", "/heartbeat", beat, token, with(decode_credential)), 403,
+                  "PERMISSION_DENIED", "not the one it was given");
+  json takeover = PrefillRecord();
+  takeover["rank_ip"] = "10.6.6.6";
+  ExpectJsonError(Send("PUT", "/route", takeover.dump(), token), 403, "PERMISSION_DENIED",
+                  "registers again");
+
+  // Barrier: requests answered after the refusals see nothing they changed.
+  Result<std::vector<RankStatus>> ranks = client_->ListRanks();
+  ASSERT_TRUE(ranks.ok()) << ranks.status().ToString();
+  ASSERT_EQ(ranks->size(), 2u);
+  for (const RankStatus& r : *ranks) {
+    EXPECT_EQ(r.state, Liveness::kAlive) << r.record.Describe();
+    EXPECT_EQ(r.dead_by_seq, 0u) << r.record.Describe();
+  }
+  EXPECT_EQ(client_->GetRank(0, 0, 0, 0)->rank_ip, "127.0.0.1");
+  EXPECT_EQ(client_->FailuresSince(0)->latest_seq, 0u);
+  httplib::Result own_beat = Send("PUT", "/heartbeat", beat, token, with(prefill_credential));
+  ASSERT_TRUE(own_beat);
+  EXPECT_EQ(own_beat->status, 200) << own_beat->body;
+
+  // The honest path: decode reports prefill's death in its own name.
+  forged["detected_by"] = by_decode;
+  httplib::Result honest = Send("POST", "/failure", forged.dump(), token, with(decode_credential));
+  ASSERT_TRUE(honest);
+  EXPECT_EQ(honest->status, 200) << honest->body;
+  EXPECT_EQ(client_->ListRanks()->at(0).dead_by_seq, 1u);
 }
 
 TEST_F(BootstrapHostileTest, AMistypedRecordIsRefusedAndNeverServedToRanks) {

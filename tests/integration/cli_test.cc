@@ -104,7 +104,11 @@ TEST(CliBootstrapStatus, TableAndJsonShowRanksLivenessAndFailures) {
   auto client =
       BootstrapClient::Create(bs->address, milliseconds(5000), internal::AuthTokenFromEnvironment())
           .value();
-  ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kPrefill, 0, 11)).ok());
+  // Prefill tp0 has a client of its own: it reports the failure below.
+  auto prefill0 =
+      BootstrapClient::Create(bs->address, milliseconds(5000), internal::AuthTokenFromEnvironment())
+          .value();
+  ASSERT_TRUE(prefill0->RegisterRank(Rank(RankRole::kPrefill, 0, 11)).ok());
   ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kPrefill, 1, 12)).ok());
   ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kDecode, 0, 21)).ok());
   // The registry keeps a record in its canonical form: the message is made
@@ -119,10 +123,11 @@ TEST(CliBootstrapStatus, TableAndJsonShowRanksLivenessAndFailures) {
   dead.detail = "process exited";
   dead.phase = Phase::kTransferring;
   dead.detected_by.role = Role::kPrefill;
+  dead.detected_by.incarnation = 11;
   dead.mechanism = "transport error";
   dead.hint = std::string(FailureHint(FailureCause::kPeerExited));
   ASSERT_EQ(dead.Message(), kFailureMessage);
-  ASSERT_TRUE(client->PublishFailure(internal::FailureRecordToJson(dead)).ok());
+  ASSERT_TRUE(prefill0->PublishFailure(internal::FailureRecordToJson(dead)).ok());
 
   CommandOutput table = Cli("status --bootstrap " + bs->address);
   ASSERT_EQ(table.exit_status, 0) << table.out;
