@@ -10,6 +10,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -189,6 +192,31 @@ TEST_F(BootstrapHostileTest, AForgedRecordForAnotherRankIsRefusedAndFencesNobody
   EXPECT_EQ(client_->ListRanks()->at(0).dead_by_seq, 1u);
 }
 
+// The local address of the listening TCP socket on `port`, as the kernel
+// lists it in /proc/self/net/tcp ("0100007F" = 127.0.0.1); "" when none.
+std::string ListeningAddress(int port) {
+  std::ifstream tcp("/proc/self/net/tcp");
+  std::string line;
+  char want[8];
+  std::snprintf(want, sizeof(want), ":%04X", port);
+  while (std::getline(tcp, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    fields >> slot >> local >> remote >> state;
+    if (state == "0A" && local.size() > 5 && local.substr(local.size() - 5) == want) {
+      return local.substr(0, local.size() - 5);
+    }
+  }
+  return "";
+}
+
+// Finding 5: the server listened on 0.0.0.0 by default. The fixture's
+// server is started with the default host: the kernel's socket table shows
+// it bound to 127.0.0.1, not to every interface (00000000).
+TEST_F(BootstrapHostileTest, ListensOnLoopbackUnlessToldOtherwise) {
+  EXPECT_EQ(ListeningAddress(server_->port()), "0100007F");
+}
+
 TEST_F(BootstrapHostileTest, AMistypedRecordIsRefusedAndNeverServedToRanks) {
   const std::string token = AuthTokenFromEnvironment();
   json bad = FenceTp0Record();
@@ -223,6 +251,10 @@ TEST_F(BootstrapHostileTest, OversizedBodiesAndHeaderFloodsAreRefusedByName) {
   httplib::Headers many;
   for (int i = 0; i < 100; ++i) many.emplace("X-Pad-" + std::to_string(i), "1");
   ExpectJsonError(Send("GET", "/health", "", "", many), 431, "RESOURCE_EXHAUSTED", "header");
+  // 20 MiB of headers were once read whole: a field over httplib's 8 KiB
+  // line limit is refused while reading.
+  ExpectJsonError(Send("GET", "/health", "", "", {{"X-Big", std::string(1 << 20, 'a')}}), 400,
+                  "INVALID_ARGUMENT", "request rejected");
   httplib::Result huge = Send("PUT", "/route", std::string(3 << 20, ' '), token);
   ASSERT_TRUE(huge);
   EXPECT_EQ(huge->status, 413);
