@@ -95,14 +95,17 @@ BootstrapClient::BootstrapClient(std::string address, std::string host, int port
       auth_token_(std::move(auth_token)) {}
 
 Result<std::string> BootstrapClient::Call(const char* method, const std::string& path,
-                                          const std::string& body) const {
-  return CallAt(host_, port_, address_, method, path, body, /*auth=*/true);
+                                          const std::string& body, const std::string& credential,
+                                          std::string* answered_credential) const {
+  return CallAt(host_, port_, address_, method, path, body, /*auth=*/true, credential,
+                answered_credential);
 }
 
 Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
                                             const std::string& address, const char* method,
                                             const std::string& path, const std::string& body,
-                                            bool auth) const {
+                                            bool auth, const std::string& credential,
+                                            std::string* answered_credential) const {
   // A client per call: httplib::Client is not safe for concurrent requests,
   // and a fresh connection notices a restarted server at once.
   httplib::Client cli(host, port);
@@ -110,8 +113,10 @@ Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
   cli.set_read_timeout(timeout_);
   cli.set_write_timeout(timeout_);
   cli.set_keep_alive(false);
-  if (auth && !auth_token_.empty())
-    cli.set_default_headers({{"Authorization", BearerValue(auth_token_)}});
+  httplib::Headers headers;
+  if (auth && !auth_token_.empty()) headers.emplace("Authorization", BearerValue(auth_token_));
+  if (auth && !credential.empty()) headers.emplace(kRankCredentialHeader, credential);
+  cli.set_default_headers(std::move(headers));
   const std::string method_name(method);
   httplib::Result res = method_name == "GET"   ? cli.Get(path)
                         : method_name == "PUT" ? cli.Put(path, body, "application/json")
@@ -123,7 +128,12 @@ Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
     KVB_LOG_DEBUG("{} failed: {}", context, s.ToString());
     return s;
   }
-  if (res->status >= 200 && res->status < 300) return std::move(res->body);
+  if (res->status >= 200 && res->status < 300) {
+    if (answered_credential != nullptr) {
+      *answered_credential = res->get_header_value(kRankCredentialHeader);
+    }
+    return std::move(res->body);
+  }
   Status s = StatusFromResponse(res->status, res->body, "bootstrap server " + address);
   KVB_LOG_DEBUG("{} answered {}: {}", context, res->status, s.ToString());
   return s;
@@ -137,17 +147,38 @@ Status BootstrapClient::Malformed(const std::string& what, const Status& parse_e
 }
 
 Result<json> BootstrapClient::CallJson(const char* method, const std::string& path,
-                                       const std::string& body) const {
-  KVB_ASSIGN_OR_RETURN(std::string text, Call(method, path, body));
+                                       const std::string& body,
+                                       const std::string& credential) const {
+  KVB_ASSIGN_OR_RETURN(std::string text, Call(method, path, body, credential));
   // The server is a stranger too: its answer is bounded like a request.
   Result<json> j = ParseJson(text, "the answer (" + Clip(text, 80) + ")", size_t{64} << 20);
   if (!j.ok()) return Malformed(std::string(method) + " " + path, j.status());
   return j;
 }
 
+std::string BootstrapClient::Credential() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return credential_;
+}
+
 Status BootstrapClient::RegisterRank(const RankRecord& record) const {
   KVB_RETURN_IF_ERROR(record.Validate());
-  return Call("PUT", "/route", DumpJson(record.ToJson())).status();
+  std::string shown;
+  {
+    // The same rank again (same position and incarnation) shows the
+    // credential it was given; any other starts a new registration.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (registered_ && registered_->role == record.role && registered_->key() == record.key() &&
+        registered_->incarnation == record.incarnation) {
+      shown = credential_;
+    }
+  }
+  std::string answered;
+  KVB_RETURN_IF_ERROR(Call("PUT", "/route", DumpJson(record.ToJson()), shown, &answered).status());
+  std::lock_guard<std::mutex> lock(mu_);
+  registered_ = record;
+  credential_ = std::move(answered);
+  return Status::Ok();
 }
 
 Result<RankRecord> BootstrapClient::GetRank(int dp, int cp, int tp, int pp) const {
@@ -220,7 +251,24 @@ Status BootstrapClient::Heartbeat(RankRole role, int dp, int cp, int tp, int pp,
                                   uint64_t incarnation) const {
   json body{{"role", RankRoleName(role)}, {"dp", dp}, {"cp", cp}, {"tp", tp}, {"pp", pp},
             {"incarnation", incarnation}};
-  return CallJson("PUT", "/heartbeat", DumpJson(body)).status();
+  Status beat = CallJson("PUT", "/heartbeat", DumpJson(body), Credential()).status();
+  if (beat.code() != StatusCode::kNotFound) return beat;
+  // The server does not know the rank: it restarted (its table is in
+  // memory) or forgot a long-silent decode rank. Register it again.
+  std::optional<RankRecord> again;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (registered_ && registered_->role == role && registered_->key() == RankKey{dp, cp, tp, pp} &&
+        registered_->incarnation == incarnation) {
+      again = registered_;
+      credential_.clear();  // that registration is gone
+    }
+  }
+  if (!again) return beat;
+  KVB_LOG_INFO("bootstrap server {} does not know {} ({}); registering it again", address_,
+               again->Describe(), beat.message());
+  KVB_RETURN_IF_ERROR(RegisterRank(*again));
+  return CallJson("PUT", "/heartbeat", DumpJson(body), Credential()).status();
 }
 
 Result<std::vector<RankStatus>> BootstrapClient::ListRanks() const {
@@ -243,7 +291,7 @@ Result<uint64_t> BootstrapClient::PublishFailure(const json& record) const {
     return InvalidArgumentError(std::string("failure record: expected a JSON object, got ") +
                                 record.type_name());
   }
-  KVB_ASSIGN_OR_RETURN(json j, CallJson("POST", "/failure", DumpJson(record)));
+  KVB_ASSIGN_OR_RETURN(json j, CallJson("POST", "/failure", DumpJson(record), Credential()));
   uint64_t seq = 0;
   Status s = JsonFields(j, "publish answer").Uint64("seq", &seq);
   if (!s.ok()) return Malformed("POST /failure", s);

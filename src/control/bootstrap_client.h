@@ -10,6 +10,13 @@
 //   Internal     the server answered with a body that is not what the route
 //                promises (bad JSON or missing fields).
 //
+// Rank credential: the client keeps the credential the server handed to the
+// rank it last registered (RegisterRank) and shows it with that rank's
+// heartbeats and failure records (control/registry.h, "Reporters"); one
+// client serves one rank. A heartbeat the server answers NotFound (a
+// restarted server that lost its table) registers that rank again, once, and
+// retries.
+//
 // Thread safety: every method is const and may be called concurrently; each
 // call opens its own connection (the routes are cheap and rare: lookups at
 // start, heartbeats every few hundred milliseconds).
@@ -19,7 +26,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +55,8 @@ class BootstrapClient final : public RegistryClient {
   const std::string& address() const override { return address_; }  // as given
 
   // PUT /route. The record is validated locally first (InvalidArgument).
+  // Keeps the credential the server answers (see above); registering the
+  // same rank again shows it.
   Status RegisterRank(const RankRecord& record) const override;
   // GET /route for one prefill rank; ranks must be >= 0.
   Result<RankRecord> GetRank(int dp, int cp, int tp, int pp) const override;
@@ -53,12 +64,13 @@ class BootstrapClient final : public RegistryClient {
   Result<ParallelInfo> GetParallelInfo() const override;
   // GET /health.
   Status Health() const override;
-  // PUT /heartbeat.
+  // PUT /heartbeat, with the registered rank's credential.
   Status Heartbeat(RankRole role, int dp, int cp, int tp, int pp,
                    uint64_t incarnation) const override;
   // GET /ranks.
   Result<std::vector<RankStatus>> ListRanks() const override;
-  // POST /failure; returns the record's sequence number.
+  // POST /failure, with the registered rank's credential (the record's
+  // "detected_by" must name that rank); returns the record's sequence number.
   Result<uint64_t> PublishFailure(const nlohmann::json& record) const override;
   // GET /failures?since=N.
   Result<FailureBatch> FailuresSince(uint64_t since) const override;
@@ -75,19 +87,27 @@ class BootstrapClient final : public RegistryClient {
   BootstrapClient(std::string address, std::string host, int port,
                   std::chrono::milliseconds timeout, std::string auth_token);
 
-  // Sends one request; the body of a 2xx answer, or the error.
-  Result<std::string> Call(const char* method, const std::string& path,
-                           const std::string& body) const;
-  // The same to another server; `auth`: send the shared secret.
+  // Sends one request, with `credential` as the rank credential header when
+  // non-empty; the body of a 2xx answer, or the error. `answered_credential`
+  // (may be null) receives the credential header of the answer.
+  Result<std::string> Call(const char* method, const std::string& path, const std::string& body,
+                           const std::string& credential = "",
+                           std::string* answered_credential = nullptr) const;
+  // The same to another server; `auth`: send the shared secret (and the
+  // credential): never to a server that is not the registry.
   Result<std::string> CallAt(const std::string& host, int port, const std::string& address,
                              const char* method, const std::string& path, const std::string& body,
-                             bool auth) const;
+                             bool auth, const std::string& credential = "",
+                             std::string* answered_credential = nullptr) const;
   // A rank sglang's server listed by its location only: its record, read
   // from the rank itself (RankEndpoint) and checked to be at `key`.
   Result<RankRecord> RecordFromRank(const nlohmann::json& where, const RankKey& key) const;
   // Call() and parse the answer as JSON (Internal when it is not).
   Result<nlohmann::json> CallJson(const char* method, const std::string& path,
-                                  const std::string& body) const;
+                                  const std::string& body,
+                                  const std::string& credential = "") const;
+  // The credential of the rank this client registered; "" before.
+  std::string Credential() const;
   Status Malformed(const std::string& what, const Status& parse_error) const;
 
   std::string address_;
@@ -95,6 +115,9 @@ class BootstrapClient final : public RegistryClient {
   int port_;
   std::chrono::milliseconds timeout_;
   std::string auth_token_;
+  mutable std::mutex mu_;
+  mutable std::optional<RankRecord> registered_;  // guarded by mu_: the last RankRegister
+  mutable std::string credential_;                // guarded by mu_: the server's answer to it
 };
 
 // Splits "host:port" / "[v6]:port" strictly. InvalidArgument naming the text.

@@ -158,7 +158,12 @@ Status QueryDpRanks(const internal::Registry& registry, const json& body, json* 
   return Status::Ok();
 }
 
-Status PutHeartbeat(internal::Registry& registry, const json& body) {
+// The rank credential a request shows (internal::kRankCredentialHeader).
+std::string CredentialOf(const httplib::Request& req) {
+  return req.get_header_value(internal::kRankCredentialHeader);
+}
+
+Status PutHeartbeat(internal::Registry& registry, const httplib::Request& req, const json& body) {
   JsonFields f(body, "heartbeat");
   std::string role_name;
   KVB_RETURN_IF_ERROR(f.String("role", &role_name));
@@ -172,7 +177,7 @@ Status PutHeartbeat(internal::Registry& registry, const json& body) {
   KVB_RETURN_IF_ERROR(f.Int("pp", 0, max, &pp));
   uint64_t incarnation = 0;
   KVB_RETURN_IF_ERROR(f.Uint64("incarnation", &incarnation));
-  return registry.Heartbeat(*role, dp, cp, tp, pp, incarnation);
+  return registry.Heartbeat(*role, dp, cp, tp, pp, incarnation, CredentialOf(req));
 }
 
 // An httplib server whose one-request entry (protected in httplib) the
@@ -311,13 +316,16 @@ void BootstrapServer::Impl::AddRoutes() {
       ReplyError(req, res, s);
     }
   };
+  // The registrant alone learns its credential, in a header: the body
+  // stays sglang's "OK".
   http.Put("/route", [&reg, reply_ok](Req req, Res res) {
-    Status s = [&]() -> Status {
+    Result<std::string> credential = [&]() -> Result<std::string> {
       KVB_ASSIGN_OR_RETURN(json body, ParseBody(req));
       KVB_ASSIGN_OR_RETURN(internal::RankRecord record, internal::RankRecord::FromJson(body));
-      return reg.Register(record);
+      return reg.Register(record, CredentialOf(req));
     }();
-    reply_ok(req, res, s);
+    if (credential.ok()) res.set_header(internal::kRankCredentialHeader, *credential);
+    reply_ok(req, res, credential.status());
   });
   for (const char* method : {"POST", "DELETE", "PATCH"}) {
     auto not_allowed = [method](Req req, Res res) {
@@ -354,7 +362,7 @@ void BootstrapServer::Impl::AddRoutes() {
   http.Put("/heartbeat", [&reg, reply](Req req, Res res) {
     Status s = [&]() -> Status {
       KVB_ASSIGN_OR_RETURN(json body, ParseBody(req));
-      return PutHeartbeat(reg, body);
+      return PutHeartbeat(reg, req, body);
     }();
     reply(req, res, s, json{{"ok", true}});
   });
@@ -368,8 +376,8 @@ void BootstrapServer::Impl::AddRoutes() {
   });
   http.Post("/failure", [&reg, reply](Req req, Res res) {
     Result<json> body = ParseBody(req, kMaxFailureBodyBytes);
-    Result<uint64_t> seq =
-        body.ok() ? reg.Publish(std::move(body).value()) : Result<uint64_t>(body.status());
+    Result<uint64_t> seq = body.ok() ? reg.Publish(std::move(body).value(), CredentialOf(req))
+                                     : Result<uint64_t>(body.status());
     reply(req, res, seq.status(), seq.ok() ? json{{"seq", *seq}} : json());
   });
   http.Get("/failures", [&reg, reply](Req req, Res res) {
