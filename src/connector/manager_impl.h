@@ -366,6 +366,27 @@ class ManagerImpl {
   void OnMeta(const RankId& from, MetaMsg meta, Outbox& out) KVB_REQUIRES(mu_);
   void AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg meta, Outbox& out)
       KVB_REQUIRES(mu_);
+  // AdoptMetaLocked's steps: whether the request already failed (an abort
+  // that overtook the metadata, a dead rank of decode's instance), in which
+  // case decode is told and true returned; the flow's head slice and role
+  // from both sides' tp sizes; decode's indices against its layout.
+  bool RefuseMetaLocked(SenderRoom& room, const RankId& from, Peer& peer, const MetaMsg& meta,
+                        Outbox& out) KVB_REQUIRES(mu_);
+  Status ShapeFlowLocked(SenderRoom& room, const RankId& from, SenderFlow& flow) KVB_REQUIRES(mu_);
+  Status CheckFlowMeta(const SenderRoom& room, const Peer& peer, const RankId& from,
+                       const SenderFlow& flow) const;
+  // SenderSend's steps: whether the chunk may go (state of the request,
+  // page and state indices); the writes and notice of one decode rank's
+  // share (Unavailable when that rank is not connected); counting the
+  // posts in and queueing them.
+  Status CheckSendLocked(const SenderRoom& room, std::span<const int32_t> pages,
+                         std::span<const int32_t> state) const KVB_REQUIRES(mu_);
+  Result<Outbox::Post> PlanFlowChunkLocked(const std::shared_ptr<SenderRoom>& sp, int rank,
+                                           const SenderFlow& flow, std::span<const int32_t> pages,
+                                           std::span<const int32_t> state, bool last)
+      KVB_REQUIRES(mu_);
+  void CommitChunkLocked(SenderRoom& room, std::vector<std::pair<int, Outbox::Post>> posts,
+                         int64_t n, bool last, Outbox& out) KVB_REQUIRES(mu_);
   void OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out)
       KVB_REQUIRES(mu_);
   void FailSenderLocked(SenderRoom& room, FailureRecord record, Outbox& out) KVB_REQUIRES(mu_);

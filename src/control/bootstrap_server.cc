@@ -231,7 +231,13 @@ struct [[gnu::visibility("hidden")]] BootstrapServer::Impl {
   DispatchServer http;
   internal::HttpServerThread serving;  // after `http`: stops serving before it goes
 
+  // The routes: sglang's (registration, parallel info, dp ranks, health),
+  // then kvbridge's own (heartbeats, ranks, failure records), then the
+  // admission, error and exception handlers.
   void AddRoutes();
+  void AddSglangRoutes();
+  void AddKvbridgeRoutes();
+  void AddHandlers();
   void AddMetrics();
 };
 
@@ -295,27 +301,42 @@ void BootstrapServer::Impl::AddMetrics() {
   });
 }
 
+namespace {
+
+// Each handler turns a Status into the reply; a handler never throws past
+// httplib (the exception handler is the backstop).
+using Req = const httplib::Request&;
+using Res = httplib::Response&;
+
+void Reply(Req req, Res res, const Status& s, const json& ok_body) {
+  if (s.ok()) {
+    ReplyJson(res, ok_body);
+  } else {
+    ReplyError(req, res, s);
+  }
+}
+
+// sglang answers its writes with a plain "OK".
+void ReplyOk(Req req, Res res, const Status& s) {
+  if (s.ok()) {
+    res.set_content("OK", "text/plain");
+  } else {
+    ReplyError(req, res, s);
+  }
+}
+
+}  // namespace
+
 void BootstrapServer::Impl::AddRoutes() {
+  AddSglangRoutes();
+  AddKvbridgeRoutes();
+  AddHandlers();
+}
+
+void BootstrapServer::Impl::AddSglangRoutes() {
   internal::Registry& reg = *registry;
-  // Each handler turns a Status into the reply; a handler never throws past
-  // httplib (the exception handler below is the backstop).
-  using Req = const httplib::Request&;
-  using Res = httplib::Response&;
-  auto reply = [](Req req, Res res, const Status& s, const json& ok_body) {
-    if (s.ok()) {
-      ReplyJson(res, ok_body);
-    } else {
-      ReplyError(req, res, s);
-    }
-  };
-  // sglang answers its writes with a plain "OK".
-  auto reply_ok = [](Req req, Res res, const Status& s) {
-    if (s.ok()) {
-      res.set_content("OK", "text/plain");
-    } else {
-      ReplyError(req, res, s);
-    }
-  };
+  const auto reply = Reply;
+  const auto reply_ok = ReplyOk;
   // The registrant alone learns its credential, in a header: the body
   // stays sglang's "OK".
   http.Put("/route", [&reg, reply_ok](Req req, Res res) {
@@ -359,6 +380,11 @@ void BootstrapServer::Impl::AddRoutes() {
     reply(req, res, s, out);
   });
   http.Get("/health", [](Req, Res res) { res.set_content("OK", "text/plain"); });
+}
+
+void BootstrapServer::Impl::AddKvbridgeRoutes() {
+  internal::Registry& reg = *registry;
+  const auto reply = Reply;
   http.Put("/heartbeat", [&reg, reply](Req req, Res res) {
     Status s = [&]() -> Status {
       KVB_ASSIGN_OR_RETURN(json body, ParseBody(req));
@@ -388,6 +414,9 @@ void BootstrapServer::Impl::AddRoutes() {
                                                : Result<internal::FailureBatch>(since.status());
     reply(req, res, batch.status(), batch.ok() ? batch->ToJson() : json());
   });
+}
+
+void BootstrapServer::Impl::AddHandlers() {
   http.set_pre_routing_handler([this](Req req, Res res) {
     Status s = Admit(req, token);
     if (s.ok()) return httplib::Server::HandlerResponse::Unhandled;
