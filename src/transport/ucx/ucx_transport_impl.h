@@ -71,6 +71,10 @@
 // keeps at most options.max_incoming_batches_per_peer open incoming batches
 // per sender endpoint (and blocks per batch are bounded): a block that would
 // open one more is refused with a ResourceExhausted ACK, and no state grows.
+// Per-peer grants (GrantRegion) add tokens to a region; their keys carry no
+// rkey and no same-host socket, so every write under one is a data AM this
+// thread admits. RevokeGrant drops the tokens on this thread and waits until
+// the rendezvous receives admitted under them (grant_receives_) finished.
 //
 // Failure. The endpoint's error callback (UCP_ERR_HANDLING_MODE_PEER, with
 // keepalive), a failed UCX request, or ESRCH from process_vm_writev marks the
