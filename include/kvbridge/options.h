@@ -116,6 +116,12 @@ struct ManagerOptions {
   // Transport.
   std::string ucx_tls;  // "" = UCX default; "tcp" forces TCP
   SameHostPath same_host_path = SameHostPath::kAuto;
+  // Decode: prefill ranks on other hosts always write through a per-peer
+  // grant that decode revokes when it fails them (docs/protocol.md,
+  // "Fencing a partitioned rank"). True: same-host prefill ranks too, over
+  // UCX active messages instead of shared memory / cross-memory attach
+  // (slower; a failed one is fenced without waiting for its exit).
+  bool grant_same_host_peers = false;
 
   // Liveness: a peer silent for heartbeat_interval * heartbeat_misses is
   // unresponsive. Defaults detect a dead or stopped peer within 1 s.

@@ -83,6 +83,12 @@ struct Peer {
   bool acks_prove_life = false;
   bool failed = false;
   std::optional<FailureRecord> failure;  // why it failed (room 0)
+  // Decode side: the per-peer write grant in our Hello (0: the regions'
+  // shared keys) and its keys (kv, aux, state); `fenced` once the grant is
+  // revoked, so nothing it writes can land any more.
+  GrantId grant = 0;
+  std::vector<std::string> grant_keys[3];
+  bool fenced = false;
   SteadyTime last_heard = std::chrono::steady_clock::now();
   std::chrono::system_clock::time_point last_heard_wall = std::chrono::system_clock::now();
 };
@@ -249,6 +255,12 @@ class ManagerImpl {
   // Opens the heartbeat endpoint (Peer::beat) of every proven peer that
   // lacks one. Resolver thread.
   void OpenBeatEndpoints();
+  // Revokes the grants of failed peers (fence_pending_), then counts their
+  // rooms' sources quiesced. Resolver thread: a revoke waits for writes
+  // admitted under it to land.
+  void FenceRound();
+  // The Hello's keys for `key`: its own grants when it gets them.
+  Status GrantKeysFor(const std::string& key, HelloMsg& hello);
   // Forgets `peer`'s heartbeat endpoint and queues it for closing.
   void DropBeatLocked(Peer& peer, Outbox& out) KVB_REQUIRES(mu_);
 
@@ -539,6 +551,9 @@ class ManagerImpl {
   std::atomic<uint64_t> unauth_dropped_{0};
   // Peers whose Hello the ticker found unanswered.
   std::set<std::string> hello_retries_ KVB_GUARDED_BY(mu_);
+  // Failed peers whose grant is still to be revoked, and the next grant id.
+  std::set<std::string> fence_pending_ KVB_GUARDED_BY(mu_);
+  GrantId next_grant_ KVB_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace kvbridge::internal
