@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -217,9 +218,16 @@ Status HostNet::StartInit(int h) {
   // The hostname is set through /proc of the new UTS namespace (no
   // hostname(1) needed); /dev/shm and /tmp are the host's own. "ready"
   // says the namespaces are set up; then the shell becomes a sleeping init.
+  // /tmp is the host's own too, unless the programs the hosts run live
+  // there (a checkout under /tmp): a private /tmp would hide them, and every
+  // rank would fail to start with "No such file or directory".
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  const bool private_tmp = ec || exe.rfind("/tmp/", 0) != 0;
   const std::string script = "echo " + hostname(h) +
                              " > /proc/sys/kernel/hostname && "
-                             "mount -t tmpfs kvbshm /dev/shm && mount -t tmpfs kvbtmp /tmp && "
+                             "mount -t tmpfs kvbshm /dev/shm && " +
+                             std::string(private_tmp ? "mount -t tmpfs kvbtmp /tmp && " : "") +
                              "echo ready && exec sleep 2147483647";
   std::vector<std::string> argv = {
       ip_,     "netns",        "exec",   netns_.at(h),   unshare_, "--pid", "--uts", "--mount",
