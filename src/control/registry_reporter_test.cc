@@ -69,7 +69,11 @@ TEST_P(RegistryForgedRecordTest, IsPermissionDeniedAndChangesNothing) {
               c.why);
   // Barrier: later calls see the table as it was.
   EXPECT_EQ(registry_->FailuresSince(0)->latest_seq, 0u);
-  for (const RankStatus& s : *registry_->ListRanks()) {
+  // The list is kept: a range-for over *ListRanks() would iterate into a
+  // Result destroyed before the loop body runs (ASan: stack-use-after-scope).
+  const Result<std::vector<RankStatus>> ranks = registry_->ListRanks();
+  ASSERT_TRUE(ranks.ok()) << ranks.status().ToString();
+  for (const RankStatus& s : *ranks) {
     EXPECT_EQ(s.state, Liveness::kAlive) << s.record.Describe();
     EXPECT_EQ(s.dead_by_seq, 0u) << s.record.Describe();
   }
