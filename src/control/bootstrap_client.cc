@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <charconv>
 
 #include "common/log.h"
@@ -13,6 +14,10 @@ namespace kvbridge::internal {
 namespace {
 
 using nlohmann::json;
+
+// How long one connect may take before it is abandoned for a new one: a few
+// round trips of a slow link, well under TCP's 1 s SYN retransmission.
+constexpr std::chrono::milliseconds kConnectAttempt{250};
 
 std::string Why(httplib::Error err, std::chrono::milliseconds timeout) {
   switch (err) {
@@ -91,20 +96,72 @@ BootstrapClient::BootstrapClient(std::string address, std::string host, int port
       timeout_(timeout),
       auth_token_(std::move(auth_token)) {}
 
+BootstrapClient::~BootstrapClient() = default;
+
+std::unique_ptr<httplib::Client> BootstrapClient::NewClient(bool keep_alive) const {
+  auto cli = std::make_unique<httplib::Client>(host_, port_);
+  cli->set_read_timeout(timeout_);
+  cli->set_write_timeout(timeout_);
+  cli->set_keep_alive(keep_alive);
+  if (!auth_token_.empty()) cli->set_default_headers({{"Authorization", BearerValue(auth_token_)}});
+  return cli;
+}
+
 Result<std::string> BootstrapClient::Call(const char* method, const std::string& path,
-                                          const std::string& body) const {
-  // A client per call: httplib::Client is not safe for concurrent requests,
-  // and a fresh connection notices a restarted server at once.
-  httplib::Client cli(host_, port_);
-  cli.set_connection_timeout(timeout_);
-  cli.set_read_timeout(timeout_);
-  cli.set_write_timeout(timeout_);
-  cli.set_keep_alive(false);
-  if (!auth_token_.empty()) cli.set_default_headers({{"Authorization", BearerValue(auth_token_)}});
+                                          const std::string& body, Session* session) const {
+  // Most calls get a client of their own: httplib::Client is not safe for
+  // concurrent requests, a fresh connection notices a restarted server at
+  // once, and the server holds a thread for each open connection. The calls
+  // of every heartbeat interval (`session`) keep a connection instead: on a
+  // lossy link every new connection risks a lost SYN or SYN-ACK. The server still closes it
+  // after a few requests (httplib's keep-alive count) or 1 s idle, so no rank
+  // pins a server thread for good; a request that fails on a reused
+  // connection is sent once more on a new one.
+  //
+  // A new connection's SYN is retransmitted only after TCP's 1 s initial
+  // RTO: one lost packet would hold a heartbeat back for as long as the
+  // registry's whole silence limit. So each connect gets kConnectAttempt
+  // and, when it times out, is tried again on a new socket until `timeout_`
+  // is spent: safe for every method, nothing was sent on a connection that
+  // never came up. A refused connection is not retried (the server is down).
+  std::unique_lock<std::mutex> lock;
+  if (session != nullptr) lock = std::unique_lock<std::mutex>(session->mu);
   const std::string method_name(method);
-  httplib::Result res = method_name == "GET"   ? cli.Get(path)
-                        : method_name == "PUT" ? cli.Put(path, body, "application/json")
-                                               : cli.Post(path, body, "application/json");
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  httplib::Result res{nullptr, httplib::Error::Unknown};
+  bool resent = false;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    std::unique_ptr<httplib::Client> own;
+    if (session != nullptr && session->client == nullptr) {
+      session->client = NewClient(/*keep_alive=*/true);
+      session->used = false;
+    }
+    httplib::Client& cli =
+        session != nullptr ? *session->client : *(own = NewClient(/*keep_alive=*/false));
+    cli.set_connection_timeout(std::clamp(left, std::chrono::milliseconds(1), kConnectAttempt));
+    res = method_name == "GET"   ? cli.Get(path)
+          : method_name == "PUT" ? cli.Put(path, body, "application/json")
+                                 : cli.Post(path, body, "application/json");
+    if (res) {
+      if (session != nullptr) session->used = true;
+      break;
+    }
+    const bool reused = session != nullptr && session->used;
+    if (session != nullptr) session->client.reset();  // a failed connection is not used again
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    if (res.error() == httplib::Error::ConnectionTimeout) {
+      KVB_LOG_DEBUG("bootstrap server {}: connect timed out after {} ms; trying again", address_,
+                    kConnectAttempt.count());
+      continue;
+    }
+    // The server may have closed a kept connection just as it was reused.
+    if (!reused || resent ||
+        (res.error() != httplib::Error::Read && res.error() != httplib::Error::Write))
+      break;
+    resent = true;
+  }
   const std::string context = "bootstrap server " + address_ + " " + method_name + " " + path;
   if (!res) {
     Status s = UnavailableError("bootstrap server " + address_ +
@@ -126,8 +183,8 @@ Status BootstrapClient::Malformed(const std::string& what, const Status& parse_e
 }
 
 Result<json> BootstrapClient::CallJson(const char* method, const std::string& path,
-                                       const std::string& body) const {
-  KVB_ASSIGN_OR_RETURN(std::string text, Call(method, path, body));
+                                       const std::string& body, Session* session) const {
+  KVB_ASSIGN_OR_RETURN(std::string text, Call(method, path, body, session));
   // The server is a stranger too: its answer is bounded like a request.
   Result<json> j = ParseJson(text, "the answer (" + Clip(text, 80) + ")", size_t{64} << 20);
   if (!j.ok()) return Malformed(std::string(method) + " " + path, j.status());
@@ -168,11 +225,11 @@ Status BootstrapClient::Heartbeat(RankRole role, int dp, int cp, int tp, int pp,
                                   uint64_t incarnation) const {
   json body{{"role", RankRoleName(role)}, {"dp", dp}, {"cp", cp}, {"tp", tp}, {"pp", pp},
             {"incarnation", incarnation}};
-  return CallJson("PUT", "/heartbeat", DumpJson(body)).status();
+  return CallJson("PUT", "/heartbeat", DumpJson(body), &beats_).status();
 }
 
 Result<std::vector<RankStatus>> BootstrapClient::ListRanks() const {
-  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", "/ranks", ""));
+  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", "/ranks", "", &reads_));
   JsonFields f(j, "rank table");
   const json* ranks = nullptr;
   Status s = f.Array("ranks", &ranks);
@@ -224,7 +281,7 @@ Result<std::map<uint64_t, int>> BootstrapClient::QueryDpRanks(
 
 Result<FailureBatch> BootstrapClient::FailuresSince(uint64_t since) const {
   const std::string path = "/failures?since=" + std::to_string(since);
-  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", path, ""));
+  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", path, "", &reads_));
   Result<FailureBatch> batch = FailureBatch::FromJson(j);
   if (!batch.ok()) return Malformed("GET " + path, batch.status());
   return batch;

@@ -10,15 +10,17 @@
 //   Internal     the server answered with a body that is not what the route
 //                promises (bad JSON or missing fields).
 //
-// Thread safety: every method is const and may be called concurrently; each
-// call opens its own connection (the routes are cheap and rare: lookups at
-// start, heartbeats every few hundred milliseconds).
+// Thread safety: every method is const and may be called concurrently. The
+// calls a rank makes every heartbeat interval keep a connection open:
+// Heartbeat one, FailuresSince and ListRanks another (each taken in turn, so
+// a slow read never holds a heartbeat back); every other call opens its own.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -27,6 +29,10 @@
 #include "control/registry.h"
 #include "control/registry_client.h"
 #include "kvbridge/status.h"
+
+namespace httplib {
+class Client;
+}
 
 namespace kvbridge::internal {
 
@@ -40,6 +46,7 @@ class BootstrapClient final : public RegistryClient {
   static Result<std::unique_ptr<BootstrapClient>> Create(std::string_view address,
                                                          std::chrono::milliseconds timeout,
                                                          std::string auth_token);
+  ~BootstrapClient() override;
 
   const std::string& host() const { return host_; }
   int port() const { return port_; }
@@ -71,12 +78,21 @@ class BootstrapClient final : public RegistryClient {
   BootstrapClient(std::string address, std::string host, int port,
                   std::chrono::milliseconds timeout, std::string auth_token);
 
-  // Sends one request; the body of a 2xx answer, or the error.
-  Result<std::string> Call(const char* method, const std::string& path,
-                           const std::string& body) const;
+  // A kept keep-alive connection and the lock that takes it.
+  struct Session {
+    std::mutex mu;
+    std::unique_ptr<httplib::Client> client;  // guarded by mu
+    bool used = false;                        // guarded by mu: it answered a request
+  };
+  // Sends one request; the body of a 2xx answer, or the error. With a
+  // `session`, on its kept connection (idempotent requests only: one that
+  // fails on a reused connection is sent again on a new one).
+  Result<std::string> Call(const char* method, const std::string& path, const std::string& body,
+                           Session* session = nullptr) const;
   // Call() and parse the answer as JSON (Internal when it is not).
   Result<nlohmann::json> CallJson(const char* method, const std::string& path,
-                                  const std::string& body) const;
+                                  const std::string& body, Session* session = nullptr) const;
+  std::unique_ptr<httplib::Client> NewClient(bool keep_alive) const;
   Status Malformed(const std::string& what, const Status& parse_error) const;
 
   std::string address_;
@@ -84,6 +100,8 @@ class BootstrapClient final : public RegistryClient {
   int port_;
   std::chrono::milliseconds timeout_;
   std::string auth_token_;
+  mutable Session beats_;  // Heartbeat
+  mutable Session reads_;  // FailuresSince, ListRanks
 };
 
 // Splits "host:port" / "[v6]:port" strictly. InvalidArgument naming the text.
