@@ -303,8 +303,7 @@ void ManagerImpl::RegistryRound(uint64_t round) {
   {
     MutexLock lock(mu_);
     answered_seen_ = registry_answered_;
-    // Without an answered heartbeat the reads wait (they would fail too).
-    if (registry_lost_ || registry_answered_.time_since_epoch().count() == 0) return;
+    if (registry_lost_) return;  // the reads would fail too
   }
   // Read before publishing: a rank cut off from the others (a partition)
   // blamed them for its own isolation while the registry was out of reach;
