@@ -10,6 +10,7 @@
 // refuses with a reason.
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -41,6 +42,18 @@ Registry& TheRegistry() {
   return *registry;
 }
 
+// The credentials Register handed out, by the rank they name, so that a
+// record naming a registered reporter reaches the registry's rules behind
+// the credential check.
+std::map<std::string, std::string>& Credentials() {
+  static std::map<std::string, std::string> credentials;
+  return credentials;
+}
+
+std::string ReporterName(int role, const RankKey& key, uint64_t incarnation) {
+  return std::to_string(role) + " " + key.ToString() + " " + std::to_string(incarnation);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -62,7 +75,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(FailureRecordToJson(*back) == FailureRecordToJson(*record));
     Check(!record->Message().empty());
   }
-  CheckRefusal(TheRegistry().Publish(j).status());
+  std::string credential;
+  if (record.ok()) {
+    const RankId& by = record->detected_by;
+    auto it = Credentials().find(ReporterName(by.role == Role::kPrefill ? 0 : 1,
+                                              RankKey{by.dp, by.cp, by.tp, by.pp}, by.incarnation));
+    if (it != Credentials().end()) credential = it->second;
+  }
+  CheckRefusal(TheRegistry().Publish(j, credential).status());
 
   Result<RankRecord> rank = RankRecord::FromJson(j);
   CheckRefusal(rank.status());
@@ -71,7 +91,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Result<RankRecord> back = RankRecord::FromJson(rank->ToJson());
     Check(back.ok());
     Check(back->ToJson() == rank->ToJson());
-    CheckRefusal(TheRegistry().Register(*rank));
+    Result<std::string> given = TheRegistry().Register(*rank, "");
+    CheckRefusal(given.status());
+    if (given.ok()) {
+      Check(given->size() >= 32);  // >= 128 bits
+      if (Credentials().size() > 64) Credentials().clear();
+      Credentials()[ReporterName(rank->role == RankRole::kPrefill ? 0 : 1, rank->key(),
+                                 rank->incarnation)] = *given;
+    }
   }
   CheckRefusal(ParallelInfo::FromJson(j).status());
   CheckRefusal(RankStatus::FromJson(j).status());

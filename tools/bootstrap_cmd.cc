@@ -44,7 +44,8 @@ int RunBootstrap(const BootstrapFlags& f) {
 
   Result<std::string> token = CommandAuthToken(f.auth_token_file, "kvbridge bootstrap");
   if (!token.ok()) {
-    std::fputs(fmt::format("kvbridge bootstrap: {}\n", token.status().message()).c_str(), stderr);
+    // The message begins with "kvbridge bootstrap: " already.
+    std::fputs((token.status().message() + "\n").c_str(), stderr);
     return 1;
   }
   BootstrapServerOptions o;

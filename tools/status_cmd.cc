@@ -203,7 +203,8 @@ int RunStatus(const StatusFlags& f) {
   // the deployment's secret.
   Result<std::string> token = CommandAuthToken(f.auth_token_file, "kvbridge status");
   if (!token.ok()) {
-    Print("kvbridge status: " + token.status().message() + "\n", stderr);
+    // The message begins with "kvbridge status: " already.
+    Print(token.status().message() + "\n", stderr);
     return 2;
   }
   Result<std::unique_ptr<internal::BootstrapClient>> client = internal::BootstrapClient::Create(

@@ -17,11 +17,15 @@
 // ranks listed; a limit that is hit is named in the error.
 //
 // Routes (JSON bodies; errors are {"error": "<CODE NAME>", "message": "..."}
-// with HTTP 400 InvalidArgument, 401 Unauthenticated, 404 NotFound, 409
-// FailedPrecondition or AlreadyExists, 429/431 ResourceExhausted, 503
-// Unavailable, 500 otherwise):
+// with HTTP 400 InvalidArgument, 401 Unauthenticated, 403 PermissionDenied,
+// 404 NotFound, 409 FailedPrecondition or AlreadyExists, 429/431
+// ResourceExhausted, 503 Unavailable, 500 otherwise):
 //   PUT  /route        register a rank (a rank record; "role" decides prefill
-//                      or decode). 200 {"ok": true}.
+//                      or decode). 200 "OK", with the registration's
+//                      credential in the X-Kvbridge-Rank-Credential header
+//                      (to the registrant only). Registering again the
+//                      incarnation that holds the position needs that
+//                      credential (403 without).
 //   GET  /route?prefill_dp_rank=D&prefill_cp_rank=C&target_tp_rank=T&target_pp_rank=P
 //                      200 one prefill rank's record; all four -1: 200 the
 //                      prefill parallel info (sizes, page size, dtype,
@@ -33,12 +37,16 @@
 //   GET  /health       200 "OK".
 //   PUT  /heartbeat    {"role", "dp", "cp", "tp", "pp", "incarnation"}: 200;
 //                      404 when not registered; 409 when that incarnation was
-//                      replaced or declared dead (re-register with a new one).
+//                      replaced or declared dead (re-register with a new one);
+//                      403 without that registration's credential.
 //   GET  /ranks        200 {"ranks": [{"record", "age_ms", "state" (alive,
 //                      unresponsive, dead), "restarts", "dead_by_seq"}, ...]}.
 //   POST /failure      a failure record (JSON object): 200 {"seq": N}. An
 //                      "origin" {role, dp, tp, pp, cp, incarnation} naming a
-//                      registered rank marks it dead.
+//                      registered rank marks it dead. 403 unless its
+//                      "detected_by" names a registered rank whose credential
+//                      the request carries and that may report it (itself,
+//                      the other role, a sibling; docs/security.md).
 //   GET  /failures?since=N
 //                      200 {"records": [...], "latest_seq", "truncated"}:
 //                      records with seq > N (default 0), oldest first.

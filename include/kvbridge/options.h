@@ -37,6 +37,11 @@ struct KVArgs {
   std::vector<uint64_t> state_data_ptrs;
   std::vector<uint64_t> state_data_lens;
   std::vector<uint64_t> state_item_lens;
+  // The state type of each state buffer (0, 1, ...; sglang's state_types,
+  // whose buffers come as one list per type); empty: one type. With several
+  // types, state indices hold one section per type separated by -1, each
+  // addressing only its type's buffers.
+  std::vector<int32_t> state_buffer_types;
   int page_size = 1;            // tokens per page
   int kv_head_num = 1;          // kv heads held by this rank (MLA: 1)
   int total_kv_head_num = 1;    // kv heads of the model
@@ -103,10 +108,20 @@ struct ManagerOptions {
   // room (sglang's /query_dp_ranks) and each prefill sender says so
   // (/register_dp_rank).
   bool follow_bootstrap_room = true;
+  // Prefill: the server's HTTP API port (sglang's prefill_http_port, 0 =
+  // none), registered so that decode can ask it to recompute a retracted
+  // request (sglang's submit_prefill_recompute).
+  int prefill_http_port = 0;
 
   // Transport.
   std::string ucx_tls;  // "" = UCX default; "tcp" forces TCP
   SameHostPath same_host_path = SameHostPath::kAuto;
+  // Decode: prefill ranks on other hosts always write through a per-peer
+  // grant that decode revokes when it fails them (docs/protocol.md,
+  // "Fencing a partitioned rank"). True: same-host prefill ranks too, over
+  // UCX active messages instead of shared memory / cross-memory attach
+  // (slower; a failed one is fenced without waiting for its exit).
+  bool grant_same_host_peers = false;
 
   // Liveness: a peer silent for heartbeat_interval * heartbeat_misses is
   // unresponsive. Defaults detect a dead or stopped peer within 1 s.

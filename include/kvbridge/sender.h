@@ -33,6 +33,18 @@ namespace internal {
 struct SenderRoom;
 }
 
+// Where a request's time went, in seconds (sglang's KVTransferMetric). Each
+// is empty until its end point is reached.
+struct TransferTiming {
+  // From Create until metadata from every decode rank arrived: the wait for
+  // decode to allocate the request's pages (sglang's alloc_latency_s).
+  std::optional<double> alloc_seconds;
+  // From the first write posted until the last one completed (Success):
+  // the span of the actual writes, as sglang's mooncake backend measures
+  // transfer_latency_s. Empty when nothing was written (a dummy rank).
+  std::optional<double> transfer_seconds;
+};
+
 class KVB_EXPORT KVSender {
  public:
   // FailedPrecondition when `room` already has a live sender on this rank.
@@ -64,6 +76,8 @@ class KVB_EXPORT KVSender {
   // pop_decode_prefix_len): Init's num_pages counts them and Send skips them.
   // -1 until metadata arrived (Poll() past Bootstrapping).
   int64_t DecodePrefixPages() const;
+  // Lock-free; see TransferTiming.
+  TransferTiming Timing() const;
 
  private:
   KVSender(KVManager& manager, std::shared_ptr<internal::SenderRoom> room);

@@ -60,7 +60,7 @@ class KVArgs:
 
     _LIST_FIELDS = ("kv_data_ptrs", "kv_data_lens", "kv_item_lens", "aux_data_ptrs",
                     "aux_data_lens", "aux_item_lens", "state_data_ptrs", "state_data_lens",
-                    "state_item_lens")
+                    "state_item_lens", "state_buffer_types")
 
     def __init__(self, **kwargs: Any):
         self.engine_rank = 0
@@ -137,6 +137,9 @@ class KVConfig:
     # Prefill: requests reach dp rank room % dp_size (sglang's
     # load_balance_method "follow_bootstrap_room"); registered for decode.
     follow_bootstrap_room: bool = True
+    # Prefill: the server's HTTP API port (sglang's prefill_http_port; 0 =
+    # none), for decode's retraction recompute.
+    prefill_http_port: int = 0
     # The cluster registry: "" (the bootstrap server at bootstrap_addr) or
     # "etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE]" (docs/registry.md).
     registry: str = ""
@@ -156,6 +159,7 @@ class KVConfig:
                     metrics_port=int(self.metrics_port),
                     instance_id=str(self.instance_id),
                     follow_bootstrap_room=bool(self.follow_bootstrap_room),
+                    prefill_http_port=int(self.prefill_http_port or 0),
                     registry=str(self.registry))
 
 

@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import sys
+import threading
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -124,6 +125,44 @@ def flat_state_indices(state_indices: Any) -> Optional[List[int]]:
     return out or None
 
 
+def state_types_of(args: Any) -> List[int]:
+    """The state type of each state buffer: sglang's state_data_ptrs is one
+    list per state type; a flat list (one type) gives []."""
+    ptrs = getattr(args, "state_data_ptrs", None) or []
+    if not any(isinstance(p, (list, tuple)) or hasattr(p, "__len__") for p in ptrs):
+        return []
+    return [t for t, comp in enumerate(ptrs) for _ in (comp or [])]
+
+
+def sectioned_state_indices(state_indices: Any, num_types: int) -> Optional[List[int]]:
+    """sglang's per-type state_indices for a manager with `num_types` (> 1)
+    state types, each with its own buffers: one section per type, separated
+    by -1 (kvbridge's KVArgs.state_buffer_types), so each type's indices
+    address its own buffers only. A bare array (not one entry per type)
+    addresses every buffer, as with one type."""
+    if state_indices is None:
+        return None
+    per_type = isinstance(state_indices, (list, tuple)) and (
+        len(state_indices) == 0 or any(
+            v is None or isinstance(v, (list, tuple)) or getattr(v, "ndim", 0) >= 1
+            for v in state_indices))
+    if not per_type:
+        return flat_state_indices(state_indices)
+    if len(state_indices) != num_types:
+        raise kvbridge.InvalidArgumentError(
+            None, f"state_indices has {len(state_indices)} entries, the manager has "
+            f"{num_types} state types (one entry per type, None for a type without state)")
+    sections = [flat_state_indices(entry) or [] for entry in state_indices]
+    if not any(sections):
+        return None
+    out: List[int] = []
+    for t, section in enumerate(sections):
+        if t:
+            out.append(-1)
+        out.extend(section)
+    return out
+
+
 def _sglang_placement() -> Optional[tuple]:
     """(attn_tp_size, attn_tp_rank, attn_dp_size, attn_dp_rank) from sglang."""
     try:
@@ -143,6 +182,15 @@ def _sglang_placement() -> Optional[tuple]:
             return None
 
 
+def _sglang_attn_cp() -> int:
+    """sglang's attention context-parallel size (get_parallel()), 1 outside."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+        return int(getattr(get_parallel(), "attn_cp_size", 1) or 1)
+    except Exception:  # noqa: BLE001 -- not inside an sglang scheduler
+        return 1
+
+
 def placement(args: Any, server_args: Any, mode: str) -> ParallelLayout:
     """Where this rank sits: sglang's attention tp/dp, or system dp.
 
@@ -155,6 +203,14 @@ def placement(args: Any, server_args: Any, mode: str) -> ParallelLayout:
     layout = getattr(args, "parallel", None)
     if isinstance(layout, ParallelLayout):
         return layout
+    cp = _sglang_attn_cp()
+    if cp > 1:
+        # sglang's prefill cp: only cp rank 0 sends by default (the others
+        # are dummy ranks), every cp rank with ALL_CP_RANKS_TRANSFER or DSA
+        # layer split; decode must be cp 1. kvbridge places no cp rank.
+        raise kvbridge.UnimplementedError(
+            None, f"attention context parallelism (attn_cp_size {cp}) is not supported by "
+            f"kvbridge's sglang backend: run the {mode} server with cp 1")
     tp = int(getattr(server_args, "tp_size", 1) or 1)
     dp = int(getattr(server_args, "dp_size", 1) or 1)
     pp = int(getattr(server_args, "pp_size", 1) or 1)
@@ -185,6 +241,7 @@ def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVAr
                  "prefill_start_layer", "prefill_end_layer"):
         if getattr(args, name, None) is not None:
             setattr(ours, name, getattr(args, name))
+    ours.state_buffer_types = state_types_of(args)
     ours.dtype = str(getattr(server_args, "kv_cache_dtype", "auto"))
     ours.memory_kind = "vram" if str(getattr(server_args, "device", "cuda")) == "cuda" else "dram"
     ours.parallel = placement(args, server_args, mode)
@@ -269,14 +326,30 @@ class KVBridgeKVManager(BaseKVManager):
         self.prefill_info_table: Dict[str, Any] = {}
         self._cores: Dict[str, _Manager] = {}
         self._core: Optional[_Manager] = None
+        self._recompute_pool: Any = None  # made at the first retraction
+        self._recompute_lock = threading.Lock()
         if self._mode == "prefill":
             self.register_to_bootstrap()
+
+    def state_indices(self, state_indices: Any) -> Optional[List[int]]:
+        """sglang's state_indices as kvbridge's list: flat with one state
+        type; with several, one section per type (sectioned_state_indices)."""
+        types = self._args.state_buffer_types
+        num_types = max(types) + 1 if types else 1
+        if num_types <= 1:
+            return flat_state_indices(state_indices)
+        try:
+            return sectioned_state_indices(state_indices, num_types)
+        except kvbridge.KVTransferError as e:
+            raise type(e)(None, f"state_indices: {e.failure_reason}") from None
 
     def _config(self, bootstrap_addr: str) -> KVConfig:
         return KVConfig(bootstrap_addr=bootstrap_addr, start_bootstrap_server=False,
                         advertise_host=advertise_host(self.server_args),
                         instance_id=self._instance_id(self.bootstrap_host),
-                        follow_bootstrap_room=follows_bootstrap_room(self.server_args))
+                        follow_bootstrap_room=follows_bootstrap_room(self.server_args),
+                        prefill_http_port=int(getattr(self.server_args, "port", 0) or 0)
+                        if self._mode == "prefill" else 0)
 
     def _instance_id(self, host: str) -> str:
         """Decode: the server's own address, the same on all its ranks and
@@ -325,7 +398,8 @@ class KVBridgeKVManager(BaseKVManager):
             attn_tp_size=info["attn_tp_size"], attn_cp_size=info["attn_cp_size"] or 1,
             dp_size=info["dp_size"], pp_size=info["pp_size"], page_size=page_size,
             kv_cache_dtype=info["kv_cache_dtype"] or None,
-            follow_bootstrap_room=info["follow_bootstrap_room"])
+            follow_bootstrap_room=info["follow_bootstrap_room"],
+            prefill_http_port=info.get("prefill_http_port"))
         return True
 
     def _args_for(self, info: dict) -> KVArgs:
@@ -353,13 +427,62 @@ class KVBridgeKVManager(BaseKVManager):
         return self._cores[addr]
 
     def submit_prefill_recompute(self, kv_receiver: Any, payload: dict) -> None:
-        """PD retraction re-bootstrap: not supported; fails the request the
-        sglang way (abort, so poll() says Failed and the scheduler streams it)."""
-        log.warning("room %s: PD retract rebootstrap is not supported by kvbridge",
-                    getattr(kv_receiver, "bootstrap_room", None))
-        kv_receiver.abort()
+        """sglang's PD retraction re-bootstrap: the decode scheduler made a new
+        receiver for the retracted request (same room), sent its metadata,
+        and asks here that the prefill server recompute the request: one
+        POST of `payload` to http://<bootstrap host>:<prefill_http_port>/generate,
+        from the group's leader only (attention tp rank 0, pp rank 0), off
+        the scheduler's thread. The prefill server treats it as a new request
+        for that room, whose sender meets this receiver. Any failure (no
+        port registered, an HTTP error, no answer within
+        SGLANG_DISAGGREGATION_WAITING_TIMEOUT) aborts the receiver with the
+        reason (poll() says Failed; failure_exception() tells why)."""
+        if self.attn_tp_rank != 0 or self.pp_rank != 0:
+            return
+        info = self.prefill_info_table.get(getattr(kv_receiver, "bootstrap_addr", None))
+        port = getattr(info, "prefill_http_port", None)
+        if not port:
+            self._fail_recompute(kv_receiver, "PD retract rebootstrap could not resolve the "
+                                 "prefill /generate URL: the prefill server registered no "
+                                 "HTTP port")
+            return
+        host = _norm_addr(kv_receiver.bootstrap_addr).rsplit(":", 1)[0]
+        url = f"http://{host}:{int(port)}/generate"
+        with self._recompute_lock:
+            if self._recompute_pool is None:
+                import concurrent.futures
+                self._recompute_pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=4, thread_name_prefix="kvbridge-rebootstrap")
+        self._recompute_pool.submit(self._run_recompute, kv_receiver, url, dict(payload))
+
+    def _run_recompute(self, kv_receiver: Any, url: str, payload: dict) -> None:
+        import urllib.error
+        import urllib.request
+        rid = payload.get("rid")
+        timeout = float(os.environ.get("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "300") or 300)
+        req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as answer:
+                answer.read()
+        except urllib.error.HTTPError as e:
+            self._fail_recompute(kv_receiver, f"PD retract rebootstrap {url} failed for rid={rid} "
+                                 f"(status={e.code})")
+        except Exception as e:  # noqa: BLE001 -- any transport error fails the request
+            self._fail_recompute(kv_receiver, f"PD retract rebootstrap {url} request errored "
+                                 f"for rid={rid}: {e}")
+
+    def _fail_recompute(self, kv_receiver: Any, reason: str) -> None:
+        log.error("room %s: %s", getattr(kv_receiver, "bootstrap_room", None), reason)
+        fail = getattr(kv_receiver, "fail", None)
+        if fail is not None:
+            fail(reason)
+        else:
+            kv_receiver.abort()
 
     def close(self) -> None:
+        if self._recompute_pool is not None:
+            self._recompute_pool.shutdown(wait=False)
         for m in [self._core, *self._cores.values()]:
             if m is not None:
                 m.close()
@@ -461,10 +584,20 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
 
     def send(self, kv_indices: Any, state_indices: Optional[List] = None,
              token_position_offset: int = 0) -> None:
-        if token_position_offset:
-            self._s._impl.abort()
-            log.warning("room %s: token_position_offset %s is not supported", self.bootstrap_room,
-                        token_position_offset)
+        """One chunk. `token_position_offset`: the request's token position of
+        the chunk's first index (sglang's send_kv_chunk start index); 0 means
+        not given. kvbridge places chunks in order, so a given offset must be
+        where this chunk starts (decode's prefix plus the pages sent so far);
+        any other offset fails the request (invalid_request, naming both)."""
+        page_size = int(self.kv_mgr._args.page_size)
+        expected = (self._prefix_pages + self._pages) * page_size
+        if token_position_offset and int(token_position_offset) != expected:
+            self._s.reject(
+                f"token_position_offset {int(token_position_offset)} is not where this chunk "
+                f"starts (token {expected}: {self._prefix_pages} prefix pages and {self._pages} "
+                f"pages sent, page_size {page_size}); kvbridge sends chunks in order")
+            log.warning("room %s: token_position_offset %s refused (chunk starts at %s)",
+                        self.bootstrap_room, token_position_offset, expected)
             return
         pages = kv_indices  # an int32 array reaches C++ without a copy
         self._pages += len(kv_indices)
@@ -473,15 +606,27 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
             pages = np.concatenate([np.zeros(self._prefix_pages, np.int64),
                                     np.asarray(kv_indices, dtype=np.int64).reshape(-1)])
         self._first = False
-        state = flat_state_indices(state_indices)
-        self._states += len(state or [])
+        try:
+            state = self.kv_mgr.state_indices(state_indices)
+        except kvbridge.KVTransferError as e:
+            self._s.reject(e.failure_reason)  # poll() says Failed, with this reason
+            log.warning("room %s: %s", self.bootstrap_room, e.failure_reason)
+            return
+        self._states += sum(1 for i in (state or []) if i >= 0)
         self._quiet(self._s.send, pages, state)
 
     def should_send_kv_chunk(self, num_pages: int, last_chunk: bool) -> bool:
         return num_pages > 0 or last_chunk  # an empty last chunk still sends aux/state
 
     def get_transfer_metric(self) -> KVTransferMetric:
-        return KVTransferMetric(transfer_total_bytes=self._pages * self.kv_mgr.kv_item_lens_sum +
+        """sglang's metric: bytes by common's formula (pages x kv_item_lens_sum
+        + state slots x state_item_lens_sum); latencies measured in C++
+        (KVSender::Timing): transfer = first write posted to last write
+        completed (mooncake's span), alloc = sender made to decode's metadata
+        (its pages allocated). None until reached; valid after clear()."""
+        alloc, transfer = self._s._impl.timing()
+        return KVTransferMetric(transfer_latency_s=transfer, alloc_latency_s=alloc,
+                                transfer_total_bytes=self._pages * self.kv_mgr.kv_item_lens_sum +
                                 self._states * self.kv_mgr.state_item_lens_sum)
 
     def poll(self) -> KVPoll:  # replaced per instance in __init__
@@ -512,6 +657,7 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
         self.require_staging = False
         self._r: Optional[_Receiver] = None
         self._early: Optional[kvbridge.KVTransferError] = None  # failed before init
+        self._reason: Optional[str] = None  # set by fail()
 
     def poll(self) -> KVPoll:  # replaced by the C++ method once init() made it
         return KVPoll.Failed if self._early is not None else KVPoll.Bootstrapping
@@ -555,11 +701,33 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
         if self._r is None:
             self._fail_early("send_metadata before init")
             return
-        self._quiet(self._r.send_metadata, kv_indices, aux_index,
-                    flat_state_indices(state_indices), decode_prefix_len or 0)
+        try:
+            state = self.kv_mgr.state_indices(state_indices)
+        except kvbridge.KVTransferError as e:
+            log.warning("room %s: %s; aborting the request", self.bootstrap_room, e.failure_reason)
+            self._r.abort()
+            return
+        self._quiet(self._r.send_metadata, kv_indices, aux_index, state, decode_prefix_len or 0)
+
+    def fail(self, reason: str) -> None:
+        """Fails the request for a reason of the adapter's own (a retraction
+        whose recompute could not be asked): poll() says Failed, prefill is
+        told (as an abort), failure() and failure_exception() carry `reason`."""
+        self._reason = str(reason)
+        if self._r is None:
+            self._fail_early(self._reason)
+        else:
+            self._r.abort()
+
+    def _with_reason(self, e: Optional[kvbridge.KVTransferError]
+                     ) -> Optional[kvbridge.KVTransferError]:
+        if e is not None and self._reason is not None:
+            e.failure_reason = e.message = self._reason
+            e.args = (self._reason,)
+        return e
 
     def failure(self) -> Optional[kvbridge.KVTransferError]:
-        return self._early if self._r is None else self._r.failure()
+        return self._with_reason(self._early if self._r is None else self._r.failure())
 
     def failure_exception(self) -> None:
         """Raises why the request failed. sglang frees the pages right after
@@ -573,7 +741,7 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
         if not self._r._impl.wait_quiesced(QUIESCE_WAIT_S):
             log.warning("room %s: writes still in flight %.0f s after the failure",
                         self.bootstrap_room, QUIESCE_WAIT_S)
-        self._raise_error(error)
+        self._raise_error(self._with_reason(error))
 
     def clear(self) -> None:
         if self._r is not None:

@@ -56,6 +56,7 @@ KVArgs ArgsFromDict(const py::dict& d) {
   a.state_data_ptrs = Field<U64s>(d, "state_data_ptrs", {}, &seen);
   a.state_data_lens = Field<U64s>(d, "state_data_lens", {}, &seen);
   a.state_item_lens = Field<U64s>(d, "state_item_lens", {}, &seen);
+  a.state_buffer_types = Field<std::vector<int32_t>>(d, "state_buffer_types", {}, &seen);
   a.page_size = Field<int>(d, "page_size", a.page_size, &seen);
   a.kv_head_num = Field<int>(d, "kv_head_num", a.kv_head_num, &seen);
   a.total_kv_head_num = Field<int>(d, "total_kv_head_num", a.total_kv_head_num, &seen);
@@ -158,6 +159,7 @@ ManagerOptions ManagerOptionsFromDict(const py::dict& d) {
   o.registry = Field<std::string>(d, "registry", o.registry, &seen);
   o.advertise_host = Field<std::string>(d, "advertise_host", o.advertise_host, &seen);
   o.follow_bootstrap_room = Field<bool>(d, "follow_bootstrap_room", o.follow_bootstrap_room, &seen);
+  o.prefill_http_port = Field<int>(d, "prefill_http_port", o.prefill_http_port, &seen);
   o.ucx_tls = Field<std::string>(d, "ucx_tls", o.ucx_tls, &seen);
   std::string path = Field<std::string>(d, "same_host_path", "auto", &seen);
   if (path != "auto" && path != "ucx")

@@ -149,6 +149,18 @@ class PySender : public RoomHandle<KVSender> {
   void Abort() { live().Abort(); }
   void Reject(const std::string& reason) { live().Reject(reason); }
   int64_t DecodePrefixPages() const { return room_ ? room_->DecodePrefixPages() : -1; }
+  // (alloc_seconds, transfer_seconds), each None until known; kept past close().
+  std::pair<std::optional<double>, std::optional<double>> Timing() const {
+    TransferTiming t = room_ ? room_->Timing() : last_timing_;
+    return {t.alloc_seconds, t.transfer_seconds};
+  }
+  void Close() {
+    if (room_) last_timing_ = room_->Timing();
+    RoomHandle<KVSender>::Close();
+  }
+
+ private:
+  TransferTiming last_timing_;
 };
 
 class PyReceiver : public RoomHandle<KVReceiver> {
@@ -251,6 +263,7 @@ PYBIND11_MODULE(_kvbridge, m) {
       .def("failure_json", &PySender::FailureJson)
       .def("group_failure_json", &PySender::GroupFailureJson)
       .def("decode_prefix_pages", &PySender::DecodePrefixPages)
+      .def("timing", &PySender::Timing)
       .def("abort", &PySender::Abort, Release())
       .def("reject", &PySender::Reject, py::arg("reason"), Release())
       .def("close", &PySender::Close, Release());

@@ -51,6 +51,8 @@ py::dict PrefillInfo(const std::string& address, double timeout_s) {
   d["page_size"] = info->page_size;
   d["kv_cache_dtype"] = info->kv_cache_dtype;
   d["follow_bootstrap_room"] = info->follow_bootstrap_room;
+  d["prefill_http_port"] =
+      info->prefill_http_port != 0 ? py::object(py::int_(info->prefill_http_port)) : py::none();
   d["ranks_registered"] = info->ranks_registered;
   d["ranks_expected"] = info->ranks_expected;
   d["complete"] = Complete(*info);

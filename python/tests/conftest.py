@@ -27,6 +27,18 @@ def bootstrap():
 
 
 @pytest.fixture
+def sglang_bootstrap():
+    """A stand-in of sglang's own bootstrap server (no kvbridge routes);
+    yields the stand-in (its .address is "host:port")."""
+    from sglang_bootstrap_standin import SglangBootstrapStandin
+    token = (os.environ.get("KVBRIDGE_AUTH_TOKEN")
+             or os.environ.get("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"))
+    server = SglangBootstrapStandin(token)
+    yield server
+    server.close()
+
+
+@pytest.fixture
 def silent_port():
     """A port that accepts connections and never answers."""
     s = socket.socket()

@@ -155,7 +155,9 @@ def run_sg_rank(spec: SgSpec, states, progress, go, done, results) -> None:
                     bad = sum(int(not np.array_equal(
                         arr[dst], pattern(room, b, np.arange(len(dst)), heads, s)))
                         for b, arr in enumerate(pool.kv))
-                    bad += sum(int(not np.all(st[slot[room]] == state_value(room, t)))
+                    # each type's own pool; a type sent as None stays untouched
+                    bad += sum(int(not np.all(st[slot[room]] == (
+                        state_value(room, t) if spec.state_types[t] in ("mamba", "swa") else 0)))
                                for t, st in enumerate(pool.states))
                     outcome[room] = {"state": "success", "corrupt_buffers": bad,
                                      "aux_ok": bool(np.array_equal(pool.aux[slot[room]],

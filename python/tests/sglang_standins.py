@@ -30,12 +30,13 @@ class SgPool:
 
     def __init__(self, mode: str, tp_size: int = 1, tp_rank: int = 0, engine_rank: Optional[int]
                  = None, pages: int = 64, heads: int = 2, page_size: int = 4, layers: int = 2,
-                 state_types: Optional[List[str]] = None, state_rows: int = 16,
+                 state_types: Optional[List[str]] = None, state_rows=16,
                  system_dp_rank: int = 0):
         local = max(heads // tp_size, 1)
         self.kv = [np.zeros((pages, page_size, local, 8), np.uint16) for _ in range(2 * layers)]
         self.aux = np.zeros((8, 32), np.uint8)
-        self.states = [np.zeros((state_rows, 16), np.uint8) for _ in (state_types or [])]
+        rows = state_rows if isinstance(state_rows, list) else [state_rows] * len(state_types or [])
+        self.states = [np.zeros((n, 16), np.uint8) for n in rows]  # one pool per state type
         a = SgKVArgs()
         a.engine_rank = tp_rank if engine_rank is None else engine_rank
         a.kv_data_ptrs = [int(b.ctypes.data) for b in self.kv]

@@ -9,6 +9,7 @@ import inspect
 import json
 import logging
 import socket
+import time
 import sys
 import types
 import urllib.request
@@ -92,6 +93,17 @@ def test_state_indices_forms():  # R4
     assert sg.flat_state_indices(mixed) == [7, 1, 2]
     assert sg.flat_state_indices([None, None]) is None
     assert sg.flat_state_indices([[np.array(5)]]) == [5]  # a 0-d array
+    # several state types with their own pools: one section per type
+    two = [[np.array([7], np.int64)], np.array([1, 2], np.int32)]
+    assert sg.sectioned_state_indices(two, 2) == [7, -1, 1, 2]
+    assert sg.sectioned_state_indices([None, np.array([4])], 2) == [-1, 4]
+    assert sg.sectioned_state_indices([None, None], 2) is None
+    assert sg.sectioned_state_indices(None, 2) is None
+    assert sg.sectioned_state_indices(np.array([3, 4]), 2) == [3, 4]  # every pool
+    with pytest.raises(kvbridge.InvalidArgumentError, match="3 entries.*2 state types"):
+        sg.sectioned_state_indices(mixed, 2)
+    assert sg.state_types_of(SgPool("prefill", state_types=["mamba", "swa"]).args) == [0, 1]
+    assert sg.state_types_of(SgPool("prefill").args) == []
 
 
 def test_placement_dp_attention(monkeypatch):  # A1, A8, A11, M8
@@ -119,6 +131,20 @@ def test_placement_dp_attention(monkeypatch):  # A1, A8, A11, M8
     assert (lay.tp_size, lay.tp_rank, lay.dp_size, lay.dp_rank) == (2, 0, 2, 1)
 
 
+def test_context_parallel_is_refused_by_name(monkeypatch):  # M10
+    par = types.SimpleNamespace(attn_tp_size=1, attn_tp_rank=0, attn_cp_size=2, attn_cp_rank=1)
+    rc = types.ModuleType("sglang.srt.runtime_context")
+    rc.get_parallel = lambda: par
+    for name, mod in (("sglang", types.ModuleType("sglang")),
+                      ("sglang.srt", types.ModuleType("sglang.srt")),
+                      ("sglang.srt.runtime_context", rc)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    with pytest.raises(kvbridge.UnimplementedError, match="attn_cp_size 2.*cp 1"):
+        sg.KVBridgeKVManager(SgPool("prefill").args, "prefill", server_args(1))
+    par.attn_cp_size = 1  # cp 1 is placed as before
+    assert sg.placement(SgPool("prefill").args, server_args(1), "prefill").tp_size == 1
+
+
 def test_placement_system_dp():  # A11
     sa = server_args(1, tp_size=2, dp_size=2, enable_dp_attention=False)
     lay = sg.placement(SgPool("prefill", engine_rank=1, system_dp_rank=1).args, sa, "prefill")
@@ -130,11 +156,12 @@ def test_placement_system_dp():  # A11
 class Pair:
     """A prefill and a decode rank through the adapter, sglang-style args."""
 
-    def __init__(self, bootstrap: str, state_types=None, decode_port: int = 30001):
+    def __init__(self, bootstrap: str, state_types=None, decode_port: int = 30001,
+                 state_rows=16):
         port = int(bootstrap.rsplit(":", 1)[1])
         self.addr = bootstrap
-        self.p = SgPool("prefill", state_types=state_types)
-        self.d = SgPool("decode", state_types=state_types)
+        self.p = SgPool("prefill", state_types=state_types, state_rows=state_rows)
+        self.d = SgPool("decode", state_types=state_types, state_rows=state_rows)
         self.pm = sg.KVBridgeKVManager(self.p.args, "prefill", server_args(port, port=30000))
         self.dm = sg.KVBridgeKVManager(self.d.args, "decode",
                                        server_args(port, port=decode_port))
@@ -153,7 +180,7 @@ def pair(bootstrap):
 
 def run_sglang_order(pair: Pair, room: int, src: np.ndarray, dst: np.ndarray, aux: int = 1,
                      prefix_pages: int = 0, chunks=(2,), prefill_state=None,
-                     decode_state=None):
+                     decode_state=None, offsets: bool = False):
     """One request in sglang's order; returns (sender, receiver) at Success."""
     rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, room)  # R1: before the prefill is known
     assert rx.poll() == KVPoll.Bootstrapping and rx.conclude_state is None
@@ -177,7 +204,9 @@ def run_sglang_order(pair: Pair, room: int, src: np.ndarray, dst: np.ndarray, au
     for i, n in enumerate(chunks):
         last = i == len(chunks) - 1
         if tx.should_send_kv_chunk(n, last):
-            tx.send(src[pos:pos + n], prefill_state if last else None)
+            # token_position_offset: the chunk's first token in the request
+            offset = (prefix_pages + pos) * page_size if offsets else 0
+            tx.send(src[pos:pos + n], prefill_state if last else None, offset)
         pos += n
     wait_until(lambda: rx.poll() in (KVPoll.Success, KVPoll.Failed) and
                tx.poll() in (KVPoll.Success, KVPoll.Failed), what="transfer")
@@ -191,14 +220,20 @@ def run_sglang_order(pair: Pair, room: int, src: np.ndarray, dst: np.ndarray, au
 def test_sglang_order_in_process(pair):  # O1, O2, O4, S2, S3, S6, S10, R8, M2, M5
     src, dst = np.array([5, 6, 9], np.int32), np.array([11, 3, 40], np.int32)
     pair.p.aux[1] = 77
+    started = time.monotonic()
     tx, rx = run_sglang_order(pair, 21, src, dst, chunks=(2, 1))
+    elapsed = time.monotonic() - started
     assert np.all(pair.d.aux[1] == 77)
     assert tx.conclude_state == KVPoll.Success and rx.conclude_state == KVPoll.Success
-    metric = tx.get_transfer_metric()  # S6: common's formula
-    assert metric.transfer_total_bytes == 3 * sum(pair.p.args.kv_item_lens)
     assert rx.failure() is None and tx.failure() is None  # E4
     tx.clear()
     rx.clear()
+    metric = tx.get_transfer_metric()  # S6, read after clear() as sglang does
+    assert metric.transfer_total_bytes == 3 * sum(pair.p.args.kv_item_lens)  # common's formula
+    # measured by C++: both spans lie inside this request's life
+    assert metric.transfer_latency_s is not None and metric.alloc_latency_s is not None
+    assert 0.0 <= metric.transfer_latency_s <= elapsed
+    assert 0.0 <= metric.alloc_latency_s <= elapsed
 
 
 def test_decode_kvargs_without_heads_take_them_from_prefill(pair):  # A5
@@ -207,6 +242,37 @@ def test_decode_kvargs_without_heads_take_them_from_prefill(pair):  # A5
     tx, rx = run_sglang_order(pair, 22, src, dst)
     core = pair.dm._cores[sg._norm_addr(pair.addr)]
     assert (core.kv_args.total_kv_head_num, core.kv_args.kv_head_num) == (2, 2)
+    tx.clear()
+    rx.clear()
+
+
+def test_token_position_offset_places_each_chunk(pair):  # S3
+    # sglang's offset is the chunk's first token in the request (decode's
+    # prefix included); kvbridge accepts it where the chunk starts.
+    src, dst = np.array([30, 31, 32], np.int32), np.array([50, 51, 52], np.int32)
+    tx, rx = run_sglang_order(pair, 27, src, dst, prefix_pages=2, chunks=(2, 1), offsets=True)
+    tx.clear()
+    rx.clear()
+
+
+def test_token_position_offset_elsewhere_fails_naming_both(pair):  # S3
+    src, dst = np.array([30, 31], np.int32), np.array([50, 51], np.int32)
+    rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, 28)
+    tx = sg.KVBridgeKVSender(pair.pm, pair.addr, 28, [0], 0)
+    assert pair.dm.try_ensure_parallel_info(pair.addr)
+    rx.init(0)
+    wait_until(lambda: rx.poll() != KVPoll.Bootstrapping, what="decode handshake")
+    rx.send_metadata(dst, 1, None)
+    wait_until(lambda: tx.poll() != KVPoll.Bootstrapping, what="prefill metadata")
+    tx.init(2, 1)
+    page_size = pair.p.args.page_size
+    tx.send(src[:1], None, 0)  # not given: fine
+    tx.send(src[1:], None, 3 * page_size)  # this chunk starts at token page_size
+    assert tx.poll() == KVPoll.Failed
+    reason = tx.failure().failure_reason
+    assert f"token_position_offset {3 * page_size}" in reason and f"token {page_size}" in reason
+    wait_until(lambda: rx.poll() == KVPoll.Failed, what="decode told")
+    assert f"token_position_offset {3 * page_size}" in rx.failure().failure_reason
     tx.clear()
     rx.clear()
 
@@ -222,21 +288,53 @@ def test_decode_prefix_len_is_skipped(pair):  # O5, S4
 
 
 def test_hybrid_state_indices_transfer(bootstrap):  # A4, R4
-    p = Pair(bootstrap, state_types=["mamba", "swa"])
+    # Two state types, each with its own pool of a different size (mamba
+    # slots, SWA pages): each type's indices address its own pool only.
+    p = Pair(bootstrap, state_types=["mamba", "swa"], state_rows=[4, 16])
     try:
-        p.p.states[0][7] = 41
-        p.p.states[1][7] = 42
-        p.p.states[0][2] = 43
-        p.p.states[1][2] = 44
+        p.p.states[0][1] = 41
+        p.p.states[1][9] = 44  # beyond the mamba pool's 4 rows
+        p.p.states[1][10] = 45
         src, dst = np.array([4, 5], np.int32), np.array([9, 10], np.int32)
-        # per state type: mamba a list of arrays, swa one array, a third none
+        # per state type: mamba a list of arrays, swa one array
         tx, rx = run_sglang_order(
-            p, 24, src, dst, prefill_state=[[np.array([7])], np.array([2], np.int32), None],
-            decode_state=[[np.array([3])], np.array([6], np.int64), None])
-        assert np.all(p.d.states[0][3] == 41) and np.all(p.d.states[1][3] == 42)
-        assert np.all(p.d.states[0][6] == 43) and np.all(p.d.states[1][6] == 44)
+            p, 24, src, dst, prefill_state=[[np.array([1])], np.array([9, 10], np.int32)],
+            decode_state=[[np.array([3])], np.array([12, 13], np.int64)])
+        mamba, swa = p.d.states
+        assert np.all(mamba[3] == 41) and np.all(swa[12] == 44) and np.all(swa[13] == 45)
+        # nothing else of either pool was written
+        assert not mamba[[0, 1, 2]].any()
+        assert not np.delete(swa, [12, 13], axis=0).any()
+        # common's byte formula: three state slots
+        assert tx.get_transfer_metric().transfer_total_bytes == (
+            len(src) * p.pm.kv_item_lens_sum + 3 * p.pm.state_item_lens_sum)
         tx.clear()
         rx.clear()
+    finally:
+        p.close()
+
+
+def test_state_indices_of_the_wrong_shape_fail_the_request(bootstrap):  # A4, R4
+    p = Pair(bootstrap, state_types=["mamba", "swa"], state_rows=[4, 16])
+    try:
+        rx = sg.KVBridgeKVReceiver(p.dm, p.addr, 25)
+        assert p.dm.try_ensure_parallel_info(p.addr)
+        rx.init(0)
+        wait_until(lambda: rx.poll() != KVPoll.Bootstrapping, what="decode handshake")
+        # three entries for two state types: refused, the request fails (no raise)
+        rx.send_metadata(np.array([1, 2], np.int32), 1, [[np.array([1])], None, None])
+        wait_until(lambda: rx.poll() == KVPoll.Failed, what="the refusal")
+        # an SWA index inside its own pool but outside the mamba pool is fine,
+        # a mamba index outside the mamba pool is not
+        rx2 = sg.KVBridgeKVReceiver(p.dm, p.addr, 26)
+        rx2.init(0)
+        wait_until(lambda: rx2.poll() != KVPoll.Bootstrapping, what="decode handshake")
+        rx2.send_metadata(np.array([1, 2], np.int32), 1, [[np.array([9])], np.array([9])])
+        wait_until(lambda: rx2.poll() == KVPoll.Failed, what="the refusal")
+        assert "state type 0" in rx2.failure().failure_reason
+        assert "9" in rx2.failure().failure_reason
+        rx.clear()
+        rx2.clear()
     finally:
         p.close()
 
@@ -318,15 +416,118 @@ def test_receiver_for_an_unknown_prefill_fails_cleanly(bootstrap):  # R2, R7
         dm.close()
 
 
-def test_submit_prefill_recompute_fails_the_request(pair):  # M7
-    rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, 43)
-    assert pair.dm.try_ensure_parallel_info(pair.addr)
+class _PrefillHttp:
+    """The prefill server's /generate as sglang's decode reaches it for a
+    retraction: each POST becomes a new prefill request for the payload's
+    room, run in sglang's prefill order on `pm` (answer `status`)."""
+
+    def __init__(self, status: int = 200):
+        import http.server
+        import threading
+        outer = self
+        self.status, self.payloads, self.pm, self.pool, self.src = status, [], None, None, None
+        self.errors = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.payloads.append((self.path, body))
+                if outer.status == 200:
+                    try:
+                        outer.recompute(int(body["bootstrap_room"]))
+                    except Exception as e:  # noqa: BLE001 -- reported by the test
+                        outer.errors.append(repr(e))
+                self.send_response(outer.status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def recompute(self, room: int) -> None:
+        tx = sg.KVBridgeKVSender(self.pm, self.addr, room, [0], 0)
+        wait_until(lambda: tx.poll() != KVPoll.Bootstrapping, what="recompute metadata")
+        self.pool.fill(room + 1000, self.src)  # the recomputed KV differs
+        tx.init(len(self.src), 1)
+        tx.send(self.src, None)
+        wait_until(lambda: tx.poll() in (KVPoll.Success, KVPoll.Failed), what="recompute sent")
+        tx.clear()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _retraction_setup(bootstrap, status=200):
+    port = int(bootstrap.rsplit(":", 1)[1])
+    web = _PrefillHttp(status)
+    p, d = SgPool("prefill"), SgPool("decode")
+    pm = sg.KVBridgeKVManager(p.args, "prefill", server_args(port, port=web.port))
+    dm = sg.KVBridgeKVManager(d.args, "decode", server_args(port, port=30031))
+    web.pm, web.pool, web.addr, web.src = pm, p, bootstrap, np.array([6, 7], np.int32)
+    return web, p, d, pm, dm
+
+
+def _rebootstrapped_receiver(dm, addr, room, dst):
+    rx = sg.KVBridgeKVReceiver(dm, addr, room)  # sglang: a new receiver, same room
+    assert dm.try_ensure_parallel_info(addr)
     rx.init(0)
     wait_until(lambda: rx.poll() != KVPoll.Bootstrapping, what="handshake")
-    pair.dm.submit_prefill_recompute(rx, {"rid": "x"})
-    wait_until(lambda: rx.poll() == KVPoll.Failed, what="Failed")
-    assert rx.failure().cause == "aborted"
-    rx.clear()
+    rx.send_metadata(dst, 1, None)
+    return rx
+
+
+def test_submit_prefill_recompute_asks_prefill_to_recompute(bootstrap):  # M7
+    web, p, d, pm, dm = _retraction_setup(bootstrap)
+    try:
+        assert dm.prefill_info_table == {} and dm.try_ensure_parallel_info(bootstrap)
+        assert dm.prefill_info_table[bootstrap].prefill_http_port == web.port
+        dst = np.array([40, 41], np.int32)
+        rx = _rebootstrapped_receiver(dm, bootstrap, 45, dst)
+        payload = {"rid": "r45", "bootstrap_room": 45, "input_ids": [1, 2, 3]}
+        dm.submit_prefill_recompute(rx, payload)
+        wait_until(lambda: rx.poll() in (KVPoll.Success, KVPoll.Failed), what="recomputed KV")
+        assert rx.poll() == KVPoll.Success, rx.failure()
+        assert web.payloads == [("/generate", payload)] and not web.errors
+        for b in range(len(p.kv)):
+            assert np.array_equal(d.kv[b][dst], p.kv[b][web.src]), f"buffer {b}"
+        rx.clear()
+        # Only the group's leader asks: another rank's call posts nothing.
+        dm.attn_tp_rank = 1
+        dm.submit_prefill_recompute(rx, payload)
+        assert len(web.payloads) == 1
+    finally:
+        dm.close()
+        pm.close()
+        web.close()
+
+
+def test_submit_prefill_recompute_that_fails_fails_the_request(bootstrap):  # M7
+    web, p, d, pm, dm = _retraction_setup(bootstrap, status=503)
+    try:
+        rx = _rebootstrapped_receiver(dm, bootstrap, 46, np.array([40, 41], np.int32))
+        dm.submit_prefill_recompute(rx, {"rid": "r46", "bootstrap_room": 46})
+        wait_until(lambda: rx.poll() == KVPoll.Failed, what="Failed")
+        assert "status=503" in rx.failure().failure_reason
+        with pytest.raises(KVTransferError, match="rid=r46 .status=503"):
+            rx.failure_exception()
+        rx.clear()
+        # A prefill server that registered no HTTP port: failed at once, saying so.
+        dm.prefill_info_table[bootstrap].prefill_http_port = None
+        rx = _rebootstrapped_receiver(dm, bootstrap, 47, np.array([42, 43], np.int32))
+        dm.submit_prefill_recompute(rx, {"rid": "r47"})
+        wait_until(lambda: rx.poll() == KVPoll.Failed, what="Failed")
+        assert "registered no HTTP port" in rx.failure().failure_reason
+        rx.clear()
+    finally:
+        dm.close()
+        pm.close()
+        web.close()
 
 
 def test_conclude_state(pair):  # S10, R8
@@ -397,6 +598,12 @@ def test_errors_name_the_room(pair):  # papercut: bootstrap_room on a duplicate
         kvbridge.KVSender(pair.pm.core(), pair.addr, 47)
     assert e.value.bootstrap_room == 47
     tx.clear()
+    # an address this manager does not serve: the error names the room too
+    with pytest.raises(KVTransferError, match="127.0.0.1:1") as e:
+        kvbridge.KVReceiver(core, "127.0.0.1:1", 48)
+    assert e.value.bootstrap_room == 48
+    # the URL form sglang writes is the same address
+    kvbridge.KVReceiver(core, f"http://{pair.addr}/route", 49).clear()
 
 
 def test_multi_node_prefill_registers_where_peers_reach_it(monkeypatch):  # M11
@@ -514,3 +721,51 @@ def test_follow_bootstrap_room_conflict_fails_the_request_naming_both_ranks(boot
     finally:
         for _, mgr in ranks:
             mgr.close()
+
+
+def test_prefill_pp2_to_decode_pp1_through_the_adapter(bootstrap):  # A7
+    # Prefill pipeline stages 0 and 1 each hold one of the model's two
+    # layers (prefill_start_layer/prefill_end_layer as sglang's pool sets
+    # them); decode pp1 holds both: each stage writes its own layer.
+    port = int(bootstrap.rsplit(":", 1)[1])
+    stages = []
+    for s in range(2):
+        pool = SgPool("prefill", layers=1)
+        pool.args.pp_rank = s
+        pool.args.prefill_start_layer, pool.args.prefill_end_layer = s, s + 1
+        sa = server_args(port, port=30900)
+        sa.pp_size = 2
+        stages.append((pool, sg.KVBridgeKVManager(pool.args, "prefill", sa)))
+    d = SgPool("decode", layers=2)
+    dm = sg.KVBridgeKVManager(d.args, "decode", server_args(port, port=30901))
+    try:
+        assert stages[1][1].pp_rank == 1
+        src, dst = np.array([3, 4, 5], np.int32), np.array([20, 21, 22], np.int32)
+        rx = sg.KVBridgeKVReceiver(dm, bootstrap, 31)
+        txs = [sg.KVBridgeKVSender(m, bootstrap, 31, [0], s) for s, (_, m) in enumerate(stages)]
+        assert dm.try_ensure_parallel_info(bootstrap)
+        assert dm.prefill_info_table[bootstrap].pp_size == 2
+        rx.init(0)
+        wait_until(lambda: rx.poll() != KVPoll.Bootstrapping, what="handshake with both stages")
+        assert rx.poll() == KVPoll.WaitingForInput, rx.failure()
+        rx.send_metadata(dst, 2, None)
+        for (pool, _), tx in zip(stages, txs):
+            wait_until(lambda: tx.poll() != KVPoll.Bootstrapping, what="prefill metadata")
+            pool.fill(31 + 100 * pool.args.pp_rank, src)
+            tx.init(len(src), 2)
+            tx.send(src, None)
+        wait_until(lambda: rx.poll() in (KVPoll.Success, KVPoll.Failed), what="transfer")
+        assert rx.poll() == KVPoll.Success, rx.failure()
+        # decode's buffers: K of layers 0, 1, then V of layers 0, 1
+        for s, (pool, _) in enumerate(stages):
+            k, v = pool.kv
+            assert np.array_equal(d.kv[s][dst], k[src]), f"K of layer {s}"
+            assert np.array_equal(d.kv[2 + s][dst], v[src]), f"V of layer {s}"
+        for tx in txs:
+            wait_until(lambda: tx.poll() == KVPoll.Success, what="prefill success")
+            tx.clear()
+        rx.clear()
+    finally:
+        dm.close()
+        for _, m in stages:
+            m.close()

@@ -69,6 +69,18 @@ void KVSender::Reject(std::string reason) {
 int64_t KVSender::DecodePrefixPages() const {
   return room_->decode_prefix_pages.load(std::memory_order_acquire);
 }
+TransferTiming KVSender::Timing() const {
+  auto seconds = [](int64_t from_ns, int64_t to_ns) -> std::optional<double> {
+    if (from_ns == 0 || to_ns == 0) return std::nullopt;
+    return static_cast<double>(to_ns - from_ns) / 1e9;
+  };
+  const int64_t created =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(room_->created.time_since_epoch())
+          .count();
+  return {seconds(created, room_->metadata_done_ns.load(std::memory_order_relaxed)),
+          seconds(room_->first_write_ns.load(std::memory_order_relaxed),
+                  room_->writes_done_ns.load(std::memory_order_relaxed))};
+}
 
 // KVReceiver.
 KVReceiver::KVReceiver(KVManager& manager, std::shared_ptr<internal::ReceiverRoom> room)

@@ -76,6 +76,10 @@ class AuthTransport final : public Transport {
     return inner_->RegisterMemory(addr, length, kind);
   }
   Status DeregisterMemory(RegionId id) override { return inner_->DeregisterMemory(id); }
+  Result<std::string> GrantRegion(RegionId region, GrantId grant) override {
+    return inner_->GrantRegion(region, grant);
+  }
+  Status RevokeGrant(GrantId grant) override { return inner_->RevokeGrant(grant); }
   Result<PeerId> Connect(std::string_view peer_address) override {
     return inner_->Connect(peer_address);
   }

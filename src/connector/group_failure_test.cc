@@ -74,6 +74,39 @@ TEST(GroupFailureTest, AnAbortOnOneDecodeRankFailsEveryRankOfBothGroupsWithItsRe
   ASSERT_NO_FATAL_FAILURE(ExpectDelivered(cluster, next));
 }
 
+// KVSender::Reject (sglang's wrong-dp-rank dispatch): the rejecting prefill
+// rank's reason, not a generic abort, is what every decode receiver of the
+// room fails with, naming that rank.
+TEST(GroupFailureTest, ARejectOnOnePrefillRankFailsEveryDecodeReceiverNamingItAndTheReason) {
+  auto c = TestCluster::Create(TwoByTwo());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TestCluster& cluster = **c;
+  Request r{.room = 51, .src = Scattered(8, 64, 15), .dst = Scattered(8, 64, 16)};
+  ASSERT_NO_FATAL_FAILURE(Start(cluster, r, /*senders_first=*/false));
+  const std::string reason = "room 51 belongs to prefill dp rank 3, not this one";
+  r.senders[1]->Reject(reason);
+  ASSERT_EQ(r.senders[1]->Poll(), KVPoll::kFailed);
+  const FailureRecord want = *r.senders[1]->Failure();
+  const RankId rejecting = cluster.prefill[1].manager->self();
+  EXPECT_EQ(want.cause, FailureCause::kInvalidRequest);
+  EXPECT_EQ(want.detail, reason);
+  EXPECT_TRUE(want.origin.SameRank(rejecting)) << want.Message();
+  for (size_t i = 0; i < r.receivers.size(); ++i) {
+    KVReceiver& rx = *r.receivers[i];
+    ASSERT_TRUE(WaitFor([&] { return rx.Poll() == KVPoll::kFailed; })) << "decode tp" << i;
+    const FailureRecord got = *rx.Failure();
+    ExpectSameRecord(got, want);
+    EXPECT_EQ(got.room, r.room);
+    EXPECT_EQ(got.code(), StatusCode::kInvalidArgument) << got.Message();
+    // What an operator reads on decode names the prefill rank and why.
+    EXPECT_NE(got.Message().find(rejecting.ShortName()), std::string::npos) << got.Message();
+    EXPECT_NE(got.Message().find(reason), std::string::npos) << got.Message();
+  }
+  // The other prefill rank fails the request too, with the same record.
+  ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kFailed; }));
+  ExpectSameRecord(*r.senders[0]->Failure(), want);
+}
+
 TEST(GroupFailureTest, ARankThatSucceededNamesWhyItsGroupFailed) {
   std::vector<FaultTransport*> faults;
   auto c = TestCluster::Create(TwoByTwo(&faults));

@@ -72,6 +72,7 @@ void ManagerImpl::DropUnauthenticated(const std::string& why) {
 
 Status ManagerImpl::SendHello(const std::string& key, PeerId tpeer) {
   HelloMsg hello = MakeHello();
+  KVB_RETURN_IF_ERROR(GrantKeysFor(key, hello));
   KVB_ASSIGN_OR_RETURN(hello.session, SecureRandomU64());
   KVB_ASSIGN_OR_RETURN(hello.nonce, NewNonce());
   std::string bytes = EncodeMessage(self_, hello);
@@ -85,6 +86,47 @@ Status ManagerImpl::SendHello(const std::string& key, PeerId tpeer) {
     p->hello_session = hello.session;
   }
   return auth_->SendPlain(tpeer, std::move(bytes));
+}
+
+Status ManagerImpl::GrantKeysFor(const std::string& key, HelloMsg& hello) {
+  GrantId grant = 0;
+  {
+    MutexLock lock(mu_);
+    Peer* p = FindPeerLocked(key);
+    if (p == nullptr) return UnavailableError(key + ": peer gone before its Hello left");
+    if (OnThisHost(p->id) && !opts_.grant_same_host_peers) return Status();
+    if (p->grant == 0) {
+      grant = next_grant_++;
+    } else {
+      hello.kv_keys = p->grant_keys[0];
+      hello.aux_keys = p->grant_keys[1];
+      hello.state_keys = p->grant_keys[2];
+      return Status();
+    }
+  }
+  // A transport without grants: the shared keys (and the older rule: a
+  // silent rank on another host is taken to write nothing more).
+  std::vector<std::string> keys[3];
+  const std::vector<RegionId>* ids[3] = {&regions_.kv, &regions_.aux, &regions_.state};
+  for (int i = 0; i < 3; ++i) {
+    for (RegionId id : *ids[i]) {
+      Result<std::string> k = transport_->GrantRegion(id, grant);
+      if (k.status().code() == StatusCode::kUnimplemented) return Status();
+      if (!k.ok()) return k.status().WithContext("write grant for " + key);
+      keys[i].push_back(std::move(*k));
+    }
+  }
+  MutexLock lock(mu_);
+  Peer* p = FindPeerLocked(key);
+  if (p == nullptr) return UnavailableError(key + ": peer gone before its Hello left");
+  if (p->grant == 0) {
+    p->grant = grant;
+    for (int i = 0; i < 3; ++i) p->grant_keys[i] = keys[i];
+  }
+  hello.kv_keys = p->grant_keys[0];
+  hello.aux_keys = p->grant_keys[1];
+  hello.state_keys = p->grant_keys[2];
+  return Status();
 }
 
 void ManagerImpl::OnHello(const RankId& from, HelloMsg hello, std::string_view bytes) {
@@ -275,6 +317,10 @@ void ManagerImpl::AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer,
   if (verdict.ok()) verdict = import(hello.state_keys, &peer->remote.state);
   Result<DataPath> path = transport_->PathTo(peer->tpeer);
   const std::string path_name(path.ok() ? DataPathName(*path) : std::string_view());
+  // Over UCX the target acknowledges each batch from its own progress
+  // thread: a completed write is word from decode (see OnChunkDone). On
+  // the same-host paths a write completes here, whatever decode's state.
+  peer->acks_prove_life = path.ok() && *path == DataPath::kUcxRendezvous;
   HelloAckMsg ack{verdict.code(), verdict.message(), transport_->Address(), path_name};
   out.messages.emplace_back(peer->tpeer, EncodeMessage(self_, ack));
   if (!verdict.ok()) {

@@ -167,7 +167,6 @@ TEST(RestartTest, LateRecordAboutAReplacedProcessFailsNoLiveRequest) {
   late.cause = FailureCause::kPeerExited;
   late.detail = "process exited";
   late.phase = Phase::kTransferring;
-  late.detected_by = decode.self();
   late.mechanism = "transport error";
   late.detected_at = std::chrono::system_clock::now();
   late.last_sign_of_life = late.detected_at;
@@ -176,6 +175,21 @@ TEST(RestartTest, LateRecordAboutAReplacedProcessFailsNoLiveRequest) {
   auto client = BootstrapClient::Create(sibling.options().bootstrap_addr, std::chrono::seconds(5),
                                         AuthTokenFromEnvironment());
   ASSERT_TRUE(client.ok()) << client.status().ToString();
+  // The registry takes records only from a registered rank, in its own name:
+  // the slow detector is a decode rank of another instance (no sibling of
+  // any rank here, so its silence fails nothing).
+  RankRecord detector;
+  detector.role = RankRole::kDecode;
+  detector.rank_ip = "127.0.0.1";
+  detector.page_size = 16;
+  detector.kv_cache_dtype = "bfloat16";
+  detector.host = decode.self().host;
+  detector.incarnation = decode.self().incarnation ^ 0x77;
+  detector.instance = "slow-detector";
+  ASSERT_TRUE((*client)->RegisterRank(detector).ok());
+  late.detected_by = decode.self();
+  late.detected_by.incarnation = detector.incarnation;
+  late.detected_by.instance = detector.instance;
   ASSERT_TRUE((*client)->PublishFailure(FailureRecordToJson(late)).ok());
   ASSERT_TRUE(WaitFor([&] {
     return sibling.Stats().stale_messages_dropped > sibling_stale &&

@@ -134,6 +134,15 @@ Status ManagerImpl::SetLayout() {
   layout_.kv = Spans(a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens);
   layout_.aux = Spans(a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens);
   layout_.state = Spans(a.state_data_ptrs, a.state_data_lens, a.state_item_lens);
+  if (!a.state_buffer_types.empty() && a.state_buffer_types.size() != layout_.state.size())
+    return InvalidArgumentError(
+        fmt::format("KVArgs: state_buffer_types has {} entries, state_data_ptrs {}",
+                    a.state_buffer_types.size(), layout_.state.size()));
+  for (int32_t t : a.state_buffer_types)
+    if (t < 0 || t >= static_cast<int32_t>(layout_.state.size()))
+      return InvalidArgumentError(fmt::format(
+          "KVArgs: state_buffer_types entry {} out of range [0, {})", t, layout_.state.size()));
+  layout_.state_types = a.state_buffer_types;
   return CheckLayout(layout_).WithContext("KVArgs");
 }
 
@@ -220,6 +229,7 @@ RankRecord ManagerImpl::MakeRankRecord() const {
   rec.pp_rank = p.pp_rank;
   rec.rank_ip = opts_.advertise_host;
   rec.follow_bootstrap_room = opts_.follow_bootstrap_room;
+  rec.prefill_http_port = opts_.prefill_http_port;
   rec.page_size = opts_.args.page_size;
   rec.kv_cache_dtype = opts_.args.dtype;
   rec.host = self_.host;
@@ -231,8 +241,42 @@ RankRecord ManagerImpl::MakeRankRecord() const {
   return rec;
 }
 
+// Lists this rank with the registry (decode ranks not with sglang's own
+// server) and, for a prefill rank, serves its record at its rank_port.
 Status ManagerImpl::RegisterSelf() {
-  Status registered = registry_->RegisterRank(MakeRankRecord());
+  if (!IsEtcdRegistry(opts_.registry)) {
+    Result<bool> speaks = static_cast<BootstrapClient*>(registry_.get())->SpeaksKvbridge();
+    sglang_registry_ = speaks.ok() && !*speaks;
+    if (sglang_registry_)
+      KVB_LOG_INFO(
+          "bootstrap server {} is sglang's own (no /heartbeat, /failure, /failures): liveness "
+          "from peers only, failure records travel between peers{}",
+          registry_->address(), opts_.role == Role::kDecode ? "; decode ranks are not listed" : "");
+  }
+  int rank_port = 0;
+  if (opts_.role == Role::kPrefill) {
+    // sglang's server keeps only rank_ip and rank_port: the rest of the
+    // record is served there (RankEndpoint); kvbridge's own server does not
+    // need it, so an advertised address that cannot be bound here only
+    // costs that.
+    auto endpoint = RankEndpoint::Start(opts_.advertise_host);
+    if (endpoint.ok()) {
+      rank_endpoint_ = std::move(endpoint).value();
+      rank_port = rank_endpoint_->port();
+    } else if (sglang_registry_) {
+      return endpoint.status().WithContext("serving this rank's record for sglang's server");
+    } else {
+      KVB_LOG_WARN("rank record not served at {}: {}", opts_.advertise_host,
+                   endpoint.status().ToString());
+    }
+  }
+  RankRecord rec = MakeRankRecord();
+  if (rank_port != 0) rec.rank_port = rank_port;
+  if (rank_endpoint_) rank_endpoint_->SetRecord(rec.ToJson().dump());
+  // sglang's server would file a decode rank's registration as a prefill
+  // rank's: decode ranks are not listed there.
+  Status registered =
+      sglang_registry_ && opts_.role == Role::kDecode ? Status() : registry_->RegisterRank(rec);
   if (registered.ok()) return Status();
   // A wrong secret is a deployment error that no retry mends.
   if (opts_.role == Role::kPrefill || registered.code() == StatusCode::kUnauthenticated) {

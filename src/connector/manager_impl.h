@@ -34,6 +34,7 @@
 #include "connector/protocol.h"
 #include "connector/rooms.h"
 #include "control/bootstrap_client.h"
+#include "control/rank_endpoint.h"
 #include "control/registry_client.h"
 #include "engine/engine.h"
 #include "kvbridge/bootstrap.h"
@@ -75,8 +76,19 @@ struct Peer {
   Digest hello_digest{};
   uint64_t hello_session = 0;
   int auth_refusals = 0;
+  // Prefill side: a write to this peer completes only when the peer's
+  // process acknowledged it (UCX active messages), so its completion counts
+  // as hearing from the peer. Not on the same-host paths, where a write
+  // completes without the peer taking part.
+  bool acks_prove_life = false;
   bool failed = false;
   std::optional<FailureRecord> failure;  // why it failed (room 0)
+  // Decode side: the per-peer write grant in our Hello (0: the regions'
+  // shared keys) and its keys (kv, aux, state); `fenced` once the grant is
+  // revoked, so nothing it writes can land any more.
+  GrantId grant = 0;
+  std::vector<std::string> grant_keys[3];
+  bool fenced = false;
   SteadyTime last_heard = std::chrono::steady_clock::now();
   std::chrono::system_clock::time_point last_heard_wall = std::chrono::system_clock::now();
 };
@@ -194,6 +206,8 @@ class ManagerImpl {
   // none answers at the bootstrap address (and etcd is not the registry).
   Status StartRegistry(const std::string& token);
   RankRecord MakeRankRecord() const;
+  // Lists this rank (not a decode rank with sglang's own server) and, on
+  // prefill, serves its record at its rank_port (RankEndpoint).
   Status RegisterSelf();
   void StartThreads();  // ticker, registry and resolver
   void Flush(Outbox& out);
@@ -241,6 +255,12 @@ class ManagerImpl {
   // Opens the heartbeat endpoint (Peer::beat) of every proven peer that
   // lacks one. Resolver thread.
   void OpenBeatEndpoints();
+  // Revokes the grants of failed peers (fence_pending_), then counts their
+  // rooms' sources quiesced. Resolver thread: a revoke waits for writes
+  // admitted under it to land.
+  void FenceRound();
+  // The Hello's keys for `key`: its own grants when it gets them.
+  Status GrantKeysFor(const std::string& key, HelloMsg& hello);
   // Forgets `peer`'s heartbeat endpoint and queues it for closing.
   void DropBeatLocked(Peer& peer, Outbox& out) KVB_REQUIRES(mu_);
 
@@ -361,6 +381,27 @@ class ManagerImpl {
   void OnMeta(const RankId& from, MetaMsg meta, Outbox& out) KVB_REQUIRES(mu_);
   void AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg meta, Outbox& out)
       KVB_REQUIRES(mu_);
+  // AdoptMetaLocked's steps: whether the request already failed (an abort
+  // that overtook the metadata, a dead rank of decode's instance), in which
+  // case decode is told and true returned; the flow's head slice and role
+  // from both sides' tp sizes; decode's indices against its layout.
+  bool RefuseMetaLocked(SenderRoom& room, const RankId& from, Peer& peer, const MetaMsg& meta,
+                        Outbox& out) KVB_REQUIRES(mu_);
+  Status ShapeFlowLocked(SenderRoom& room, const RankId& from, SenderFlow& flow) KVB_REQUIRES(mu_);
+  Status CheckFlowMeta(const SenderRoom& room, const Peer& peer, const RankId& from,
+                       const SenderFlow& flow) const;
+  // SenderSend's steps: whether the chunk may go (state of the request,
+  // page and state indices); the writes and notice of one decode rank's
+  // share (Unavailable when that rank is not connected); counting the
+  // posts in and queueing them.
+  Status CheckSendLocked(const SenderRoom& room, std::span<const int32_t> pages,
+                         std::span<const int32_t> state) const KVB_REQUIRES(mu_);
+  Result<Outbox::Post> PlanFlowChunkLocked(const std::shared_ptr<SenderRoom>& sp, int rank,
+                                           const SenderFlow& flow, std::span<const int32_t> pages,
+                                           std::span<const int32_t> state, bool last)
+      KVB_REQUIRES(mu_);
+  void CommitChunkLocked(SenderRoom& room, std::vector<std::pair<int, Outbox::Post>> posts,
+                         int64_t n, bool last, Outbox& out) KVB_REQUIRES(mu_);
   void OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out)
       KVB_REQUIRES(mu_);
   void FailSenderLocked(SenderRoom& room, FailureRecord record, Outbox& out) KVB_REQUIRES(mu_);
@@ -431,7 +472,11 @@ class ManagerImpl {
   std::unique_ptr<TransferEngine> engine_;
   std::unique_ptr<BootstrapServer> embedded_server_;
   std::unique_ptr<RegistryClient> registry_;  // the bootstrap server or etcd
-  std::unique_ptr<ManagerMetrics> metrics_;   // null when metrics are off
+  // sglang's own bootstrap server (no /heartbeat, /failure, /failures):
+  // liveness comes from peers only and failure records travel between peers.
+  bool sglang_registry_ = false;
+  std::unique_ptr<RankEndpoint> rank_endpoint_;  // prefill: its record at its rank_port
+  std::unique_ptr<ManagerMetrics> metrics_;      // null when metrics are off
 
   mutable Mutex mu_;
   std::map<std::string, std::unique_ptr<Peer>> peers_ KVB_GUARDED_BY(mu_);
@@ -513,6 +558,9 @@ class ManagerImpl {
   std::atomic<uint64_t> unauth_dropped_{0};
   // Peers whose Hello the ticker found unanswered.
   std::set<std::string> hello_retries_ KVB_GUARDED_BY(mu_);
+  // Failed peers whose grant is still to be revoked, and the next grant id.
+  std::set<std::string> fence_pending_ KVB_GUARDED_BY(mu_);
+  GrantId next_grant_ KVB_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace kvbridge::internal

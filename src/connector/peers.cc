@@ -100,6 +100,9 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
     r.phase = room->phase;
     FailSenderLocked(*room, r, out);
   }
+  // Its grant is revoked on the resolver thread (FenceRound), which then
+  // counts its sources quiesced.
+  if (peer.grant != 0 && !peer.fenced) fence_pending_.insert(peer.key);
   // A peer that never answered our Hello never got our metadata (it was
   // held): it cannot write into our pages, whatever became of it.
   const bool cannot_write = FailedPeerCannotWriteLocked(peer) || !peer.acked;
@@ -126,9 +129,51 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
 }
 
 bool ManagerImpl::FailedPeerCannotWriteLocked(const Peer& peer) const {
+  if (peer.fenced) return true;  // its grant is revoked and nothing under it lands
   const FailureCause c = peer.failure ? peer.failure->cause : FailureCause::kPeerExited;
-  return c == FailureCause::kPeerExited ||
-         (c == FailureCause::kPeerUnreachable && !OnThisHost(peer.id));
+  if (c == FailureCause::kPeerExited) return true;
+  // A silent rank on another host may be alive behind a partition, its
+  // writes queued: only the revoked grant says none lands. Without grants
+  // (a transport that has none) the older rule stands: its connection is
+  // closed, taken to carry nothing more.
+  return c == FailureCause::kPeerUnreachable && !OnThisHost(peer.id) && peer.grant == 0;
+}
+
+void ManagerImpl::FenceRound() {
+  std::vector<std::pair<std::string, GrantId>> todo;
+  {
+    MutexLock lock(mu_);
+    for (const std::string& key : fence_pending_) {
+      Peer* p = FindPeerLocked(key);
+      if (p != nullptr && p->grant != 0 && !p->fenced) todo.emplace_back(key, p->grant);
+    }
+    fence_pending_.clear();
+  }
+  for (const auto& [key, grant] : todo) {
+    Status st = transport_->RevokeGrant(grant);
+    {
+      MutexLock lock(mu_);
+      Peer* p = FindPeerLocked(key);
+      if (p == nullptr || p->grant != grant) continue;
+      if (!st.ok()) {
+        // Its writes may still land: the rooms stay unquiesced; next round.
+        KVB_LOG_WARN("fencing {} not done yet: {}", key, st.ToString());
+        fence_pending_.insert(key);
+        continue;
+      }
+      p->fenced = true;
+      KVB_LOG_INFO("fenced {}: its write grant is revoked, nothing it sends lands", key);
+      for (auto& [id, room] : receivers_) {
+        bool touches = false;
+        for (ReceiverSource& src : room->sources) {
+          if (src.peer_key != key) continue;
+          touches = true;
+          src.quiesced = true;
+        }
+        if (touches) UpdateQuiescedLocked(*room);
+      }
+    }
+  }
 }
 
 void ManagerImpl::EveryHeartbeat(const std::function<void()>& round, bool* wake) {
@@ -151,6 +196,7 @@ void ManagerImpl::ResolveRound() {
     retry_hello.swap(hello_retries_);
   }
   for (const std::string& key : retry_hello) RetryHello(key);
+  FenceRound();
   if (opts_.role == Role::kDecode) RetryUnresolved();
   OpenBeatEndpoints();
 }

@@ -264,6 +264,7 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
 }
 
 void ManagerImpl::BeatRound() {
+  if (sglang_registry_) return;  // it keeps no liveness or records: peers tell
   const SteadyTime now = std::chrono::steady_clock::now();
   Status beat = registry_->Heartbeat(ToRankRole(self_.role), self_.dp, self_.cp, self_.tp, self_.pp,
                                      self_.incarnation);
@@ -296,6 +297,7 @@ void ManagerImpl::BeatRound() {
 }
 
 void ManagerImpl::RegistryRound(uint64_t round) {
+  if (sglang_registry_) return;  // it keeps no liveness or records: peers tell
   // When the registry had last answered before this round (as when the
   // heartbeat was part of the round): a heartbeat that ends a partition
   // must not make the blame gathered during it look fresh.

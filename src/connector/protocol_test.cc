@@ -341,6 +341,27 @@ TEST(ProtocolLimitsTest, ShortNonceOrProofIsRejectedNamingTheField) {
   EXPECT_NE(m.status().message().find("(HelloProof)"), std::string::npos) << m.status().message();
 }
 
+// A HelloAck from before the path field (it ended after the address) is
+// refused naming the missing field: decoded as "no path", it re-encoded to
+// 4 bytes more than were received (the control_message fuzz target's fixed
+// point), and a rank would have guessed the path its peer took.
+TEST(ProtocolLimitsTest, HelloAckWithoutItsPathIsRejectedNamingIt) {
+  const RankId from = Rank(Role::kPrefill, 0);
+  const HelloAckMsg ack{StatusCode::kOk, "layout accepted", "addr", "shm"};
+  const std::string full = EncodeMessage(from, ack);
+  Result<Message> whole = DecodeMessage(full);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  EXPECT_EQ(std::get<HelloAckMsg>(whole->body).path, "shm");
+  // Without the path's length and bytes: what an older rank sent.
+  const std::string old = full.substr(0, full.size() - 4 - ack.path.size());
+  ExpectRejected(old, "(HelloAck) of " + std::to_string(old.size()) + " bytes");
+  ExpectRejected(old, "path missing: input ends at byte " + std::to_string(old.size()));
+  // An empty path is a path: it has its length field and decodes.
+  Result<Message> empty = DecodeMessage(EncodeMessage(from, HelloAckMsg{StatusCode::kOk, "", "a"}));
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_EQ(std::get<HelloAckMsg>(empty->body).path, "");
+}
+
 TEST(ProtocolLimitsTest, ErrorNamesTypeAndTruncation) {
   std::string bytes = EncodeMessage(Rank(Role::kPrefill, 0), QuiescedMsg{1, 2});
   ExpectRejected(bytes.substr(0, bytes.size() - 1), "(Quiesced) of");

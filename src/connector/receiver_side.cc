@@ -362,10 +362,8 @@ Status ManagerImpl::ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& ro
   {
     MutexLock lock(mu_);
     if (room->failure) return room->failure->ToStatus();
-    int64_t aux_rows = INT64_MAX, state_rows = INT64_MAX;
+    int64_t aux_rows = INT64_MAX;
     for (const auto& b : layout_.aux) aux_rows = std::min<int64_t>(aux_rows, b.length / b.item_len);
-    for (const auto& b : layout_.state)
-      state_rows = std::min<int64_t>(state_rows, b.length / b.item_len);
     if (!room->initialized) {
       bad = FailedPreconditionError(fmt::format("room {}: SendMetadata before Init", room->room));
     } else if (room->meta) {
@@ -380,13 +378,9 @@ Status ManagerImpl::ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& ro
                                            room->room, decode_prefix_len, layout_.page_size));
     } else {
       bad = CheckPageIndices(layout_, pages, /*unique=*/true);
-      for (size_t i = 0; bad.ok() && i < state.size(); ++i) {
-        if (state[i] < 0 || state[i] >= state_rows)
-          bad = InvalidArgumentError(
-              fmt::format("state index {} at position {} out of range "
-                          "[0, {})",
-                          state[i], i, layout_.state.empty() ? 0 : state_rows));
-      }
+      // No state buffers: the indices are moot (prefill plans nothing).
+      if (bad.ok() && !layout_.state.empty())
+        bad = CheckStateSlots("state index", layout_.state, layout_.state_types, state);
     }
     if (!bad.ok()) {
       FailReceiverLocked(*room,

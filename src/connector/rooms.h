@@ -81,6 +81,11 @@ struct SenderRoom {
   // Pages of the request decode already holds (its decode_prefix_len /
   // page_size), from the first metadata; -1 before any arrived.
   std::atomic<int64_t> decode_prefix_pages{-1};
+  // Steady-clock ns (0: not yet) for KVSender::Timing(): metadata from every
+  // decode rank arrived, the first write was posted, the last one completed.
+  std::atomic<int64_t> metadata_done_ns{0};
+  std::atomic<int64_t> first_write_ns{0};
+  std::atomic<int64_t> writes_done_ns{0};
   // Guarded by ManagerImpl::mu_.
   bool live = true;  // KVSender not destroyed
   bool initialized = false;

@@ -9,21 +9,16 @@
 namespace kvbridge::internal {
 namespace {
 
+int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 int64_t Rows(const std::vector<BufferSpan>& bufs) {
   int64_t rows = INT64_MAX;
   for (const auto& b : bufs) rows = std::min<int64_t>(rows, b.length / b.item_len);
   return bufs.empty() ? 0 : rows;
-}
-
-Status CheckSlots(const char* what, const std::vector<BufferSpan>& bufs,
-                  std::span<const int32_t> slots) {
-  int64_t rows = Rows(bufs);
-  for (size_t i = 0; i < slots.size(); ++i) {
-    if (slots[i] < 0 || slots[i] >= rows)
-      return InvalidArgumentError(
-          fmt::format("{} index {} at position {} out of range [0, {})", what, slots[i], i, rows));
-  }
-  return Status();
 }
 
 }  // namespace
@@ -125,73 +120,18 @@ Status ManagerImpl::SenderSend(const std::shared_ptr<SenderRoom>& sp,
     MutexLock lock(mu_);
     if (room.failure) return room.failure->ToStatus();
     const int64_t n = static_cast<int64_t>(pages.size());
-    if (!room.initialized) {
-      result = FailedPreconditionError(fmt::format("room {}: Send before Init", room.room));
-    } else if (room.last_posted) {
-      result = FailedPreconditionError(fmt::format(
-          "room {}: Send after the last chunk (all {} pages sent)", room.room, room.num_pages));
-    } else if (room.poll() == KVPoll::kBootstrapping) {
-      result = FailedPreconditionError(
-          fmt::format("room {}: Send before metadata from every decode rank arrived", room.room));
-    } else if (room.pages_sent + n > room.num_pages) {
-      result = InvalidArgumentError(
-          fmt::format("room {}: chunk of {} pages exceeds num_pages {} ({} already sent)",
-                      room.room, n, room.num_pages, room.pages_sent));
-    } else {
-      result = CheckPageIndices(layout_, pages, /*unique=*/false);
-      if (result.ok()) result = CheckSlots("state", layout_.state, state);
-    }
+    result = CheckSendLocked(room, pages, state);
     const bool last = result.ok() && room.pages_sent + n == room.num_pages;
     std::vector<std::pair<int, Outbox::Post>> posts;  // by decode rank
     for (auto& [rank, flow] : room.flows) {
       if (!result.ok()) break;
       if (!flow.slice || flow.closed) continue;
-      Peer* peer = FindPeerLocked(flow.peer_key);
-      if (peer == nullptr || peer->failed) {
-        result = UnavailableError(fmt::format("decode tp{} is not connected", rank));
+      Result<Outbox::Post> post = PlanFlowChunkLocked(sp, rank, flow, pages, state, last);
+      if (!post.ok()) {
+        result = post.status();
         break;
       }
-      std::vector<int32_t> src, dst;
-      for (int64_t i = 0; i < n; ++i) {
-        int64_t pos = room.pages_sent + i;
-        if (pos < flow.meta.prefix_pages) continue;
-        src.push_back(pages[i]);
-        dst.push_back(flow.meta.pages[pos - flow.meta.prefix_pages]);
-      }
-      Result<std::vector<CopyRun>> runs = PlanKvPages(layout_, peer->layout, *flow.slice, src, dst);
-      if (!runs.ok()) {
-        result = runs.status();
-        break;
-      }
-      if (last && flow.carries_aux) {
-        if (room.aux_index >= 0 && flow.meta.aux_index >= 0 && !layout_.aux.empty()) {
-          auto aux = PlanAux(layout_, peer->layout, room.aux_index, flow.meta.aux_index);
-          if (!aux.ok()) {
-            result = aux.status();
-            break;
-          }
-          runs->insert(runs->end(), aux->begin(), aux->end());
-        }
-        if (!state.empty() || !flow.meta.state.empty()) {
-          auto st = PlanState(layout_, peer->layout, state, flow.meta.state);
-          if (!st.ok()) {
-            result = st.status();
-            break;
-          }
-          runs->insert(runs->end(), st->begin(), st->end());
-        }
-      }
-      NotifyMsg note{room.room, flow.meta.generation, flow.next_chunk, last,
-                     static_cast<uint32_t>(src.size())};
-      std::shared_ptr<SenderRoom> keep = sp;
-      int decode_rank = rank;
-      // The last notice waits for the writes' completion (SenderFlow::final_note).
-      posts.emplace_back(rank, Outbox::Post{peer->tpeer, peer->remote, std::move(runs).value(),
-                                            last ? std::string() : EncodeMessage(self_, note),
-                                            [this, keep, decode_rank](
-                                                const Status& s, uint64_t bytes, uint64_t ops) {
-                                              OnChunkDone(keep, decode_rank, s, bytes, ops);
-                                            }});
+      posts.emplace_back(rank, std::move(post).value());
     }
     if (!result.ok()) {
       FailureCause cause = result.code() == StatusCode::kUnavailable
@@ -200,27 +140,92 @@ Status ManagerImpl::SenderSend(const std::shared_ptr<SenderRoom>& sp,
       FailSenderLocked(
           room, MakeRecord(self_, cause, result.message(), room.phase, "argument check"), out);
     } else {
-      for (auto& [rank, post] : posts) {
-        // Counted before anything can complete: completions need mu_.
-        SenderFlow& flow = room.flows.at(rank);
-        if (last)
-          flow.final_note = NotifyMsg{room.room, flow.meta.generation, flow.next_chunk, true,
-                                      static_cast<uint32_t>(room.num_pages - room.pages_sent)};
-        ++flow.next_chunk;
-        ++flow.inflight;
-        ++room.inflight;
-        out.posts.push_back(std::move(post));
-      }
-      room.pages_sent += n;
-      room.last_posted = last;
-      room.phase = Phase::kTransferring;
-      room.phase_since = std::chrono::steady_clock::now();
-      ++chunks_sent_;
-      UpdateSenderStateLocked(room);
+      CommitChunkLocked(room, std::move(posts), n, last, out);
     }
   }
   Flush(out);
   return result;
+}
+
+Status ManagerImpl::CheckSendLocked(const SenderRoom& room, std::span<const int32_t> pages,
+                                    std::span<const int32_t> state) const {
+  const int64_t n = static_cast<int64_t>(pages.size());
+  if (!room.initialized)
+    return FailedPreconditionError(fmt::format("room {}: Send before Init", room.room));
+  if (room.last_posted)
+    return FailedPreconditionError(fmt::format(
+        "room {}: Send after the last chunk (all {} pages sent)", room.room, room.num_pages));
+  if (room.poll() == KVPoll::kBootstrapping)
+    return FailedPreconditionError(
+        fmt::format("room {}: Send before metadata from every decode rank arrived", room.room));
+  if (room.pages_sent + n > room.num_pages)
+    return InvalidArgumentError(
+        fmt::format("room {}: chunk of {} pages exceeds num_pages {} ({} already sent)", room.room,
+                    n, room.num_pages, room.pages_sent));
+  KVB_RETURN_IF_ERROR(CheckPageIndices(layout_, pages, /*unique=*/false));
+  return CheckStateSlots("state index", layout_.state, layout_.state_types, state);
+}
+
+Result<ManagerImpl::Outbox::Post> ManagerImpl::PlanFlowChunkLocked(
+    const std::shared_ptr<SenderRoom>& sp, int rank, const SenderFlow& flow,
+    std::span<const int32_t> pages, std::span<const int32_t> state, bool last) {
+  const SenderRoom& room = *sp;
+  Peer* peer = FindPeerLocked(flow.peer_key);
+  if (peer == nullptr || peer->failed)
+    return UnavailableError(fmt::format("decode tp{} is not connected", rank));
+  std::vector<int32_t> src, dst;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    int64_t pos = room.pages_sent + static_cast<int64_t>(i);
+    if (pos < flow.meta.prefix_pages) continue;
+    src.push_back(pages[i]);
+    dst.push_back(flow.meta.pages[pos - flow.meta.prefix_pages]);
+  }
+  KVB_ASSIGN_OR_RETURN(std::vector<CopyRun> runs,
+                       PlanKvPages(layout_, peer->layout, *flow.slice, src, dst));
+  if (last && flow.carries_aux) {
+    if (room.aux_index >= 0 && flow.meta.aux_index >= 0 && !layout_.aux.empty()) {
+      KVB_ASSIGN_OR_RETURN(std::vector<CopyRun> aux,
+                           PlanAux(layout_, peer->layout, room.aux_index, flow.meta.aux_index));
+      runs.insert(runs.end(), aux.begin(), aux.end());
+    }
+    if (!state.empty() || !flow.meta.state.empty()) {
+      KVB_ASSIGN_OR_RETURN(std::vector<CopyRun> st,
+                           PlanState(layout_, peer->layout, state, flow.meta.state));
+      runs.insert(runs.end(), st.begin(), st.end());
+    }
+  }
+  NotifyMsg note{room.room, flow.meta.generation, flow.next_chunk, last,
+                 static_cast<uint32_t>(src.size())};
+  // The last notice waits for the writes' completion (SenderFlow::final_note).
+  return Outbox::Post{peer->tpeer, peer->remote, std::move(runs),
+                      last ? std::string() : EncodeMessage(self_, note),
+                      [this, keep = sp, rank](const Status& s, uint64_t bytes, uint64_t ops) {
+                        OnChunkDone(keep, rank, s, bytes, ops);
+                      }};
+}
+
+void ManagerImpl::CommitChunkLocked(SenderRoom& room,
+                                    std::vector<std::pair<int, Outbox::Post>> posts, int64_t n,
+                                    bool last, Outbox& out) {
+  if (!posts.empty() && room.first_write_ns.load(std::memory_order_relaxed) == 0)
+    room.first_write_ns.store(SteadyNs(), std::memory_order_relaxed);
+  for (auto& [rank, post] : posts) {
+    // Counted before anything can complete: completions need mu_.
+    SenderFlow& flow = room.flows.at(rank);
+    if (last)
+      flow.final_note = NotifyMsg{room.room, flow.meta.generation, flow.next_chunk, true,
+                                  static_cast<uint32_t>(room.num_pages - room.pages_sent)};
+    ++flow.next_chunk;
+    ++flow.inflight;
+    ++room.inflight;
+    out.posts.push_back(std::move(post));
+  }
+  room.pages_sent += n;
+  room.last_posted = last;
+  room.phase = Phase::kTransferring;
+  room.phase_since = std::chrono::steady_clock::now();
+  ++chunks_sent_;
+  UpdateSenderStateLocked(room);
 }
 
 void ManagerImpl::SenderAbort(const std::shared_ptr<SenderRoom>& room, FailureCause cause,
@@ -249,6 +254,16 @@ void ManagerImpl::OnChunkDone(const std::shared_ptr<SenderRoom>& sp, int decode_
     --flow.inflight;
     --room.inflight;
     room.phase_since = std::chrono::steady_clock::now();
+    if (s.ok()) {
+      // Decode acknowledged these writes: on a lossy link its heartbeats may
+      // wait for a retransmit on their own connection while the data
+      // connection still carries its word.
+      Peer* peer = FindPeerLocked(flow.peer_key);
+      if (peer != nullptr && peer->acks_prove_life && !peer->failed) {
+        peer->last_heard = room.phase_since;
+        peer->last_heard_wall = std::chrono::system_clock::now();
+      }
+    }
     if (!s.ok() && !room.failure) {
       Peer* peer = FindPeerLocked(flow.peer_key);
       FailureRecord r;
@@ -324,11 +339,14 @@ void ManagerImpl::UpdateSenderStateLocked(SenderRoom& room) {
   }
   KVPoll prev = room.poll();
   if (next == prev) return;
+  if (next != KVPoll::kBootstrapping && room.metadata_done_ns.load(std::memory_order_relaxed) == 0)
+    room.metadata_done_ns.store(SteadyNs(), std::memory_order_relaxed);
   if (next == KVPoll::kWaitingForInput) {
     room.phase = Phase::kWaitingForInput;
     room.phase_since = std::chrono::steady_clock::now();
   }
   if (next == KVPoll::kSuccess) {
+    room.writes_done_ns.store(SteadyNs(), std::memory_order_relaxed);
     room.phase = Phase::kDone;
     ++succeeded_;
     if (metrics_)
@@ -405,6 +423,29 @@ void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg 
     }
     return;
   }
+  if (RefuseMetaLocked(room, from, *peer, meta, out)) return;
+  SenderFlow flow;
+  flow.peer_key = peer->key;
+  flow.decode = from;
+  flow.meta = std::move(meta);
+  Status bad = ShapeFlowLocked(room, from, flow);
+  if (bad.ok() && flow.slice) bad = CheckFlowMeta(room, *peer, from, flow);
+  const uint64_t gen = flow.meta.generation;
+  room.flows.emplace(from.tp, std::move(flow));
+  if (!bad.ok()) {
+    FailureRecord r = MakeRecord(from, FailureCause::kInvalidRequest, bad.message(), room.phase,
+                                 "metadata check");
+    r.generation = gen;
+    FailSenderLocked(room, r, out);
+    return;
+  }
+  int64_t unset = -1;  // the first decode rank's; another that differs fails at Init
+  room.decode_prefix_pages.compare_exchange_strong(unset, room.flows.at(from.tp).meta.prefix_pages);
+  UpdateSenderStateLocked(room);
+}
+
+bool ManagerImpl::RefuseMetaLocked(SenderRoom& room, const RankId& from, Peer& peer,
+                                   const MetaMsg& meta, Outbox& out) {
   if (auto abort = pending_abort_.find({meta.room, from.tp}); abort != pending_abort_.end()) {
     // Same generation: decode failed this request before its metadata got
     // here (the notice overtook it); adopting it would write into pages
@@ -421,90 +462,70 @@ void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg 
     if (const FailureRecord* dead = DeadRankOfInstanceLocked(from))
       FailSenderLocked(room, *dead, out);
   }
-  if (room.failure) {
-    // Tell decode at once why; nothing was or will be written.
-    FailureRecord r = *room.failure;
-    r.generation = meta.generation;
-    Send(out, *peer, RoomFailedMsg{room.room, meta.generation, true, r});
-    return;
-  }
-  SenderFlow flow;
-  flow.peer_key = peer->key;
-  flow.decode = from;
-  flow.meta = std::move(meta);
-  Status bad;
+  if (!room.failure) return false;
+  // Tell decode at once why; nothing was or will be written.
+  FailureRecord r = *room.failure;
+  r.generation = meta.generation;
+  Send(out, peer, RoomFailedMsg{room.room, meta.generation, true, r});
+  return true;
+}
+
+Status ManagerImpl::ShapeFlowLocked(SenderRoom& room, const RankId& from, SenderFlow& flow) {
   if (room.decode_tp_size == 0) {
-    Result<std::vector<HeadSlice>> flows = ComputeFlows(layout_.tp_size, flow.meta.decode_tp_size,
-                                                        layout_.total_kv_heads, layout_.is_mla);
-    if (!flows.ok()) {
-      bad = flows.status();
-    } else {
-      room.decode_tp_size = flow.meta.decode_tp_size;
-      for (const HeadSlice& s : FlowsFromPrefill(*flows, self_.tp))
-        if (std::find(room.expected_decode.begin(), room.expected_decode.end(), s.decode_rank) ==
-            room.expected_decode.end())
-          room.expected_decode.push_back(s.decode_rank);
-      if (room.expected_decode.empty())
-        room.expected_decode.push_back(self_.tp % room.decode_tp_size);
-    }
+    KVB_ASSIGN_OR_RETURN(std::vector<HeadSlice> flows,
+                         ComputeFlows(layout_.tp_size, flow.meta.decode_tp_size,
+                                      layout_.total_kv_heads, layout_.is_mla));
+    room.decode_tp_size = flow.meta.decode_tp_size;
+    for (const HeadSlice& s : FlowsFromPrefill(flows, self_.tp))
+      if (std::find(room.expected_decode.begin(), room.expected_decode.end(), s.decode_rank) ==
+          room.expected_decode.end())
+        room.expected_decode.push_back(s.decode_rank);
+    if (room.expected_decode.empty())
+      room.expected_decode.push_back(self_.tp % room.decode_tp_size);
   } else if (flow.meta.decode_tp_size != room.decode_tp_size) {
-    bad = InvalidArgumentError(fmt::format("decode tp size {} disagrees with {} seen earlier",
-                                           flow.meta.decode_tp_size, room.decode_tp_size));
+    return InvalidArgumentError(fmt::format("decode tp size {} disagrees with {} seen earlier",
+                                            flow.meta.decode_tp_size, room.decode_tp_size));
   }
-  if (bad.ok()) {
-    auto flows =
-        ComputeFlows(layout_.tp_size, room.decode_tp_size, layout_.total_kv_heads, layout_.is_mla);
-    std::vector<HeadSlice> mine = FlowsFromPrefill(*flows, self_.tp);
-    for (const HeadSlice& s : mine) {
-      if (s.decode_rank != from.tp) continue;
-      flow.slice = s;
-      // The lowest prefill rank feeding this decode rank, on the last stage,
-      // also writes aux and state.
-      int lowest = s.prefill_rank;
-      for (const HeadSlice& o : FlowsToDecode(*flows, from.tp))
-        lowest = std::min(lowest, o.prefill_rank);
-      flow.carries_aux = lowest == self_.tp && self_.pp == opts_.parallel.pp_size - 1;
-      break;
-    }
-    if (std::find(room.expected_decode.begin(), room.expected_decode.end(), from.tp) ==
-        room.expected_decode.end()) {
-      bad =
-          InvalidArgumentError(fmt::format("metadata from decode tp{}, which prefill tp{} does "
-                                           "not serve",
-                                           from.tp, self_.tp));
-    } else if (flow.meta.dummy == flow.slice.has_value()) {
-      bad =
-          InvalidArgumentError(fmt::format("decode tp{} and prefill tp{} disagree on whether "
-                                           "this rank is a dummy",
-                                           from.tp, self_.tp));
-    }
+  KVB_ASSIGN_OR_RETURN(
+      std::vector<HeadSlice> flows,
+      ComputeFlows(layout_.tp_size, room.decode_tp_size, layout_.total_kv_heads, layout_.is_mla));
+  for (const HeadSlice& s : FlowsFromPrefill(flows, self_.tp)) {
+    if (s.decode_rank != from.tp) continue;
+    flow.slice = s;
+    // The lowest prefill rank feeding this decode rank, on the last stage,
+    // also writes aux and state.
+    int lowest = s.prefill_rank;
+    for (const HeadSlice& o : FlowsToDecode(flows, from.tp))
+      lowest = std::min(lowest, o.prefill_rank);
+    flow.carries_aux = lowest == self_.tp && self_.pp == opts_.parallel.pp_size - 1;
+    break;
   }
-  if (bad.ok() && flow.slice) {
-    bad = CheckPageIndices(peer->layout, flow.meta.pages, /*unique=*/true);
-    if (bad.ok() && !peer->layout.aux.empty() &&
-        (flow.meta.aux_index < 0 || flow.meta.aux_index >= Rows(peer->layout.aux)))
-      bad = InvalidArgumentError(fmt::format("decode aux index {} out of range [0, {})",
-                                             flow.meta.aux_index, Rows(peer->layout.aux)));
-    if (bad.ok()) bad = CheckSlots("decode state", peer->layout.state, flow.meta.state);
-    if (bad.ok() && room.initialized &&
-        static_cast<int64_t>(flow.meta.pages.size()) != room.num_pages - flow.meta.prefix_pages)
-      bad = InvalidArgumentError(
-          fmt::format("decode tp{} sent {} destination pages, prefill "
-                      "has {} to send",
-                      from.tp, flow.meta.pages.size(), room.num_pages - flow.meta.prefix_pages));
-  }
-  const uint64_t gen = flow.meta.generation;
-  room.flows.emplace(from.tp, std::move(flow));
-  if (!bad.ok()) {
-    FailureRecord r = MakeRecord(from, FailureCause::kInvalidRequest, bad.message(), room.phase,
-                                 "metadata check");
-    r.generation = gen;
-    FailSenderLocked(room, r, out);
-    return;
-  }
-  int64_t unset = -1;  // the first decode rank's; another that differs fails at Init
-  room.decode_prefix_pages.compare_exchange_strong(unset, room.flows.at(from.tp).meta.prefix_pages);
-  UpdateSenderStateLocked(room);
+  if (std::find(room.expected_decode.begin(), room.expected_decode.end(), from.tp) ==
+      room.expected_decode.end())
+    return InvalidArgumentError(fmt::format(
+        "metadata from decode tp{}, which prefill tp{} does not serve", from.tp, self_.tp));
+  if (flow.meta.dummy == flow.slice.has_value())
+    return InvalidArgumentError(
+        fmt::format("decode tp{} and prefill tp{} disagree on whether this rank is a dummy",
+                    from.tp, self_.tp));
+  return Status();
+}
+
+Status ManagerImpl::CheckFlowMeta(const SenderRoom& room, const Peer& peer, const RankId& from,
+                                  const SenderFlow& flow) const {
+  KVB_RETURN_IF_ERROR(CheckPageIndices(peer.layout, flow.meta.pages, /*unique=*/true));
+  if (!peer.layout.aux.empty() &&
+      (flow.meta.aux_index < 0 || flow.meta.aux_index >= Rows(peer.layout.aux)))
+    return InvalidArgumentError(fmt::format("decode aux index {} out of range [0, {})",
+                                            flow.meta.aux_index, Rows(peer.layout.aux)));
+  KVB_RETURN_IF_ERROR(CheckStateSlots("decode state index", peer.layout.state, layout_.state_types,
+                                      flow.meta.state));
+  if (room.initialized &&
+      static_cast<int64_t>(flow.meta.pages.size()) != room.num_pages - flow.meta.prefix_pages)
+    return InvalidArgumentError(
+        fmt::format("decode tp{} sent {} destination pages, prefill has {} to send", from.tp,
+                    flow.meta.pages.size(), room.num_pages - flow.meta.prefix_pages));
+  return Status();
 }
 
 void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out) {

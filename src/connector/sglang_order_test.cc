@@ -36,6 +36,44 @@ TEST(SglangOrderTest, ReceiverIsWaitingForInputBeforeMetadataAndTheRequestComple
   ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, r));
 }
 
+// sglang's KVTransferMetric: alloc = sender made until decode's metadata
+// arrived, transfer = first write posted until the last completed. Each is
+// empty until its end is reached; the transfer span lies within the time
+// this test measured around Send..Success, the alloc span within the
+// sender's whole life up to the metadata.
+TEST(SglangOrderTest, TimingSpansTheWaitForMetadataAndTheWrites) {
+  auto c = TestCluster::Create(ClusterOptions{});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const auto made = std::chrono::steady_clock::now();
+  auto tx = std::move(KVSender::Create(*(*c)->prefill[0].manager, 17)).value();
+  EXPECT_FALSE(tx->Timing().alloc_seconds.has_value());
+  auto rx = std::move(KVReceiver::Create(*(*c)->decode[0].manager, 17)).value();
+  ASSERT_TRUE(rx->Init(0).ok());
+  ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kWaitingForInput; }));
+  const std::vector<int32_t> src{1, 2, 3}, dst{4, 5, 6};
+  (*c)->prefill[0].pool->Fill(17, src, 0, {});
+  ASSERT_TRUE(rx->SendMetadata(dst, 0, {}).ok());
+  ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kWaitingForInput; }));
+  const double until_meta =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - made).count();
+  TransferTiming t = tx->Timing();
+  ASSERT_TRUE(t.alloc_seconds.has_value());
+  EXPECT_GE(*t.alloc_seconds, 0.0);
+  EXPECT_LE(*t.alloc_seconds, until_meta);
+  EXPECT_FALSE(t.transfer_seconds.has_value()) << "nothing written yet";
+  ASSERT_TRUE(tx->Init(3, 0).ok());
+  const auto sent = std::chrono::steady_clock::now();
+  ASSERT_TRUE(tx->Send(src).ok());
+  ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kSuccess; }));
+  const double until_done =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  t = tx->Timing();
+  ASSERT_TRUE(t.transfer_seconds.has_value());
+  EXPECT_GE(*t.transfer_seconds, 0.0);
+  EXPECT_LE(*t.transfer_seconds, until_done);
+  EXPECT_EQ(*t.alloc_seconds, *tx->Timing().alloc_seconds) << "fixed once reached";
+}
+
 // sglang's prefill reads decode's prefix (pop_decode_prefix_len) once the
 // sender is WaitingForInput, before it calls Init.
 TEST(SglangOrderTest, SenderTellsTheDecodePrefixOnceMetadataArrived) {

@@ -1,5 +1,6 @@
 #include "control/bootstrap_client.h"
 
+#include <fmt/format.h>
 #include <httplib.h>
 
 #include <algorithm>
@@ -7,8 +8,10 @@
 
 #include "common/log.h"
 #include "control/auth.h"
+#include "control/http_server.h"
 #include "control/http_status.h"
 #include "control/json_fields.h"
+#include "control/rank_endpoint.h"
 
 namespace kvbridge::internal {
 namespace {
@@ -98,17 +101,29 @@ BootstrapClient::BootstrapClient(std::string address, std::string host, int port
 
 BootstrapClient::~BootstrapClient() = default;
 
-std::unique_ptr<httplib::Client> BootstrapClient::NewClient(bool keep_alive) const {
-  auto cli = std::make_unique<httplib::Client>(host_, port_);
+std::unique_ptr<httplib::Client> BootstrapClient::NewClient(const std::string& host, int port,
+                                                            bool keep_alive) const {
+  auto cli = std::make_unique<httplib::Client>(host, port);
   cli->set_read_timeout(timeout_);
   cli->set_write_timeout(timeout_);
   cli->set_keep_alive(keep_alive);
-  if (!auth_token_.empty()) cli->set_default_headers({{"Authorization", BearerValue(auth_token_)}});
   return cli;
 }
 
 Result<std::string> BootstrapClient::Call(const char* method, const std::string& path,
-                                          const std::string& body, Session* session) const {
+                                          const std::string& body, const std::string& credential,
+                                          std::string* answered_credential,
+                                          Session* session) const {
+  return CallAt(host_, port_, address_, method, path, body, /*auth=*/true, credential,
+                answered_credential, session);
+}
+
+Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
+                                            const std::string& address, const char* method,
+                                            const std::string& path, const std::string& body,
+                                            bool auth, const std::string& credential,
+                                            std::string* answered_credential,
+                                            Session* session) const {
   // Most calls get a client of their own: httplib::Client is not safe for
   // concurrent requests, a fresh connection notices a restarted server at
   // once, and the server holds a thread for each open connection. The calls
@@ -124,6 +139,10 @@ Result<std::string> BootstrapClient::Call(const char* method, const std::string&
   // and, when it times out, is tried again on a new socket until `timeout_`
   // is spent: safe for every method, nothing was sent on a connection that
   // never came up. A refused connection is not retried (the server is down).
+  // Headers per request: a kept connection outlives a credential.
+  httplib::Headers headers;
+  if (auth && !auth_token_.empty()) headers.emplace("Authorization", BearerValue(auth_token_));
+  if (auth && !credential.empty()) headers.emplace(kRankCredentialHeader, credential);
   std::unique_lock<std::mutex> lock;
   if (session != nullptr) lock = std::unique_lock<std::mutex>(session->mu);
   const std::string method_name(method);
@@ -135,15 +154,16 @@ Result<std::string> BootstrapClient::Call(const char* method, const std::string&
         deadline - std::chrono::steady_clock::now());
     std::unique_ptr<httplib::Client> own;
     if (session != nullptr && session->client == nullptr) {
-      session->client = NewClient(/*keep_alive=*/true);
+      session->client = NewClient(host, port, /*keep_alive=*/true);
       session->used = false;
     }
-    httplib::Client& cli =
-        session != nullptr ? *session->client : *(own = NewClient(/*keep_alive=*/false));
+    httplib::Client& cli = session != nullptr
+                               ? *session->client
+                               : *(own = NewClient(host, port, /*keep_alive=*/false));
     cli.set_connection_timeout(std::clamp(left, std::chrono::milliseconds(1), kConnectAttempt));
-    res = method_name == "GET"   ? cli.Get(path)
-          : method_name == "PUT" ? cli.Put(path, body, "application/json")
-                                 : cli.Post(path, body, "application/json");
+    res = method_name == "GET"   ? cli.Get(path, headers)
+          : method_name == "PUT" ? cli.Put(path, headers, body, "application/json")
+                                 : cli.Post(path, headers, body, "application/json");
     if (res) {
       if (session != nullptr) session->used = true;
       break;
@@ -152,7 +172,7 @@ Result<std::string> BootstrapClient::Call(const char* method, const std::string&
     if (session != nullptr) session->client.reset();  // a failed connection is not used again
     if (std::chrono::steady_clock::now() >= deadline) break;
     if (res.error() == httplib::Error::ConnectionTimeout) {
-      KVB_LOG_DEBUG("bootstrap server {}: connect timed out after {} ms; trying again", address_,
+      KVB_LOG_DEBUG("bootstrap server {}: connect timed out after {} ms; trying again", address,
                     kConnectAttempt.count());
       continue;
     }
@@ -162,15 +182,20 @@ Result<std::string> BootstrapClient::Call(const char* method, const std::string&
       break;
     resent = true;
   }
-  const std::string context = "bootstrap server " + address_ + " " + method_name + " " + path;
+  const std::string context = "bootstrap server " + address + " " + method_name + " " + path;
   if (!res) {
-    Status s = UnavailableError("bootstrap server " + address_ +
+    Status s = UnavailableError("bootstrap server " + address +
                                 " unreachable: " + Why(res.error(), timeout_));
     KVB_LOG_DEBUG("{} failed: {}", context, s.ToString());
     return s;
   }
-  if (res->status >= 200 && res->status < 300) return std::move(res->body);
-  Status s = StatusFromResponse(res->status, res->body, "bootstrap server " + address_);
+  if (res->status >= 200 && res->status < 300) {
+    if (answered_credential != nullptr) {
+      *answered_credential = res->get_header_value(kRankCredentialHeader);
+    }
+    return std::move(res->body);
+  }
+  Status s = StatusFromResponse(res->status, res->body, "bootstrap server " + address);
   KVB_LOG_DEBUG("{} answered {}: {}", context, res->status, s.ToString());
   return s;
 }
@@ -183,17 +208,38 @@ Status BootstrapClient::Malformed(const std::string& what, const Status& parse_e
 }
 
 Result<json> BootstrapClient::CallJson(const char* method, const std::string& path,
-                                       const std::string& body, Session* session) const {
-  KVB_ASSIGN_OR_RETURN(std::string text, Call(method, path, body, session));
+                                       const std::string& body, const std::string& credential,
+                                       Session* session) const {
+  KVB_ASSIGN_OR_RETURN(std::string text, Call(method, path, body, credential, nullptr, session));
   // The server is a stranger too: its answer is bounded like a request.
   Result<json> j = ParseJson(text, "the answer (" + Clip(text, 80) + ")", size_t{64} << 20);
   if (!j.ok()) return Malformed(std::string(method) + " " + path, j.status());
   return j;
 }
 
+std::string BootstrapClient::Credential() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return credential_;
+}
+
 Status BootstrapClient::RegisterRank(const RankRecord& record) const {
   KVB_RETURN_IF_ERROR(record.Validate());
-  return Call("PUT", "/route", DumpJson(record.ToJson())).status();
+  std::string shown;
+  {
+    // The same rank again (same position and incarnation) shows the
+    // credential it was given; any other starts a new registration.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (registered_ && registered_->role == record.role && registered_->key() == record.key() &&
+        registered_->incarnation == record.incarnation) {
+      shown = credential_;
+    }
+  }
+  std::string answered;
+  KVB_RETURN_IF_ERROR(Call("PUT", "/route", DumpJson(record.ToJson()), shown, &answered).status());
+  std::lock_guard<std::mutex> lock(mu_);
+  registered_ = record;
+  credential_ = std::move(answered);
+  return Status::Ok();
 }
 
 Result<RankRecord> BootstrapClient::GetRank(int dp, int cp, int tp, int pp) const {
@@ -205,9 +251,50 @@ Result<RankRecord> BootstrapClient::GetRank(int dp, int cp, int tp, int pp) cons
       "/route?prefill_dp_rank=" + std::to_string(dp) + "&prefill_cp_rank=" + std::to_string(cp) +
       "&target_tp_rank=" + std::to_string(tp) + "&target_pp_rank=" + std::to_string(pp);
   KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", path, ""));
+  // sglang's own server keeps only where the rank is; the rank itself
+  // serves the rest of its record there (RankEndpoint).
+  if (j.is_object() && !j.contains("attn_tp_size") && j.contains("rank_ip"))
+    return RecordFromRank(j, RankKey{dp, cp, tp, pp});
   Result<RankRecord> r = RankRecord::FromJson(j);
   if (!r.ok()) return Malformed("GET " + path, r.status());
   return r;
+}
+
+Result<RankRecord> BootstrapClient::RecordFromRank(const json& where, const RankKey& key) const {
+  JsonFields f(where, "rank location");
+  std::string ip;
+  int port = 0;
+  Status s = f.String("rank_ip", &ip);
+  if (s.ok()) s = f.Int("rank_port", 1, 65535, &port);
+  if (!s.ok()) return Malformed("GET /route for rank " + key.ToString(), s);
+  const std::string at = JoinHostPort(ip, port);
+  Result<std::string> text = CallAt(ip, port, "rank " + at, "GET", kRankEndpointPath, "",
+                                    /*auth=*/false);  // the secret goes to the registry only
+  if (!text.ok())
+    return text.status().WithContext("prefill rank " + key.ToString() + " (listed by " + address_ +
+                                     " without kvbridge's fields)");
+  Result<json> j = ParseJson(*text, "the rank record (" + Clip(*text, 80) + ")", size_t{1} << 20);
+  Result<RankRecord> r = j.ok() ? RankRecord::FromJson(*j) : Result<RankRecord>(j.status());
+  if (!r.ok()) return Malformed("GET " + at + kRankEndpointPath, r.status());
+  if (r->role != RankRole::kPrefill || !(r->key() == key))
+    return FailedPreconditionError(
+        fmt::format("{} listed {} as prefill rank {}, but the rank there is {} rank {}", address_,
+                    at, key.ToString(), RankRoleName(r->role), r->key().ToString()));
+  return r;
+}
+
+Result<bool> BootstrapClient::SpeaksKvbridge() const {
+  Result<std::string> r = Call("GET", "/failures?since=0", "");
+  if (r.ok()) return true;
+  switch (r.status().code()) {
+    case StatusCode::kNotFound:
+      return false;  // sglang's own server: no such route
+    case StatusCode::kUnauthenticated:
+    case StatusCode::kPermissionDenied:
+      return true;  // the route is there, for other credentials
+    default:
+      return r.status();
+  }
 }
 
 Result<ParallelInfo> BootstrapClient::GetParallelInfo() const {
@@ -225,11 +312,28 @@ Status BootstrapClient::Heartbeat(RankRole role, int dp, int cp, int tp, int pp,
                                   uint64_t incarnation) const {
   json body{{"role", RankRoleName(role)}, {"dp", dp}, {"cp", cp}, {"tp", tp}, {"pp", pp},
             {"incarnation", incarnation}};
-  return CallJson("PUT", "/heartbeat", DumpJson(body), &beats_).status();
+  Status beat = CallJson("PUT", "/heartbeat", DumpJson(body), Credential(), &beats_).status();
+  if (beat.code() != StatusCode::kNotFound) return beat;
+  // The server does not know the rank: it restarted (its table is in
+  // memory) or forgot a long-silent decode rank. Register it again.
+  std::optional<RankRecord> again;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (registered_ && registered_->role == role && registered_->key() == RankKey{dp, cp, tp, pp} &&
+        registered_->incarnation == incarnation) {
+      again = registered_;
+      credential_.clear();  // that registration is gone
+    }
+  }
+  if (!again) return beat;
+  KVB_LOG_INFO("bootstrap server {} does not know {} ({}); registering it again", address_,
+               again->Describe(), beat.message());
+  KVB_RETURN_IF_ERROR(RegisterRank(*again));
+  return CallJson("PUT", "/heartbeat", DumpJson(body), Credential(), &beats_).status();
 }
 
 Result<std::vector<RankStatus>> BootstrapClient::ListRanks() const {
-  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", "/ranks", "", &reads_));
+  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", "/ranks", "", "", &reads_));
   JsonFields f(j, "rank table");
   const json* ranks = nullptr;
   Status s = f.Array("ranks", &ranks);
@@ -248,7 +352,7 @@ Result<uint64_t> BootstrapClient::PublishFailure(const json& record) const {
     return InvalidArgumentError(std::string("failure record: expected a JSON object, got ") +
                                 record.type_name());
   }
-  KVB_ASSIGN_OR_RETURN(json j, CallJson("POST", "/failure", DumpJson(record)));
+  KVB_ASSIGN_OR_RETURN(json j, CallJson("POST", "/failure", DumpJson(record), Credential()));
   uint64_t seq = 0;
   Status s = JsonFields(j, "publish answer").Uint64("seq", &seq);
   if (!s.ok()) return Malformed("POST /failure", s);
@@ -281,7 +385,7 @@ Result<std::map<uint64_t, int>> BootstrapClient::QueryDpRanks(
 
 Result<FailureBatch> BootstrapClient::FailuresSince(uint64_t since) const {
   const std::string path = "/failures?since=" + std::to_string(since);
-  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", path, "", &reads_));
+  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", path, "", "", &reads_));
   Result<FailureBatch> batch = FailureBatch::FromJson(j);
   if (!batch.ok()) return Malformed("GET " + path, batch.status());
   return batch;

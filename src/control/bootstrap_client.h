@@ -10,6 +10,13 @@
 //   Internal     the server answered with a body that is not what the route
 //                promises (bad JSON or missing fields).
 //
+// Rank credential: the client keeps the credential the server handed to the
+// rank it last registered (RegisterRank) and shows it with that rank's
+// heartbeats and failure records (control/registry.h, "Reporters"); one
+// client serves one rank. A heartbeat the server answers NotFound (a
+// restarted server that lost its table) registers that rank again, once, and
+// retries.
+//
 // Thread safety: every method is const and may be called concurrently. The
 // calls a rank makes every heartbeat interval keep a connection open:
 // Heartbeat one, FailuresSince and ListRanks another (each taken in turn, so
@@ -22,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +61,8 @@ class BootstrapClient final : public RegistryClient {
   const std::string& address() const override { return address_; }  // as given
 
   // PUT /route. The record is validated locally first (InvalidArgument).
+  // Keeps the credential the server answers (see above); registering the
+  // same rank again shows it.
   Status RegisterRank(const RankRecord& record) const override;
   // GET /route for one prefill rank; ranks must be >= 0.
   Result<RankRecord> GetRank(int dp, int cp, int tp, int pp) const override;
@@ -60,12 +70,13 @@ class BootstrapClient final : public RegistryClient {
   Result<ParallelInfo> GetParallelInfo() const override;
   // GET /health.
   Status Health() const override;
-  // PUT /heartbeat.
+  // PUT /heartbeat, with the registered rank's credential.
   Status Heartbeat(RankRole role, int dp, int cp, int tp, int pp,
                    uint64_t incarnation) const override;
   // GET /ranks.
   Result<std::vector<RankStatus>> ListRanks() const override;
-  // POST /failure; returns the record's sequence number.
+  // POST /failure, with the registered rank's credential (the record's
+  // "detected_by" must name that rank); returns the record's sequence number.
   Result<uint64_t> PublishFailure(const nlohmann::json& record) const override;
   // GET /failures?since=N.
   Result<FailureBatch> FailuresSince(uint64_t since) const override;
@@ -73,6 +84,10 @@ class BootstrapClient final : public RegistryClient {
   Status RegisterDpRank(uint64_t room, int dp_rank) const;
   // POST /query_dp_ranks: the dp rank of each of `rooms` the server knows.
   Result<std::map<uint64_t, int>> QueryDpRanks(const std::vector<uint64_t>& rooms) const;
+  // Whether the server has kvbridge's routes (/heartbeat, /failure,
+  // /failures) or is sglang's own, which answers 404 there. Unavailable
+  // when it cannot be asked.
+  Result<bool> SpeaksKvbridge() const;
 
  private:
   BootstrapClient(std::string address, std::string host, int port,
@@ -84,15 +99,34 @@ class BootstrapClient final : public RegistryClient {
     std::unique_ptr<httplib::Client> client;  // guarded by mu
     bool used = false;                        // guarded by mu: it answered a request
   };
-  // Sends one request; the body of a 2xx answer, or the error. With a
-  // `session`, on its kept connection (idempotent requests only: one that
-  // fails on a reused connection is sent again on a new one).
+  // Sends one request to the registry, with `credential` as the rank
+  // credential header when non-empty; the body of a 2xx answer, or the
+  // error. `answered_credential` (may be null) receives the credential
+  // header of the answer. With a `session`, on its kept connection
+  // (idempotent requests only: one that fails on a reused connection is sent
+  // again on a new one).
   Result<std::string> Call(const char* method, const std::string& path, const std::string& body,
+                           const std::string& credential = "",
+                           std::string* answered_credential = nullptr,
                            Session* session = nullptr) const;
+  // The same to another server; `auth`: send the shared secret (and the
+  // credential): never to a server that is not the registry.
+  Result<std::string> CallAt(const std::string& host, int port, const std::string& address,
+                             const char* method, const std::string& path, const std::string& body,
+                             bool auth, const std::string& credential = "",
+                             std::string* answered_credential = nullptr,
+                             Session* session = nullptr) const;
+  // A rank sglang's server listed by its location only: its record, read
+  // from the rank itself (RankEndpoint) and checked to be at `key`.
+  Result<RankRecord> RecordFromRank(const nlohmann::json& where, const RankKey& key) const;
   // Call() and parse the answer as JSON (Internal when it is not).
   Result<nlohmann::json> CallJson(const char* method, const std::string& path,
-                                  const std::string& body, Session* session = nullptr) const;
-  std::unique_ptr<httplib::Client> NewClient(bool keep_alive) const;
+                                  const std::string& body, const std::string& credential = "",
+                                  Session* session = nullptr) const;
+  // The credential of the rank this client registered; "" before.
+  std::string Credential() const;
+  std::unique_ptr<httplib::Client> NewClient(const std::string& host, int port,
+                                             bool keep_alive) const;
   Status Malformed(const std::string& what, const Status& parse_error) const;
 
   std::string address_;
@@ -102,6 +136,9 @@ class BootstrapClient final : public RegistryClient {
   std::string auth_token_;
   mutable Session beats_;  // Heartbeat
   mutable Session reads_;  // FailuresSince, ListRanks
+  mutable std::mutex mu_;
+  mutable std::optional<RankRecord> registered_;  // guarded by mu_: the last RankRegister
+  mutable std::string credential_;                // guarded by mu_: the server's answer to it
 };
 
 // Splits "host:port" / "[v6]:port" strictly. InvalidArgument naming the text.

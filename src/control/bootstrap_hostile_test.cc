@@ -10,11 +10,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "control/auth.h"
 #include "control/bootstrap_client.h"
+#include "control/registry.h"
 #include "kvbridge/bootstrap.h"
 
 namespace kvbridge::internal {
@@ -118,6 +122,101 @@ TEST_F(BootstrapHostileTest, AForgedRecordWithoutTheTokenFencesNoRank) {
   EXPECT_EQ(client_->ListRanks()->at(0).state, Liveness::kAlive);
 }
 
+// A holder of the token who is not the rank it names (issue 12: records
+// only from authenticated ranks). Before, any holder of the token could
+// post a record naming any rank as its origin and fence it until restart.
+TEST_F(BootstrapHostileTest, AForgedRecordForAnotherRankIsRefusedAndFencesNobody) {
+  const std::string token = AuthTokenFromEnvironment();
+  httplib::Result prefill = Send("PUT", "/route", PrefillRecord().dump(), token);
+  ASSERT_TRUE(prefill);
+  ASSERT_EQ(prefill->status, 200) << prefill->body;
+  EXPECT_EQ(prefill->body, "OK");  // sglang's answer, unchanged
+  const std::string prefill_credential = prefill->get_header_value(kRankCredentialHeader);
+  EXPECT_GE(prefill_credential.size(), 32u);  // >= 128 bits, hex
+  json decode = PrefillRecord();
+  decode["role"] = "decode";
+  decode["incarnation"] = 300;
+  httplib::Result registered = Send("PUT", "/route", decode.dump(), token);
+  ASSERT_TRUE(registered);
+  ASSERT_EQ(registered->status, 200) << registered->body;
+  const std::string decode_credential = registered->get_header_value(kRankCredentialHeader);
+  ASSERT_FALSE(decode_credential.empty());
+  EXPECT_NE(decode_credential, prefill_credential);
+
+  const json by_decode{{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 300}};
+  const json by_prefill{{"role", "prefill"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 200}};
+  json forged = FenceTp0Record();
+  forged["detected_by"] = by_decode;
+  const auto with = [](const std::string& credential) {
+    return httplib::Headers{{kRankCredentialHeader, credential}};
+  };
+  // The token alone, no rank credential.
+  ExpectJsonError(Send("POST", "/failure", forged.dump(), token), 403, "PERMISSION_DENIED",
+                  "without a rank credential");
+  // A made-up credential.
+  ExpectJsonError(Send("POST", "/failure", forged.dump(), token, with(std::string(64, 'a'))), 403,
+                  "PERMISSION_DENIED", "not the one given to decode");
+  // Decode's own credential, the record in prefill's name.
+  forged["detected_by"] = by_prefill;
+  ExpectJsonError(Send("POST", "/failure", forged.dump(), token, with(decode_credential)), 403,
+                  "PERMISSION_DENIED", "not the one given to prefill");
+  // A heartbeat that would keep prefill alive, and a silent takeover of its
+  // live registration (same incarnation, another address).
+  const std::string beat = R"({"role":"prefill","dp":0,"cp":0,"tp":0,"pp":0,"incarnation":200})";
+  ExpectJsonError(Send("PUT", "/heartbeat", beat, token, with(decode_credential)), 403,
+                  "PERMISSION_DENIED", "not the one it was given");
+  json takeover = PrefillRecord();
+  takeover["rank_ip"] = "10.6.6.6";
+  ExpectJsonError(Send("PUT", "/route", takeover.dump(), token), 403, "PERMISSION_DENIED",
+                  "registers again");
+
+  // Barrier: requests answered after the refusals see nothing they changed.
+  Result<std::vector<RankStatus>> ranks = client_->ListRanks();
+  ASSERT_TRUE(ranks.ok()) << ranks.status().ToString();
+  ASSERT_EQ(ranks->size(), 2u);
+  for (const RankStatus& r : *ranks) {
+    EXPECT_EQ(r.state, Liveness::kAlive) << r.record.Describe();
+    EXPECT_EQ(r.dead_by_seq, 0u) << r.record.Describe();
+  }
+  EXPECT_EQ(client_->GetRank(0, 0, 0, 0)->rank_ip, "127.0.0.1");
+  EXPECT_EQ(client_->FailuresSince(0)->latest_seq, 0u);
+  httplib::Result own_beat = Send("PUT", "/heartbeat", beat, token, with(prefill_credential));
+  ASSERT_TRUE(own_beat);
+  EXPECT_EQ(own_beat->status, 200) << own_beat->body;
+
+  // The honest path: decode reports prefill's death in its own name.
+  forged["detected_by"] = by_decode;
+  httplib::Result honest = Send("POST", "/failure", forged.dump(), token, with(decode_credential));
+  ASSERT_TRUE(honest);
+  EXPECT_EQ(honest->status, 200) << honest->body;
+  EXPECT_EQ(client_->ListRanks()->at(0).dead_by_seq, 1u);
+}
+
+// The local address of the listening TCP socket on `port`, as the kernel
+// lists it in /proc/self/net/tcp ("0100007F" = 127.0.0.1); "" when none.
+std::string ListeningAddress(int port) {
+  std::ifstream tcp("/proc/self/net/tcp");
+  std::string line;
+  char want[8];
+  std::snprintf(want, sizeof(want), ":%04X", port);
+  while (std::getline(tcp, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    fields >> slot >> local >> remote >> state;
+    if (state == "0A" && local.size() > 5 && local.substr(local.size() - 5) == want) {
+      return local.substr(0, local.size() - 5);
+    }
+  }
+  return "";
+}
+
+// Finding 5: the server listened on 0.0.0.0 by default. The fixture's
+// server is started with the default host: the kernel's socket table shows
+// it bound to 127.0.0.1, not to every interface (00000000).
+TEST_F(BootstrapHostileTest, ListensOnLoopbackUnlessToldOtherwise) {
+  EXPECT_EQ(ListeningAddress(server_->port()), "0100007F");
+}
+
 TEST_F(BootstrapHostileTest, AMistypedRecordIsRefusedAndNeverServedToRanks) {
   const std::string token = AuthTokenFromEnvironment();
   json bad = FenceTp0Record();
@@ -152,6 +251,10 @@ TEST_F(BootstrapHostileTest, OversizedBodiesAndHeaderFloodsAreRefusedByName) {
   httplib::Headers many;
   for (int i = 0; i < 100; ++i) many.emplace("X-Pad-" + std::to_string(i), "1");
   ExpectJsonError(Send("GET", "/health", "", "", many), 431, "RESOURCE_EXHAUSTED", "header");
+  // 20 MiB of headers were once read whole: a field over httplib's 8 KiB
+  // line limit is refused while reading.
+  ExpectJsonError(Send("GET", "/health", "", "", {{"X-Big", std::string(1 << 20, 'a')}}), 400,
+                  "INVALID_ARGUMENT", "request rejected");
   httplib::Result huge = Send("PUT", "/route", std::string(3 << 20, ' '), token);
   ASSERT_TRUE(huge);
   EXPECT_EQ(huge->status, 413);

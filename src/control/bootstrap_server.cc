@@ -158,7 +158,12 @@ Status QueryDpRanks(const internal::Registry& registry, const json& body, json* 
   return Status::Ok();
 }
 
-Status PutHeartbeat(internal::Registry& registry, const json& body) {
+// The rank credential a request shows (internal::kRankCredentialHeader).
+std::string CredentialOf(const httplib::Request& req) {
+  return req.get_header_value(internal::kRankCredentialHeader);
+}
+
+Status PutHeartbeat(internal::Registry& registry, const httplib::Request& req, const json& body) {
   JsonFields f(body, "heartbeat");
   std::string role_name;
   KVB_RETURN_IF_ERROR(f.String("role", &role_name));
@@ -172,7 +177,7 @@ Status PutHeartbeat(internal::Registry& registry, const json& body) {
   KVB_RETURN_IF_ERROR(f.Int("pp", 0, max, &pp));
   uint64_t incarnation = 0;
   KVB_RETURN_IF_ERROR(f.Uint64("incarnation", &incarnation));
-  return registry.Heartbeat(*role, dp, cp, tp, pp, incarnation);
+  return registry.Heartbeat(*role, dp, cp, tp, pp, incarnation, CredentialOf(req));
 }
 
 // An httplib server whose one-request entry (protected in httplib) the
@@ -226,7 +231,13 @@ struct [[gnu::visibility("hidden")]] BootstrapServer::Impl {
   DispatchServer http;
   internal::HttpServerThread serving;  // after `http`: stops serving before it goes
 
+  // The routes: sglang's (registration, parallel info, dp ranks, health),
+  // then kvbridge's own (heartbeats, ranks, failure records), then the
+  // admission, error and exception handlers.
   void AddRoutes();
+  void AddSglangRoutes();
+  void AddKvbridgeRoutes();
+  void AddHandlers();
   void AddMetrics();
 };
 
@@ -290,34 +301,52 @@ void BootstrapServer::Impl::AddMetrics() {
   });
 }
 
+namespace {
+
+// Each handler turns a Status into the reply; a handler never throws past
+// httplib (the exception handler is the backstop).
+using Req = const httplib::Request&;
+using Res = httplib::Response&;
+
+void Reply(Req req, Res res, const Status& s, const json& ok_body) {
+  if (s.ok()) {
+    ReplyJson(res, ok_body);
+  } else {
+    ReplyError(req, res, s);
+  }
+}
+
+// sglang answers its writes with a plain "OK".
+void ReplyOk(Req req, Res res, const Status& s) {
+  if (s.ok()) {
+    res.set_content("OK", "text/plain");
+  } else {
+    ReplyError(req, res, s);
+  }
+}
+
+}  // namespace
+
 void BootstrapServer::Impl::AddRoutes() {
+  AddSglangRoutes();
+  AddKvbridgeRoutes();
+  AddHandlers();
+}
+
+void BootstrapServer::Impl::AddSglangRoutes() {
   internal::Registry& reg = *registry;
-  // Each handler turns a Status into the reply; a handler never throws past
-  // httplib (the exception handler below is the backstop).
-  using Req = const httplib::Request&;
-  using Res = httplib::Response&;
-  auto reply = [](Req req, Res res, const Status& s, const json& ok_body) {
-    if (s.ok()) {
-      ReplyJson(res, ok_body);
-    } else {
-      ReplyError(req, res, s);
-    }
-  };
-  // sglang answers its writes with a plain "OK".
-  auto reply_ok = [](Req req, Res res, const Status& s) {
-    if (s.ok()) {
-      res.set_content("OK", "text/plain");
-    } else {
-      ReplyError(req, res, s);
-    }
-  };
+  const auto reply = Reply;
+  const auto reply_ok = ReplyOk;
+  // The registrant alone learns its credential, in a header: the body
+  // stays sglang's "OK".
   http.Put("/route", [&reg, reply_ok](Req req, Res res) {
-    Status s = [&]() -> Status {
+    Result<std::string> credential = [&]() -> Result<std::string> {
       KVB_ASSIGN_OR_RETURN(json body, ParseBody(req));
       KVB_ASSIGN_OR_RETURN(internal::RankRecord record, internal::RankRecord::FromJson(body));
-      return reg.Register(record);
+      return reg.Register(record, CredentialOf(req));
     }();
-    reply_ok(req, res, s);
+    if (credential.ok()) res.set_header(internal::kRankCredentialHeader, *credential);
+    reply_ok(req, res, credential.status());
   });
   for (const char* method : {"POST", "DELETE", "PATCH"}) {
     auto not_allowed = [method](Req req, Res res) {
@@ -351,10 +380,15 @@ void BootstrapServer::Impl::AddRoutes() {
     reply(req, res, s, out);
   });
   http.Get("/health", [](Req, Res res) { res.set_content("OK", "text/plain"); });
+}
+
+void BootstrapServer::Impl::AddKvbridgeRoutes() {
+  internal::Registry& reg = *registry;
+  const auto reply = Reply;
   http.Put("/heartbeat", [&reg, reply](Req req, Res res) {
     Status s = [&]() -> Status {
       KVB_ASSIGN_OR_RETURN(json body, ParseBody(req));
-      return PutHeartbeat(reg, body);
+      return PutHeartbeat(reg, req, body);
     }();
     reply(req, res, s, json{{"ok", true}});
   });
@@ -368,8 +402,8 @@ void BootstrapServer::Impl::AddRoutes() {
   });
   http.Post("/failure", [&reg, reply](Req req, Res res) {
     Result<json> body = ParseBody(req, kMaxFailureBodyBytes);
-    Result<uint64_t> seq =
-        body.ok() ? reg.Publish(std::move(body).value()) : Result<uint64_t>(body.status());
+    Result<uint64_t> seq = body.ok() ? reg.Publish(std::move(body).value(), CredentialOf(req))
+                                     : Result<uint64_t>(body.status());
     reply(req, res, seq.status(), seq.ok() ? json{{"seq", *seq}} : json());
   });
   http.Get("/failures", [&reg, reply](Req req, Res res) {
@@ -380,6 +414,9 @@ void BootstrapServer::Impl::AddRoutes() {
                                                : Result<internal::FailureBatch>(since.status());
     reply(req, res, batch.status(), batch.ok() ? batch->ToJson() : json());
   });
+}
+
+void BootstrapServer::Impl::AddHandlers() {
   http.set_pre_routing_handler([this](Req req, Res res) {
     Status s = Admit(req, token);
     if (s.ok()) return httplib::Server::HandlerResponse::Unhandled;

@@ -55,6 +55,12 @@ class BootstrapServerTest : public ::testing::Test {
     client_ = std::move(client).value();
   }
   void Advance(milliseconds d) { fake_now_ += std::chrono::steady_clock::duration(d).count(); }
+  // Another rank's client: one client holds one rank's credential.
+  std::unique_ptr<BootstrapClient> NewClient() {
+    return BootstrapClient::Create(server_->address(), milliseconds(5000),
+                                   AuthTokenFromEnvironment())
+        .value();
+  }
 
   // Raw request for input the typed client never sends.
   httplib::Result Raw(const std::string& method, const std::string& path,
@@ -118,17 +124,18 @@ TEST_F(BootstrapServerTest, RouteLookupsFollowSglangSemantics) {
 }
 
 TEST_F(BootstrapServerTest, LivenessAndFailuresOverHttp) {
+  std::unique_ptr<BootstrapClient> tp1 = NewClient(), dec = NewClient();
   ASSERT_TRUE(client_->RegisterRank(Prefill(0)).ok());
-  ASSERT_TRUE(client_->RegisterRank(Prefill(1)).ok());
+  ASSERT_TRUE(tp1->RegisterRank(Prefill(1)).ok());
   RankRecord decode = Prefill(0, 77);
   decode.role = RankRole::kDecode;
-  ASSERT_TRUE(client_->RegisterRank(decode).ok());
+  ASSERT_TRUE(dec->RegisterRank(decode).ok());
   Advance(milliseconds(1500));
   ASSERT_TRUE(client_->Heartbeat(RankRole::kPrefill, 0, 0, 0, 0, 200).ok());
-  ASSERT_TRUE(client_->Heartbeat(RankRole::kDecode, 0, 0, 0, 0, 77).ok());
-  ExpectError(client_->Heartbeat(RankRole::kPrefill, 0, 0, 1, 0, 5),
-              StatusCode::kFailedPrecondition, "held by incarnation 201");
-  ExpectError(client_->Heartbeat(RankRole::kDecode, 0, 0, 1, 0, 5), StatusCode::kNotFound,
+  ASSERT_TRUE(dec->Heartbeat(RankRole::kDecode, 0, 0, 0, 0, 77).ok());
+  ExpectError(tp1->Heartbeat(RankRole::kPrefill, 0, 0, 1, 0, 5), StatusCode::kFailedPrecondition,
+              "held by incarnation 201");
+  ExpectError(dec->Heartbeat(RankRole::kDecode, 0, 0, 1, 0, 5), StatusCode::kNotFound,
               "unregistered decode rank");
 
   Result<std::vector<RankStatus>> ranks = client_->ListRanks();
@@ -140,17 +147,21 @@ TEST_F(BootstrapServerTest, LivenessAndFailuresOverHttp) {
   EXPECT_EQ((*ranks)[2].record.role, RankRole::kDecode);
   EXPECT_EQ((*ranks)[2].record.transport_address, decode.transport_address);
 
+  // Decode reports prefill tp1's exit, in its own name.
+  const json by_decode{{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 77}};
   json record{{"room", 42},
               {"cause", "peer_exited"},
-              {"origin", {{"role", "prefill"}, {"dp", 0}, {"tp", 1}, {"pp", 0}, {"cp", 0}}}};
-  Result<uint64_t> seq = client_->PublishFailure(record);
+              {"origin", {{"role", "prefill"}, {"dp", 0}, {"tp", 1}, {"pp", 0}, {"cp", 0}}},
+              {"detected_by", by_decode}};
+  Result<uint64_t> seq = dec->PublishFailure(record);
   ASSERT_TRUE(seq.ok()) << seq.status().ToString();
   EXPECT_EQ(*seq, 1u);
   // A request's own failure (an abort) is kept but marks no rank dead.
   json abort{{"room", 43},
              {"cause", "aborted"},
-             {"origin", {{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}}}};
-  ASSERT_TRUE(client_->PublishFailure(abort).ok());
+             {"origin", {{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}}},
+             {"detected_by", by_decode}};
+  ASSERT_TRUE(dec->PublishFailure(abort).ok());
   Result<FailureBatch> batch = client_->FailuresSince(0);
   ASSERT_TRUE(batch.ok()) << batch.status().ToString();
   EXPECT_EQ(batch->latest_seq, 2u);
@@ -161,6 +172,37 @@ TEST_F(BootstrapServerTest, LivenessAndFailuresOverHttp) {
   EXPECT_EQ(client_->ListRanks()->at(1).dead_by_seq, 1u);
   ExpectError(client_->PublishFailure(json::array()).status(), StatusCode::kInvalidArgument,
               "object");
+  // The same record in prefill tp0's name, from decode's client: refused.
+  record["detected_by"] = {
+      {"role", "prefill"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 200}};
+  ExpectError(dec->PublishFailure(record).status(), StatusCode::kPermissionDenied,
+              "not the one given to prefill dp0 cp0 tp0");
+  EXPECT_EQ(client_->FailuresSince(0)->latest_seq, 2u);
+}
+
+// A restarted server has lost its table: the next heartbeat registers the
+// rank again (as docs/errors.md, registry_lost, promises), with a new
+// credential the rank's records then carry.
+TEST_F(BootstrapServerTest, AHeartbeatToARestartedServerRegistersTheRankAgain) {
+  ASSERT_TRUE(client_->RegisterRank(Prefill(0)).ok());
+  const int port = server_->port();
+  server_.reset();
+  BootstrapServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  Result<std::unique_ptr<BootstrapServer>> fresh = BootstrapServer::Start(o);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  server_ = std::move(fresh).value();
+  EXPECT_TRUE(client_->ListRanks()->empty());
+  ASSERT_TRUE(client_->Heartbeat(RankRole::kPrefill, 0, 0, 0, 0, 200).ok());
+  Result<std::vector<RankStatus>> ranks = client_->ListRanks();
+  ASSERT_EQ(ranks->size(), 1u);
+  EXPECT_EQ(ranks->front().record.ToJson(), Prefill(0).ToJson());
+  json own{{"cause", "local_error"},
+           {"origin", {{"role", "prefill"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 200}}},
+           {"detected_by",
+            {{"role", "prefill"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 200}}}};
+  EXPECT_TRUE(client_->PublishFailure(own).ok());
 }
 
 struct RawCase {

@@ -356,15 +356,21 @@ TEST(BootstrapServerMetrics, RanksFailuresAndRequestsAreExposed) {
   auto client = BootstrapClient::Create((*server)->address(), std::chrono::seconds(5),
                                         AuthTokenFromEnvironment())
                     .value();
-  ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kPrefill, 0, 11)).ok());
+  // Prefill tp0 has a client of its own: it reports the failure below.
+  auto prefill0 = BootstrapClient::Create((*server)->address(), std::chrono::seconds(5),
+                                          AuthTokenFromEnvironment())
+                      .value();
+  ASSERT_TRUE(prefill0->RegisterRank(Rank(RankRole::kPrefill, 0, 11)).ok());
   ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kPrefill, 1, 12)).ok());
   ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kDecode, 0, 21)).ok());
   // Names decode tp0 as the origin: the registry marks it dead.
-  ASSERT_TRUE(client
+  ASSERT_TRUE(prefill0
                   ->PublishFailure(json{
                       {"cause", "peer_exited"},
                       {"origin",
                        {{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 21}}},
+                      {"detected_by",
+                       {{"role", "prefill"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 11}}},
                       {"message", "room 1: decode tp0 exited"}})
                   .ok());
   // Refused (400): an unknown cause is not a record.

@@ -125,6 +125,9 @@ json RankRecord::ToJson() const {
       {"attn_dp_rank", attn_dp_rank},
       {"pp_size", pp_size},
       {"pp_rank", pp_rank},
+      // sglang's server reads these two; kvbridge's dp group is attn_dp.
+      {"system_dp_size", 1},
+      {"system_dp_rank", 0},
       {"rank_ip", rank_ip},
       {"rank_port", rank_port},
       {"page_size", page_size},

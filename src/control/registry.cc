@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "control/auth.h"
 #include "control/json_fields.h"
 #include "control/record_json.h"
 #include "kvbridge/errors.h"
@@ -40,18 +41,38 @@ std::optional<Origin> OriginOf(const FailureRecord& record) {
   return o;
 }
 
+Status Denied(std::string message) {
+  return Status(StatusCode::kPermissionDenied, std::move(message));
+}
+
+RankRole RankRoleOf(Role role) {
+  return role == Role::kPrefill ? RankRole::kPrefill : RankRole::kDecode;
+}
+
+RankKey KeyOf(const RankId& id) { return RankKey{id.dp, id.cp, id.tp, id.pp}; }
+
+// "decode dp0 cp0 tp1 pp0 incarnation 7", for refusals.
+std::string Named(const RankId& id) {
+  return std::string(RoleName(id.role)) + " " + KeyOf(id).ToString() + " incarnation " +
+         std::to_string(id.incarnation);
+}
+
 class MemoryRegistry final : public Registry {
  public:
   explicit MemoryRegistry(RegistryOptions options) : options_(std::move(options)) {
     if (!options_.clock) options_.clock = [] { return Clock::now(); };
   }
 
-  Status Register(const RankRecord& record) override {
+  Result<std::string> Register(const RankRecord& record, std::string_view credential) override {
     KVB_RETURN_IF_ERROR(record.Validate());
     std::lock_guard<std::mutex> lock(mu_);
     const Clock::time_point now = options_.clock();
     ForgetSilentDecodeRanks(now);
-    if (record.role == RankRole::kDecode) return RegisterDecode(record, now);
+    if (record.role == RankRole::kDecode) return RegisterDecode(record, credential, now);
+    if (auto held = prefill_.find(record.key());
+        held != prefill_.end() && held->second.record.incarnation == record.incarnation) {
+      KVB_RETURN_IF_ERROR(CheckCredential(held->second, credential, "registers again"));
+    }
     KVB_RETURN_IF_ERROR(CheckPrefillLayout(record, now));
     auto [it, inserted] = prefill_.try_emplace(record.key());
     Entry& e = it->second;
@@ -59,18 +80,20 @@ class MemoryRegistry final : public Registry {
       if (e.record.incarnation == record.incarnation) {
         KVB_RETURN_IF_ERROR(CheckNotFenced(e));
       } else {
+        e.credential = NewAuthToken();
         ++e.restarts;
         e.dead_by_seq = 0;
         KVB_LOG_INFO("registry: {} replaces incarnation {} (restart {})", record.Describe(),
                      e.record.incarnation, e.restarts);
       }
     } else {
+      e.credential = NewAuthToken();
       KVB_LOG_INFO("registry: {} registered ({} of {} prefill ranks)", record.Describe(),
                    prefill_.size(), ExpectedRanks(record));
     }
     e.record = record;
     e.last_seen = now;
-    return Status::Ok();
+    return e.credential;
   }
 
   Result<RankRecord> GetRank(int dp, int cp, int tp, int pp) const override {
@@ -122,7 +145,8 @@ class MemoryRegistry final : public Registry {
     return info;
   }
 
-  Status Heartbeat(RankRole role, int dp, int cp, int tp, int pp, uint64_t incarnation) override {
+  Status Heartbeat(RankRole role, int dp, int cp, int tp, int pp, uint64_t incarnation,
+                   std::string_view credential) override {
     const RankKey key{dp, cp, tp, pp};
     std::lock_guard<std::mutex> lock(mu_);
     const Clock::time_point now = options_.clock();
@@ -146,6 +170,7 @@ class MemoryRegistry final : public Registry {
                                      ", but the position is now held by incarnation " +
                                      std::to_string(e->record.incarnation));
     }
+    KVB_RETURN_IF_ERROR(CheckCredential(*e, credential, "heartbeat"));
     KVB_RETURN_IF_ERROR(CheckNotFenced(*e));
     e->last_seen = now;
     return Status::Ok();
@@ -163,7 +188,7 @@ class MemoryRegistry final : public Registry {
     return out;
   }
 
-  Result<uint64_t> Publish(json record) override {
+  Result<uint64_t> Publish(json record, std::string_view credential) override {
     // The one schema: a record that does not read as a FailureRecord is
     // refused here, so no rank ever reads a malformed one back.
     Result<FailureRecord> parsed = FailureRecordFromJson(record);
@@ -174,6 +199,8 @@ class MemoryRegistry final : public Registry {
     if (!IsRankFailure(parsed->cause)) origin.reset();
     json stored = FailureRecordToJson(*parsed);
     std::lock_guard<std::mutex> lock(mu_);
+    KVB_ASSIGN_OR_RETURN(const Entry* reporter, ReporterLocked(*parsed, credential));
+    KVB_RETURN_IF_ERROR(CheckStanding(*reporter, *parsed));
     const uint64_t seq = ++latest_seq_;
     stored["seq"] = seq;
     std::string marked = origin ? MarkDead(*origin, seq) : std::string();
@@ -230,7 +257,82 @@ class MemoryRegistry final : public Registry {
     Clock::time_point last_seen;
     uint64_t restarts = 0;
     uint64_t dead_by_seq = 0;
+    std::string credential;  // handed to the registrant alone; never listed
   };
+
+  // Ok when `credential` is the one `e` was given; PermissionDenied saying
+  // what `what` ("heartbeat", "registers again") needed otherwise.
+  static Status CheckCredential(const Entry& e, std::string_view credential, const char* what) {
+    if (credential.empty()) {
+      return Denied(std::string(what) + " of " + e.record.Describe() +
+                    " without its rank credential (" + kRankCredentialHeader +
+                    "): only the process PUT /route gave it to may");
+    }
+    if (ConstantTimeEquals(credential, e.credential)) return Status::Ok();
+    return Denied(std::string(what) + " of " + e.record.Describe() +
+                  " with a rank credential that is not the one it was given");
+  }
+
+  // Requires mu_. The registration of role, position and incarnation; null
+  // when none (a prefill position held by another incarnation included).
+  Entry* FindLocked(RankRole role, const RankKey& key, uint64_t incarnation) {
+    if (role == RankRole::kPrefill) {
+      auto it = prefill_.find(key);
+      return it != prefill_.end() && it->second.record.incarnation == incarnation ? &it->second
+                                                                                  : nullptr;
+    }
+    auto it = decode_.find({key, incarnation});
+    return it != decode_.end() ? &it->second : nullptr;
+  }
+
+  // Requires mu_. The registered rank that reports `r`: the one its
+  // "detected_by" names, proven by `credential`.
+  Result<const Entry*> ReporterLocked(const FailureRecord& r, std::string_view credential) {
+    const RankId& by = r.detected_by;
+    if (credential.empty()) {
+      return Denied(std::string("failure record without a rank credential (") +
+                    kRankCredentialHeader +
+                    "): only a registered rank may report a failure, showing the credential "
+                    "PUT /route gave it");
+    }
+    if (by.role == Role::kBootstrap) {
+      return Denied(
+          "failure record: 'detected_by' names the bootstrap registry, not the "
+          "registered rank that reports it");
+    }
+    const Entry* e = FindLocked(RankRoleOf(by.role), KeyOf(by), by.incarnation);
+    if (e == nullptr) {
+      return Denied("failure record: 'detected_by' names " + Named(by) +
+                    ", which is not registered here; a record must name the registered rank "
+                    "that reports it");
+    }
+    if (!ConstantTimeEquals(credential, e->credential)) {
+      return Denied("failure record: the rank credential is not the one given to " +
+                    e->record.Describe() + ", which 'detected_by' names");
+    }
+    return e;
+  }
+
+  // Whether `reporter` may report `r` (see Registry::Publish).
+  static Status CheckStanding(const Entry& reporter, const FailureRecord& r) {
+    const RankRecord& me = reporter.record;
+    const RankId& o = r.origin;
+    const bool itself =
+        o.role != Role::kBootstrap && RankRoleOf(o.role) == me.role && KeyOf(o) == me.key();
+    if (reporter.dead_by_seq != 0 && !itself) {
+      return Denied(me.Describe() + " was declared dead by failure record " +
+                    std::to_string(reporter.dead_by_seq) +
+                    "; a fenced rank reports only about itself");
+    }
+    // A request's failure fences nobody; any rank of the deployment may
+    // fail a request it took part in.
+    if (itself || o.role == Role::kBootstrap || !IsRankFailure(r.cause)) return Status::Ok();
+    if (RankRoleOf(o.role) != me.role) return Status::Ok();  // prefill and decode are peers
+    if (o.dp == me.attn_dp_rank && o.instance == me.instance) return Status::Ok();  // a sibling
+    return Denied(me.Describe() + " has no standing to declare " + Named(o) +
+                  " failed: a rank failure is accepted from the rank itself, a rank of the other "
+                  "role, or a sibling (same role, dp group and instance)");
+  }
 
   RankStatus StatusOf(const Entry& e, Clock::time_point now) const {
     RankStatus s;
@@ -277,7 +379,8 @@ class MemoryRegistry final : public Registry {
   }
 
   // Requires mu_.
-  Status RegisterDecode(const RankRecord& record, Clock::time_point now) {
+  Result<std::string> RegisterDecode(const RankRecord& record, std::string_view credential,
+                                     Clock::time_point now) {
     const std::pair<RankKey, uint64_t> key{record.key(), record.incarnation};
     if (decode_.size() >= options_.max_decode_ranks && !decode_.contains(key)) {
       return ResourceExhaustedError("registry: " + std::to_string(decode_.size()) +
@@ -286,11 +389,16 @@ class MemoryRegistry final : public Registry {
                                     " is refused until silent ones are forgotten");
     }
     auto [it, inserted] = decode_.try_emplace(key);
-    if (!inserted) KVB_RETURN_IF_ERROR(CheckNotFenced(it->second));
-    if (inserted) KVB_LOG_INFO("registry: {} registered", record.Describe());
+    if (!inserted) {
+      KVB_RETURN_IF_ERROR(CheckCredential(it->second, credential, "registers again"));
+      KVB_RETURN_IF_ERROR(CheckNotFenced(it->second));
+    } else {
+      it->second.credential = NewAuthToken();
+      KVB_LOG_INFO("registry: {} registered", record.Describe());
+    }
     it->second.record = record;
     it->second.last_seen = now;
-    return Status::Ok();
+    return it->second.credential;
   }
 
   // Requires mu_.

@@ -10,6 +10,13 @@
 // several decode instances may share positions, so decode records are keyed by
 // (position, incarnation) and forgotten after `forget_decode_after` of silence.
 //
+// Reporters: registering hands the registrant a credential (256 random
+// bits, hex; returned to it alone). A heartbeat and a failure record must
+// show the credential of the rank that sends them, and a record is kept
+// only when that rank may report it (Publish, docs/security.md "Failure
+// records are bound to their reporter"). The shared secret admits a client;
+// the credential says which registered rank it is.
+//
 // Liveness: a rank's last sign of life is its registration or its latest
 // heartbeat. State: dead when a failure record named it (sticky for that
 // incarnation: a fenced process must re-register with a new incarnation) or
@@ -48,6 +55,10 @@ struct RankKey {
   auto operator<=>(const RankKey&) const = default;
   std::string ToString() const;  // "dp0 cp0 tp1 pp0"
 };
+
+// The HTTP header that carries a registration's credential: in the answer
+// to PUT /route, and in every PUT /heartbeat and POST /failure.
+inline constexpr const char* kRankCredentialHeader = "X-Kvbridge-Rank-Credential";
 
 // Upper bound on attn_tp * attn_cp * attn_dp * pp of one instance.
 inline constexpr int64_t kMaxRanksPerInstance = 65536;
@@ -190,7 +201,14 @@ class Registry {
   // prefill position with a new incarnation replaces the record and counts a
   // restart; with the same incarnation after a failure record declared it
   // dead -> FailedPrecondition.
-  virtual Status Register(const RankRecord& record) = 0;
+  //
+  // Returns the registration's credential: a fresh one for a new position,
+  // decode rank or incarnation. Registering again the incarnation that holds
+  // the position (a retry, a rank re-registering) must show the credential
+  // it was given (`credential`) and keeps it; without it PermissionDenied,
+  // so that no other client takes over a live registration unseen (a new
+  // incarnation is a visible restart).
+  virtual Result<std::string> Register(const RankRecord& record, std::string_view credential) = 0;
 
   // One prefill rank's record. Unavailable while no prefill rank or not every
   // prefill rank is registered ("N of M prefill ranks registered"); NotFound
@@ -205,8 +223,10 @@ class Registry {
 
   // Records a sign of life. NotFound when no such rank is registered;
   // FailedPrecondition when the position is held by another incarnation or
-  // this incarnation was declared dead (the caller is fenced).
-  virtual Status Heartbeat(RankRole role, int dp, int cp, int tp, int pp, uint64_t incarnation) = 0;
+  // this incarnation was declared dead (the caller is fenced);
+  // PermissionDenied when `credential` is not the one Register gave it.
+  virtual Status Heartbeat(RankRole role, int dp, int cp, int tp, int pp, uint64_t incarnation,
+                           std::string_view credential) = 0;
 
   // Every registered rank: prefill by position, then decode.
   virtual Result<std::vector<RankStatus>> ListRanks() const = 0;
@@ -217,7 +237,15 @@ class Registry {
   // field otherwise) and is kept in that canonical form. A rank failure
   // (IsRankFailure) whose origin is a prefill/decode rank marks that rank
   // dead (the incarnation it names, or any when 0).
-  virtual Result<uint64_t> Publish(nlohmann::json record) = 0;
+  //
+  // The reporter is the rank the record's "detected_by" names (role,
+  // position, incarnation); it must be registered and `credential` must be
+  // its own. It may report its own failure and any request's failure; a
+  // rank failure of another rank only when it has standing: the origin is
+  // of the other role (its peers) or a sibling (same role, dp group and
+  // instance). A fenced reporter reports only about itself. Otherwise
+  // PermissionDenied naming the rule, and nothing is kept or marked.
+  virtual Result<uint64_t> Publish(nlohmann::json record, std::string_view credential) = 0;
 
   // Records with seq > `since`, oldest first, and the latest seq.
   virtual Result<FailureBatch> FailuresSince(uint64_t since) const = 0;

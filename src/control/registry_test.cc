@@ -4,72 +4,16 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
-namespace kvbridge::internal {
+#include "control/registry_test_util.h"
+
+namespace kvbridge::internal::registry_test {
 namespace {
-
-using nlohmann::json;
-using std::chrono::milliseconds;
-
-RankRecord Rank(RankRole role, int tp, int tp_size = 2, uint64_t incarnation = 0) {
-  RankRecord r;
-  r.role = role;
-  r.attn_tp_size = tp_size;
-  r.attn_tp_rank = tp;
-  r.rank_ip = "10.0.0.1";
-  r.rank_port = 17000 + tp;
-  r.page_size = 16;
-  r.kv_cache_dtype = "bfloat16";
-  r.host = "node-a";
-  r.pid = 1000 + tp;
-  r.incarnation = incarnation != 0 ? incarnation : 100 + tp;
-  r.transport_address = std::string("\x00\x01ucx\xff", 6);
-  r.layout = json{{"layers", 32}};
-  return r;
-}
-// A request's own failure (an abort on decode tp0) about `room`: a valid
-// record that marks no rank dead.
-json RoomRecord(int room) {
-  return json{{"room", room},
-              {"cause", "aborted"},
-              {"origin", {{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}}}};
-}
-
-RankRecord Prefill(int tp, int tp_size = 2, uint64_t inc = 0) {
-  return Rank(RankRole::kPrefill, tp, tp_size, inc);
-}
-RankRecord Decode(int tp, uint64_t inc) { return Rank(RankRole::kDecode, tp, 2, inc); }
-
-// A registry on a clock the test moves by hand.
-class RegistryTest : public ::testing::Test {
- protected:
-  RegistryTest() { Reset({}); }
-  void Reset(RegistryOptions o) {
-    o.clock = [this] { return now_; };
-    registry_ = CreateMemoryRegistry(std::move(o));
-  }
-  void Advance(milliseconds d) { now_ += d; }
-  RankStatus StatusAt(RankRole role, int tp) {
-    auto ranks = registry_->ListRanks();
-    EXPECT_TRUE(ranks.ok());
-    for (const RankStatus& s : *ranks) {
-      if (s.record.role == role && s.record.attn_tp_rank == tp) return s;
-    }
-    ADD_FAILURE() << "rank tp" << tp << " not listed";
-    return {};
-  }
-
-  std::chrono::steady_clock::time_point now_{std::chrono::hours(1)};
-  std::unique_ptr<Registry> registry_;
-};
-
-void ExpectError(const Status& s, StatusCode code, const std::string& part) {
-  EXPECT_EQ(s.code(), code) << s.ToString();
-  EXPECT_NE(s.message().find(part), std::string::npos) << s.ToString();
-}
 
 TEST(RankRecordTest, JsonRoundTripKeepsEveryField) {
   RankRecord r = Prefill(1, 4, 0xfedcba9876543210ull);
@@ -164,7 +108,7 @@ class RegistryLookupTest : public RegistryTest, public ::testing::WithParamInter
 
 TEST_P(RegistryLookupTest, FollowsSglangSemantics) {
   const LookupCase& c = GetParam();
-  for (const RankRecord& r : c.registered) ASSERT_TRUE(registry_->Register(r).ok());
+  for (const RankRecord& r : c.registered) ASSERT_TRUE(Reg(r).ok());
   Result<RankRecord> got = registry_->GetRank(c.query.dp, c.query.cp, c.query.tp, c.query.pp);
   if (c.code == StatusCode::kOk) {
     ASSERT_TRUE(got.ok()) << got.status().ToString();
@@ -210,12 +154,12 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST_F(RegistryTest, ParallelInfoCountsPrefillRanksOnly) {
   ExpectError(registry_->GetParallelInfo().status(), StatusCode::kUnavailable, "no prefill");
-  ASSERT_TRUE(registry_->Register(Decode(0, 9)).ok());
-  ASSERT_TRUE(registry_->Register(Prefill(1, 4)).ok());
+  ASSERT_TRUE(Reg(Decode(0, 9)).ok());
+  ASSERT_TRUE(Reg(Prefill(1, 4)).ok());
   // As sglang's server: not served until the instance is whole.
   ExpectError(registry_->GetParallelInfo().status(), StatusCode::kUnavailable,
               "1 of 4 prefill ranks registered");
-  for (int tp : {0, 2, 3}) ASSERT_TRUE(registry_->Register(Prefill(tp, 4)).ok());
+  for (int tp : {0, 2, 3}) ASSERT_TRUE(Reg(Prefill(tp, 4)).ok());
   Result<ParallelInfo> info = registry_->GetParallelInfo();
   ASSERT_TRUE(info.ok()) << info.status().ToString();
   EXPECT_EQ(info->attn_tp_size, 4);
@@ -241,10 +185,10 @@ class RegistryConflictTest : public RegistryTest,
                              public ::testing::WithParamInterface<ConflictCase> {};
 
 TEST_P(RegistryConflictTest, IsFailedPreconditionNamingBothValues) {
-  ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
+  ASSERT_TRUE(Reg(Prefill(0)).ok());
   RankRecord r = Prefill(1);
   GetParam().mutate(r);
-  Status s = registry_->Register(r);
+  Status s = Reg(r);
   ExpectError(s, StatusCode::kFailedPrecondition, GetParam().mine_then_theirs[1]);
   ExpectError(s, StatusCode::kFailedPrecondition, GetParam().mine_then_theirs[0]);
   EXPECT_EQ(registry_->ListRanks()->size(), 1u);  // the conflicting rank was not kept
@@ -267,21 +211,21 @@ INSTANTIATE_TEST_SUITE_P(
 TEST_F(RegistryTest, RegisterRejectsInvalidRecord) {
   RankRecord r = Prefill(0);
   r.attn_tp_rank = 5;
-  ExpectError(registry_->Register(r), StatusCode::kInvalidArgument, "attn_tp_rank");
+  ExpectError(Reg(r), StatusCode::kInvalidArgument, "attn_tp_rank");
 }
 
 TEST_F(RegistryTest, NewIncarnationReplacesAndCountsRestart) {
-  ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
-  ASSERT_TRUE(registry_->Register(Prefill(1)).ok());
-  ASSERT_TRUE(registry_->Register(Prefill(1)).ok());  // same process again: no restart
+  ASSERT_TRUE(Reg(Prefill(0)).ok());
+  ASSERT_TRUE(Reg(Prefill(1)).ok());
+  ASSERT_TRUE(Reg(Prefill(1)).ok());  // same process again: no restart
   EXPECT_EQ(StatusAt(RankRole::kPrefill, 1).restarts, 0u);
-  ASSERT_TRUE(registry_->Register(Prefill(1, 2, 555)).ok());
+  ASSERT_TRUE(Reg(Prefill(1, 2, 555)).ok());
   EXPECT_EQ(registry_->GetRank(0, 0, 1, 0)->incarnation, 555u);
   EXPECT_EQ(StatusAt(RankRole::kPrefill, 1).restarts, 1u);
   EXPECT_EQ(registry_->GetParallelInfo()->ranks_registered, 2);
   // The old process is fenced off.
-  ExpectError(registry_->Heartbeat(RankRole::kPrefill, 0, 0, 1, 0, 101),
-              StatusCode::kFailedPrecondition, "held by incarnation 555");
+  ExpectError(Beat(RankRole::kPrefill, 0, 0, 1, 0, 101), StatusCode::kFailedPrecondition,
+              "held by incarnation 555");
 }
 
 struct LivenessCase {
@@ -293,11 +237,11 @@ class RegistryLivenessTest : public RegistryTest,
                              public ::testing::WithParamInterface<LivenessCase> {};
 
 TEST_P(RegistryLivenessTest, StateFollowsAgeOfLastSignOfLife) {
-  ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
-  ASSERT_TRUE(registry_->Register(Decode(0, 7)).ok());
+  ASSERT_TRUE(Reg(Prefill(0)).ok());
+  ASSERT_TRUE(Reg(Decode(0, 7)).ok());
   Advance(milliseconds(50000));
-  ASSERT_TRUE(registry_->Heartbeat(RankRole::kPrefill, 0, 0, 0, 0, 100).ok());
-  ASSERT_TRUE(registry_->Heartbeat(RankRole::kDecode, 0, 0, 0, 0, 7).ok());
+  ASSERT_TRUE(Beat(RankRole::kPrefill, 0, 0, 0, 0, 100).ok());
+  ASSERT_TRUE(Beat(RankRole::kDecode, 0, 0, 0, 0, 7).ok());
   Advance(GetParam().silent);
   for (RankRole role : {RankRole::kPrefill, RankRole::kDecode}) {
     RankStatus s = StatusAt(role, 0);
@@ -316,34 +260,33 @@ INSTANTIATE_TEST_SUITE_P(
                       LivenessCase{milliseconds(10001), Liveness::kDead}));
 
 TEST_F(RegistryTest, HeartbeatErrors) {
-  ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
-  ASSERT_TRUE(registry_->Register(Decode(1, 7)).ok());
-  ExpectError(registry_->Heartbeat(RankRole::kPrefill, 0, 0, 1, 0, 101), StatusCode::kNotFound,
+  ASSERT_TRUE(Reg(Prefill(0)).ok());
+  ASSERT_TRUE(Reg(Decode(1, 7)).ok());
+  ExpectError(Beat(RankRole::kPrefill, 0, 0, 1, 0, 101), StatusCode::kNotFound,
               "unregistered prefill rank dp0 cp0 tp1 pp0");
-  ExpectError(registry_->Heartbeat(RankRole::kDecode, 0, 0, 1, 0, 8), StatusCode::kNotFound,
-              "incarnation 8");
-  ExpectError(registry_->Heartbeat(RankRole::kPrefill, 0, 0, 0, 0, 999),
-              StatusCode::kFailedPrecondition, "incarnation 100");
-  EXPECT_TRUE(registry_->Heartbeat(RankRole::kDecode, 0, 0, 1, 0, 7).ok());
+  ExpectError(Beat(RankRole::kDecode, 0, 0, 1, 0, 8), StatusCode::kNotFound, "incarnation 8");
+  ExpectError(Beat(RankRole::kPrefill, 0, 0, 0, 0, 999), StatusCode::kFailedPrecondition,
+              "incarnation 100");
+  EXPECT_TRUE(Beat(RankRole::kDecode, 0, 0, 1, 0, 7).ok());
 }
 
 TEST_F(RegistryTest, DecodeInstancesSharePositionsAndAreForgotten) {
-  ASSERT_TRUE(registry_->Register(Decode(0, 7)).ok());
-  ASSERT_TRUE(registry_->Register(Decode(0, 8)).ok());  // a second decode instance
+  ASSERT_TRUE(Reg(Decode(0, 7)).ok());
+  ASSERT_TRUE(Reg(Decode(0, 8)).ok());  // a second decode instance
   EXPECT_EQ(registry_->ListRanks()->size(), 2u);
   Advance(milliseconds(9 * 60 * 1000));
-  ASSERT_TRUE(registry_->Heartbeat(RankRole::kDecode, 0, 0, 0, 0, 8).ok());
+  ASSERT_TRUE(Beat(RankRole::kDecode, 0, 0, 0, 0, 8).ok());
   Advance(milliseconds(2 * 60 * 1000));  // 7 has been silent 11 min > 10 min
   Result<std::vector<RankStatus>> ranks = registry_->ListRanks();
   ASSERT_EQ(ranks->size(), 1u);
   EXPECT_EQ(ranks->front().record.incarnation, 8u);
-  ExpectError(registry_->Heartbeat(RankRole::kDecode, 0, 0, 0, 0, 7), StatusCode::kNotFound, "");
+  ExpectError(Beat(RankRole::kDecode, 0, 0, 0, 0, 7), StatusCode::kNotFound, "");
 }
 
 TEST_F(RegistryTest, FailureRecordsAreSequencedAndReadSince) {
   EXPECT_EQ(registry_->FailuresSince(0)->latest_seq, 0u);
   for (int i = 1; i <= 3; ++i) {
-    Result<uint64_t> seq = registry_->Publish(RoomRecord(i));
+    Result<uint64_t> seq = Pub(RoomRecord(i));
     ASSERT_TRUE(seq.ok());
     EXPECT_EQ(*seq, static_cast<uint64_t>(i));
   }
@@ -374,7 +317,7 @@ TEST_P(RegistryRetentionTest, KeepsTheMostRecentAndSaysWhenSomeWereDropped) {
   RegistryOptions o;
   o.max_failure_records = 2;
   Reset(o);
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(registry_->Publish(RoomRecord(i)).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(Pub(RoomRecord(i)).ok());
   Result<FailureBatch> b = registry_->FailuresSince(GetParam().since);
   EXPECT_EQ(b->records.size(), GetParam().records);
   EXPECT_EQ(b->truncated, GetParam().truncated);
@@ -395,8 +338,7 @@ class RegistryBadFailureTest : public RegistryTest,
                                public ::testing::WithParamInterface<BadRecordCase> {};
 
 TEST_P(RegistryBadFailureTest, IsInvalidArgument) {
-  ExpectError(registry_->Publish(GetParam().record).status(), StatusCode::kInvalidArgument,
-              GetParam().names);
+  ExpectError(Pub(GetParam().record).status(), StatusCode::kInvalidArgument, GetParam().names);
   EXPECT_EQ(registry_->FailuresSince(0)->latest_seq, 0u);
 }
 
@@ -416,54 +358,49 @@ INSTANTIATE_TEST_SUITE_P(
                       "'cause'"}));
 
 TEST_F(RegistryTest, FailureRecordMarksItsOriginDeadAndFencesIt) {
-  ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
-  ASSERT_TRUE(registry_->Register(Prefill(1)).ok());
-  ASSERT_TRUE(registry_->Register(Decode(0, 7)).ok());
+  ASSERT_TRUE(Reg(Prefill(0)).ok());
+  ASSERT_TRUE(Reg(Prefill(1)).ok());
+  ASSERT_TRUE(Reg(Decode(0, 7)).ok());
   // A stale report about an older incarnation and a non-rank origin mark nobody.
   json stale{{"origin", {{"role", "prefill"}, {"dp", 0}, {"tp", 1}, {"pp", 0}, {"incarnation", 5}}},
              {"cause", "peer_exited"}};
-  ASSERT_TRUE(registry_->Publish(stale).ok());
-  ASSERT_TRUE(
-      registry_
-          ->Publish(json{{"origin", {{"role", "bootstrap"}, {"dp", 0}, {"tp", 0}, {"pp", 0}}},
-                         {"cause", "peer_exited"}})
-          .ok());
+  ASSERT_TRUE(Pub(stale).ok());
+  ASSERT_TRUE(Pub(json{{"origin", {{"role", "bootstrap"}, {"dp", 0}, {"tp", 0}, {"pp", 0}}},
+                       {"cause", "peer_exited"}})
+                  .ok());
   EXPECT_EQ(StatusAt(RankRole::kPrefill, 1).state, Liveness::kAlive);
 
   json killed{{"origin", {{"role", "prefill"}, {"dp", 0}, {"tp", 1}, {"pp", 0}}},
               {"cause", "peer_exited"}};
-  Result<uint64_t> seq = registry_->Publish(killed);
+  Result<uint64_t> seq = Pub(killed);
   ASSERT_TRUE(seq.ok());
   RankStatus s = StatusAt(RankRole::kPrefill, 1);
   EXPECT_EQ(s.state, Liveness::kDead);
   EXPECT_EQ(s.dead_by_seq, *seq);
   EXPECT_EQ(StatusAt(RankRole::kPrefill, 0).state, Liveness::kAlive);
-  ExpectError(registry_->Heartbeat(RankRole::kPrefill, 0, 0, 1, 0, 101),
-              StatusCode::kFailedPrecondition, "declared dead by failure record 3");
-  ExpectError(registry_->Register(Prefill(1)), StatusCode::kFailedPrecondition, "declared dead");
+  ExpectError(Beat(RankRole::kPrefill, 0, 0, 1, 0, 101), StatusCode::kFailedPrecondition,
+              "declared dead by failure record 3");
+  ExpectError(Reg(Prefill(1)), StatusCode::kFailedPrecondition, "declared dead");
   // The restarted process comes back with a new incarnation.
-  ASSERT_TRUE(registry_->Register(Prefill(1, 2, 777)).ok());
+  ASSERT_TRUE(Reg(Prefill(1, 2, 777)).ok());
   EXPECT_EQ(StatusAt(RankRole::kPrefill, 1).state, Liveness::kAlive);
   EXPECT_EQ(StatusAt(RankRole::kPrefill, 1).dead_by_seq, 0u);
 
-  ASSERT_TRUE(
-      registry_
-          ->Publish(json{
-              {"origin", {{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 7}}},
-              {"cause", "peer_unresponsive"}})
-          .ok());
+  ASSERT_TRUE(Pub(json{{"origin",
+                        {{"role", "decode"}, {"dp", 0}, {"tp", 0}, {"pp", 0}, {"incarnation", 7}}},
+                       {"cause", "peer_unresponsive"}})
+                  .ok());
   EXPECT_EQ(StatusAt(RankRole::kDecode, 0).state, Liveness::kDead);
 }
 
 TEST_F(RegistryTest, ARequestsOwnFailureMarksNoRankDeadAndAMistypedCauseIsRefused) {
-  ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
+  ASSERT_TRUE(Reg(Prefill(0)).ok());
   const json origin{{"role", "prefill"}, {"dp", 0}, {"tp", 0}, {"pp", 0}};
   // A room record (one request failed on a healthy rank) is kept for the
   // request's other ranks and marks nobody.
   for (const char* cause :
        {"aborted", "invalid_request", "deadline_exceeded", "layout_mismatch", "registry_lost"}) {
-    Result<uint64_t> seq =
-        registry_->Publish(json{{"origin", origin}, {"room", 9}, {"cause", cause}});
+    Result<uint64_t> seq = Pub(json{{"origin", origin}, {"room", 9}, {"cause", cause}});
     ASSERT_TRUE(seq.ok()) << cause << ": " << seq.status().ToString();
     EXPECT_EQ(StatusAt(RankRole::kPrefill, 0).state, Liveness::kAlive) << cause;
   }
@@ -473,7 +410,7 @@ TEST_F(RegistryTest, ARequestsOwnFailureMarksNoRankDeadAndAMistypedCauseIsRefuse
   // A cause that is not a known name is refused before anything is kept:
   // a rank reading it back could not tell a death from a request's failure.
   for (const json& bad : {json(7), json::array({"aborted"}), json{{"x", 1}}, json("no_such")}) {
-    ExpectError(registry_->Publish(json{{"origin", origin}, {"cause", bad}}).status(),
+    ExpectError(Pub(json{{"origin", origin}, {"cause", bad}}).status(),
                 StatusCode::kInvalidArgument, "'cause'");
   }
   EXPECT_EQ(StatusAt(RankRole::kPrefill, 0).state, Liveness::kAlive);
@@ -484,24 +421,22 @@ TEST_F(RegistryTest, DecodeRegistrationsBeyondTheLimitAreRefusedByName) {
   RegistryOptions o;
   o.max_decode_ranks = 3;
   Reset(o);
-  for (uint64_t inc = 1; inc <= 3; ++inc) ASSERT_TRUE(registry_->Register(Decode(0, inc)).ok());
-  ExpectError(registry_->Register(Decode(0, 4)), StatusCode::kResourceExhausted,
-              "max_decode_ranks");
+  for (uint64_t inc = 1; inc <= 3; ++inc) ASSERT_TRUE(Reg(Decode(0, inc)).ok());
+  ExpectError(Reg(Decode(0, 4)), StatusCode::kResourceExhausted, "max_decode_ranks");
   // A registered rank may register again; a silent one, once forgotten,
   // makes room.
-  EXPECT_TRUE(registry_->Register(Decode(0, 2)).ok());
+  EXPECT_TRUE(Reg(Decode(0, 2)).ok());
   Advance(o.forget_decode_after + milliseconds(1));
-  EXPECT_TRUE(registry_->Register(Decode(0, 4)).ok());
+  EXPECT_TRUE(Reg(Decode(0, 4)).ok());
   EXPECT_EQ(registry_->ListRanks()->size(), 1u);
 }
 
 TEST_F(RegistryTest, NewLayoutIsAcceptedOnceEveryOldPrefillRankIsDead) {
-  ASSERT_TRUE(registry_->Register(Prefill(0)).ok());
-  ASSERT_TRUE(registry_->Register(Prefill(1)).ok());
-  ExpectError(registry_->Register(Prefill(0, 4, 900)), StatusCode::kFailedPrecondition,
-              "attn_tp_size 4");
+  ASSERT_TRUE(Reg(Prefill(0)).ok());
+  ASSERT_TRUE(Reg(Prefill(1)).ok());
+  ExpectError(Reg(Prefill(0, 4, 900)), StatusCode::kFailedPrecondition, "attn_tp_size 4");
   Advance(milliseconds(10001));
-  ASSERT_TRUE(registry_->Register(Prefill(0, 4, 900)).ok());
+  ASSERT_TRUE(Reg(Prefill(0, 4, 900)).ok());
   ExpectError(registry_->GetParallelInfo().status(), StatusCode::kUnavailable, "1 of 4");
   ExpectError(registry_->GetRank(0, 0, 3, 0).status(), StatusCode::kUnavailable, "1 of 4");
 }
@@ -525,13 +460,18 @@ TEST(RegistryConcurrencyTest, ConcurrentCallsKeepTheTableConsistent) {
   std::vector<std::thread> threads;
   for (int tp = 0; tp < kRanks; ++tp) {
     threads.emplace_back([&, tp] {
-      ASSERT_TRUE(registry->Register(Prefill(tp, kRanks)).ok());
+      Result<std::string> credential = registry->Register(Prefill(tp, kRanks), "");
+      ASSERT_TRUE(credential.ok());
+      json record = RoomRecord(tp);
+      record["detected_by"] = {
+          {"role", "prefill"}, {"dp", 0}, {"tp", tp}, {"pp", 0}, {"incarnation", 100 + tp}};
       for (int i = 0; i < 200; ++i) {
-        EXPECT_TRUE(registry->Heartbeat(RankRole::kPrefill, 0, 0, tp, 0, 100 + tp).ok());
+        EXPECT_TRUE(
+            registry->Heartbeat(RankRole::kPrefill, 0, 0, tp, 0, 100 + tp, *credential).ok());
         registry->GetRank(0, 0, tp, 0).status().IgnoreError();
         EXPECT_TRUE(registry->ListRanks().ok());
         if (i % 50 == 0) {
-          EXPECT_TRUE(registry->Publish(RoomRecord(tp)).ok());
+          EXPECT_TRUE(registry->Publish(record, *credential).ok());
         }
       }
     });
@@ -542,4 +482,4 @@ TEST(RegistryConcurrencyTest, ConcurrentCallsKeepTheTableConsistent) {
 }
 
 }  // namespace
-}  // namespace kvbridge::internal
+}  // namespace kvbridge::internal::registry_test

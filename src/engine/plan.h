@@ -42,6 +42,11 @@ struct RankLayout {
   std::vector<BufferSpan> kv;
   std::vector<BufferSpan> aux;
   std::vector<BufferSpan> state;
+  // The state type of each state buffer (sglang's state_types, e.g. mamba
+  // and SWA, each with its own buffers); empty: one type. Local only (not in
+  // the handshake): prefill's buffer b and decode's buffer b are the same
+  // buffer, so prefill's types say which indices address decode's too.
+  std::vector<int32_t> state_types;
 };
 
 // Internal consistency of one layout: sizes positive, kv.size() equals
@@ -145,9 +150,26 @@ Result<std::vector<CopyRun>> PlanKvPages(const RankLayout& prefill, const RankLa
 Result<std::vector<CopyRun>> PlanAux(const RankLayout& prefill, const RankLayout& decode,
                                      int64_t src_index, int64_t dst_index);
 
-// State: slot src_slots[i] of every state buffer to dst_slots[i], consecutive
-// slots coalesced. InvalidArgument for lists of different lengths or a slot
-// outside either side's slots; no runs when the model has no state buffers.
+// Separates the sections of state indices of several state types.
+inline constexpr int32_t kStateSectionEnd = -1;
+
+// State indices as sections: without a kStateSectionEnd, one section that
+// addresses every state buffer (one state type, or types that share rows);
+// with them, exactly one section per state type (types.size() > 0, type t =
+// section t) addressing only the buffers of its type. InvalidArgument for
+// any other count.
+Result<std::vector<std::span<const int32_t>>> StateSections(const std::vector<int32_t>& types,
+                                                            std::span<const int32_t> slots);
+
+// Every index of every section within the rows of the buffers it addresses.
+// InvalidArgument naming `what`, the value, its position and its state type.
+Status CheckStateSlots(const char* what, const std::vector<BufferSpan>& bufs,
+                       const std::vector<int32_t>& types, std::span<const int32_t> slots);
+
+// State: slot src_slots[i] of every state buffer (of its section's type) to
+// dst_slots[i], consecutive slots coalesced. InvalidArgument for lists or
+// sections of different lengths or a slot outside either side's slots; no
+// runs when the model has no state buffers.
 Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayout& decode,
                                        std::span<const int32_t> src_slots,
                                        std::span<const int32_t> dst_slots);

@@ -152,6 +152,42 @@ Result<std::vector<CopyRun>> PlanAux(const RankLayout& prefill, const RankLayout
   return runs;
 }
 
+Result<std::vector<std::span<const int32_t>>> StateSections(const std::vector<int32_t>& types,
+                                                            std::span<const int32_t> slots) {
+  const int num_types = types.empty() ? 1 : *std::max_element(types.begin(), types.end()) + 1;
+  std::vector<std::span<const int32_t>> sections;
+  size_t begin = 0;
+  for (size_t i = 0; i <= slots.size(); ++i) {
+    if (i < slots.size() && slots[i] != kStateSectionEnd) continue;
+    sections.push_back(slots.subspan(begin, i - begin));
+    begin = i + 1;
+  }
+  if (sections.size() == 1) return sections;  // no separator: every buffer
+  if (num_types < 2 || static_cast<int>(sections.size()) != num_types) {
+    return InvalidArgumentError(fmt::format(
+        "state indices hold {} sections (separated by {}), the layout has {} state type(s)",
+        sections.size(), kStateSectionEnd, num_types));
+  }
+  return sections;
+}
+
+Status CheckStateSlots(const char* what, const std::vector<BufferSpan>& bufs,
+                       const std::vector<int32_t>& types, std::span<const int32_t> slots) {
+  KVB_ASSIGN_OR_RETURN(auto sections, StateSections(types, slots));
+  for (size_t t = 0; t < sections.size(); ++t) {
+    std::vector<BufferSpan> own;  // the buffers this section addresses
+    for (size_t b = 0; b < bufs.size(); ++b)
+      if (sections.size() == 1 || (b < types.size() && types[b] == static_cast<int32_t>(t)))
+        own.push_back(bufs[b]);
+    const uint64_t bound = ItemCapacity(own);
+    for (size_t i = 0; i < sections[t].size(); ++i) {
+      Status s = CheckIndex(sections[t][i], bound, what, static_cast<int64_t>(i));
+      if (!s.ok()) return sections.size() == 1 ? s : s.WithContext(fmt::format("state type {}", t));
+    }
+  }
+  return Status::Ok();
+}
+
 Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayout& decode,
                                        std::span<const int32_t> src_slots,
                                        std::span<const int32_t> dst_slots) {
@@ -160,19 +196,25 @@ Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayo
   std::vector<CopyRun> runs;
   // A model without state buffers (not hybrid) has nothing to send.
   if (prefill.state.empty()) return runs;
-  const uint64_t src_bound = ItemCapacity(prefill.state);
-  const uint64_t dst_bound = ItemCapacity(decode.state);
-  for (size_t i = 0; i < src_slots.size(); ++i) {
-    const auto pos = static_cast<int64_t>(i);
-    KVB_RETURN_IF_ERROR(CheckIndex(src_slots[i], src_bound, "source state slot", pos));
-    KVB_RETURN_IF_ERROR(CheckIndex(dst_slots[i], dst_bound, "destination state slot", pos));
-  }
+  KVB_RETURN_IF_ERROR(
+      CheckStateSlots("source state slot", prefill.state, prefill.state_types, src_slots));
+  KVB_RETURN_IF_ERROR(
+      CheckStateSlots("destination state slot", decode.state, prefill.state_types, dst_slots));
+  KVB_ASSIGN_OR_RETURN(auto src, StateSections(prefill.state_types, src_slots));
+  KVB_ASSIGN_OR_RETURN(auto dst, StateSections(prefill.state_types, dst_slots));
+  if (src.size() != dst.size())
+    return InvalidArgumentError(
+        fmt::format("state sections: source {}, destination {}", src.size(), dst.size()));
+  for (size_t t = 0; t < src.size(); ++t)
+    KVB_RETURN_IF_ERROR(CheckSameLength(src[t].size(), dst[t].size(), "state slot")
+                            .WithContext(fmt::format("state type {}", t)));
   for (size_t b = 0; b < prefill.state.size(); ++b) {
+    const size_t t = src.size() == 1 ? 0 : static_cast<size_t>(prefill.state_types.at(b));
     const uint64_t item = prefill.state[b].item_len;
-    for (size_t i = 0; i < src_slots.size(); ++i) {
+    for (size_t i = 0; i < src[t].size(); ++i) {
       Append(runs, {BufferClass::kState, static_cast<uint32_t>(b),
-                    static_cast<uint64_t>(src_slots[i]) * item, static_cast<uint32_t>(b),
-                    static_cast<uint64_t>(dst_slots[i]) * item, item});
+                    static_cast<uint64_t>(src[t][i]) * item, static_cast<uint32_t>(b),
+                    static_cast<uint64_t>(dst[t][i]) * item, item});
     }
   }
   return runs;

@@ -328,6 +328,45 @@ TEST(PlanStateTest, ConsecutiveSlotsCoalesce) {
                               CopyRun{kState, 1, 8, 1, 24, 16}, CopyRun{kState, 1, 48, 1, 40, 8}));
 }
 
+// Two state types with their own buffers (sglang's mamba + SWA): each
+// section of the indices addresses only its type's buffers.
+TEST(PlanStateTest, SectionsAddressOnlyTheirTypesBuffers) {
+  RankLayout l = MakeLayout({.state_buffers = 3, .state_slots = 8});
+  l.state_types = {0, 1, 1};
+  const std::vector<int32_t> src{2, kStateSectionEnd, 5, 6}, dst{7, kStateSectionEnd, 1, 2};
+  Result<std::vector<CopyRun>> r = PlanState(l, l, src, dst);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const uint64_t item = l.state[0].item_len;
+  constexpr BufferClass kState = BufferClass::kState;
+  EXPECT_THAT(*r, ElementsAre(CopyRun{kState, 0, 2 * item, 0, 7 * item, item},
+                              CopyRun{kState, 1, 5 * item, 1, 1 * item, 2 * item},
+                              CopyRun{kState, 2, 5 * item, 2, 1 * item, 2 * item}));
+  // Without a separator every index still addresses every buffer.
+  r = PlanState(l, l, std::vector<int32_t>{3}, std::vector<int32_t>{4});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->size(), 3u);
+}
+
+TEST(PlanStateTest, SectionsBadInput) {
+  RankLayout l = MakeLayout({.state_buffers = 2, .state_slots = 4});
+  l.state_types = {0, 1};
+  const std::vector<int32_t> three{1, -1, 2, -1, 3}, ok{1, -1, 2}, short_dst{1, -1};
+  Status s = PlanState(l, l, three, three).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "state indices hold 3 sections (separated by -1), the layout has 2 state type(s)");
+  s = PlanState(l, l, ok, std::vector<int32_t>{1, -1, 9}).status();
+  EXPECT_EQ(s.message(),
+            "state type 1: destination state slot 9 at position 0 out of range [0, 4)");
+  s = PlanState(l, l, std::vector<int32_t>{1, 2, -1}, std::vector<int32_t>{1, -1, 2}).status();
+  EXPECT_EQ(s.message(), "state type 0: state slot list length mismatch: source 2, destination 1");
+  EXPECT_EQ(PlanState(l, l, ok, short_dst).status().code(), StatusCode::kInvalidArgument);
+  // One type: a separator is an error, not an index.
+  l.state_types = {};
+  EXPECT_EQ(PlanState(l, l, ok, ok).status().message(),
+            "state indices hold 2 sections (separated by -1), the layout has 1 state type(s)");
+}
+
 TEST(PlanStateTest, BadInput) {
   const RankLayout l = MakeLayout({.state_buffers = 1});  // 4 slots
   const std::vector<int32_t> two = {0, 1}, one = {0}, far = {0, 4}, neg = {-2, 0};

@@ -63,4 +63,6 @@ bool TokensEqual(const RegionToken& a, const RegionToken& b) {
   return result == 0;
 }
 
+bool IsZeroToken(const RegionToken& t) { return TokensEqual(t, RegionToken{}); }
+
 }  // namespace kvbridge::internal

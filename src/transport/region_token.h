@@ -29,5 +29,7 @@ Result<RegionToken> NewRegionToken();
 Result<uint64_t> SecureRandomU64();
 // Constant-time equality.
 bool TokensEqual(const RegionToken& a, const RegionToken& b);
+// All bytes zero (a token never drawn).
+bool IsZeroToken(const RegionToken& t);
 
 }  // namespace kvbridge::internal

@@ -42,6 +42,7 @@ namespace kvbridge::internal {
 using PeerId = uint64_t;          // 0 is never a valid peer
 using RegionId = uint64_t;        // a local registered region
 using RemoteRegionId = uint64_t;  // a peer's region imported on a connection
+using GrantId = uint64_t;         // a revocable write capability (caller-chosen, not 0)
 
 // How bytes reach a peer's memory. Chosen per peer (and per imported region)
 // at ImportRegion time, logged, and reported by the benchmarks.
@@ -95,6 +96,31 @@ class Transport {
   virtual Result<RegisteredRegion> RegisterMemory(void* addr, size_t length, MemoryKind kind) = 0;
   // NotFound for an unknown id.
   virtual Status DeregisterMemory(RegionId id) = 0;
+
+  // Per-peer write capabilities, the fence for a peer that may still be
+  // writing (a partitioned host). GrantRegion returns a remote key for
+  // `region` whose token (>= 128 random bits) belongs to `grant` alone; one
+  // grant may cover several regions. A grant key offers only the paths the
+  // owner mediates on every write (UCX active messages): no packed rkey for
+  // one-sided puts, no same-host socket (a writer that maps memory directly
+  // cannot be revoked; the region's own key keeps those paths, under the
+  // rule "wait for the writer's Quiesced or its exit").
+  // RevokeGrant(grant): every later write carrying one of the grant's tokens
+  // is refused before a byte is placed (counted; its batch completes with
+  // PermissionDenied at the writer), and the call returns OK only once no
+  // write admitted under the grant is still landing. Revoking a revoked grant
+  // waits again (a retry after DeadlineExceeded). Errors: InvalidArgument
+  // (grant 0), NotFound (unknown region / grant), DeadlineExceeded (an
+  // admitted write did not finish within the transport's bound: it may still
+  // land; the caller must not reuse the memory on this answer),
+  // FailedPrecondition (called on a transport thread while writes under the
+  // grant are landing), Unimplemented (a transport without grants).
+  virtual Result<std::string> GrantRegion(RegionId region, GrantId grant) {
+    return UnimplementedError(std::string(Name()) + " transport has no per-peer write grants");
+  }
+  virtual Status RevokeGrant(GrantId grant) {
+    return UnimplementedError(std::string(Name()) + " transport has no per-peer write grants");
+  }
 
   // Connects to a peer's Address(). Blocks until the connection exists (not
   // until the peer answers). A second Connect to the same address returns a

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -104,7 +105,11 @@ TEST(CliBootstrapStatus, TableAndJsonShowRanksLivenessAndFailures) {
   auto client =
       BootstrapClient::Create(bs->address, milliseconds(5000), internal::AuthTokenFromEnvironment())
           .value();
-  ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kPrefill, 0, 11)).ok());
+  // Prefill tp0 has a client of its own: it reports the failure below.
+  auto prefill0 =
+      BootstrapClient::Create(bs->address, milliseconds(5000), internal::AuthTokenFromEnvironment())
+          .value();
+  ASSERT_TRUE(prefill0->RegisterRank(Rank(RankRole::kPrefill, 0, 11)).ok());
   ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kPrefill, 1, 12)).ok());
   ASSERT_TRUE(client->RegisterRank(Rank(RankRole::kDecode, 0, 21)).ok());
   // The registry keeps a record in its canonical form: the message is made
@@ -119,10 +124,11 @@ TEST(CliBootstrapStatus, TableAndJsonShowRanksLivenessAndFailures) {
   dead.detail = "process exited";
   dead.phase = Phase::kTransferring;
   dead.detected_by.role = Role::kPrefill;
+  dead.detected_by.incarnation = 11;
   dead.mechanism = "transport error";
   dead.hint = std::string(FailureHint(FailureCause::kPeerExited));
   ASSERT_EQ(dead.Message(), kFailureMessage);
-  ASSERT_TRUE(client->PublishFailure(internal::FailureRecordToJson(dead)).ok());
+  ASSERT_TRUE(prefill0->PublishFailure(internal::FailureRecordToJson(dead)).ok());
 
   CommandOutput table = Cli("status --bootstrap " + bs->address);
   ASSERT_EQ(table.exit_status, 0) << table.out;
@@ -238,6 +244,33 @@ TEST(CliBootstrapStatus, StatusAgainstADeadPortFailsClearly) {
   EXPECT_TRUE(Contains(r.out, "bootstrap server " + address + " unreachable: ")) << r.out;
   CommandOutput js = Cli("status --json --bootstrap " + address);
   EXPECT_EQ(js.exit_status, 1) << js.out;
+}
+
+// A user who set no secret (issue 12: "with no token configured the user
+// gets one clear instruction"): the server and the status table refuse to
+// run, exit with their error status and print one line that says what to
+// set, before anything listens or connects.
+TEST(CliNoToken, BootstrapAndStatusPrintOneInstructionAndExit) {
+  const std::string no_token =
+      "env -u KVBRIDGE_AUTH_TOKEN -u SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN ";
+  // Each command's exit status for a deployment error (status: 2, as for a
+  // bad --bootstrap).
+  const std::pair<std::string, int> commands[] = {
+      {"bootstrap --host 127.0.0.1 --port 0", 1},
+      {"status --bootstrap 127.0.0.1:" + std::to_string(DeadPort()), 2}};
+  for (const auto& [args, exit_status] : commands) {
+    CommandOutput r = RunCommand(no_token + kCli + " " + args + " 2>&1");
+    EXPECT_EQ(r.exit_status, exit_status) << args << ":\n" << r.out;
+    const std::string command = "kvbridge " + args.substr(0, args.find(' ')) + ": ";
+    EXPECT_EQ(r.out.rfind(command, 0), 0u) << r.out;
+    EXPECT_FALSE(Contains(r.out.substr(command.size()), command)) << "said twice: " << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << ":\n" << r.out;
+    for (const char* part : {"no auth token", "set KVBRIDGE_AUTH_TOKEN",
+                             "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN", "--auth-token-file"}) {
+      EXPECT_TRUE(Contains(r.out, part)) << args << ": '" << part << "' missing:\n" << r.out;
+    }
+    EXPECT_FALSE(Contains(r.out, "listening")) << r.out;
+  }
 }
 
 TEST(CliExplain, ListsEveryCauseWithItsMeaning) {

@@ -58,6 +58,20 @@ TEST(Demo, JsonSummaryFieldByField) {
   for (const json& r : j["ranks"]) EXPECT_EQ(r["exit"], "exit 0") << r.dump();
 }
 
+// The README's first command, for a user who set no secret: the demo makes
+// one for the processes it starts and every request succeeds.
+TEST(Demo, RunsForAUserWhoSetNoToken) {
+  const std::string cmd =
+      "env -u KVBRIDGE_AUTH_TOKEN -u SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN " +
+      std::string(KVB_BIN_DIR) + "/kvbridge demo --json" + kSmall + " --requests 8";
+  CommandOutput r = RunCommand(cmd);
+  EXPECT_EQ(r.exit_status, 0) << r.out;
+  json j = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j.value("succeeded", -1), 8) << j.dump(2);
+  EXPECT_TRUE(j.value("ok", false)) << j.dump(2);
+}
+
 struct FaultCase {
   const char* name;
   const char* flag;

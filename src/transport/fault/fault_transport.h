@@ -69,6 +69,11 @@ class FaultTransport final : public Transport {
   void SetPeerFailureHandler(PeerFailureHandler handler) override;
   Result<RegisteredRegion> RegisterMemory(void* addr, size_t length, MemoryKind kind) override;
   Status DeregisterMemory(RegionId id) override;
+  // Grants are the target's: forwarded, no fault applies to them.
+  Result<std::string> GrantRegion(RegionId region, GrantId grant) override {
+    return inner_->GrantRegion(region, grant);
+  }
+  Status RevokeGrant(GrantId grant) override { return inner_->RevokeGrant(grant); }
   Result<PeerId> Connect(std::string_view peer_address) override;
   Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) override;
   Result<DataPath> PathTo(PeerId peer) const override;

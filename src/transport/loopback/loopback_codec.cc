@@ -1,5 +1,7 @@
 #include "transport/loopback/loopback_codec.h"
 
+#include <cstring>
+
 #include "common/wire.h"
 
 namespace kvbridge::internal::loopback_detail {
@@ -38,6 +40,8 @@ std::string EncodeKey(const RemoteKey& k, uint64_t addr, MemoryKind kind) {
   w.U64(addr);  // for logs and debugging; writes resolve the region by id
   w.U64(k.length);
   w.U8(static_cast<uint8_t>(kind));
+  w.Bytes(
+      std::string_view(reinterpret_cast<const char*>(k.token.bytes.data()), k.token.bytes.size()));
   return w.FinishWithCrc();
 }
 
@@ -47,13 +51,23 @@ Result<RemoteKey> DecodeKey(std::string_view blob) {
   uint32_t magic = 0;
   uint64_t addr = 0;
   uint8_t kind = 0;
+  std::string_view token;
   if (!r.CheckCrc() || !r.U32(&magic) || magic != kKeyMagic || !r.U64(&k.fabric_id) ||
       !r.U64(&k.incarnation) || !r.U64(&k.region) || !r.U64(&addr) || !r.U64(&k.length) ||
-      !r.U8(&kind) || !r.AtEnd()) {
+      !r.U8(&kind) || !r.BytesView(&token) || token.size() != k.token.bytes.size() || !r.AtEnd()) {
     return InvalidArgumentError("garbled loopback remote key (" + std::to_string(blob.size()) +
                                 " bytes)");
   }
+  std::memcpy(k.token.bytes.data(), token.data(), token.size());
   return k;
+}
+
+bool TokenAdmitted(const std::vector<std::pair<GrantId, RegionToken>>& grants,
+                   const RegionToken& token) {
+  if (IsZeroToken(token)) return true;
+  bool found = false;
+  for (const auto& [grant, t] : grants) found |= TokensEqual(t, token);
+  return found;
 }
 
 }  // namespace kvbridge::internal::loopback_detail

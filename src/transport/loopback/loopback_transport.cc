@@ -1,11 +1,13 @@
 #include "transport/loopback/loopback_transport.h"
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -25,6 +27,7 @@ uint64_t NextUniqueId() {
 struct Region {
   uint8_t* addr = nullptr;
   size_t length = 0;
+  std::vector<std::pair<GrantId, RegionToken>> grants;  // live per-peer tokens
 };
 
 struct Endpoint;
@@ -36,14 +39,16 @@ struct Peer {
   PeerId id = 0;
   std::shared_ptr<Endpoint> target;
   PeerState state = PeerState::kOpen;
-  Status failure;                               // set with kFailed
-  std::map<RegionId, RemoteRegionId> imported;  // target region -> our id
+  Status failure;  // set with kFailed
+  // (target region, token) -> our id
+  std::map<std::pair<RegionId, std::array<uint8_t, 16>>, RemoteRegionId> imported;
 };
 
 struct RemoteRegion {
   PeerId peer = 0;
   RegionId target_region = 0;
   uint64_t length = 0;
+  RegionToken token;  // zero: the region's own key
 };
 
 // A validated op, resolved to region ids on both sides. Pointers are looked up
@@ -54,6 +59,7 @@ struct ResolvedOp {
   RegionId target_region = 0;
   uint64_t remote_offset = 0;
   uint64_t length = 0;
+  RegionToken token;
 };
 
 struct Endpoint {
@@ -68,6 +74,7 @@ struct Endpoint {
   bool dead = false;                   // guarded by region_mu
   std::map<RegionId, Region> regions;  // guarded by region_mu
   RegionId next_region = 1;            // guarded by region_mu
+  std::set<GrantId> revoked_grants;    // guarded by region_mu
   std::atomic<bool> gone{false};       // fast path for `dead`
 
   // The worker's task queue.
@@ -200,6 +207,12 @@ struct Endpoint {
                                        std::to_string(peer->id) + " ('" + target->name +
                                        "') was deregistered before the write ran");
       }
+      if (!TokenAdmitted(remote->second.grants, op.token)) {
+        return Status(StatusCode::kPermissionDenied,
+                      "loopback peer " + std::to_string(peer->id) + " ('" + target->name +
+                          "') refused the write into region " + std::to_string(op.target_region) +
+                          ": its grant was revoked; nothing written");
+      }
       copies.emplace_back(remote->second.addr + op.remote_offset,
                           local->second.addr + op.local_offset);
     }
@@ -269,6 +282,9 @@ class LoopbackTransport final : public Transport {
   Result<PeerId> Connect(std::string_view peer_address) override;
   Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) override;
   Result<DataPath> PathTo(PeerId peer) const override;
+  // RevokeGrant takes region_mu, held by every copy: none is then running.
+  Result<std::string> GrantRegion(RegionId region, GrantId grant) override;
+  Status RevokeGrant(GrantId grant) override;
   Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override;
   Status SendMessage(PeerId peer, std::string payload) override;
   Status SendUrgentMessage(PeerId peer, std::string payload) override;
@@ -367,6 +383,33 @@ Result<RegisteredRegion> LoopbackTransport::RegisterMemory(void* addr, size_t le
   return out;
 }
 
+Result<std::string> LoopbackTransport::GrantRegion(RegionId region, GrantId grant) {
+  if (grant == 0) return InvalidArgumentError("GrantRegion: grant id 0 is reserved");
+  KVB_ASSIGN_OR_RETURN(RegionToken token, NewRegionToken());
+  std::lock_guard<std::mutex> lock(ep_->region_mu);
+  auto it = ep_->regions.find(region);
+  if (it == ep_->regions.end()) {
+    return NotFoundError("GrantRegion: unknown region " + std::to_string(region));
+  }
+  it->second.grants.emplace_back(grant, token);
+  return loopback_detail::EncodeKey(
+      {ep_->fabric_id, ep_->incarnation, region, it->second.length, token},
+      reinterpret_cast<uintptr_t>(it->second.addr), MemoryKind::kDram);
+}
+
+Status LoopbackTransport::RevokeGrant(GrantId grant) {
+  if (grant == 0) return InvalidArgumentError("RevokeGrant: grant id 0 is reserved");
+  std::lock_guard<std::mutex> lock(ep_->region_mu);  // waits for copies in flight
+  size_t removed = ep_->revoked_grants.count(grant);
+  ep_->revoked_grants.insert(grant);
+  for (auto& [id, region] : ep_->regions) {
+    removed += std::erase_if(region.grants, [&](const auto& g) { return g.first == grant; });
+  }
+  if (removed != 0) return Status::Ok();
+  ep_->revoked_grants.erase(grant);
+  return NotFoundError("RevokeGrant: unknown grant " + std::to_string(grant));
+}
+
 Status LoopbackTransport::DeregisterMemory(RegionId id) {
   std::lock_guard<std::mutex> lock(ep_->region_mu);
   if (ep_->regions.erase(id) == 0) {
@@ -439,14 +482,21 @@ Result<RemoteRegionId> LoopbackTransport::ImportRegion(PeerId peer_id,
                                   " is not registered at loopback peer " + std::to_string(peer_id) +
                                   " ('" + target->name + "')");
     }
+    if (!loopback_detail::TokenAdmitted(it->second.grants, key.token)) {
+      return Status(StatusCode::kPermissionDenied,
+                    "region " + std::to_string(key.region) + " of loopback peer " +
+                        std::to_string(peer_id) + " ('" + target->name +
+                        "'): the key's grant was revoked");
+    }
   }
   std::lock_guard<std::mutex> lock(ep_->mu);
   KVB_ASSIGN_OR_RETURN(peer, OpenPeerLocked(peer_id));
-  auto cached = peer->imported.find(key.region);
+  const auto cache_key = std::make_pair(key.region, key.token.bytes);
+  auto cached = peer->imported.find(cache_key);
   if (cached != peer->imported.end()) return cached->second;
   RemoteRegionId id = ep_->next_remote++;
-  ep_->remote_regions[id] = {peer_id, key.region, key.length};
-  peer->imported[key.region] = id;
+  ep_->remote_regions[id] = {peer_id, key.region, key.length, key.token};
+  peer->imported[cache_key] = id;
   return id;
 }
 
@@ -493,7 +543,7 @@ Status LoopbackTransport::PostWrites(PeerId peer_id, std::vector<WriteOp> ops, W
                                     std::to_string(remote->second.length) + " bytes");
       }
       resolved.push_back({op.local_region, op.local_offset, remote->second.target_region,
-                          op.remote_offset, op.length});
+                          op.remote_offset, op.length, remote->second.token});
     }
   }
   Endpoint* ep = ep_.get();

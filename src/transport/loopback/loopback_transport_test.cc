@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -420,6 +421,53 @@ TEST_F(LoopbackTest, DestroyingSenderAbortsItsPendingBatches) {
   auto s = pending.Wait(1)[0];
   EXPECT_EQ(s.code(), StatusCode::kAborted) << s.ToString();
   EXPECT_TRUE(DstUntouched());
+}
+
+// The fence for a peer that may still be writing: a batch queued before the
+// grant was revoked, run after, writes nothing; other capabilities still do.
+TEST_F(LoopbackTest, RevokedGrantRefusesQueuedWritesOthersStillWrite) {
+  auto g1 = b_->GrantRegion(target_region_, 1);
+  auto g2 = b_->GrantRegion(target_region_, 2);
+  ASSERT_TRUE(g1.ok() && g2.ok()) << g1.status().ToString();
+  EXPECT_NE(*g1, *g2);
+  EXPECT_NE(*g1, remote_key_);
+  auto r1 = a_->ImportRegion(peer_, *g1);
+  auto r2 = a_->ImportRegion(peer_, *g2);
+  ASSERT_TRUE(r1.ok() && r2.ok()) << r1.status().ToString();
+  EXPECT_NE(*r1, *r2);
+  {
+    Completions done;
+    ASSERT_TRUE(a_->PostWrites(peer_, {{local_, 0, *r1, 0, 64}}, done.Callback()).ok());
+    ASSERT_TRUE(done.Wait(1)[0].ok());
+    EXPECT_EQ(dst_[10], src_[10]);
+    std::fill(dst_.begin(), dst_.end(), 0);
+  }
+  // Queued behind a blocked worker, like writes held in a partitioned link.
+  auto gate = BlockSenderWorker();
+  Completions late;
+  ASSERT_TRUE(a_->PostWrites(peer_, {{local_, 0, *r1, 0, kSize}}, late.Callback()).ok());
+  ASSERT_TRUE(b_->RevokeGrant(1).ok());
+  gate->Open();
+  Status st = late.Wait(1)[0];
+  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr("revoked"));
+  EXPECT_TRUE(DstUntouched()) << "a write under the revoked grant landed";
+  // The revoked key cannot be imported again; grant 2 and the region's own
+  // key still write.
+  EXPECT_EQ(a_->ImportRegion(peer_, *g1).status().code(), StatusCode::kPermissionDenied);
+  Completions others;
+  ASSERT_TRUE(a_->PostWrites(peer_, {{local_, 0, *r2, 0, 8}}, others.Callback()).ok());
+  ASSERT_TRUE(a_->PostWrites(peer_, {Op(8, 8, 8)}, others.Callback()).ok());
+  for (const Status& s : others.Wait(2)) EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(dst_[0], src_[0]);
+  EXPECT_EQ(dst_[15], src_[15]);
+  // A repeated revoke is OK (nothing landing); unknown grants and bad ids
+  // are named.
+  EXPECT_TRUE(b_->RevokeGrant(1).ok());
+  EXPECT_EQ(b_->RevokeGrant(99).code(), StatusCode::kNotFound);
+  EXPECT_EQ(b_->RevokeGrant(0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->GrantRegion(target_region_, 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->GrantRegion(target_region_ + 100, 3).status().code(), StatusCode::kNotFound);
 }
 
 TEST_F(LoopbackTest, ConnectToSelfWorks) {

@@ -34,8 +34,8 @@ TEST(StreamCopyTest, CopiesExactlyTheRangeAtAnyAlignmentAndLength) {
         for (size_t i = 0; i < dst.size(); ++i) {
           const bool inside = i >= kPad + dst_off && i < kPad + dst_off + n;
           const uint8_t want = inside ? src[i - kPad - dst_off + src_off] : 0xEE;
-          ASSERT_EQ(dst[i], want) << "n=" << n << " dst_off=" << dst_off
-                                  << " src_off=" << src_off << " byte " << i;
+          ASSERT_EQ(dst[i], want) << "n=" << n << " dst_off=" << dst_off << " src_off=" << src_off
+                                  << " byte " << i;
         }
       }
     }

@@ -11,6 +11,9 @@ namespace {
 
 // More AMs in one batch than any sender posts; bounds `expected`.
 constexpr uint64_t kMaxBlocksPerBatch = uint64_t{1} << 24;
+// Revoked tokens remembered per region, to tell a revoked grant from a bad
+// token in counters and messages (both are refused).
+constexpr size_t kRevokedKept = 256;
 
 bool InRange(uint64_t offset, uint64_t length, uint64_t size) {
   return length > 0 && offset <= size && length <= size - offset;
@@ -21,6 +24,7 @@ struct Receive {
   UcxTransport* transport;
   std::pair<uint64_t, uint64_t> key;  // (connection, batch)
   uint64_t length;
+  GrantId grant;  // 0: the region's own token
 };
 
 void ReceiveDone(void* request, ucs_status_t status, size_t, void* user_data) {
@@ -30,6 +34,7 @@ void ReceiveDone(void* request, ucs_status_t status, size_t, void* user_data) {
   if (status != UCS_OK) {
     st = FromUcs(status, "receive of " + std::to_string(rx->length) + " bytes");
   }
+  if (rx->grant != 0) rx->transport->OnGrantReceiveDone(rx->grant);
   rx->transport->OnBlockDone(rx->key, st, /*lost=*/status != UCS_OK);
 }
 
@@ -63,17 +68,112 @@ void UcxTransport::LogOncePerPeer(ucp_ep_h ep, bool IncomingPeer::*flag, const s
   KVB_LOG_WARN("ucx transport {}: {} (logged once per sender endpoint)", options_.name, what);
 }
 
+Result<std::string> UcxTransport::GrantRegion(RegionId region, GrantId grant) {
+  if (grant == 0) return InvalidArgumentError("GrantRegion: grant id 0 is reserved");
+  KVB_ASSIGN_OR_RETURN(RegionToken token, NewRegionToken());
+  RemoteKeyBlob blob;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(region);
+    if (it == regions_.end()) {
+      return NotFoundError("GrantRegion: unknown region " + std::to_string(region));
+    }
+    it->second->grants.emplace_back(grant, token);
+    blob.base = reinterpret_cast<uint64_t>(it->second->addr);
+    blob.length = it->second->length;
+    blob.kind = it->second->kind;
+  }
+  // No packed rkey and no same-host socket: the holder can only send data
+  // AMs, each of which this side admits (or, once revoked, refuses).
+  blob.owner = ThisHost();
+  blob.region_id = region;
+  blob.token = token;
+  return EncodeRemoteKey(blob);
+}
+
+Status UcxTransport::RevokeGrant(GrantId grant) {
+  if (grant == 0) return InvalidArgumentError("RevokeGrant: grant id 0 is reserved");
+  size_t removed = 0;
+  // On the progress thread, which admits every data AM: none is admitted
+  // under the grant after this closure.
+  RunSync([&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    removed = revoked_grants_.count(grant);
+    revoked_grants_.insert(grant);
+    for (auto& [id, region] : regions_) {
+      for (auto it = region->grants.begin(); it != region->grants.end();) {
+        if (it->first != grant) {
+          ++it;
+          continue;
+        }
+        region->revoked.push_back(it->second);
+        if (region->revoked.size() > kRevokedKept) region->revoked.pop_front();
+        it = region->grants.erase(it);
+        ++removed;
+      }
+    }
+  });
+  std::unique_lock<std::mutex> lock(mu_);
+  if (removed == 0) {
+    revoked_grants_.erase(grant);
+    return NotFoundError("RevokeGrant: unknown grant " + std::to_string(grant));
+  }
+  auto landing = [&] {
+    auto it = grant_receives_.find(grant);
+    return it == grant_receives_.end() ? uint64_t{0} : it->second;
+  };
+  if (landing() != 0 && OnProgressThread()) {
+    return FailedPreconditionError("RevokeGrant(" + std::to_string(grant) +
+                                   ") on the progress thread with " + std::to_string(landing()) +
+                                   " receives landing");
+  }
+  if (!grant_cv_.wait_for(lock, options_.revoke_timeout, [&] { return landing() == 0; })) {
+    return DeadlineExceededError(
+        "RevokeGrant(" + std::to_string(grant) + "): " + std::to_string(landing()) +
+        " receives admitted under it still " + "landing after " +
+        std::to_string(options_.revoke_timeout.count()) + " ms; they may still write");
+  }
+  return Status::Ok();
+}
+
+void UcxTransport::OnGrantReceiveDone(GrantId grant) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = grant_receives_.find(grant);
+    if (it != grant_receives_.end() && --it->second == 0) grant_receives_.erase(it);
+  }
+  grant_cv_.notify_all();
+}
+
+std::optional<GrantId> UcxTransport::MatchTokenLocked(const LocalRegion& region,
+                                                      const RegionToken& token,
+                                                      bool* revoked) const {
+  // Every candidate is compared (constant time each), match or not.
+  std::optional<GrantId> match;
+  if (TokensEqual(region.token, token)) match = 0;
+  for (const auto& [grant, t] : region.grants) {
+    if (TokensEqual(t, token)) match = grant;
+  }
+  bool was_revoked = false;
+  for (const RegionToken& t : region.revoked) was_revoked |= TokensEqual(t, token);
+  *revoked = !match && was_revoked;
+  return match;
+}
+
 bool UcxTransport::AdmitDataAm(const DataHeader& h, size_t length, ucp_ep_h reply_ep, uint8_t** dst,
-                               ucp_mem_h* memh) {
+                               ucp_mem_h* memh, GrantId* grant) {
   const std::pair<uint64_t, uint64_t> key{h.connection, h.batch};
   std::string bad;
   bool token_ok = true;
+  bool revoked = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = regions_.find(h.region_id);
+    std::optional<GrantId> match;
+    if (it != regions_.end()) match = MatchTokenLocked(*it->second, h.token, &revoked);
     if (it == regions_.end()) {
       bad = "unknown region " + std::to_string(h.region_id);
-    } else if (!TokensEqual(it->second->token, h.token)) {
+    } else if (!match) {
       token_ok = false;
     } else if (h.length != length || !InRange(h.offset, h.length, it->second->length)) {
       bad = "range [" + std::to_string(h.offset) + ", +" + std::to_string(length) +
@@ -81,6 +181,7 @@ bool UcxTransport::AdmitDataAm(const DataHeader& h, size_t length, ucp_ep_h repl
     } else {
       *dst = it->second->addr + h.offset;
       *memh = it->second->mem.get();
+      *grant = *match;
     }
   }
   auto found = incoming_.find(key);
@@ -90,13 +191,16 @@ bool UcxTransport::AdmitDataAm(const DataHeader& h, size_t length, ucp_ep_h repl
   // Refusals that keep no state: the sender learns from the ACK.
   if (!token_ok) {
     ++incoming_stats_.rejected_token;
+    if (revoked) ++incoming_stats_.rejected_revoked;
+    const std::string why = revoked ? "under a revoked grant" : "without its token";
     LogOncePerPeer(reply_ep, &IncomingPeer::logged_token,
-                   "dropped a write into region " + std::to_string(h.region_id) +
-                       " without its token; nothing written");
-    SendAck(reply_ep, h.connection, h.batch,
-            Status(StatusCode::kPermissionDenied,
-                   "target refused write: no valid token for region " +
-                       std::to_string(h.region_id) + "; nothing written"));
+                   "dropped a write into region " + std::to_string(h.region_id) + " " + why +
+                       "; nothing written");
+    SendAck(
+        reply_ep, h.connection, h.batch,
+        Status(StatusCode::kPermissionDenied,
+               "target refused write into region " + std::to_string(h.region_id) + ": " +
+                   (revoked ? "its grant was revoked" : "no valid token") + "; nothing written"));
     return false;
   }
   if (found == incoming_.end()) {
@@ -151,7 +255,8 @@ ucs_status_t UcxTransport::OnDataAm(const void* header, size_t header_length, vo
   std::memcpy(&h, header, sizeof(h));
   uint8_t* dst = nullptr;
   ucp_mem_h memh = nullptr;
-  if (!AdmitDataAm(h, length, reply_ep, &dst, &memh)) {
+  GrantId grant = 0;
+  if (!AdmitDataAm(h, length, reply_ep, &dst, &memh, &grant)) {
     return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
   }
   const std::pair<uint64_t, uint64_t> key{h.connection, h.batch};
@@ -160,7 +265,7 @@ ucs_status_t UcxTransport::OnDataAm(const void* header, size_t header_length, vo
     OnBlockDone(key, Status::Ok(), /*lost=*/false);
     return UCS_OK;
   }
-  auto rx = std::make_unique<Receive>(Receive{this, key, length});
+  auto rx = std::make_unique<Receive>(Receive{this, key, length, grant});
   ucp_request_param_t p{};
   p.op_attr_mask =
       UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -169,6 +274,11 @@ ucs_status_t UcxTransport::OnDataAm(const void* header, size_t header_length, vo
   p.user_data = rx.get();
   ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_.get(), data, dst, length, &p);
   if (UCS_PTR_IS_PTR(req)) {
+    if (grant != 0) {
+      // Landing until ReceiveDone: RevokeGrant waits for it.
+      std::lock_guard<std::mutex> lock(mu_);
+      ++grant_receives_[grant];
+    }
     rx.release();  // ReceiveDone owns it and reports the block
   } else if (UCS_PTR_IS_ERR(req)) {
     KVB_LOG_ERROR("ucx transport {}: receive of {} bytes failed: {}", options_.name, length,

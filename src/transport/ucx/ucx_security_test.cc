@@ -5,8 +5,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "kvbridge/memory.h"
@@ -54,11 +57,16 @@ std::string Reencode(const std::string& key, void (*mutate)(RemoteKeyBlob&)) {
 // A writer and a target, connected, with a source and a destination region.
 class UcxSecurityTest : public ::testing::Test {
  protected:
-  void Build(bool same_host, size_t max_open = 4096) {
+  void Build(bool same_host, size_t max_open = 4096,
+             std::chrono::milliseconds revoke_timeout = std::chrono::milliseconds(5000),
+             bool writer_put = false) {
     auto to = Options("target", same_host);
     to.max_incoming_batches_per_peer = max_open;
+    to.revoke_timeout = revoke_timeout;
     target_ = Make(to);
-    writer_ = Make(Options("writer", same_host));
+    auto wo = Options("writer", same_host);
+    wo.force_put = writer_put;
+    writer_ = Make(wo);
     ASSERT_TRUE(target_ && writer_);
     src_.resize(kRegion);
     for (size_t i = 0; i < kRegion; ++i) src_[i] = static_cast<uint8_t>(i * 7 + 1);
@@ -220,6 +228,28 @@ class RawSender {
     for (int i = 0; i < 100; ++i) ucp_worker_progress(worker_.get());
   }
 
+  // Starts one rendezvous data AM and returns its request (null: done).
+  ucs_status_ptr_t StartRndv(const void* header, size_t header_length, const void* data,
+                             size_t length) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_RNDV;
+    ucs_status_ptr_t req =
+        ucp_am_send_nbx(ep_.get(), kAmData, header, header_length, data, length, &p);
+    EXPECT_FALSE(UCS_PTR_IS_ERR(req));
+    return UCS_PTR_IS_ERR(req) ? nullptr : req;
+  }
+  void Progress() { ucp_worker_progress(worker_.get()); }
+  // Progresses until `req` completes (or 20 s passed), then frees it.
+  void Finish(ucs_status_ptr_t req) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (req != nullptr && ucp_request_check_status(req) == UCS_INPROGRESS &&
+           std::chrono::steady_clock::now() < deadline) {
+      ucp_worker_progress(worker_.get());
+    }
+    if (req != nullptr) ucp_request_free(req);
+  }
+
   // Sends one eager data AM with `header` and waits until it has left.
   void Send(const void* header, size_t header_length, const void* data, size_t length) {
     ucp_request_param_t p{};
@@ -322,6 +352,76 @@ TEST_F(UcxSecurityTest, FloodOfOpenBatchesIsRefusedAndStateStaysBounded) {
   EXPECT_EQ(last.back().first.code, static_cast<int32_t>(StatusCode::kResourceExhausted));
   EXPECT_EQ(StatsOf(*target_).rejected_limit, kExtra + 1);
   EXPECT_EQ(dst_[8192], 0);
+}
+
+// Per-peer grants: a write under a revoked grant is refused before a byte is
+// placed, whatever the writer's path options; other grants keep writing.
+TEST_F(UcxSecurityTest, RevokedGrantIsRefusedEagerOrRendezvous) {
+  // Same-host paths on and the writer forcing one-sided puts: a grant key
+  // offers neither, so every write goes through the target's admission.
+  Build(/*same_host=*/true, 4096, std::chrono::milliseconds(5000), /*writer_put=*/true);
+  auto g1 = target_->GrantRegion(dst_id_, 1);
+  auto g2 = target_->GrantRegion(dst_id_, 2);
+  ASSERT_TRUE(g1.ok() && g2.ok()) << g1.status().ToString();
+  ASSERT_TRUE(Write(*g1, 0, 4096).ok());
+  EXPECT_EQ(*writer_->PathTo(peer_), DataPath::kUcxRendezvous);
+  ASSERT_TRUE(Write(*g1, 1 << 20, 1 << 20).ok());
+  EXPECT_EQ(std::memcmp(dst_.data() + (1 << 20), src_.data() + (1 << 20), 1 << 20), 0);
+  StatsOf(*target_);  // the target's writes happen before our memset
+  std::fill(dst_.begin(), dst_.end(), 0);
+  ASSERT_TRUE(target_->RevokeGrant(1).ok());
+  uint64_t refused = 0;
+  for (uint64_t length : {uint64_t{4096}, uint64_t{1} << 20}) {
+    Status st = Write(*g1, 0, length);
+    EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+    EXPECT_THAT(st.message(), HasSubstr("grant was revoked"));
+    IncomingStats stats = StatsOf(*target_);
+    EXPECT_EQ(stats.rejected_revoked, ++refused);
+    EXPECT_TRUE(AllZero(dst_.data(), kRegion)) << "write of " << length << " under a revoked grant";
+  }
+  ASSERT_TRUE(Write(*g2, 0, 4096).ok());
+  EXPECT_EQ(dst_[100], src_[100]);
+  EXPECT_EQ(target_->RevokeGrant(99).code(), StatusCode::kNotFound);
+  EXPECT_EQ(target_->GrantRegion(dst_id_ + 100, 3).status().code(), StatusCode::kNotFound);
+}
+
+// A rendezvous receive admitted before the revoke: RevokeGrant does not
+// return OK while it can still land (DeadlineExceeded while the sender is
+// stalled), and returns OK once it has landed.
+TEST_F(UcxSecurityTest, RevokeWaitsForAReceiveAdmittedBeforeIt) {
+  Build(/*same_host=*/false, 4096, std::chrono::milliseconds(300));
+  auto g1 = target_->GrantRegion(dst_id_, 1);
+  ASSERT_TRUE(g1.ok());
+  RawSender sender(target_->Address());
+  const std::vector<uint8_t> payload(kRegion, 0x5a);
+  DataHeader h = HeaderFor(*g1, 0, payload.size(), 1, 1);
+  ucs_status_ptr_t req = sender.StartRndv(&h, sizeof(h), payload.data(), payload.size());
+  ASSERT_NE(req, nullptr) << "a 4 MiB rendezvous send completed at once";
+  // Progress the sender only until the target has admitted the block (the
+  // batch is open): the receive then waits on the stalled sender.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (StatsOf(*target_).open_batches == 0 && std::chrono::steady_clock::now() < deadline) {
+    sender.Progress();
+  }
+  ASSERT_EQ(StatsOf(*target_).open_batches, 1u) << "the rendezvous block was never admitted";
+  Status first = target_->RevokeGrant(1);
+  EXPECT_EQ(first.code(), StatusCode::kDeadlineExceeded) << first.ToString();
+  EXPECT_THAT(first.message(), HasSubstr("may still write"));
+  // Let the sender move, and revoke again: OK only after the bytes landed.
+  std::atomic<bool> stop{false};
+  std::thread mover([&] {
+    while (!stop.load()) sender.Progress();
+  });
+  Status second = target_->RevokeGrant(1);
+  EXPECT_TRUE(second.ok()) << second.ToString();
+  EXPECT_EQ(std::memcmp(dst_.data(), payload.data(), payload.size()), 0);
+  EXPECT_EQ(StatsOf(*target_).open_batches, 0u);
+  stop = true;
+  mover.join();
+  sender.Finish(req);
+  const auto& acks = sender.WaitAcks(1);
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].first.code, 0) << acks[0].second;
 }
 
 }  // namespace

@@ -433,6 +433,9 @@ Result<DataPath> UcxTransport::ChoosePath(const Peer& peer, ImportedRegion& regi
   const RemoteKeyBlob& b = region.blob;
   const DataPath ucx_path = force_put_ ? DataPath::kUcxPut : DataPath::kUcxRendezvous;
   const char* why = "remote host";
+  // A per-peer grant (GrantRegion): active messages only, each admitted by
+  // the owner, so that the owner can revoke it.
+  if (b.packed_rkey.empty()) return DataPath::kUcxRendezvous;
   if (b.kind == MemoryKind::kVram) {
     why = "VRAM region";
   } else if (!options_.same_host_paths) {
@@ -509,6 +512,10 @@ Result<RemoteRegionId> UcxTransport::ImportRegion(PeerId peer_id, std::string_vi
       return;
     }
     ucp_rkey_h rkey = nullptr;
+    if (region->blob.packed_rkey.empty()) {  // a grant: no one-sided lane
+      wire = EndpointWire(peer->ep.get());
+      return;
+    }
     ucs_status_t s = ucp_ep_rkey_unpack(peer->ep.get(), region->blob.packed_rkey.data(), &rkey);
     if (s != UCS_OK) {
       st = InvalidArgumentError("ImportRegion: cannot unpack remote key of peer " + peer->name +

@@ -54,6 +54,9 @@ struct UcxTransportOptions {
   size_t max_incoming_batches_per_peer = 4096;
   // How long an import waits for the owner's same-host socket.
   std::chrono::milliseconds same_host_timeout{2000};
+  // RevokeGrant waits at most this long for receives admitted under the
+  // grant to finish (DeadlineExceeded after it).
+  std::chrono::milliseconds revoke_timeout{5000};
   // Name used in logs ("prefill tp1").
   std::string name = "ucx";
 };

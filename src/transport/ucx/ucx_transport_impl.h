@@ -71,6 +71,10 @@
 // keeps at most options.max_incoming_batches_per_peer open incoming batches
 // per sender endpoint (and blocks per batch are bounded): a block that would
 // open one more is refused with a ResourceExhausted ACK, and no state grows.
+// Per-peer grants (GrantRegion) add tokens to a region; their keys carry no
+// rkey and no same-host socket, so every write under one is a data AM this
+// thread admits. RevokeGrant drops the tokens on this thread and waits until
+// the rendezvous receives admitted under them (grant_receives_) finished.
 //
 // Failure. The endpoint's error callback (UCP_ERR_HANDLING_MODE_PEER, with
 // keepalive), a failed UCX request, or ESRCH from process_vm_writev marks the
@@ -91,6 +95,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,6 +116,10 @@ constexpr unsigned kAmAck = 13;
 
 struct LocalRegion {
   RegionToken token;  // write capability, checked on every incoming AM
+  // Per-peer capabilities (GrantRegion), and the last tokens revoked (at most
+  // kRevokedKept, so that a refusal can say why; older ones read as unknown).
+  std::vector<std::pair<GrantId, RegionToken>> grants;
+  std::deque<RegionToken> revoked;
   uint8_t* addr = nullptr;
   size_t length = 0;
   MemoryKind kind = MemoryKind::kDram;
@@ -194,9 +203,10 @@ struct IncomingPeer {
 
 // Counters of the incoming data path (any thread).
 struct IncomingStats {
-  uint64_t rejected_token = 0;  // data AMs without the region's token
-  uint64_t rejected_limit = 0;  // data AMs over the per-peer bound
-  uint64_t open_batches = 0;    // incoming batches now open
+  uint64_t rejected_token = 0;    // data AMs without the region's token
+  uint64_t rejected_limit = 0;    // data AMs over the per-peer bound
+  uint64_t rejected_revoked = 0;  // data AMs under a revoked grant (also in rejected_token)
+  uint64_t open_batches = 0;      // incoming batches now open
 };
 
 class UcxTransport final : public Transport {
@@ -213,6 +223,8 @@ class UcxTransport final : public Transport {
   Result<PeerId> Connect(std::string_view peer_address) override;
   Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) override;
   Result<DataPath> PathTo(PeerId peer) const override;
+  Result<std::string> GrantRegion(RegionId region, GrantId grant) override;
+  Status RevokeGrant(GrantId grant) override;
   std::string WireTo(PeerId peer) const override;
   Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override;
   Status SendMessage(PeerId peer, std::string payload) override;
@@ -233,6 +245,9 @@ class UcxTransport final : public Transport {
   // Target side: one data AM of batch `key` was placed (ok), rejected
   // (error) or lost (its receive failed).
   void OnBlockDone(std::pair<uint64_t, uint64_t> key, const Status& st, bool lost);
+  // A rendezvous receive admitted under `grant` (0: the region's own token)
+  // has finished, placed or not.
+  void OnGrantReceiveDone(GrantId grant);
   // Counters of the incoming data path, read on the progress thread: also a
   // barrier (everything the target did before the call has happened).
   // Thread-safe; not from a UCX callback.
@@ -275,7 +290,11 @@ class UcxTransport final : public Transport {
   // Target side: checks one data AM before anything is written; on a
   // refusal answers the sender and returns false.
   bool AdmitDataAm(const DataHeader& h, size_t length, ucp_ep_h reply_ep, uint8_t** dst,
-                   ucp_mem_h* memh);
+                   ucp_mem_h* memh, GrantId* grant);
+  // Which capability `token` is for `region`: 0 for the region's own token,
+  // the grant's id, or nullopt (unknown; `*revoked` when it was revoked).
+  std::optional<GrantId> MatchTokenLocked(const LocalRegion& region, const RegionToken& token,
+                                          bool* revoked) const;
   // Logs `what` about sender `ep` once (per flag).
   void LogOncePerPeer(ucp_ep_h ep, bool IncomingPeer::*flag, const std::string& what);
 
@@ -300,6 +319,11 @@ class UcxTransport final : public Transport {
   RemoteRegionId next_remote_id_ = 1;                         // GUARDED_BY(mu_)
   MessageHandler message_handler_;                            // GUARDED_BY(mu_)
   PeerFailureHandler failure_handler_;                        // GUARDED_BY(mu_)
+  // Rendezvous receives admitted under each grant and not yet finished;
+  // RevokeGrant waits on grant_cv_ until its grant has none.
+  std::map<GrantId, uint64_t> grant_receives_;  // GUARDED_BY(mu_)
+  std::set<GrantId> revoked_grants_;            // GUARDED_BY(mu_): a repeat waits again
+  std::condition_variable grant_cv_;
 
   // Progress thread only: endpoint close requests in flight.
   struct Closing {

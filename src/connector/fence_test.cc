@@ -1,0 +1,78 @@
+// The fence for a prefill rank that fails while its writes may still be on
+// their way (a partition): decode revokes the rank's write grant before it
+// counts the rank's rooms quiesced, so writes released afterwards land
+// nowhere.
+#include <gtest/gtest.h>
+
+#include <span>
+#include <vector>
+
+#include "connector/connector_test_util.h"
+#include "transport/fault/fault_transport.h"
+#include "transport/test_util.h"
+
+namespace kvbridge::internal {
+namespace {
+
+// Everything prefill's worker ran before `done`'s write: the loopback
+// transport runs one endpoint's batches in order, so a write posted through
+// prefill's transport after the released batches completes after them.
+void BarrierBehindPrefillWrites(FaultTransport& prefill, FaultTransport& decode) {
+  std::vector<uint8_t> src(64, 1), dst(64, 0);
+  auto s = prefill.inner().RegisterMemory(src.data(), src.size(), MemoryKind::kDram);
+  auto d = decode.inner().RegisterMemory(dst.data(), dst.size(), MemoryKind::kDram);
+  ASSERT_TRUE(s.ok() && d.ok());
+  auto peer = prefill.inner().Connect(decode.Address());
+  ASSERT_TRUE(peer.ok());
+  auto remote = prefill.inner().ImportRegion(*peer, d->remote_key);
+  ASSERT_TRUE(remote.ok());
+  testing::Completions done;
+  ASSERT_TRUE(
+      prefill.inner().PostWrites(*peer, {WriteOp{s->id, 0, *remote, 0, 64}}, done.Callback()).ok());
+  ASSERT_TRUE(done.Wait(1)[0].ok());
+  EXPECT_EQ(dst[0], 1);
+  prefill.inner().Disconnect(*peer);
+  ASSERT_TRUE(prefill.inner().DeregisterMemory(s->id).ok());
+  ASSERT_TRUE(decode.inner().DeregisterMemory(d->id).ok());
+}
+
+TEST(FenceTest, SilentPrefillIsFencedAndItsHeldWritesLandNowhere) {
+  std::vector<FaultTransport*> faults;  // prefill, decode
+  ClusterOptions o;
+  o.wrap = WrapInFaults(&faults);
+  o.tweak = [](ManagerOptions& m) {
+    m.heartbeat_interval = std::chrono::milliseconds(50);
+    m.heartbeat_misses = 8;
+    m.grant_same_host_peers = true;  // loopback ranks share this host
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(faults.size(), 2u);
+  Request r{.room = 21, .src = {1, 2, 3, 4}, .dst = {30, 31, 32, 33}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, r, /*senders_first=*/false));
+  KVReceiver& rx = *r.receivers[0];
+  (*c)->decode[0].pool->Scrub(r.dst, 0x5a);
+  // Prefill's writes queue, as in a partitioned link, and then it goes
+  // silent: decode fails it.
+  faults[0]->HoldWrites();
+  ASSERT_TRUE(r.senders[0]->Send(std::span(r.src).first(2)).ok());
+  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldBatches() > 0; }));
+  faults[0]->DropUrgentMessages(true);
+  faults[0]->DropMessages(true);
+  ASSERT_TRUE(WaitFor([&] { return rx.Poll() == KVPoll::kFailed; }));
+  ASSERT_TRUE(rx.Failure().has_value());
+  EXPECT_EQ(rx.Failure()->origin.ShortName(), "prefill tp0");
+  // Quiesced by the fence while the writes are still held, not by them.
+  ASSERT_TRUE(WaitFor([&] { return rx.Quiesced(); }));
+  EXPECT_GT(faults[0]->HeldBatches(), 0u);
+  EXPECT_EQ(rx.PollSettled(), KVPoll::kFailed);
+  faults[0]->ReleaseHeldWrites();
+  ASSERT_NO_FATAL_FAILURE(BarrierBehindPrefillWrites(*faults[0], *faults[1]));
+  EXPECT_TRUE((*c)->decode[0].pool->PagesHold(r.dst, 0x5a))
+      << "a write of the fenced prefill rank landed after its room failed";
+  EXPECT_EQ(rx.Poll(), KVPoll::kFailed);
+  ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kFailed; }));
+}
+
+}  // namespace
+}  // namespace kvbridge::internal
