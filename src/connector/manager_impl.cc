@@ -301,6 +301,7 @@ void ManagerImpl::StartThreads() {
     uint64_t round = 0;
     EveryHeartbeat([&] { RegistryRound(round++); }, &registry_wake_);
   });
+  beat_thread_ = std::thread([this] { EveryHeartbeat([this] { BeatRound(); }); });
   resolver_ = std::thread([this] { EveryHeartbeat([this] { ResolveRound(); }); });
 }
 
@@ -312,6 +313,7 @@ ManagerImpl::~ManagerImpl() {
   ticker_cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
   if (registry_thread_.joinable()) registry_thread_.join();
+  if (beat_thread_.joinable()) beat_thread_.join();
   if (resolver_.joinable()) resolver_.join();
   if (registry_) registry_->SetChangeCallback(nullptr);
   // Transport threads may still deliver messages and completions, which

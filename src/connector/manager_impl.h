@@ -299,6 +299,9 @@ class ManagerImpl {
 
   // Failure propagation (propagation.cc).
   void RegistryRound(uint64_t round);
+  // One heartbeat to the registry, on a thread of its own: the reads of a
+  // RegistryRound (slow on a lossy link) must not delay it.
+  void BeatRound();
   // Applies a failure of another rank learned from the registry or a peer:
   // fails the peer, sibling requests, or requests of the failed instance.
   // `live` (key -> incarnation the registry lists alive, fetched after the
@@ -510,10 +513,13 @@ class ManagerImpl {
   std::condition_variable_any room_records_cv_;  // a room record came or a room failed
   uint64_t failure_seq_ = 0;                     // registry thread only
   SteadyTime last_tick_ KVB_GUARDED_BY(mu_) = std::chrono::steady_clock::now();
-  std::optional<SteadyTime> registry_down_since_;  // registry thread only
-  bool registry_reached_ = false;                  // registry thread only: a heartbeat answered
-  // When the registry last answered a heartbeat (registry thread only).
-  std::chrono::system_clock::time_point registry_answered_{};
+  std::optional<SteadyTime> registry_down_since_;  // beat thread only
+  bool registry_reached_ = false;                  // beat thread only: a heartbeat answered
+  // When the registry last answered a heartbeat.
+  std::chrono::system_clock::time_point registry_answered_ KVB_GUARDED_BY(mu_){};
+  // registry_answered_ as the previous RegistryRound found it (registry
+  // thread only): blame gathered after it is judged against it.
+  std::chrono::system_clock::time_point answered_seen_{};
   std::mutex resolve_mu_;  // serializes bootstrap lookups and connects
 
   // Shutdown: once closing_ is set no Flush reaches the engine or the
@@ -536,6 +542,7 @@ class ManagerImpl {
   bool registry_wake_ = false;
   std::thread ticker_;
   std::thread registry_thread_;
+  std::thread beat_thread_;  // BeatRound: heartbeats never wait for the registry reads
   std::thread resolver_;
   // Prefill: Hellos challenged and not yet proven, by prefill's session id
   // (bounded: kMaxPendingHellos, oldest dropped).

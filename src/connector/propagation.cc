@@ -32,6 +32,10 @@ namespace {
 // Bounds on what one rank keeps of failure records (a storm of aborts or
 // bad requests must not grow memory or flood the registry).
 constexpr size_t kMaxQueuedRecords = 1024;
+// What lost packets add to a remote rank's gap between heartbeats at the
+// registry (each a connect tried again or a retransmission, 200-250 ms;
+// control/bootstrap_client.cc): two in one round.
+constexpr std::chrono::milliseconds kLossGrace{500};
 constexpr size_t kMaxRoomRecords = 256;
 
 bool IsRoomRecord(const FailureRecord& r) {
@@ -259,7 +263,7 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
   }
 }
 
-void ManagerImpl::RegistryRound(uint64_t round) {
+void ManagerImpl::BeatRound() {
   if (sglang_registry_) return;  // it keeps no liveness or records: peers tell
   const SteadyTime now = std::chrono::steady_clock::now();
   Status beat = registry_->Heartbeat(ToRankRole(self_.role), self_.dp, self_.cp, self_.tp, self_.pp,
@@ -284,13 +288,24 @@ void ManagerImpl::RegistryRound(uint64_t round) {
   }
   registry_down_since_.reset();
   registry_reached_ = true;
-  const auto answered_before = std::exchange(registry_answered_, std::chrono::system_clock::now());
+  MutexLock lock(mu_);
+  registry_answered_ = std::chrono::system_clock::now();
+  if (registry_lost_) {
+    KVB_LOG_WARN("registry {} reachable again", registry_->address());
+    registry_lost_.reset();
+  }
+}
+
+void ManagerImpl::RegistryRound(uint64_t round) {
+  if (sglang_registry_) return;  // it keeps no liveness or records: peers tell
+  // When the registry had last answered before this round (as when the
+  // heartbeat was part of the round): a heartbeat that ends a partition
+  // must not make the blame gathered during it look fresh.
+  std::chrono::system_clock::time_point answered_before = answered_seen_;
   {
     MutexLock lock(mu_);
-    if (registry_lost_) {
-      KVB_LOG_WARN("registry {} reachable again", registry_->address());
-      registry_lost_.reset();
-    }
+    answered_seen_ = registry_answered_;
+    if (registry_lost_) return;  // the reads would fail too
   }
   // Read before publishing: a rank cut off from the others (a partition)
   // blamed them for its own isolation while the registry was out of reach;
@@ -377,7 +392,8 @@ void ManagerImpl::PublishQueued(std::chrono::system_clock::time_point answered_b
 }
 
 void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
-  const auto limit = opts_.heartbeat_interval * opts_.heartbeat_misses * 2;
+  const auto silence = opts_.heartbeat_interval * opts_.heartbeat_misses;
+  const auto limit = silence * 2;
   Outbox out;
   {
     MutexLock lock(mu_);
@@ -391,6 +407,12 @@ void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
       const ProcessState ps = LocalProcessState(id);
       if (ps == ProcessState::kRunning && s.age <= limit * 10) continue;  // busy, not failed
       const bool remote = ps == ProcessState::kUnknown && !OnThisHost(id);
+      // The registry calls a rank unresponsive after one silence limit; a
+      // remote sibling's heartbeat that crossed a lossy link may be that late
+      // while the rank is fine, so it gets kLossGrace more (still within
+      // `limit`, and detected within 2 s with the defaults and --hosts').
+      if (remote && s.state != Liveness::kDead && s.age <= std::min(limit, silence + kLossGrace))
+        continue;
       FailureCause cause = ps == ProcessState::kExited ? FailureCause::kPeerExited
                            : remote                    ? FailureCause::kPeerUnreachable
                                                        : FailureCause::kPeerUnresponsive;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <charconv>
 
 #include "common/log.h"
@@ -16,6 +17,10 @@ namespace kvbridge::internal {
 namespace {
 
 using nlohmann::json;
+
+// How long one connect may take before it is abandoned for a new one: a few
+// round trips of a slow link, well under TCP's 1 s SYN retransmission.
+constexpr std::chrono::milliseconds kConnectAttempt{250};
 
 std::string Why(httplib::Error err, std::chrono::milliseconds timeout) {
   switch (err) {
@@ -94,33 +99,89 @@ BootstrapClient::BootstrapClient(std::string address, std::string host, int port
       timeout_(timeout),
       auth_token_(std::move(auth_token)) {}
 
+BootstrapClient::~BootstrapClient() = default;
+
+std::unique_ptr<httplib::Client> BootstrapClient::NewClient(const std::string& host, int port,
+                                                            bool keep_alive) const {
+  auto cli = std::make_unique<httplib::Client>(host, port);
+  cli->set_read_timeout(timeout_);
+  cli->set_write_timeout(timeout_);
+  cli->set_keep_alive(keep_alive);
+  return cli;
+}
+
 Result<std::string> BootstrapClient::Call(const char* method, const std::string& path,
                                           const std::string& body, const std::string& credential,
-                                          std::string* answered_credential) const {
+                                          std::string* answered_credential,
+                                          Session* session) const {
   return CallAt(host_, port_, address_, method, path, body, /*auth=*/true, credential,
-                answered_credential);
+                answered_credential, session);
 }
 
 Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
                                             const std::string& address, const char* method,
                                             const std::string& path, const std::string& body,
                                             bool auth, const std::string& credential,
-                                            std::string* answered_credential) const {
-  // A client per call: httplib::Client is not safe for concurrent requests,
-  // and a fresh connection notices a restarted server at once.
-  httplib::Client cli(host, port);
-  cli.set_connection_timeout(timeout_);
-  cli.set_read_timeout(timeout_);
-  cli.set_write_timeout(timeout_);
-  cli.set_keep_alive(false);
+                                            std::string* answered_credential,
+                                            Session* session) const {
+  // Most calls get a client of their own: httplib::Client is not safe for
+  // concurrent requests, a fresh connection notices a restarted server at
+  // once, and the server holds a thread for each open connection. The calls
+  // of every heartbeat interval (`session`) keep a connection instead: on a
+  // lossy link every new connection risks a lost SYN or SYN-ACK. The server still closes it
+  // after a few requests (httplib's keep-alive count) or 1 s idle, so no rank
+  // pins a server thread for good; a request that fails on a reused
+  // connection is sent once more on a new one.
+  //
+  // A new connection's SYN is retransmitted only after TCP's 1 s initial
+  // RTO: one lost packet would hold a heartbeat back for as long as the
+  // registry's whole silence limit. So each connect gets kConnectAttempt
+  // and, when it times out, is tried again on a new socket until `timeout_`
+  // is spent: safe for every method, nothing was sent on a connection that
+  // never came up. A refused connection is not retried (the server is down).
+  // Headers per request: a kept connection outlives a credential.
   httplib::Headers headers;
   if (auth && !auth_token_.empty()) headers.emplace("Authorization", BearerValue(auth_token_));
   if (auth && !credential.empty()) headers.emplace(kRankCredentialHeader, credential);
-  cli.set_default_headers(std::move(headers));
+  std::unique_lock<std::mutex> lock;
+  if (session != nullptr) lock = std::unique_lock<std::mutex>(session->mu);
   const std::string method_name(method);
-  httplib::Result res = method_name == "GET"   ? cli.Get(path)
-                        : method_name == "PUT" ? cli.Put(path, body, "application/json")
-                                               : cli.Post(path, body, "application/json");
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  httplib::Result res{nullptr, httplib::Error::Unknown};
+  bool resent = false;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    std::unique_ptr<httplib::Client> own;
+    if (session != nullptr && session->client == nullptr) {
+      session->client = NewClient(host, port, /*keep_alive=*/true);
+      session->used = false;
+    }
+    httplib::Client& cli = session != nullptr
+                               ? *session->client
+                               : *(own = NewClient(host, port, /*keep_alive=*/false));
+    cli.set_connection_timeout(std::clamp(left, std::chrono::milliseconds(1), kConnectAttempt));
+    res = method_name == "GET"   ? cli.Get(path, headers)
+          : method_name == "PUT" ? cli.Put(path, headers, body, "application/json")
+                                 : cli.Post(path, headers, body, "application/json");
+    if (res) {
+      if (session != nullptr) session->used = true;
+      break;
+    }
+    const bool reused = session != nullptr && session->used;
+    if (session != nullptr) session->client.reset();  // a failed connection is not used again
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    if (res.error() == httplib::Error::ConnectionTimeout) {
+      KVB_LOG_DEBUG("bootstrap server {}: connect timed out after {} ms; trying again", address,
+                    kConnectAttempt.count());
+      continue;
+    }
+    // The server may have closed a kept connection just as it was reused.
+    if (!reused || resent ||
+        (res.error() != httplib::Error::Read && res.error() != httplib::Error::Write))
+      break;
+    resent = true;
+  }
   const std::string context = "bootstrap server " + address + " " + method_name + " " + path;
   if (!res) {
     Status s = UnavailableError("bootstrap server " + address +
@@ -147,9 +208,9 @@ Status BootstrapClient::Malformed(const std::string& what, const Status& parse_e
 }
 
 Result<json> BootstrapClient::CallJson(const char* method, const std::string& path,
-                                       const std::string& body,
-                                       const std::string& credential) const {
-  KVB_ASSIGN_OR_RETURN(std::string text, Call(method, path, body, credential));
+                                       const std::string& body, const std::string& credential,
+                                       Session* session) const {
+  KVB_ASSIGN_OR_RETURN(std::string text, Call(method, path, body, credential, nullptr, session));
   // The server is a stranger too: its answer is bounded like a request.
   Result<json> j = ParseJson(text, "the answer (" + Clip(text, 80) + ")", size_t{64} << 20);
   if (!j.ok()) return Malformed(std::string(method) + " " + path, j.status());
@@ -251,7 +312,7 @@ Status BootstrapClient::Heartbeat(RankRole role, int dp, int cp, int tp, int pp,
                                   uint64_t incarnation) const {
   json body{{"role", RankRoleName(role)}, {"dp", dp}, {"cp", cp}, {"tp", tp}, {"pp", pp},
             {"incarnation", incarnation}};
-  Status beat = CallJson("PUT", "/heartbeat", DumpJson(body), Credential()).status();
+  Status beat = CallJson("PUT", "/heartbeat", DumpJson(body), Credential(), &beats_).status();
   if (beat.code() != StatusCode::kNotFound) return beat;
   // The server does not know the rank: it restarted (its table is in
   // memory) or forgot a long-silent decode rank. Register it again.
@@ -268,11 +329,11 @@ Status BootstrapClient::Heartbeat(RankRole role, int dp, int cp, int tp, int pp,
   KVB_LOG_INFO("bootstrap server {} does not know {} ({}); registering it again", address_,
                again->Describe(), beat.message());
   KVB_RETURN_IF_ERROR(RegisterRank(*again));
-  return CallJson("PUT", "/heartbeat", DumpJson(body), Credential()).status();
+  return CallJson("PUT", "/heartbeat", DumpJson(body), Credential(), &beats_).status();
 }
 
 Result<std::vector<RankStatus>> BootstrapClient::ListRanks() const {
-  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", "/ranks", ""));
+  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", "/ranks", "", "", &reads_));
   JsonFields f(j, "rank table");
   const json* ranks = nullptr;
   Status s = f.Array("ranks", &ranks);
@@ -324,7 +385,7 @@ Result<std::map<uint64_t, int>> BootstrapClient::QueryDpRanks(
 
 Result<FailureBatch> BootstrapClient::FailuresSince(uint64_t since) const {
   const std::string path = "/failures?since=" + std::to_string(since);
-  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", path, ""));
+  KVB_ASSIGN_OR_RETURN(json j, CallJson("GET", path, "", "", &reads_));
   Result<FailureBatch> batch = FailureBatch::FromJson(j);
   if (!batch.ok()) return Malformed("GET " + path, batch.status());
   return batch;

@@ -17,9 +17,10 @@
 // restarted server that lost its table) registers that rank again, once, and
 // retries.
 //
-// Thread safety: every method is const and may be called concurrently; each
-// call opens its own connection (the routes are cheap and rare: lookups at
-// start, heartbeats every few hundred milliseconds).
+// Thread safety: every method is const and may be called concurrently. The
+// calls a rank makes every heartbeat interval keep a connection open:
+// Heartbeat one, FailuresSince and ListRanks another (each taken in turn, so
+// a slow read never holds a heartbeat back); every other call opens its own.
 #pragma once
 
 #include <chrono>
@@ -37,6 +38,10 @@
 #include "control/registry_client.h"
 #include "kvbridge/status.h"
 
+namespace httplib {
+class Client;
+}
+
 namespace kvbridge::internal {
 
 class BootstrapClient final : public RegistryClient {
@@ -49,6 +54,7 @@ class BootstrapClient final : public RegistryClient {
   static Result<std::unique_ptr<BootstrapClient>> Create(std::string_view address,
                                                          std::chrono::milliseconds timeout,
                                                          std::string auth_token);
+  ~BootstrapClient() override;
 
   const std::string& host() const { return host_; }
   int port() const { return port_; }
@@ -87,27 +93,40 @@ class BootstrapClient final : public RegistryClient {
   BootstrapClient(std::string address, std::string host, int port,
                   std::chrono::milliseconds timeout, std::string auth_token);
 
-  // Sends one request, with `credential` as the rank credential header when
-  // non-empty; the body of a 2xx answer, or the error. `answered_credential`
-  // (may be null) receives the credential header of the answer.
+  // A kept keep-alive connection and the lock that takes it.
+  struct Session {
+    std::mutex mu;
+    std::unique_ptr<httplib::Client> client;  // guarded by mu
+    bool used = false;                        // guarded by mu: it answered a request
+  };
+  // Sends one request to the registry, with `credential` as the rank
+  // credential header when non-empty; the body of a 2xx answer, or the
+  // error. `answered_credential` (may be null) receives the credential
+  // header of the answer. With a `session`, on its kept connection
+  // (idempotent requests only: one that fails on a reused connection is sent
+  // again on a new one).
   Result<std::string> Call(const char* method, const std::string& path, const std::string& body,
                            const std::string& credential = "",
-                           std::string* answered_credential = nullptr) const;
+                           std::string* answered_credential = nullptr,
+                           Session* session = nullptr) const;
   // The same to another server; `auth`: send the shared secret (and the
   // credential): never to a server that is not the registry.
   Result<std::string> CallAt(const std::string& host, int port, const std::string& address,
                              const char* method, const std::string& path, const std::string& body,
                              bool auth, const std::string& credential = "",
-                             std::string* answered_credential = nullptr) const;
+                             std::string* answered_credential = nullptr,
+                             Session* session = nullptr) const;
   // A rank sglang's server listed by its location only: its record, read
   // from the rank itself (RankEndpoint) and checked to be at `key`.
   Result<RankRecord> RecordFromRank(const nlohmann::json& where, const RankKey& key) const;
   // Call() and parse the answer as JSON (Internal when it is not).
   Result<nlohmann::json> CallJson(const char* method, const std::string& path,
-                                  const std::string& body,
-                                  const std::string& credential = "") const;
+                                  const std::string& body, const std::string& credential = "",
+                                  Session* session = nullptr) const;
   // The credential of the rank this client registered; "" before.
   std::string Credential() const;
+  std::unique_ptr<httplib::Client> NewClient(const std::string& host, int port,
+                                             bool keep_alive) const;
   Status Malformed(const std::string& what, const Status& parse_error) const;
 
   std::string address_;
@@ -115,6 +134,8 @@ class BootstrapClient final : public RegistryClient {
   int port_;
   std::chrono::milliseconds timeout_;
   std::string auth_token_;
+  mutable Session beats_;  // Heartbeat
+  mutable Session reads_;  // FailuresSince, ListRanks
   mutable std::mutex mu_;
   mutable std::optional<RankRecord> registered_;  // guarded by mu_: the last RankRegister
   mutable std::string credential_;                // guarded by mu_: the server's answer to it

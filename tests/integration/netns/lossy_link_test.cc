@@ -14,13 +14,15 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// Runs `requests` through prefill on host 1 and decode on host 2 (registry
-// on host 0) and checks that every one succeeded, every page verified.
+// Runs `requests` through `layout` (by default prefill on host 1 and decode
+// on host 2, the registry on host 0) and checks that every one succeeded,
+// every page verified.
 void RunAndExpectNoFailure(HostNet& net, int requests, std::vector<std::string> workload,
-                           const char* tag) {
+                           const char* tag,
+                           HostsLayout layout = {
+                               .prefill_tp = 1, .decode_tp = 1, .rank_hosts = {1, 2}}) {
   const std::string logs = NewLogDir();
-  auto started = StartCluster(net, {.prefill_tp = 1, .decode_tp = 1, .rank_hosts = {1, 2}}, 0,
-                              std::move(workload), logs);
+  auto started = StartCluster(net, layout, 0, std::move(workload), logs);
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   Cluster& c = **started;
   Status s = c.CollectReports(milliseconds(180000));
@@ -30,7 +32,9 @@ void RunAndExpectNoFailure(HostNet& net, int requests, std::vector<std::string> 
     SCOPED_TRACE(p.name);
     ASSERT_TRUE(p.report.has_value()) << p.exit.ToString();
     const auto& r = *p.report;
-    EXPECT_EQ(r["succeeded"].get<int>(), requests) << r["failures"].dump();
+    // The first failure says why (the others mostly repeat it).
+    EXPECT_EQ(r["succeeded"].get<int>(), requests)
+        << (r["failures"].empty() ? std::string() : r["failures"][0].dump());
     EXPECT_EQ(r["failed"].get<int>(), 0);
     EXPECT_EQ(r["corrupt_pages"].get<int>(), 0);
     if (p.role == Role::kDecode) {
@@ -63,6 +67,23 @@ TEST(LossyLinkTest, FivePercentLossAndTwentyMsDelayFailsNoRequest) {
   ASSERT_TRUE(net.Delay(1, 20, std::string(KVB_BIN_DIR) + "/kvbridge").ok());
   constexpr int kRequests = 240;
   RunAndExpectNoFailure(net, kRequests, HostWorkload(kRequests, 8), "LOSSY+DELAY");
+}
+
+// Tensor-parallel siblings across the lossy link, laid out as `kvbridge demo
+// --hosts 3 --fault lossy-link` does: both prefill ranks with the registry on
+// host 0, decode tp0 on host 1, decode tp1 on host 2 behind 5% loss and 20 ms
+// delay. Decode tp0 judges its sibling by the age of its last heartbeat at
+// the registry: a heartbeat that lost a packet must not read as a dead rank.
+TEST(LossyLinkTest, SiblingsAcrossALossyLinkAreNotFailedByRegistryLiveness) {
+  KVB_SKIP_WITHOUT_HOSTS();
+  auto created = HostNet::Create(3);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  HostNet& net = **created;
+  ASSERT_TRUE(net.Lossy(2, 5).ok());
+  ASSERT_TRUE(net.Delay(2, 20, std::string(KVB_BIN_DIR) + "/kvbridge").ok());
+  constexpr int kRequests = 240;
+  RunAndExpectNoFailure(net, kRequests, HostWorkload(kRequests, 8), "LOSSY+DELAY TP2",
+                        {.prefill_tp = 2, .decode_tp = 2, .rank_hosts = {0, 0, 1, 2}});
 }
 
 }  // namespace
