@@ -239,6 +239,43 @@ TEST(HandshakeTest, LostAnswerIsGivenAgainOnANewEndpoint) {
   ExpectTransferSucceeds(**c, 5);
 }
 
+// Prefill's challenge reaches decode, but its HelloAck (and everything after
+// it on that endpoint) is lost, and decode's first Hello sent again is lost
+// too: decode has the answer only after its second retry, 1.5 s after its
+// Hello. Prefill heard nothing from decode since its answer; it must not
+// take that for silence (it failed decode 0.5 s after answering, the lossy
+// link runs across hosts showed it), but wait as long as a handshake may.
+TEST(HandshakeTest, PrefillWaitsForAPeerThatHasNotHeardItsAnswerYet) {
+  FaultTransport* prefill_faults = nullptr;
+  FaultTransport* decode_faults = nullptr;
+  ClusterOptions o;
+  o.tweak = [](ManagerOptions& m) {
+    m.heartbeat_interval = std::chrono::milliseconds(50);
+    m.heartbeat_misses = 10;
+  };
+  o.wrap = [&](std::unique_ptr<Transport> t, Role r, int) -> std::unique_ptr<Transport> {
+    auto f = std::make_unique<FaultTransport>(std::move(t));
+    if (r == Role::kPrefill) {
+      f->MuteConnects(0, 1, 1);  // the challenge passes, the ack is lost
+      prefill_faults = f.get();
+    } else {
+      f->MuteConnects(1, 1, 0);  // the first Hello passes, the next is lost
+      decode_faults = f.get();
+    }
+    return f;
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  // As across hosts: no /proc says the silent decode process is running.
+  ManagerAccess::Of(*(*c)->prefill[0].manager).JudgeLivenessAsRemoteForTest();
+  ExpectTransferSucceeds(**c, 7);
+  EXPECT_GE(prefill_faults->counters().muted_dropped, 1u);  // the HelloAck
+  EXPECT_GE(decode_faults->counters().muted_dropped, 1u);   // the second Hello
+  EXPECT_EQ((*c)->prefill[0].manager->Stats().rooms_failed, 0u);
+  EXPECT_EQ((*c)->decode[0].manager->Stats().rooms_failed, 0u);
+  ExpectTransferSucceeds(**c, 8);
+}
+
 // A prefill rank that never answers the handshake (every endpoint to it is
 // mute) is blamed once the retries are spent, by name and as unresponsive.
 TEST(HandshakeTest, RankThatNeverAnswersIsNamedUnresponsive) {

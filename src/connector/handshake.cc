@@ -336,22 +336,24 @@ void ManagerImpl::AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer,
                wire.empty() ? "" : " over ", wire,
                peer->remote.kv.size() + peer->remote.aux.size() + peer->remote.state.size(),
                peer->remote.kv.size(), peer->remote.aux.size(), peer->remote.state.size());
-  // The heartbeat endpoint (Peer::beat) opens before the ack leaves: later,
-  // on the resolver thread, it waited behind the first requests' writes
-  // (0.6 s in `kvbridge demo --hosts 2`), and so did the heartbeats.
-  if (Result<PeerId> beat = transport_->Connect(peer->address); beat.ok()) {
-    auth_->Share(*beat, peer->tpeer);
-    peer->beat = *beat;
-  }
+  const std::string key = peer->key;
+  const std::string address = peer->address;
+  const PeerId tpeer_now = peer->tpeer;
   {
     MutexLock lock(mu_);
     dead_ranks_.erase(peer->key);
     peer->ready = true;
-    if (peer->beat != 0) by_tpeer_[peer->beat] = peer.get();
     by_tpeer_[peer->tpeer] = peer.get();
     peers_[peer->key] = std::move(peer);
   }
+  // The ack leaves before the heartbeat endpoint is opened: across hosts
+  // that connect waits for TCP's handshake, a lost SYN costs 1 s, and an
+  // ack held behind it came after decode had given up on its Hello.
   Flush(out);
+  // The heartbeat endpoint (Peer::beat) opens now, not later on the
+  // resolver thread, where it waited behind the first requests' writes
+  // (0.6 s in `kvbridge demo --hosts 2`), and so did the heartbeats.
+  OpenBeat(key, address, tpeer_now);
 }
 
 }  // namespace kvbridge::internal

@@ -471,6 +471,7 @@ void ManagerImpl::OnMessage(std::string_view bytes, const RankId* proven) {
     MutexLock lock(mu_);
     Peer* peer = PeerFromLocked(m.from);
     if (peer != nullptr) {
+      peer->heard_since_ready = peer->heard_since_ready || peer->ready;
       peer->last_heard = std::chrono::steady_clock::now();
       peer->last_heard_wall = std::chrono::system_clock::now();
     }

@@ -81,6 +81,12 @@ struct Peer {
   // as hearing from the peer. Not on the same-host paths, where a write
   // completes without the peer taking part.
   bool acks_prove_life = false;
+  // Something came from the peer since the handshake made it ready (on
+  // decode, the HelloAck itself). Until then the peer may not have our
+  // answer yet (it was lost, or came after the peer gave up and sent its
+  // Hello again), so it cannot be expected to beat: Tick gives it the
+  // handshake's patience instead of the silence limit.
+  bool heard_since_ready = false;
   bool failed = false;
   std::optional<FailureRecord> failure;  // why it failed (room 0)
   // Decode side: the per-peer write grant in our Hello (0: the regions'
@@ -159,6 +165,10 @@ class ManagerImpl {
   // knows of: what a request that did not fail here should blame.
   std::optional<FailureRecord> RecentRankFailure() const;
   std::vector<PeerSnapshot> Peers() const;
+  // Tests: judge every peer's liveness as if it ran on another host, with
+  // no /proc to read (a same-host peer that is running is otherwise given
+  // ten silence limits), as between machines.
+  void JudgeLivenessAsRemoteForTest() { liveness_as_remote_ = true; }
   // Best effort from a dying process (fatal signal, std::terminate): tell
   // peers and the registry who died and why. Never blocks for long.
   void LastWords(const std::string& reason);
@@ -255,6 +265,9 @@ class ManagerImpl {
   // Opens the heartbeat endpoint (Peer::beat) of every proven peer that
   // lacks one. Resolver thread.
   void OpenBeatEndpoints();
+  // Opens `key`'s heartbeat endpoint and takes it if the peer still uses
+  // `tpeer` and has none (blocks for the connect: no lock held).
+  void OpenBeat(const std::string& key, const std::string& address, PeerId tpeer) KVB_EXCLUDES(mu_);
   // Revokes the grants of failed peers (fence_pending_), then counts their
   // rooms' sources quiesced. Resolver thread: a revoke waits for writes
   // admitted under it to land.
@@ -526,6 +539,7 @@ class ManagerImpl {
   // transport; the destructor waits for those under way (flushing_) before
   // it destroys them.
   std::atomic<bool> closing_{false};
+  std::atomic<bool> liveness_as_remote_{false};
   std::atomic<int> flushing_{0};
 
   std::atomic<uint64_t> next_generation_;

@@ -30,7 +30,9 @@ std::pair<FailureCause, std::string> ManagerImpl::TransportErrorCause(const Rank
   return {FailureCause::kPeerUnreachable, why.message()};
 }
 
-bool ManagerImpl::OnThisHost(const RankId& id) const { return id.host == self_.host; }
+bool ManagerImpl::OnThisHost(const RankId& id) const {
+  return id.host == self_.host && !liveness_as_remote_;
+}
 
 ProcessState ManagerImpl::LocalProcessState(const RankId& id) const {
   return OnThisHost(id) ? GetProcessState(id.pid) : ProcessState::kUnknown;
@@ -214,26 +216,28 @@ void ManagerImpl::OpenBeatEndpoints() {
       addresses[key] = peer->address;
     }
   }
-  for (const auto& [key, tpeer] : wanted) {
-    Result<PeerId> conn = transport_->Connect(addresses[key]);
-    if (!conn.ok()) {
-      KVB_LOG_DEBUG("heartbeat endpoint to {} not opened: {}", key, conn.status().ToString());
-      continue;  // heartbeats go over tpeer meanwhile; tried again next round
-    }
-    // Sealed under the peer's session before any heartbeat can use it.
-    auth_->Share(*conn, tpeer);
-    bool taken = false;
-    {
-      MutexLock lock(mu_);
-      Peer* p = FindPeerLocked(key);
-      if (p != nullptr && p->tpeer == tpeer && p->beat == 0 && !p->failed) {
-        p->beat = *conn;
-        by_tpeer_[p->beat] = p;
-        taken = true;
-      }
-    }
-    if (!taken) transport_->Disconnect(*conn);  // the peer changed meanwhile
+  for (const auto& [key, tpeer] : wanted) OpenBeat(key, addresses[key], tpeer);
+}
+
+void ManagerImpl::OpenBeat(const std::string& key, const std::string& address, PeerId tpeer) {
+  Result<PeerId> conn = transport_->Connect(address);
+  if (!conn.ok()) {
+    KVB_LOG_DEBUG("heartbeat endpoint to {} not opened: {}", key, conn.status().ToString());
+    return;  // heartbeats go over tpeer meanwhile; tried again next round
   }
+  // Sealed under the peer's session before any heartbeat can use it.
+  auth_->Share(*conn, tpeer);
+  bool taken = false;
+  {
+    MutexLock lock(mu_);
+    Peer* p = FindPeerLocked(key);
+    if (p != nullptr && p->tpeer == tpeer && p->beat == 0 && !p->failed) {
+      p->beat = *conn;
+      by_tpeer_[p->beat] = p;
+      taken = true;
+    }
+  }
+  if (!taken) transport_->Disconnect(*conn);  // the peer changed meanwhile
 }
 
 void ManagerImpl::DropBeatLocked(Peer& peer, Outbox& out) {
@@ -262,9 +266,16 @@ void ManagerImpl::Tick() {
       // A peer failed for its own reported error is still alive: keep
       // beating so it does not take our silence for a failure of ours.
       // Nothing goes to a rank before its handshake proved it (peer_auth.h).
+      // Each beat goes on both endpoints, which are separate connections:
+      // across hosts a lost segment stalls one TCP stream for its
+      // retransmission timeout (0.2, 0.4, 0.8 s...), and two streams seldom
+      // stall at once (5% loss with 20 ms delay failed healthy peers at a
+      // 1 s limit when beats had one stream). Either arrival is life.
       if (peer->acked &&
-          (!peer->failed || (peer->failure && peer->failure->cause == FailureCause::kLocalError)))
-        beats.push_back(peer->beat != 0 ? peer->beat : peer->tpeer);
+          (!peer->failed || (peer->failure && peer->failure->cause == FailureCause::kLocalError))) {
+        beats.push_back(peer->tpeer);
+        if (peer->beat != 0) beats.push_back(peer->beat);
+      }
       // A rank that failed itself (fatal error, fenced) blames nobody else.
       if (peer->failed || !peer->ready || fatal_) continue;
       if (!peer->acked) {
@@ -290,7 +301,10 @@ void ManagerImpl::Tick() {
         }
         continue;
       }
-      if (now - peer->last_heard <= silence_limit) continue;
+      // Silent since our answer: the peer may not have it yet, and gets the
+      // handshake's longest wait (Peer::heard_since_ready).
+      const auto limit = peer->heard_since_ready ? silence_limit : silence_limit * 4;
+      if (now - peer->last_heard <= limit) continue;
       const ProcessState ps = LocalProcessState(peer->id);
       // On this host /proc tells the truth: a running peer whose heartbeats
       // queue behind bulk data is busy, not failed. Only a much longer
@@ -298,9 +312,10 @@ void ManagerImpl::Tick() {
       if (ps == ProcessState::kRunning && now - peer->last_heard <= silence_limit * 10) continue;
       FailSilentPeerLocked(
           *peer, ps,
-          fmt::format("silent for {:.2f} s",
-                      std::chrono::duration<double>(now - peer->last_heard).count()),
-          "heartbeat", out);
+          fmt::format("silent for {:.2f} s{}",
+                      std::chrono::duration<double>(now - peer->last_heard).count(),
+                      peer->heard_since_ready ? "" : " since the handshake"),
+          peer->heard_since_ready ? "heartbeat" : "handshake", out);
     }
     TickSendersLocked(now, out);
     TickReceiversLocked(now, out);

@@ -65,9 +65,12 @@ Result<PeerId> FaultTransport::Connect(std::string_view peer_address) {
   KVB_ASSIGN_OR_RETURN(PeerId peer, inner_->Connect(peer_address));
   std::lock_guard<std::mutex> lock(mu_);
   PeerInfo& info = peers_[peer];
-  if (mute_connects_ > 0) {
+  if (skip_connects_ > 0) {
+    --skip_connects_;
+  } else if (mute_connects_ > 0) {
     --mute_connects_;
     info.muted = true;
+    info.pass = mute_pass_;
     KVB_LOG_INFO("endpoint {} on {} is mute (fault injection)", peer, name_);
   }
   return peer;
@@ -177,7 +180,9 @@ Status FaultTransport::SendMessage(PeerId peer, std::string payload) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     KVB_ASSIGN_OR_RETURN(PeerInfo * info, OpenPeerLocked(peer));
-    if (info->muted) {
+    if (info->muted && info->pass > 0) {
+      --info->pass;
+    } else if (info->muted) {
       ++counters_.muted_dropped;
       return Status::Ok();
     }
@@ -301,9 +306,11 @@ size_t FaultTransport::HeldBatches() const {
   return n;
 }
 
-void FaultTransport::MuteNextConnects(int n) {
+void FaultTransport::MuteConnects(int skip, int n, int pass) {
   std::lock_guard<std::mutex> lock(mu_);
+  skip_connects_ = skip;
   mute_connects_ = n;
+  mute_pass_ = pass;
 }
 
 void FaultTransport::DropMessages(bool drop) {

@@ -106,7 +106,12 @@ class FaultTransport final : public Transport {
   // The next `n` endpoints that Connect opens are mute: every message sent
   // on them, ordered or urgent, is accepted (OK) and discarded, like an
   // endpoint stuck in wire-up. Endpoints opened later work.
-  void MuteNextConnects(int n);
+  void MuteNextConnects(int n) { MuteConnects(0, n, 0); }
+  // After the next `skip` endpoints that Connect opens (which work), the
+  // `n` after them deliver their first `pass` ordered messages and are mute
+  // from then on (urgent messages on them vanish from the start): an answer
+  // lost after the first message of a handshake went through.
+  void MuteConnects(int skip, int n, int pass);
   // Treats `peer` as dead: the failure handler is called once with
   // Unavailable naming it; queued batches complete with that Status, batches
   // already in the inner transport complete with it when the inner finishes
@@ -127,6 +132,7 @@ class FaultTransport final : public Transport {
   };
   struct PeerInfo {
     bool muted = false;
+    int pass = 0;  // ordered messages a muted endpoint still delivers
     bool failed = false;
     bool vanished = false;
     Status failure;
@@ -162,7 +168,9 @@ class FaultTransport final : public Transport {
   bool hold_ = false;                        // guarded by mu_
   bool drop_messages_ = false;               // guarded by mu_
   bool drop_urgent_ = false;                 // guarded by mu_
+  int skip_connects_ = 0;                    // guarded by mu_
   int mute_connects_ = 0;                    // guarded by mu_
+  int mute_pass_ = 0;                        // guarded by mu_
   FaultCounters counters_;                   // guarded by mu_
   std::deque<Task> tasks_;                   // guarded by mu_: run by the worker
   bool stopping_ = false;                    // guarded by mu_
