@@ -12,12 +12,16 @@
 
 #include "control/etcd_registry.h"
 #include "control/record_json.h"
+#include "tests/integration/etcd/leader_check.h"
 #include "tests/integration/subprocess_util.h"
 #include "tools/cluster.h"
 
 namespace kvbridge::tools {
 namespace {
 
+using etcd_check::CountAlive;
+using etcd_check::Finished;
+using etcd_check::LeaderKill;
 using internal::EtcdRegistryClient;
 using internal::Liveness;
 using internal::RankStatus;
@@ -61,11 +65,6 @@ std::vector<std::string> Workload(int requests, const std::string& registry) {
           registry};
 }
 
-uint64_t Finished(const ProcessInfo& p) {
-  if (p.report) return (*p.report)["finished"].get<uint64_t>();
-  return p.progress ? (*p.progress)["finished"].get<uint64_t>() : 0;
-}
-
 void WaitForProgress(Cluster& c, uint64_t n) {
   Status s = c.PumpUntil(
       [&] {
@@ -77,33 +76,12 @@ void WaitForProgress(Cluster& c, uint64_t n) {
   ASSERT_TRUE(s.ok()) << s.ToString();
 }
 
-// Waits on the client's watch until `done` holds, pumping the cluster's
-// pipes meanwhile; false at the deadline.
-bool WaitInEtcd(Cluster& c, const EtcdRegistryClient& etcd, const std::function<bool()>& done,
-                milliseconds timeout = milliseconds(15000)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    const uint64_t seen = etcd.changes();
-    if (done()) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    c.Pump(milliseconds(0));
-    etcd.AwaitChange(seen, milliseconds(100));
-  }
-}
-
 std::unique_ptr<EtcdRegistryClient> Watcher(const EtcdCluster& etcd, const std::string& ns) {
   auto o = internal::ParseEtcdRegistryUrl(etcd.Url(ns));
   EXPECT_TRUE(o.ok()) << o.status().ToString();
   auto c = EtcdRegistryClient::Create(*o);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return c.ok() ? std::move(c).value() : nullptr;
-}
-
-int CountAlive(const EtcdRegistryClient& etcd) {
-  int n = 0;
-  const std::vector<RankStatus> ranks = etcd.ListRanks().value();
-  for (const RankStatus& s : ranks) n += s.state == Liveness::kAlive;
-  return n;
 }
 
 std::unique_ptr<Cluster> Launch(int requests, const std::string& registry) {
@@ -128,7 +106,8 @@ TEST(EtcdRegistryProcessTest, RanksMeetThroughEtcdAndAKilledRankIsNamedByLeaseAn
   ASSERT_TRUE(cluster);
   Cluster& c = *cluster;
   // Every rank registered in etcd, alive by its lease.
-  ASSERT_TRUE(WaitInEtcd(c, *watcher, [&] { return CountAlive(*watcher) == 4; }))
+  ASSERT_TRUE(etcd_check::WaitInEtcd(
+      c, *watcher, [&] { return CountAlive(*watcher) == 4; }, milliseconds(15000)))
       << watcher->ListRanks()->size() << " ranks in etcd";
   WaitForProgress(c, 20);
   const int victim = c.RankIndex(Role::kPrefill, 1);
@@ -142,7 +121,8 @@ TEST(EtcdRegistryProcessTest, RanksMeetThroughEtcdAndAKilledRankIsNamedByLeaseAn
       if (s.record.role == internal::RankRole::kPrefill && s.record.attn_tp_rank == 1) return s;
     return RankStatus{};
   };
-  ASSERT_TRUE(WaitInEtcd(c, *watcher, [&] { return victim_state().state != Liveness::kAlive; }));
+  ASSERT_TRUE(etcd_check::WaitInEtcd(
+      c, *watcher, [&] { return victim_state().state != Liveness::kAlive; }, milliseconds(15000)));
   EXPECT_EQ(victim_state().record.pid, pid);
   ASSERT_TRUE(c.CollectReports(milliseconds(120000), {victim}).ok());
   for (int i = 0; i < c.num_ranks(); ++i) {
@@ -171,16 +151,6 @@ TEST(EtcdRegistryProcessTest, RanksMeetThroughEtcdAndAKilledRankIsNamedByLeaseAn
   c.Shutdown(milliseconds(10000));
 }
 
-FailureRecord RoomRecord(uint64_t room) {
-  FailureRecord f;
-  f.origin.role = Role::kDecode;
-  f.origin.tp = 0;
-  f.room = room;  // far above the rooms the workers use: touches no request
-  f.cause = FailureCause::kAborted;
-  f.detail = "test record " + std::to_string(room);
-  return f;
-}
-
 TEST(EtcdRegistryProcessTest, EtcdLeaderKilledMidRunLosesNothingAndFailsNoRequest) {
   if (!EtcdCluster::Available()) GTEST_SKIP() << "/usr/bin/etcd missing (etcd-server)";
   EtcdClusterOptions eo;
@@ -189,48 +159,11 @@ TEST(EtcdRegistryProcessTest, EtcdLeaderKilledMidRunLosesNothingAndFailsNoReques
   ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
   auto watcher = Watcher(**etcd, "leader");
   ASSERT_TRUE(watcher);
-  constexpr uint64_t kRoomBase = uint64_t{1} << 60;
-  for (int i = 0; i < 3; ++i)
-    ASSERT_TRUE(
-        watcher->PublishFailure(internal::FailureRecordToJson(RoomRecord(kRoomBase + i))).ok());
   auto cluster = Launch(300, (*etcd)->Url("leader"));
   ASSERT_TRUE(cluster);
-  Cluster& c = *cluster;
-  ASSERT_TRUE(WaitInEtcd(c, *watcher, [&] { return CountAlive(*watcher) == 4; }));
-  WaitForProgress(c, 30);
-  Result<int> leader = (*etcd)->Leader(milliseconds(5000));
-  ASSERT_TRUE(leader.ok()) << leader.status().ToString();
-  ASSERT_TRUE((*etcd)->Kill(*leader).ok());
-  // Writes during the election: they wait for the new leader, none is lost.
-  for (int i = 3; i < 5; ++i) {
-    Result<uint64_t> seq =
-        watcher->PublishFailure(internal::FailureRecordToJson(RoomRecord(kRoomBase + i)));
-    ASSERT_TRUE(seq.ok()) << seq.status().ToString();
-    EXPECT_EQ(*seq, static_cast<uint64_t>(i + 1));
-  }
-  Result<int> next = (*etcd)->Leader(milliseconds(10000));
-  ASSERT_TRUE(next.ok()) << next.status().ToString();
-  EXPECT_NE(*next, *leader);
-  ASSERT_TRUE(c.CollectReports(milliseconds(120000)).ok());
-  for (int i = 0; i < c.num_ranks(); ++i) {
-    const ProcessInfo& p = c.process(i);
-    SCOPED_TRACE(p.name);
-    ASSERT_TRUE(p.report.has_value()) << p.exit.ToString();
-    const json& r = *p.report;
-    EXPECT_EQ(r["failed"].get<int>(), 0) << r["failures"].dump();
-    EXPECT_EQ(r["succeeded"].get<int>(), r["requests"].get<int>());
-    EXPECT_EQ(r["corrupt_pages"].get<int>(), 0);
-  }
-  // Every registration and every record survived the leader: the ranks are
-  // still registered (alive: their keep-alives moved to another member).
-  EXPECT_EQ(CountAlive(*watcher), 4);
-  internal::FailureBatch batch = watcher->FailuresSince(0).value();
-  ASSERT_EQ(batch.records.size(), 5u);
-  for (size_t i = 0; i < 5; ++i) {
-    EXPECT_EQ(batch.records[i]["seq"].get<uint64_t>(), i + 1);
-    EXPECT_EQ(batch.records[i]["room"].get<uint64_t>(), kRoomBase + i);
-  }
-  c.Shutdown(milliseconds(10000));
+  LeaderKill kill;
+  etcd_check::KillLeaderMidRun(*cluster, **etcd, *watcher, 300, &kill);
+  cluster->Shutdown(milliseconds(10000));
 }
 
 // The demo on its own 3-member etcd, its leader killed at the 10th request:

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "control/etcd_registry.h"
-#include "control/record_json.h"
+#include "tests/integration/etcd/leader_check.h"
 #include "tests/integration/netns/hosts_util.h"
 #include "tools/etcd_cluster.h"
 
@@ -24,8 +24,6 @@ namespace kvbridge::tools {
 namespace {
 
 using internal::EtcdRegistryClient;
-using internal::Liveness;
-using internal::RankStatus;
 using nlohmann::json;
 using std::chrono::milliseconds;
 
@@ -56,41 +54,6 @@ class InHostNetwork {
   int self_ = -1;
   bool joined_ = false;
 };
-
-FailureRecord RoomRecord(uint64_t room) {
-  FailureRecord f;
-  f.origin.role = Role::kDecode;
-  f.origin.tp = 0;
-  f.room = room;  // far above the rooms the workers use: touches no request
-  f.cause = FailureCause::kAborted;
-  f.detail = "test record " + std::to_string(room);
-  return f;
-}
-
-int CountAlive(const EtcdRegistryClient& etcd) {
-  int n = 0;
-  const std::vector<RankStatus> ranks = etcd.ListRanks().value();
-  for (const RankStatus& s : ranks) n += s.state == Liveness::kAlive;
-  return n;
-}
-
-uint64_t Finished(const ProcessInfo& p) {
-  if (p.report) return (*p.report)["finished"].get<uint64_t>();
-  return p.progress ? (*p.progress)["finished"].get<uint64_t>() : 0;
-}
-
-// Waits on the watcher until `done` holds, pumping the cluster's pipes.
-bool WaitInEtcd(Cluster& c, const EtcdRegistryClient& etcd, const std::function<bool()>& done,
-                milliseconds timeout = milliseconds(20000)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    const uint64_t seen = etcd.changes();
-    if (done()) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    c.Pump(milliseconds(0));
-    etcd.AwaitChange(seen, milliseconds(100));
-  }
-}
 
 TEST(EtcdOnHostsTest, LeaderKilledMidRunLosesNothingAndFailsNoRequest) {
   KVB_SKIP_WITHOUT_ETCD();
@@ -132,55 +95,11 @@ TEST(EtcdOnHostsTest, LeaderKilledMidRunLosesNothingAndFailsNoRequest) {
   auto watcher_or = EtcdRegistryClient::Create(*parsed);
   ASSERT_TRUE(watcher_or.ok()) << watcher_or.status().ToString();
   EtcdRegistryClient& watcher = **watcher_or;
-  constexpr uint64_t kRoomBase = uint64_t{1} << 60;
-  for (int i = 0; i < 3; ++i)
-    ASSERT_TRUE(
-        watcher.PublishFailure(internal::FailureRecordToJson(RoomRecord(kRoomBase + i))).ok());
-  ASSERT_TRUE(WaitInEtcd(c, watcher, [&] { return CountAlive(watcher) == 4; }))
-      << "logs in " << logs;
-  ASSERT_TRUE(c.PumpUntil(
-                   [&] {
-                     for (int d = 0; d < 2; ++d)
-                       if (Finished(c.process(c.RankIndex(Role::kDecode, d))) < 30) return false;
-                     return true;
-                   },
-                   milliseconds(60000))
-                  .ok());
-  Result<int> leader = (*etcd)->Leader(milliseconds(5000));
-  ASSERT_TRUE(leader.ok()) << leader.status().ToString();
-  ASSERT_TRUE((*etcd)->Kill(*leader).ok());
-  EXPECT_FALSE((*etcd)->running(*leader));
-  // Writes during the election wait for the new leader; none is lost.
-  for (int i = 3; i < 5; ++i) {
-    Result<uint64_t> seq =
-        watcher.PublishFailure(internal::FailureRecordToJson(RoomRecord(kRoomBase + i)));
-    ASSERT_TRUE(seq.ok()) << seq.status().ToString();
-    EXPECT_EQ(*seq, static_cast<uint64_t>(i + 1));
-  }
-  Result<int> next = (*etcd)->Leader(milliseconds(10000));
-  ASSERT_TRUE(next.ok()) << next.status().ToString();
-  EXPECT_NE(*next, *leader);
-  std::printf("ETCD on hosts: killed leader member %d (host %s), new leader member %d\n", *leader,
-              net.hostname(*leader).c_str(), *next);
-  ASSERT_TRUE(c.CollectReports(milliseconds(120000)).ok()) << "logs in " << logs;
-  for (int i = 0; i < c.num_ranks(); ++i) {
-    const ProcessInfo& p = c.process(i);
-    SCOPED_TRACE(p.name);
-    ASSERT_TRUE(p.report.has_value()) << p.exit.ToString();
-    const json& r = *p.report;
-    EXPECT_EQ(r["failed"].get<int>(), 0) << r["failures"].dump();
-    EXPECT_EQ(r["succeeded"].get<int>(), 300);
-    EXPECT_EQ(r["corrupt_pages"].get<int>(), 0);
-  }
-  // Every registration (alive: keep-alives moved to another member) and
-  // every record, in order, survived the leader.
-  EXPECT_EQ(CountAlive(watcher), 4);
-  internal::FailureBatch batch = watcher.FailuresSince(0).value();
-  ASSERT_EQ(batch.records.size(), 5u);
-  for (size_t i = 0; i < 5; ++i) {
-    EXPECT_EQ(batch.records[i]["seq"].get<uint64_t>(), i + 1);
-    EXPECT_EQ(batch.records[i]["room"].get<uint64_t>(), kRoomBase + i);
-  }
+  SCOPED_TRACE("logs in " + logs);
+  etcd_check::LeaderKill kill;
+  etcd_check::KillLeaderMidRun(c, **etcd, watcher, 300, &kill);
+  std::printf("ETCD on hosts: killed leader member %d (host %s), new leader member %d\n",
+              kill.killed, kill.killed >= 0 ? net.hostname(kill.killed).c_str() : "?", kill.next);
   c.Shutdown(milliseconds(10000));
 }
 
