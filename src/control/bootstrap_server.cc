@@ -429,8 +429,17 @@ void BootstrapServer::Impl::AddHandlers() {
     StatusCode code = res.status == 404 ? StatusCode::kNotFound : StatusCode::kInvalidArgument;
     if (res.status >= 500) code = StatusCode::kInternal;
     const bool no_route = res.status == 404 || res.status == 405;
+    std::string why;
+    // No handler ran: httplib refused the request while reading it.
+    if (res.status == 400)
+      why = ": its request line or headers could not be read (a header line may have at most " +
+            std::to_string(CPPHTTPLIB_HEADER_MAX_LENGTH) + " bytes, a request at most " +
+            std::to_string(kMaxHeaders) + " header fields)";
+    if (res.status == 414)
+      why = ": its request line is longer than " +
+            std::to_string(CPPHTTPLIB_REQUEST_URI_MAX_LENGTH) + " bytes";
     Status s(code, std::string(no_route ? "no route " : "request rejected: ") + req.method + " " +
-                       req.path + " (HTTP " + std::to_string(res.status) + ")");
+                       req.path + " (HTTP " + std::to_string(res.status) + ")" + why);
     res.set_content(DumpJson(internal::ErrorBody(s)), "application/json");
   });
   http.set_exception_handler([](Req req, Res res, std::exception_ptr ep) {
