@@ -241,10 +241,11 @@ TEST(HandshakeTest, LostAnswerIsGivenAgainOnANewEndpoint) {
 
 // Prefill's challenge reaches decode, but its HelloAck (and everything after
 // it on that endpoint) is lost, and decode's first Hello sent again is lost
-// too: decode has the answer only after its second retry, 1.5 s after its
-// Hello. Prefill heard nothing from decode since its answer; it must not
-// take that for silence (it failed decode 0.5 s after answering, the lossy
-// link runs across hosts showed it), but wait as long as a handshake may.
+// too: decode has the answer only after its second retry, 3 s (2 + 4
+// silence limits) after its Hello. Prefill heard nothing from decode since
+// its answer; it must not take that for silence (it failed decode 0.5 s
+// after answering, the lossy link runs across hosts showed it), but wait
+// as long as a handshake may.
 TEST(HandshakeTest, PrefillWaitsForAPeerThatHasNotHeardItsAnswerYet) {
   FaultTransport* prefill_faults = nullptr;
   FaultTransport* decode_faults = nullptr;

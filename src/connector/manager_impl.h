@@ -87,6 +87,9 @@ struct Peer {
   // Hello again), so it cannot be expected to beat: Tick gives it the
   // handshake's patience instead of the silence limit.
   bool heard_since_ready = false;
+  // Silence limits a handshake may take, retries included, before either
+  // side blames the other for it.
+  static constexpr int kHandshakeBudget = 10;
   bool failed = false;
   std::optional<FailureRecord> failure;  // why it failed (room 0)
   // Decode side: the per-peer write grant in our Hello (0: the regions'

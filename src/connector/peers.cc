@@ -280,11 +280,14 @@ void ManagerImpl::Tick() {
       if (peer->failed || !peer->ready || fatal_) continue;
       if (!peer->acked) {
         // The handshake is not answered: a lost Hello is sent again on a new
-        // endpoint, waiting longer each time, before the rank is blamed.
-        const auto wait = silence_limit * std::min(1 << std::min(peer->hello_attempts - 1, 3), 4);
+        // endpoint, after two silence limits and then four (across hosts a
+        // lost SYN alone costs 1 s: a retry at one limit raced the first
+        // answer), before the rank is blamed.
+        const auto wait = silence_limit * (peer->hello_attempts <= 1 ? 2 : 4);
         if (now - peer->hello_at <= wait) continue;
         const ProcessState ps = LocalProcessState(peer->id);
-        if (ps == ProcessState::kExited || now - peer->last_heard > silence_limit * 10) {
+        if (ps == ProcessState::kExited ||
+            now - peer->last_heard > silence_limit * Peer::kHandshakeBudget) {
           std::string refusals;
           if (peer->auth_refusals > 0)
             refusals = fmt::format(
@@ -301,9 +304,10 @@ void ManagerImpl::Tick() {
         }
         continue;
       }
-      // Silent since our answer: the peer may not have it yet, and gets the
-      // handshake's longest wait (Peer::heard_since_ready).
-      const auto limit = peer->heard_since_ready ? silence_limit : silence_limit * 4;
+      // Silent since our answer: the peer may not have it yet (it sends its
+      // Hello again), and gets the handshake's budget (Peer::heard_since_ready).
+      const auto limit =
+          peer->heard_since_ready ? silence_limit : silence_limit * Peer::kHandshakeBudget;
       if (now - peer->last_heard <= limit) continue;
       const ProcessState ps = LocalProcessState(peer->id);
       // On this host /proc tells the truth: a running peer whose heartbeats

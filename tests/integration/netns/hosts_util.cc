@@ -46,6 +46,13 @@ std::vector<std::string> HostWorkload(int requests, int concurrency) {
           "--shm"};
 }
 
+std::vector<std::string> LossyLinkWorkload(int requests, int concurrency) {
+  std::vector<std::string> args = HostWorkload(requests, concurrency);
+  for (size_t i = 0; i + 1 < args.size(); ++i)
+    if (args[i] == "--heartbeat-misses") args[i + 1] = std::to_string(kLossyLinkMisses);
+  return args;
+}
+
 std::string NewLogDir() {
   char dir[] = "/tmp/kvb-hosts-XXXXXX";
   return mkdtemp(dir) == nullptr ? std::string() : std::string(dir);

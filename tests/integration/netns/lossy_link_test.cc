@@ -53,7 +53,7 @@ TEST(LossyLinkTest, FivePercentLossFailsNoRequest) {
   HostNet& net = **created;
   ASSERT_TRUE(net.Lossy(1, 5).ok());
   constexpr int kRequests = 240;
-  RunAndExpectNoFailure(net, kRequests, HostWorkload(kRequests, 8), "LOSSY");
+  RunAndExpectNoFailure(net, kRequests, LossyLinkWorkload(kRequests, 8), "LOSSY");
 }
 
 // 5% loss and 20 ms each way (a 40 ms round trip) on host 1's link, the
@@ -66,7 +66,7 @@ TEST(LossyLinkTest, FivePercentLossAndTwentyMsDelayFailsNoRequest) {
   ASSERT_TRUE(net.Lossy(1, 5).ok());
   ASSERT_TRUE(net.Delay(1, 20, std::string(KVB_BIN_DIR) + "/kvbridge").ok());
   constexpr int kRequests = 240;
-  RunAndExpectNoFailure(net, kRequests, HostWorkload(kRequests, 8), "LOSSY+DELAY");
+  RunAndExpectNoFailure(net, kRequests, LossyLinkWorkload(kRequests, 8), "LOSSY+DELAY");
 }
 
 // Tensor-parallel siblings across the lossy link, laid out as `kvbridge demo
@@ -82,7 +82,7 @@ TEST(LossyLinkTest, SiblingsAcrossALossyLinkAreNotFailedByRegistryLiveness) {
   ASSERT_TRUE(net.Lossy(2, 5).ok());
   ASSERT_TRUE(net.Delay(2, 20, std::string(KVB_BIN_DIR) + "/kvbridge").ok());
   constexpr int kRequests = 240;
-  RunAndExpectNoFailure(net, kRequests, HostWorkload(kRequests, 8), "LOSSY+DELAY TP2",
+  RunAndExpectNoFailure(net, kRequests, LossyLinkWorkload(kRequests, 8), "LOSSY+DELAY TP2",
                         {.prefill_tp = 2, .decode_tp = 2, .rank_hosts = {0, 0, 1, 2}});
 }
 
