@@ -30,6 +30,7 @@ nlohmann::json StatsToJson(const ManagerStats& s) {
           {"write_ops", s.write_ops},
           {"chunks_sent", s.chunks_sent},
           {"stale_messages_dropped", s.stale_messages_dropped},
+          {"rejoins", s.rejoins},
           {"invalid_messages_dropped", s.invalid_messages_dropped},
           {"unauthenticated_messages_dropped", s.unauthenticated_messages_dropped},
           {"pending_metadata", s.pending_metadata},

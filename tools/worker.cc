@@ -470,6 +470,7 @@ int RunWorker(const WorkerFlags& f) {
       progress["verified_pages"] = report.verified_pages;
       progress["corrupt_pages"] = report.corrupt_pages;
       progress["heartbeat_rounds"] = m.Stats().heartbeat_rounds;
+      progress["rejoins"] = m.Stats().rejoins;
       progress["at_us"] = WallMicros();
       std::cout << "PROGRESS " << progress.dump() << std::endl;
     }

@@ -247,7 +247,9 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
                                     Outbox& out, PeerId* stale) {
   Peer* old = FindPeerLocked(PeerKey(from));
   if (old == nullptr) return false;
-  if (old->id.incarnation == from.incarnation && old->ready) {
+  // A peer this rank retired when it rejoined is replaced like a restarted
+  // one: the new session is this incarnation's.
+  if (old->id.incarnation == from.incarnation && old->ready && !old->retired) {
     // The same process again: it did not hear our answer. A failed peer
     // stays failed (it learns so from the RankFailed it gets).
     if (old->failed) return true;

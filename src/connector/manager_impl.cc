@@ -12,13 +12,13 @@
 #include "transport/ucx/ucx_transport.h"
 
 namespace kvbridge::internal {
-namespace {
-
 uint64_t NewIncarnation() {
   std::random_device rd;
   uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   return v == 0 ? 1 : v;
 }
+
+namespace {
 
 Status CheckBuffers(const char* what, const std::vector<uint64_t>& ptrs,
                     const std::vector<uint64_t>& lens, const std::vector<uint64_t>& items) {
@@ -215,7 +215,7 @@ Status ManagerImpl::StartRegistry(const std::string& token) {
   return Status();
 }
 
-RankRecord ManagerImpl::MakeRankRecord() const {
+RankRecord ManagerImpl::MakeRankRecord(uint64_t incarnation) const {
   const ParallelLayout& p = opts_.parallel;
   RankRecord rec;
   rec.role = ToRankRole(opts_.role);
@@ -234,7 +234,7 @@ RankRecord ManagerImpl::MakeRankRecord() const {
   rec.kv_cache_dtype = opts_.args.dtype;
   rec.host = self_.host;
   rec.pid = self_.pid;
-  rec.incarnation = self_.incarnation;
+  rec.incarnation = incarnation != 0 ? incarnation : self_.incarnation;
   rec.instance = self_.instance;
   rec.transport_address = transport_->Address();
   rec.layout = LayoutToJson(layout_);
@@ -569,6 +569,7 @@ ManagerStats ManagerImpl::Stats() const {
   s.write_ops = write_ops_;
   s.chunks_sent = chunks_sent_;
   s.stale_messages_dropped = stale_dropped_;
+  s.rejoins = rejoins_;
   s.invalid_messages_dropped = invalid_dropped_;
   s.unauthenticated_messages_dropped = unauth_dropped_;
   s.pending_metadata = pending_meta_.size();

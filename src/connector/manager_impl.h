@@ -89,6 +89,10 @@ struct Peer {
   GrantId grant = 0;
   std::vector<std::string> grant_keys[3];
   bool fenced = false;
+  // Failed by an earlier incarnation of this rank, retired when it rejoined
+  // (MaybeRejoin): the peer itself may be healthy, so a new handshake
+  // replaces it, with a new session and (decode) a new grant.
+  bool retired = false;
   SteadyTime last_heard = std::chrono::steady_clock::now();
   std::chrono::system_clock::time_point last_heard_wall = std::chrono::system_clock::now();
 };
@@ -112,6 +116,8 @@ struct PendingMeta {
 // The registry's role for a rank, and the rank a registry record describes.
 RankRole ToRankRole(Role r);
 RankId RankIdOf(const RankRecord& record);
+// A random non-zero incarnation, new for every process start and rejoin.
+uint64_t NewIncarnation();
 
 class ManagerImpl {
  public:
@@ -205,7 +211,8 @@ class ManagerImpl {
   // The registry client; prefill rank 0 embeds the bootstrap server when
   // none answers at the bootstrap address (and etcd is not the registry).
   Status StartRegistry(const std::string& token);
-  RankRecord MakeRankRecord() const;
+  // This rank's registry record, under `incarnation` (0: its own).
+  RankRecord MakeRankRecord(uint64_t incarnation = 0) const;
   // Lists this rank (not a decode rank with sglang's own server) and, on
   // prefill, serves its record at its rank_port (RankEndpoint).
   Status RegisterSelf();
@@ -299,6 +306,22 @@ class ManagerImpl {
 
   // Failure propagation (propagation.cc).
   void RegistryRound(uint64_t round);
+  // Rejoin (rejoin.cc). A rank the others declared failed (a record naming
+  // its incarnation: it was partitioned, stopped) has failed its rooms and
+  // is fenced; once it reaches the registry it rejoins the same process
+  // under a new incarnation: its peers are retired (their grants revoked,
+  // their endpoints closed), it registers anew, forgets the blame its old
+  // incarnation gathered, and new rooms go through new handshakes. The old
+  // record keeps fencing the old incarnation. A step that cannot be done
+  // yet (a revoke, the registration) is tried again next round; the rank
+  // stays fenced meanwhile. Registry thread only.
+  void MaybeRejoin();
+  // Retires every peer (MaybeRejoin); true once every grant given to one
+  // is revoked.
+  bool RetirePeersLocked(const FailureRecord& why, Outbox& out) KVB_REQUIRES(mu_);
+  // Once the new incarnation is registered: lifts the fence and forgets
+  // what incarnation `from` gathered (its blame of others, its handshakes).
+  void FinishRejoinLocked(uint64_t from) KVB_REQUIRES(mu_);
   // One heartbeat to the registry, on a thread of its own: the reads of a
   // RegistryRound (slow on a lossy link) must not delay it.
   void BeatRound();
@@ -502,6 +525,12 @@ class ManagerImpl {
   std::map<uint64_t, OrphanFailure> orphan_failures_ KVB_GUARDED_BY(mu_);
   std::optional<ParallelInfo> prefill_info_ KVB_GUARDED_BY(mu_);
   std::optional<FailureRecord> fatal_ KVB_GUARDED_BY(mu_);
+  // The record of another rank naming this incarnation failed, while the
+  // rank is fenced by it and not yet rejoined (MaybeRejoin).
+  std::optional<FailureRecord> declared_failed_ KVB_GUARDED_BY(mu_);
+  // The incarnation a rejoin under way is leaving (0: none); registry thread.
+  uint64_t rejoin_from_ = 0;
+  std::atomic<uint64_t> rejoins_{0};
   std::map<std::string, FailureRecord> dead_ranks_ KVB_GUARDED_BY(mu_);  // by peer key
   std::set<std::pair<std::string, uint64_t>> applied_
       KVB_GUARDED_BY(mu_);  // (key, incarnation) handled

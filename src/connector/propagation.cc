@@ -237,6 +237,7 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
     KVB_LOG_ERROR("this rank was declared failed by {}: {}", r.detected_by.ShortName(),
                   r.Message());
     fatal_ = r;
+    declared_failed_ = r;  // it rejoins once it can (MaybeRejoin)
     for (auto& [id, room] : senders_) FailSenderLocked(*room, r, out);
     for (auto& [id, room] : receivers_) FailReceiverLocked(*room, r, out);
     return;
@@ -342,6 +343,7 @@ void ManagerImpl::RegistryRound(uint64_t round) {
     Flush(out);
   }
   PublishQueued(answered_before);
+  MaybeRejoin();
   if (round % 3 == 0 && ranks) CheckSiblings(*ranks);
 }
 

@@ -235,7 +235,9 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
     MutexLock lock(mu_);
     Peer* p = FindPeerLocked(key);
     if (p != nullptr && p->ready && !p->failed) return key;
-    if (p != nullptr && p->failed) failed_incarnation = p->id.incarnation;
+    // A peer retired by this rank's rejoin failed for this rank's own
+    // isolation, not its own: it is connected again, whatever it is now.
+    if (p != nullptr && p->failed && !p->retired) failed_incarnation = p->id.incarnation;
   }
   Result<RankRecord> rec = registry_->GetRank(pos.dp, pos.cp, pos.tp, pos.pp);
   if (!rec.ok()) return rec.status().WithContext(key);
