@@ -60,12 +60,17 @@ void ManagerImpl::MaybeRejoin() {
   Flush(out);
   if (!fenced) {
     FenceRound();  // revokes the retired peers' grants now, not next resolver round
-    Outbox none;
-    MutexLock lock(mu_);
-    fenced = RetirePeersLocked(why, none);
+    Outbox again;
+    {
+      MutexLock lock(mu_);
+      fenced = RetirePeersLocked(why, again);
+    }
+    Flush(again);
   }
   if (!fenced) {
-    KVB_LOG_WARN("not rejoining yet: a write grant this rank gave a peer is not revoked");
+    // A revoke the resolver thread runs, or one that did not finish
+    // (FenceRound logs why): next round.
+    KVB_LOG_INFO("not rejoining yet: a write grant this rank gave a peer is not revoked");
     return;
   }
   RankRecord rec;
