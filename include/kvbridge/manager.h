@@ -75,7 +75,9 @@ class KVB_EXPORT KVManager {
   KVManager(const KVManager&) = delete;
   KVManager& operator=(const KVManager&) = delete;
 
-  const RankId& self() const;
+  // This rank; its incarnation changes when the rank rejoins after being
+  // declared failed (docs/protocol.md), so it is returned by value.
+  RankId self() const;
   const ManagerOptions& options() const;
   // Where the bootstrap server is ("host:port").
   const std::string& bootstrap_addr() const;

@@ -126,7 +126,9 @@ class ManagerImpl {
                                                      std::unique_ptr<Transport> transport = {});
   ~ManagerImpl();
 
-  const RankId& self() const { return self_; }
+  // This rank as its peers know it now: the incarnation changes when it
+  // rejoins (MaybeRejoin), so it is read afresh.
+  RankId self() const { return Self(); }
   const ManagerOptions& options() const { return opts_; }
   const std::string& bootstrap_addr() const { return opts_.bootstrap_addr; }
   const RankLayout& layout() const { return layout_; }
@@ -485,7 +487,16 @@ class ManagerImpl {
   void RetryUnresolved();
 
   const ManagerOptions opts_;
+  // Position, host, pid and instance, set once at start; the incarnation
+  // lives in incarnation_ (a rejoin changes it while other threads read it)
+  // and Self() puts the two together.
   RankId self_;
+  std::atomic<uint64_t> incarnation_{0};
+  RankId Self() const {
+    RankId r = self_;
+    r.incarnation = incarnation_.load();
+    return r;
+  }
   RankLayout layout_;
   std::unique_ptr<Transport> transport_;  // auth_ over the real transport
   AuthTransport* auth_ = nullptr;         // owned by transport_

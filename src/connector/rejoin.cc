@@ -79,8 +79,8 @@ void ManagerImpl::MaybeRejoin() {
     // until the registry lists it, and the fence holds until it does.
     MutexLock lock(mu_);
     if (rejoin_from_ == 0) {
-      rejoin_from_ = self_.incarnation;
-      self_.incarnation = NewIncarnation();
+      rejoin_from_ = incarnation_.load();
+      incarnation_.store(NewIncarnation());
     }
     rec = MakeRankRecord();
   }
@@ -106,19 +106,19 @@ void ManagerImpl::FinishRejoinLocked(uint64_t from) {
   // (PublishQueued kept it local): it must not block the new one's rooms.
   // Records the registry holds about others stay.
   for (auto it = dead_ranks_.begin(); it != dead_ranks_.end();) {
-    if (!it->second.detected_by.SameRank(self_)) {
+    if (!it->second.detected_by.SameRank(Self())) {
       ++it;
       continue;
     }
     applied_.erase({it->first, it->second.origin.incarnation});
     it = dead_ranks_.erase(it);
   }
-  std::erase_if(publish_queue_, [&](const FailureRecord& r) { return !r.origin.SameRank(self_); });
+  std::erase_if(publish_queue_, [&](const FailureRecord& r) { return !r.origin.SameRank(Self()); });
   ++rejoins_;
   KVB_LOG_WARN(
       "this rank rejoined under incarnation {:#x} after being declared failed by {}; incarnation "
       "{:#x} stays fenced (its rooms failed, its grants revoked): {}",
-      self_.incarnation, why.detected_by.ShortName(), from, why.Message());
+      incarnation_.load(), why.detected_by.ShortName(), from, why.Message());
 }
 
 }  // namespace kvbridge::internal
