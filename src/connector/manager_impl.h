@@ -308,21 +308,14 @@ class ManagerImpl {
 
   // Failure propagation (propagation.cc).
   void RegistryRound(uint64_t round);
-  // Rejoin (rejoin.cc). A rank the others declared failed (a record naming
-  // its incarnation: it was partitioned, stopped) has failed its rooms and
-  // is fenced; once it reaches the registry it rejoins the same process
-  // under a new incarnation: its peers are retired (their grants revoked,
-  // their endpoints closed), it registers anew, forgets the blame its old
-  // incarnation gathered, and new rooms go through new handshakes. The old
-  // record keeps fencing the old incarnation. A step that cannot be done
-  // yet (a revoke, the registration) is tried again next round; the rank
-  // stays fenced meanwhile. Registry thread only.
+  // Rejoin (rejoin.cc, its head comment): a rank declared failed by a record
+  // naming its incarnation, fenced, and reaching the registry becomes a new
+  // incarnation of the same process. Steps not doable yet (a revoke, the
+  // registration) wait for the next round, still fenced. Registry thread.
   void MaybeRejoin();
-  // Retires every peer (MaybeRejoin); true once every grant given to one
-  // is revoked.
+  // Retires every peer; true once every grant given to one is revoked.
   bool RetirePeersLocked(const FailureRecord& why, Outbox& out) KVB_REQUIRES(mu_);
-  // Once the new incarnation is registered: lifts the fence and forgets
-  // what incarnation `from` gathered (its blame of others, its handshakes).
+  // Lifts the fence and forgets what incarnation `from` gathered.
   void FinishRejoinLocked(uint64_t from) KVB_REQUIRES(mu_);
   // One heartbeat to the registry, on a thread of its own: the reads of a
   // RegistryRound (slow on a lossy link) must not delay it.
@@ -487,9 +480,8 @@ class ManagerImpl {
   void RetryUnresolved();
 
   const ManagerOptions opts_;
-  // Position, host, pid and instance, set once at start; the incarnation
-  // lives in incarnation_ (a rejoin changes it while other threads read it)
-  // and Self() puts the two together.
+  // Set once at start but for the incarnation, which a rejoin changes while
+  // other threads read it: Self() adds incarnation_ to self_.
   RankId self_;
   std::atomic<uint64_t> incarnation_{0};
   RankId Self() const {
