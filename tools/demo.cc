@@ -14,6 +14,7 @@
 #include "kvbridge/bootstrap.h"
 #include "tools/cluster.h"
 #include "tools/demo_hosts.h"
+#include "tools/demo_rejoin.h"
 #include "tools/demo_summary.h"
 #include "tools/etcd_cluster.h"
 #include "tools/hosts.h"
@@ -312,7 +313,9 @@ int RunDemo(const DemoFlags& flags) {
               std::to_string(kLossyLinkDelayMs) + " ms each way");
   }
   std::vector<int> paused_replies;
+  RejoinStep rejoin;  // stop-prefill, partition-*: the victim back in the stream
   c.on_line = [&](int i, const std::string& line) {
+    rejoin.OnLine(i, line);
     if (line.starts_with("PAUSED ")) {
       auto j = nlohmann::json::parse(line.substr(7), nullptr, false);
       if (!j.is_discarded()) paused_replies[i] = j.value("admitted", 0);
@@ -386,26 +389,32 @@ int RunDemo(const DemoFlags& flags) {
       }
     }
     // stop-prefill: resume the stopped rank once survivors had time to
-    // detect it; it then learns it was declared failed, fences itself and
-    // answers the quiescence its peers wait for (docs/protocol.md).
+    // detect it; it then learns it was declared failed, fails what it held,
+    // answers the quiescence its peers wait for and rejoins the stream under
+    // a new incarnation (docs/protocol.md).
     if (fault.kind == "stop-prefill" && fault_fired && !resumed &&
         seconds() - fault_seconds >= 2.0) {
       resumed = true;
+      rejoin.Begin(c, victim);
+      std::erase(skip, victim);  // it runs the rest of the stream again
       c.Signal(victim, SIGCONT).IgnoreError();
       view.Note("resumed " + c.process(victim).name + " with SIGCONT");
     }
     // partition-*: heal (PartitionHealDue), then the victim learns it was
-    // failed, fences itself and reports.
+    // failed, fails what it held and rejoins the stream.
     if (fault.kind.starts_with("partition-") && fault_fired && !resumed) {
       const double since = seconds() - fault_seconds;
       if (PartitionHealDue(c, victim, since)) {
         resumed = true;
+        rejoin.Begin(c, victim);
         Status healed = hosts.net->Heal(hosts.fault_host);
         if (!healed.ok()) problems.push_back("heal: " + healed.ToString());
         view.Note("healed the partition of " + hosts.net->hostname(hosts.fault_host) + " after " +
                   std::to_string(since).substr(0, 4) + " s");
       }
     }
+    if (std::string note = rejoin.Poll(c, total, milliseconds(10000)); !note.empty())
+      view.Note(note);
     // --duration: stop admitting on every rank at the same room count.
     if (f.duration_s > 0 && !paused && seconds() >= f.duration_s) {
       paused = true;

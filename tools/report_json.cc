@@ -30,6 +30,7 @@ nlohmann::json StatsToJson(const ManagerStats& s) {
           {"write_ops", s.write_ops},
           {"chunks_sent", s.chunks_sent},
           {"stale_messages_dropped", s.stale_messages_dropped},
+          {"rejoins", s.rejoins},
           {"invalid_messages_dropped", s.invalid_messages_dropped},
           {"unauthenticated_messages_dropped", s.unauthenticated_messages_dropped},
           {"pending_metadata", s.pending_metadata},
@@ -41,10 +42,12 @@ nlohmann::json ReportToJson(const RankId& self, const WorkerReport& r) {
   std::vector<double> lat;
   nlohmann::json failures = nlohmann::json::array();
   uint64_t ok = 0;
+  std::vector<int64_t> succeeded_at;
   for (const RoomOutcome& o : r.outcomes) {
     if (o.success) {
       ++ok;
       lat.push_back(o.latency_us);
+      succeeded_at.push_back(o.finished_at_us);
     } else if (o.failure) {
       failures.push_back(FailureToJson(*o.failure));
     } else {
@@ -62,6 +65,10 @@ nlohmann::json ReportToJson(const RankId& self, const WorkerReport& r) {
           {"failed", r.outcomes.size() - ok},
           {"nonterminal", r.nonterminal},
           {"unquiesced", r.unquiesced},
+          {"skipped", r.skipped},
+          // When each success finished (wall µs): what a fault test times
+          // recovery by.
+          {"succeeded_at_us", succeeded_at},
           {"verified_pages", r.verified_pages},
           {"corrupt_pages", r.corrupt_pages},
           {"bytes", r.bytes},

@@ -22,6 +22,7 @@ struct RoomOutcome {
   uint64_t room = 0;
   bool success = false;
   double latency_us = 0;
+  int64_t finished_at_us = 0;  // wall clock, µs since the epoch
   std::optional<FailureRecord> failure;
 };
 
@@ -30,6 +31,7 @@ struct WorkerReport {
   std::vector<RoomOutcome> outcomes;
   uint64_t nonterminal = 0;  // rooms never finished before the deadline
   uint64_t unquiesced = 0;   // failed rooms whose pages never quiesced
+  uint64_t skipped = 0;      // requests of the plan never admitted ("skip K")
   uint64_t verified_pages = 0;
   uint64_t corrupt_pages = 0;
   uint64_t bytes = 0;

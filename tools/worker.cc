@@ -273,7 +273,9 @@ int RunWorker(const WorkerFlags& f) {
   // no room is left half-open. "hold K" admits up to K rooms in all (at
   // least what it already admitted), answers "HELD {admitted, finished, ...}"
   // once none is live or draining, and waits there until "limit M" (a fault
-  // test restarts a rank at a point every rank agrees on).
+  // test restarts a rank at a point every rank agrees on). "skip K" moves on
+  // to request K without admitting those before it (a rank that rejoined
+  // after a partition takes up the stream where its partner is).
   size_t limit = plan.size();
   bool paused = false;
   std::optional<size_t> hold_at;
@@ -297,6 +299,15 @@ int RunWorker(const WorkerFlags& f) {
         limit = std::min<size_t>(plan.size(), std::max<size_t>(next, std::stoull(cmd.substr(6))));
         paused = false;
         hold_at.reset();
+      } else if (cmd.starts_with("skip ")) {
+        // Never admits the requests before K (their other half failed
+        // already, e.g. while this rank was cut off): both sides of a pair
+        // then go on from the same request.
+        const size_t k = std::min<size_t>(plan.size(), std::stoull(cmd.substr(5)));
+        if (k > next) {
+          report.skipped += k - next;
+          next = k;
+        }
       } else if (cmd.starts_with("hold ")) {
         hold_at = std::min<size_t>(plan.size(), std::max<size_t>(next, std::stoull(cmd.substr(5))));
         held_reported = false;
@@ -412,6 +423,7 @@ int RunWorker(const WorkerFlags& f) {
       o.room = l.plan.room;
       o.success = p == KVPoll::kSuccess;
       o.latency_us = std::chrono::duration<double, std::micro>(Clock::now() - l.t0).count();
+      o.finished_at_us = WallMicros();
       if (o.success && !prefill) {
         const auto verify_t0 = Clock::now();
         uint64_t bad = (*pool)->CountCorruptPages(l.plan.room, l.pages, 0, f.check_stride);
@@ -470,6 +482,7 @@ int RunWorker(const WorkerFlags& f) {
       progress["verified_pages"] = report.verified_pages;
       progress["corrupt_pages"] = report.corrupt_pages;
       progress["heartbeat_rounds"] = m.Stats().heartbeat_rounds;
+      progress["rejoins"] = m.Stats().rejoins;
       progress["at_us"] = WallMicros();
       std::cout << "PROGRESS " << progress.dump() << std::endl;
     }

@@ -44,6 +44,9 @@ struct ManagerStats {
   // Late messages dropped: of an old room generation, or failure records
   // about a process that was already replaced at its position.
   uint64_t stale_messages_dropped = 0;
+  // Times this process rejoined under a new incarnation after the others
+  // had declared it failed (a partition healed, a stopped rank resumed).
+  uint64_t rejoins = 0;
   // Control messages dropped as invalid: garbled, past a limit (the wire
   // decoder's), or disagreeing with what their sender declared at its
   // handshake (e.g. a Meta whose decode tp size is not its Hello's). Each is
@@ -72,7 +75,9 @@ class KVB_EXPORT KVManager {
   KVManager(const KVManager&) = delete;
   KVManager& operator=(const KVManager&) = delete;
 
-  const RankId& self() const;
+  // This rank; its incarnation changes when the rank rejoins after being
+  // declared failed (docs/protocol.md), so it is returned by value.
+  RankId self() const;
   const ManagerOptions& options() const;
   // Where the bootstrap server is ("host:port").
   const std::string& bootstrap_addr() const;

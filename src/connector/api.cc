@@ -17,7 +17,7 @@ Result<std::unique_ptr<KVManager>> KVManager::Create(const ManagerOptions& optio
   return internal::CreateManager(options, nullptr);
 }
 
-const RankId& KVManager::self() const { return impl_->self(); }
+RankId KVManager::self() const { return impl_->self(); }
 const ManagerOptions& KVManager::options() const { return impl_->options(); }
 const std::string& KVManager::bootstrap_addr() const { return impl_->bootstrap_addr(); }
 void KVManager::ReportFatal(const std::string& reason) { impl_->ReportFatal(reason); }

@@ -50,7 +50,7 @@ void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
     if (elapsed <= opts_.waiting_timeout) continue;
     std::string what;
     Phase phase = room.phase;
-    RankId origin = self_;
+    RankId origin = Self();
     if (p == KVPoll::kBootstrapping) {
       phase = Phase::kWaitingForMetadata;
       std::string missing;
@@ -59,7 +59,7 @@ void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
         missing += fmt::format(" tp{}", d);
         // Name the silent decode rank when this rank has met it.
         for (auto& [key, peer] : peers_)
-          if (peer->id.role == Role::kDecode && peer->id.tp == d && origin.SameRank(self_))
+          if (peer->id.role == Role::kDecode && peer->id.tp == d && origin.SameRank(Self()))
             origin = peer->id;
       }
       what = missing.empty() ? "no decode rank sent metadata" : "no metadata from decode" + missing;
@@ -98,7 +98,7 @@ void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
         origin.role = Role::kBootstrap;
         origin.host = registry_->address();
       } else {
-        origin = self_;
+        origin = Self();
       }
       FailReceiverLocked(
           room,
@@ -111,7 +111,7 @@ void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
     if (!room.meta) {
       if (elapsed <= opts_.waiting_timeout) continue;
       FailReceiverLocked(room,
-                         MakeRecord(self_, FailureCause::kDeadlineExceeded,
+                         MakeRecord(Self(), FailureCause::kDeadlineExceeded,
                                     "the application did not call SendMetadata",
                                     Phase::kWaitingForMetadata, "phase deadline"),
                          out);

@@ -74,5 +74,72 @@ TEST(FenceTest, SilentPrefillIsFencedAndItsHeldWritesLandNowhere) {
   ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kFailed; }));
 }
 
+// Issue 13: the prefill rank that decode declared failed lives on (its
+// messages were lost, as behind a partition). It reads the record naming
+// it, fails its room, and rejoins under a new incarnation: the writes its
+// old incarnation had posted land nowhere, and a new room through the same
+// process succeeds, decode talking to the new incarnation under a new
+// handshake.
+TEST(FenceTest, DeclaredFailedPrefillRejoinsAndItsOldWritesLandNowhere) {
+  std::vector<FaultTransport*> faults;  // prefill, decode
+  ClusterOptions o;
+  o.wrap = WrapInFaults(&faults);
+  o.tweak = [](ManagerOptions& m) {
+    m.heartbeat_interval = std::chrono::milliseconds(50);
+    m.heartbeat_misses = 8;
+    m.grant_same_host_peers = true;  // loopback ranks share this host
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(faults.size(), 2u);
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  KVManager& decode = *(*c)->decode[0].manager;
+  const RankId before = ManagerAccess::Of(prefill).self();
+  Request r{.room = 21, .src = {1, 2, 3, 4}, .dst = {30, 31, 32, 33}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, r, /*senders_first=*/false));
+  KVReceiver& rx = *r.receivers[0];
+  (*c)->decode[0].pool->Scrub(r.dst, 0x5a);
+  faults[0]->HoldWrites();
+  ASSERT_TRUE(r.senders[0]->Send(std::span(r.src).first(2)).ok());
+  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldBatches() > 0; }));
+  faults[0]->DropUrgentMessages(true);
+  faults[0]->DropMessages(true);
+  ASSERT_TRUE(WaitFor([&] { return rx.Poll() == KVPoll::kFailed; }));
+  ASSERT_TRUE(WaitFor([&] { return rx.Quiesced(); }));
+  // Prefill reads decode's record about it from the registry and rejoins.
+  ASSERT_TRUE(WaitFor([&] { return prefill.Stats().rejoins == 1; }));
+  const RankId after = ManagerAccess::Of(prefill).self();
+  EXPECT_TRUE(after.SameRank(before));
+  EXPECT_EQ(after.pid, before.pid);
+  EXPECT_NE(after.incarnation, before.incarnation);
+  // Its old room stays failed, naming its old incarnation.
+  ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kFailed; }));
+  ASSERT_TRUE(r.senders[0]->Failure().has_value());
+  EXPECT_EQ(r.senders[0]->Failure()->origin.incarnation, before.incarnation);
+  // What the old incarnation posted is let go only now: none of it lands.
+  faults[0]->DropUrgentMessages(false);
+  faults[0]->DropMessages(false);
+  faults[0]->ReleaseHeldWrites();
+  ASSERT_NO_FATAL_FAILURE(BarrierBehindPrefillWrites(*faults[0], *faults[1]));
+  EXPECT_TRUE((*c)->decode[0].pool->PagesHold(r.dst, 0x5a))
+      << "a write of the old incarnation landed after its room failed";
+  EXPECT_EQ(rx.Poll(), KVPoll::kFailed);
+  r.senders.clear();
+  r.receivers.clear();
+
+  // A new room through the same two processes.
+  Request next{.room = 22, .src = {5, 6, 7, 8, 9}, .dst = {40, 41, 42, 43, 44}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, next, /*senders_first=*/false));
+  ASSERT_NO_FATAL_FAILURE(SendChunks(next, {2, 3}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, next));
+  EXPECT_TRUE((*c)->decode[0].pool->PagesHold(r.dst, 0x5a));
+  bool talks_to_new = false;
+  for (const PeerSnapshot& p : ManagerAccess::Of(decode).Peers())
+    if (p.id.SameRank(after))
+      talks_to_new =
+          talks_to_new || (p.ready && !p.failed && p.id.incarnation == after.incarnation);
+  EXPECT_TRUE(talks_to_new) << "decode does not talk to the new incarnation";
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

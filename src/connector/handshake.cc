@@ -75,7 +75,7 @@ Status ManagerImpl::SendHello(const std::string& key, PeerId tpeer) {
   KVB_RETURN_IF_ERROR(GrantKeysFor(key, hello));
   KVB_ASSIGN_OR_RETURN(hello.session, SecureRandomU64());
   KVB_ASSIGN_OR_RETURN(hello.nonce, NewNonce());
-  std::string bytes = EncodeMessage(self_, hello);
+  std::string bytes = EncodeMessage(Self(), hello);
   {
     // Kept before the Hello leaves: the challenge can come at once.
     MutexLock lock(mu_);
@@ -150,7 +150,7 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello, std::string_view b
   pending.nonce = *nonce;
   pending.tpeer = *conn;
   pending.at = std::chrono::steady_clock::now();
-  const std::string t = HandshakeAuth::Transcript(pending.digest, self_, pending.nonce, *session);
+  const std::string t = HandshakeAuth::Transcript(pending.digest, Self(), pending.nonce, *session);
   const HelloChallengeMsg challenge{hello.session, *session, pending.nonce,
                                     handshake_->Prove(Role::kPrefill, t)};
   pending.hello = std::move(hello);
@@ -175,7 +175,7 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello, std::string_view b
     pending_hellos_[*session] = std::move(pending);
   }
   for (PeerId p : dropped) transport_->Disconnect(p);
-  Status sent = auth_->SendPlain(*conn, EncodeMessage(self_, challenge));
+  Status sent = auth_->SendPlain(*conn, EncodeMessage(Self(), challenge));
   if (!sent.ok()) KVB_LOG_WARN("challenge to {} not sent: {}", from.ToString(), sent.ToString());
 }
 
@@ -211,7 +211,7 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
   }
   // Bound before the proof leaves: prefill's sealed answer can come at once.
   auth_->Bind(tpeer, b);
-  Status sent = auth_->SendPlain(tpeer, EncodeMessage(self_, HelloProofMsg{c.session, proof}));
+  Status sent = auth_->SendPlain(tpeer, EncodeMessage(Self(), HelloProofMsg{c.session, proof}));
   if (!sent.ok())
     KVB_LOG_WARN("handshake with {}: proof not sent: {}", from.ShortName(), sent.ToString());
 }
@@ -230,7 +230,7 @@ void ManagerImpl::OnHelloProof(const RankId& from, const HelloProofMsg& p) {
     pending = std::move(it->second);
     pending_hellos_.erase(it);
   }
-  const std::string t = HandshakeAuth::Transcript(pending.digest, self_, pending.nonce, p.session);
+  const std::string t = HandshakeAuth::Transcript(pending.digest, Self(), pending.nonce, p.session);
   Status verified = handshake_->Verify(Role::kDecode, t, p.proof, from.ToString());
   if (!verified.ok()) {
     DropUnauthenticated(verified.message());
@@ -247,7 +247,9 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
                                     Outbox& out, PeerId* stale) {
   Peer* old = FindPeerLocked(PeerKey(from));
   if (old == nullptr) return false;
-  if (old->id.incarnation == from.incarnation && old->ready) {
+  // A peer this rank retired when it rejoined is replaced like a restarted
+  // one: the new session is this incarnation's.
+  if (old->id.incarnation == from.incarnation && old->ready && !old->retired) {
     // The same process again: it did not hear our answer. A failed peer
     // stays failed (it learns so from the RankFailed it gets).
     if (old->failed) return true;
@@ -322,7 +324,7 @@ void ManagerImpl::AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer,
   // the same-host paths a write completes here, whatever decode's state.
   peer->acks_prove_life = path.ok() && *path == DataPath::kUcxRendezvous;
   HelloAckMsg ack{verdict.code(), verdict.message(), transport_->Address(), path_name};
-  out.messages.emplace_back(peer->tpeer, EncodeMessage(self_, ack));
+  out.messages.emplace_back(peer->tpeer, EncodeMessage(Self(), ack));
   if (!verdict.ok()) {
     KVB_LOG_WARN("refusing {}: {}", from.ToString(), verdict.ToString());
     Flush(out);

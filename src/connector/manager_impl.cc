@@ -12,13 +12,13 @@
 #include "transport/ucx/ucx_transport.h"
 
 namespace kvbridge::internal {
-namespace {
-
 uint64_t NewIncarnation() {
   std::random_device rd;
   uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   return v == 0 ? 1 : v;
 }
+
+namespace {
 
 Status CheckBuffers(const char* what, const std::vector<uint64_t>& ptrs,
                     const std::vector<uint64_t>& lens, const std::vector<uint64_t>& items) {
@@ -97,7 +97,7 @@ Status ManagerImpl::Start() {
   KVB_RETURN_IF_ERROR(RegisterSelf());
   StartThreads();
   KVB_LOG_INFO("manager up: {} incarnation {:#x}, transport {}", self_.ToString(),
-               self_.incarnation, transport_->Name());
+               incarnation_.load(), transport_->Name());
   return Status();
 }
 
@@ -110,7 +110,7 @@ void ManagerImpl::SetIdentity() {
   self_.cp = p.cp_rank;
   self_.host = ThisHost().host;
   self_.pid = ThisHost().pid;
-  self_.incarnation = NewIncarnation();
+  incarnation_.store(NewIncarnation());
   self_.instance = opts_.instance_id;
   SetLogIdentity(self_.ShortName());
 }
@@ -215,7 +215,7 @@ Status ManagerImpl::StartRegistry(const std::string& token) {
   return Status();
 }
 
-RankRecord ManagerImpl::MakeRankRecord() const {
+RankRecord ManagerImpl::MakeRankRecord(uint64_t incarnation) const {
   const ParallelLayout& p = opts_.parallel;
   RankRecord rec;
   rec.role = ToRankRole(opts_.role);
@@ -234,7 +234,7 @@ RankRecord ManagerImpl::MakeRankRecord() const {
   rec.kv_cache_dtype = opts_.args.dtype;
   rec.host = self_.host;
   rec.pid = self_.pid;
-  rec.incarnation = self_.incarnation;
+  rec.incarnation = incarnation != 0 ? incarnation : incarnation_.load();
   rec.instance = self_.instance;
   rec.transport_address = transport_->Address();
   rec.layout = LayoutToJson(layout_);
@@ -359,13 +359,13 @@ Peer* ManagerImpl::PeerFromLocked(const RankId& from) {
 void ManagerImpl::Send(Outbox& out, Peer& peer, const MessageBody& body, Lane lane) {
   if (peer.tpeer == 0) return;
   if (!peer.acked) {
-    peer.held.push_back(EncodeMessage(self_, body));
+    peer.held.push_back(EncodeMessage(Self(), body));
     return;
   }
   if (lane == Lane::kUrgent) {
-    out.urgent.emplace_back(peer.tpeer, EncodeMessage(self_, body));
+    out.urgent.emplace_back(peer.tpeer, EncodeMessage(Self(), body));
   } else {
-    out.messages.emplace_back(peer.tpeer, EncodeMessage(self_, body), lane == Lane::kOrdered);
+    out.messages.emplace_back(peer.tpeer, EncodeMessage(Self(), body), lane == Lane::kOrdered);
   }
 }
 
@@ -405,7 +405,7 @@ FailureRecord ManagerImpl::MakeRecord(const RankId& origin, FailureCause cause, 
   r.cause = cause;
   r.detail = std::move(detail);
   r.phase = phase;
-  r.detected_by = self_;
+  r.detected_by = Self();
   r.mechanism = std::move(mechanism);
   r.detected_at = std::chrono::system_clock::now();
   r.last_sign_of_life = r.detected_at;
@@ -415,7 +415,7 @@ FailureRecord ManagerImpl::MakeRecord(const RankId& origin, FailureCause cause, 
 }
 
 bool ManagerImpl::IsFromAnotherRank(const RankId& origin) const {
-  return !(origin.SameRank(self_) && origin.pid == self_.pid);
+  return !(origin.SameRank(Self()) && origin.pid == self_.pid);
 }
 
 template <typename Room>
@@ -435,7 +435,7 @@ bool ManagerImpl::MarkRoomFailedLocked(Room& room, FailureRecord& record) {
   KVB_LOG_WARN("{}", record.Message());
   // A request's own failure detected here travels to its other ranks (a
   // rank failure is published once, by whoever detected it).
-  if (!IsRankFailure(record.cause) && record.detected_by.SameRank(self_) &&
+  if (!IsRankFailure(record.cause) && record.detected_by.SameRank(Self()) &&
       record.detected_by.pid == self_.pid)
     PublishLocked(record);
   room_records_cv_.notify_all();
@@ -527,7 +527,7 @@ void ManagerImpl::ReportFatal(const std::string& reason) {
   Outbox out;
   {
     MutexLock lock(mu_);
-    fatal_ = MakeRecord(self_, FailureCause::kLocalError, reason, Phase::kTransferring,
+    fatal_ = MakeRecord(Self(), FailureCause::kLocalError, reason, Phase::kTransferring,
                         "application report");
     KVB_LOG_ERROR("fatal error reported: {}", reason);
     recent_rank_failure_ = fatal_;
@@ -570,6 +570,7 @@ ManagerStats ManagerImpl::Stats() const {
   s.write_ops = write_ops_;
   s.chunks_sent = chunks_sent_;
   s.stale_messages_dropped = stale_dropped_;
+  s.rejoins = rejoins_;
   s.invalid_messages_dropped = invalid_dropped_;
   s.unauthenticated_messages_dropped = unauth_dropped_;
   s.pending_metadata = pending_meta_.size();

@@ -98,6 +98,10 @@ struct Peer {
   GrantId grant = 0;
   std::vector<std::string> grant_keys[3];
   bool fenced = false;
+  // Failed by an earlier incarnation of this rank, retired when it rejoined
+  // (MaybeRejoin): the peer itself may be healthy, so a new handshake
+  // replaces it, with a new session and (decode) a new grant.
+  bool retired = false;
   SteadyTime last_heard = std::chrono::steady_clock::now();
   std::chrono::system_clock::time_point last_heard_wall = std::chrono::system_clock::now();
 };
@@ -121,6 +125,8 @@ struct PendingMeta {
 // The registry's role for a rank, and the rank a registry record describes.
 RankRole ToRankRole(Role r);
 RankId RankIdOf(const RankRecord& record);
+// A random non-zero incarnation, new for every process start and rejoin.
+uint64_t NewIncarnation();
 
 class ManagerImpl {
  public:
@@ -129,7 +135,9 @@ class ManagerImpl {
                                                      std::unique_ptr<Transport> transport = {});
   ~ManagerImpl();
 
-  const RankId& self() const { return self_; }
+  // This rank as its peers know it now: the incarnation changes when it
+  // rejoins (MaybeRejoin), so it is read afresh.
+  RankId self() const { return Self(); }
   const ManagerOptions& options() const { return opts_; }
   const std::string& bootstrap_addr() const { return opts_.bootstrap_addr; }
   const RankLayout& layout() const { return layout_; }
@@ -218,7 +226,8 @@ class ManagerImpl {
   // The registry client; prefill rank 0 embeds the bootstrap server when
   // none answers at the bootstrap address (and etcd is not the registry).
   Status StartRegistry(const std::string& token);
-  RankRecord MakeRankRecord() const;
+  // This rank's registry record, under `incarnation` (0: its own).
+  RankRecord MakeRankRecord(uint64_t incarnation = 0) const;
   // Lists this rank (not a decode rank with sglang's own server) and, on
   // prefill, serves its record at its rank_port (RankEndpoint).
   Status RegisterSelf();
@@ -315,6 +324,15 @@ class ManagerImpl {
 
   // Failure propagation (propagation.cc).
   void RegistryRound(uint64_t round);
+  // Rejoin (rejoin.cc, its head comment): a rank declared failed by a record
+  // naming its incarnation, fenced, and reaching the registry becomes a new
+  // incarnation of the same process. Steps not doable yet (a revoke, the
+  // registration) wait for the next round, still fenced. Registry thread.
+  void MaybeRejoin();
+  // Retires every peer; true once every grant given to one is revoked.
+  bool RetirePeersLocked(const FailureRecord& why, Outbox& out) KVB_REQUIRES(mu_);
+  // Lifts the fence and forgets what incarnation `from` gathered.
+  void FinishRejoinLocked(uint64_t from) KVB_REQUIRES(mu_);
   // One heartbeat to the registry, on a thread of its own: the reads of a
   // RegistryRound (slow on a lossy link) must not delay it.
   void BeatRound();
@@ -478,7 +496,15 @@ class ManagerImpl {
   void RetryUnresolved();
 
   const ManagerOptions opts_;
+  // Set once at start but for the incarnation, which a rejoin changes while
+  // other threads read it: Self() adds incarnation_ to self_.
   RankId self_;
+  std::atomic<uint64_t> incarnation_{0};
+  RankId Self() const {
+    RankId r = self_;
+    r.incarnation = incarnation_.load();
+    return r;
+  }
   RankLayout layout_;
   std::unique_ptr<Transport> transport_;  // auth_ over the real transport
   AuthTransport* auth_ = nullptr;         // owned by transport_
@@ -518,6 +544,12 @@ class ManagerImpl {
   std::map<uint64_t, OrphanFailure> orphan_failures_ KVB_GUARDED_BY(mu_);
   std::optional<ParallelInfo> prefill_info_ KVB_GUARDED_BY(mu_);
   std::optional<FailureRecord> fatal_ KVB_GUARDED_BY(mu_);
+  // The record of another rank naming this incarnation failed, while the
+  // rank is fenced by it and not yet rejoined (MaybeRejoin).
+  std::optional<FailureRecord> declared_failed_ KVB_GUARDED_BY(mu_);
+  // The incarnation a rejoin under way is leaving (0: none); registry thread.
+  uint64_t rejoin_from_ = 0;
+  std::atomic<uint64_t> rejoins_{0};
   std::map<std::string, FailureRecord> dead_ranks_ KVB_GUARDED_BY(mu_);  // by peer key
   std::set<std::pair<std::string, uint64_t>> applied_
       KVB_GUARDED_BY(mu_);  // (key, incarnation) handled

@@ -325,7 +325,7 @@ void ManagerImpl::Tick() {
     TickReceiversLocked(now, out);
   }
   Flush(out);
-  std::string beat = EncodeMessage(self_, HeartbeatMsg{heartbeat_seq_.fetch_add(1)});
+  std::string beat = EncodeMessage(Self(), HeartbeatMsg{heartbeat_seq_.fetch_add(1)});
   for (PeerId p : beats) transport_->SendUrgentMessage(p, beat).IgnoreError();
 }
 

@@ -45,7 +45,7 @@ bool IsRoomRecord(const FailureRecord& r) {
 }  // namespace
 
 void ManagerImpl::PublishLocked(const FailureRecord& record) {
-  const bool self_record = record.origin.SameRank(self_);
+  const bool self_record = record.origin.SameRank(Self());
   if (fatal_ && !self_record) return;  // a failed rank blames nobody else
   const bool rank_record = IsRankFailure(record.cause) && record.origin.role != Role::kBootstrap;
   if (!rank_record && !IsRoomRecord(record)) return;
@@ -64,7 +64,7 @@ bool ManagerImpl::SameRequest(const Room& room, const FailureRecord& record) {
 
 void ManagerImpl::ApplyRoomFailureLocked(const FailureRecord& r, Outbox& out) {
   if (!IsRoomRecord(r)) return;
-  if (r.detected_by.SameRank(self_) && r.detected_by.incarnation == self_.incarnation) return;
+  if (r.detected_by.SameRank(Self()) && r.detected_by.incarnation == incarnation_.load()) return;
   for (const FailureRecord& seen : room_records_)
     if (seen.room == r.room && seen.detected_at == r.detected_at &&
         seen.detected_by.SameRank(r.detected_by))
@@ -121,7 +121,7 @@ FailureRecord ManagerImpl::GroupFailure(const Room& room) {
     r = *recent_rank_failure_;
     r.detail = fmt::format("{}; the latest rank failure known here: {}", where, r.detail);
   } else {
-    r = MakeRecord(self_, FailureCause::kAborted,
+    r = MakeRecord(Self(), FailureCause::kAborted,
                    fmt::format("{}; no record of why reached {} within {} ms (from its peers or "
                                "the registry at {})",
                                where, self_.ShortName(), wait.count(), registry_->address()),
@@ -159,7 +159,7 @@ std::optional<FailureRecord> ManagerImpl::NewRoomBlockerLocked() const {
 
 bool ManagerImpl::IsSibling(const RankId& id) const {
   return id.role == self_.role && id.dp == self_.dp && id.instance == self_.instance &&
-         !id.SameRank(self_);
+         !id.SameRank(Self());
 }
 
 bool ManagerImpl::OnlyDecodeInstanceLocked(const std::string& instance) const {
@@ -219,7 +219,7 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
                                          const std::map<std::string, uint64_t>* live) {
   if (r.origin.role == Role::kBootstrap || !IsRankFailure(r.cause)) return;
   const std::string key = PeerKey(r.origin);
-  if (!r.origin.SameRank(self_) && !applied_.count({key, r.origin.incarnation}) &&
+  if (!r.origin.SameRank(Self()) && !applied_.count({key, r.origin.incarnation}) &&
       ReplacedLocked(r.origin, live)) {
     // Late news of a process that has already been replaced (a slow
     // detector, a record read after the restart): the requests running now
@@ -230,13 +230,14 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
     KVB_LOG_INFO("ignoring a late failure record about a replaced process: {}", r.Message());
     return;
   }
-  if (r.origin.SameRank(self_)) {
-    if (r.origin.incarnation != self_.incarnation || fatal_) return;
+  if (r.origin.SameRank(Self())) {
+    if (r.origin.incarnation != incarnation_.load() || fatal_) return;
     // Others declared this process failed (e.g. it was stopped): it is fenced
     // until restarted, so nothing it does now can land on stale pages.
     KVB_LOG_ERROR("this rank was declared failed by {}: {}", r.detected_by.ShortName(),
                   r.Message());
     fatal_ = r;
+    declared_failed_ = r;  // it rejoins once it can (MaybeRejoin)
     for (auto& [id, room] : senders_) FailSenderLocked(*room, r, out);
     for (auto& [id, room] : receivers_) FailReceiverLocked(*room, r, out);
     return;
@@ -267,7 +268,7 @@ void ManagerImpl::BeatRound() {
   if (sglang_registry_) return;  // it keeps no liveness or records: peers tell
   const SteadyTime now = std::chrono::steady_clock::now();
   Status beat = registry_->Heartbeat(ToRankRole(self_.role), self_.dp, self_.cp, self_.tp, self_.pp,
-                                     self_.incarnation);
+                                     incarnation_.load());
   if (beat.code() == StatusCode::kUnavailable) {
     if (!registry_down_since_) registry_down_since_ = now;
     MutexLock lock(mu_);
@@ -342,6 +343,7 @@ void ManagerImpl::RegistryRound(uint64_t round) {
     Flush(out);
   }
   PublishQueued(answered_before);
+  MaybeRejoin();
   if (round % 3 == 0 && ranks) CheckSiblings(*ranks);
 }
 
@@ -363,7 +365,7 @@ void ManagerImpl::PublishQueued(std::chrono::system_clock::time_point answered_b
   // knew.
   const auto cut_off = (opts_.heartbeat_interval * opts_.heartbeat_misses) / 2;
   std::erase_if(to_publish, [&](const FailureRecord& r) {
-    if (r.origin.SameRank(self_)) return false;
+    if (r.origin.SameRank(Self())) return false;
     if (fenced) return true;
     if (answered_before.time_since_epoch().count() == 0 ||
         r.detected_at - answered_before <= cut_off)
@@ -433,7 +435,7 @@ void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
 
 void ManagerImpl::LastWords(const std::string& reason) {
   FailureRecord r =
-      MakeRecord(self_, FailureCause::kLocalError, reason, Phase::kTransferring, "last words");
+      MakeRecord(Self(), FailureCause::kLocalError, reason, Phase::kTransferring, "last words");
   std::vector<PeerId> peers;
   {
     // A dying process may have died holding the lock: never wait for it.
@@ -443,7 +445,7 @@ void ManagerImpl::LastWords(const std::string& reason) {
       mu_.unlock();
     }
   }
-  std::string msg = EncodeMessage(self_, RankFailedMsg{r});
+  std::string msg = EncodeMessage(Self(), RankFailedMsg{r});
   for (PeerId p : peers) transport_->SendUrgentMessage(p, msg).IgnoreError();
   registry_->PublishFailure(FailureRecordToJson(r)).status().IgnoreError();
 }

@@ -58,7 +58,7 @@ Status ManagerImpl::ReceiverInit(const std::shared_ptr<ReceiverRoom>& room, int 
     }
     if (!bad.ok()) {
       FailReceiverLocked(*room,
-                         MakeRecord(self_, FailureCause::kInvalidRequest, bad.message(),
+                         MakeRecord(Self(), FailureCause::kInvalidRequest, bad.message(),
                                     Phase::kBootstrapping, "argument check"),
                          out);
       Flush(out);
@@ -203,7 +203,7 @@ void ManagerImpl::FailUnresolved(ReceiverRoom& room, const Status& s,
       FailureCause cause = s.code() == StatusCode::kFailedPrecondition
                                ? FailureCause::kLayoutMismatch
                                : FailureCause::kInvalidRequest;
-      RankId origin = self_;
+      RankId origin = Self();
       if (cause == FailureCause::kLayoutMismatch) {
         // The prefill rank whose layout does not fit; for a mismatch of the
         // two instances' shapes (e.g. pp sizes), the instance's first rank.
@@ -235,7 +235,9 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
     MutexLock lock(mu_);
     Peer* p = FindPeerLocked(key);
     if (p != nullptr && p->ready && !p->failed) return key;
-    if (p != nullptr && p->failed) failed_incarnation = p->id.incarnation;
+    // A peer retired by this rank's rejoin failed for this rank's own
+    // isolation, not its own: it is connected again, whatever it is now.
+    if (p != nullptr && p->failed && !p->retired) failed_incarnation = p->id.incarnation;
   }
   Result<RankRecord> rec = registry_->GetRank(pos.dp, pos.cp, pos.tp, pos.pp);
   if (!rec.ok()) return rec.status().WithContext(key);
@@ -384,7 +386,7 @@ Status ManagerImpl::ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& ro
     }
     if (!bad.ok()) {
       FailReceiverLocked(*room,
-                         MakeRecord(self_, FailureCause::kInvalidRequest, bad.message(),
+                         MakeRecord(Self(), FailureCause::kInvalidRequest, bad.message(),
                                     room->phase, "argument check"),
                          out);
     } else {
@@ -563,7 +565,7 @@ void ManagerImpl::ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room) {
   {
     MutexLock lock(mu_);
     FailReceiverLocked(*room,
-                       MakeRecord(self_, FailureCause::kAborted, "aborted by the application",
+                       MakeRecord(Self(), FailureCause::kAborted, "aborted by the application",
                                   room->phase, "Abort()"),
                        out);
   }

@@ -100,7 +100,7 @@ Status ManagerImpl::SenderInit(SenderRoom& room, int64_t num_pages, int64_t aux_
     }
     if (!result.ok()) {
       FailSenderLocked(room,
-                       MakeRecord(self_, FailureCause::kInvalidRequest, result.message(),
+                       MakeRecord(Self(), FailureCause::kInvalidRequest, result.message(),
                                   room.phase, "argument check"),
                        out);
     } else {
@@ -138,7 +138,7 @@ Status ManagerImpl::SenderSend(const std::shared_ptr<SenderRoom>& sp,
                                ? FailureCause::kPeerUnreachable
                                : FailureCause::kInvalidRequest;
       FailSenderLocked(
-          room, MakeRecord(self_, cause, result.message(), room.phase, "argument check"), out);
+          room, MakeRecord(Self(), cause, result.message(), room.phase, "argument check"), out);
     } else {
       CommitChunkLocked(room, std::move(posts), n, last, out);
     }
@@ -198,7 +198,7 @@ Result<ManagerImpl::Outbox::Post> ManagerImpl::PlanFlowChunkLocked(
                  static_cast<uint32_t>(src.size())};
   // The last notice waits for the writes' completion (SenderFlow::final_note).
   return Outbox::Post{peer->tpeer, peer->remote, std::move(runs),
-                      last ? std::string() : EncodeMessage(self_, note),
+                      last ? std::string() : EncodeMessage(Self(), note),
                       [this, keep = sp, rank](const Status& s, uint64_t bytes, uint64_t ops) {
                         OnChunkDone(keep, rank, s, bytes, ops);
                       }};
@@ -233,7 +233,7 @@ void ManagerImpl::SenderAbort(const std::shared_ptr<SenderRoom>& room, FailureCa
   Outbox out;
   {
     MutexLock lock(mu_);
-    FailSenderLocked(*room, MakeRecord(self_, cause, std::move(detail), room->phase, mechanism),
+    FailSenderLocked(*room, MakeRecord(Self(), cause, std::move(detail), room->phase, mechanism),
                      out);
   }
   Flush(out);

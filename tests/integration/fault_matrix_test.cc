@@ -167,8 +167,10 @@ TEST(FaultMatrixTest, StoppedRankIsUnresponsiveNotExited) {
                          .origin_pid = pid,
                          .causes = {"peer_unresponsive"},
                          .detail_has = "stopped"});
-  // SIGCONT: the rank learns it was declared failed and fences itself; what
-  // it still held fails naming itself (docs/protocol.md).
+  // SIGCONT: the rank learns it was declared failed; what it still held
+  // fails naming itself, and it rejoins under a new incarnation
+  // (docs/protocol.md). Its partners are done: it admits nothing more.
+  ASSERT_TRUE(c.WriteLine(victim, "limit 0").ok());
   ASSERT_TRUE(c.Signal(victim, SIGCONT).ok());
   ASSERT_TRUE(c.CollectReports(milliseconds(120000)).ok());
   const json& r = *c.process(victim).report;

@@ -1,0 +1,124 @@
+// Rejoin: a rank the others declared failed (it was cut off or stopped, and
+// lived on) comes back as a new incarnation of the same process once it
+// reaches the registry again (docs/protocol.md, "Rejoining after a
+// partition").
+//
+// What keeps the old incarnation's writes out: every room of it failed when
+// the record was read (ApplyRankFailureLocked); the peers it had are retired
+// here, their endpoints closed and, on decode, the write grant each was
+// given revoked before the fence lifts; the survivors revoked the grants
+// they gave it when they failed it (FenceRound). The new incarnation meets
+// every peer through a new handshake: new session keys and, on decode, a new
+// grant. The survivors see it as a restarted rank: its Hello names a new
+// incarnation, the registry lists it at the position, and the failure record
+// (kept in the registry for operators) goes on naming only the old one.
+#include <fmt/format.h>
+
+#include "common/log.h"
+#include "connector/manager_impl.h"
+
+namespace kvbridge::internal {
+
+bool ManagerImpl::RetirePeersLocked(const FailureRecord& why, Outbox& out) {
+  bool all_fenced = true;
+  for (auto& [key, peer] : peers_) {
+    if (!peer->retired) {
+      peer->retired = true;
+      if (!peer->failed) {
+        peer->failed = true;
+        peer->failure = why;
+      }
+      peer->held.clear();
+      DropBeatLocked(*peer, out);
+      if (peer->tpeer != 0) {
+        by_tpeer_.erase(peer->tpeer);
+        out.disconnect.push_back(std::exchange(peer->tpeer, 0));
+      }
+      if (peer->grant != 0 && !peer->fenced) fence_pending_.insert(key);
+    }
+    if (peer->grant != 0 && !peer->fenced) all_fenced = false;
+  }
+  // Handshakes and metadata of the old sessions (none comes for the new
+  // incarnation before it is registered).
+  for (auto& [session, pending] : pending_hellos_) out.disconnect.push_back(pending.tpeer);
+  pending_hellos_.clear();
+  hello_retries_.clear();
+  pending_meta_.clear();
+  return all_fenced;
+}
+
+void ManagerImpl::MaybeRejoin() {
+  FailureRecord why;
+  bool fenced = false;
+  Outbox out;
+  {
+    MutexLock lock(mu_);
+    if (!declared_failed_ || !fatal_ || registry_lost_) return;
+    why = *declared_failed_;
+    fenced = RetirePeersLocked(why, out);
+  }
+  Flush(out);
+  if (!fenced) {
+    FenceRound();  // revokes the retired peers' grants now, not next resolver round
+    Outbox again;
+    {
+      MutexLock lock(mu_);
+      fenced = RetirePeersLocked(why, again);
+    }
+    Flush(again);
+  }
+  if (!fenced) {
+    // A revoke the resolver thread runs, or one that did not finish
+    // (FenceRound logs why): next round.
+    KVB_LOG_INFO("not rejoining yet: a write grant this rank gave a peer is not revoked");
+    return;
+  }
+  RankRecord rec;
+  {
+    // The new incarnation is taken before it registers: no peer knows it
+    // until the registry lists it, and the fence holds until it does.
+    MutexLock lock(mu_);
+    if (rejoin_from_ == 0) {
+      rejoin_from_ = incarnation_.load();
+      incarnation_.store(NewIncarnation());
+    }
+    rec = MakeRankRecord();
+  }
+  if (rank_endpoint_) rec.rank_port = rank_endpoint_->port();
+  Status registered = registry_->RegisterRank(rec);
+  if (!registered.ok()) {
+    KVB_LOG_WARN("not rejoining yet: registering incarnation {:#x}: {}", rec.incarnation,
+                 registered.ToString());
+    return;
+  }
+  if (rank_endpoint_) rank_endpoint_->SetRecord(rec.ToJson().dump());
+  {
+    MutexLock lock(mu_);
+    FinishRejoinLocked(std::exchange(rejoin_from_, 0));
+  }
+}
+
+void ManagerImpl::FinishRejoinLocked(uint64_t from) {
+  const FailureRecord why = *declared_failed_;
+  fatal_.reset();
+  declared_failed_.reset();
+  // What the old incarnation blamed on others was about its own isolation
+  // (PublishQueued kept it local): it must not block the new one's rooms.
+  // Records the registry holds about others stay.
+  for (auto it = dead_ranks_.begin(); it != dead_ranks_.end();) {
+    if (!it->second.detected_by.SameRank(Self())) {
+      ++it;
+      continue;
+    }
+    applied_.erase({it->first, it->second.origin.incarnation});
+    it = dead_ranks_.erase(it);
+  }
+  std::erase_if(publish_queue_, [&](const FailureRecord& r) { return !r.origin.SameRank(Self()); });
+  ++rejoins_;
+  KVB_LOG_WARN(
+      "this rank rejoined under incarnation {:#x} after being declared failed by {}; incarnation "
+      "{:#x} stays fenced (its rooms failed, its grants revoked): {}",
+      incarnation_.load(), why.detected_by.ShortName(), from, why.Message());
+}
+
+}  // namespace kvbridge::internal
