@@ -7,6 +7,11 @@
 //          stream), requests/s, p50/p99 latency (decode SendMetadata ->
 //          Success, from the decode reports)
 //   1page  one-page requests (page-size tokens), one in flight: p50/p99
+//
+// --hosts 2 (tcp only, root): prefill on host 0, decode on host 1, hosts in
+// network namespaces joined over veth (tools/hosts.h, placed as `demo
+// --hosts` places them); the raw reference then crosses the same two hosts
+// (its initiator on host 0, its target on host 1).
 #include "tools/bench_requests.h"
 
 #include <stdlib.h>
@@ -23,6 +28,8 @@
 #include <vector>
 
 #include "tools/cluster.h"
+#include "tools/demo_hosts.h"
+#include "tools/hosts.h"
 #include "tools/memcpy_reference.h"
 
 namespace kvbridge::tools {
@@ -33,6 +40,7 @@ using std::chrono::milliseconds;
 
 struct RequestsFlags {
   std::string path = "shm";  // shm | tcp
+  int hosts = 0;             // 0 = this host; 2 = prefill on host 0, decode on host 1
   int prefill_tp = 1, decode_tp = 1;
   int layers = 32, heads = 8, head_dim = 128, page_size = 16;
   int big_tokens = 4096;
@@ -101,8 +109,15 @@ std::vector<std::string> WorkerArgs(const RequestsFlags& f, int tokens, int requ
   return a;
 }
 
-SweepResult RunSweep(const RequestsFlags& f, const std::string& name, int tokens, int requests,
-                     int concurrency) {
+// Where a measurement ran: "hosts kvb-h0 -> kvb-h1 over veth", or
+// "loopback" (tcp) / "this host" (shm) without hosts.
+std::string WhereRan(const RequestsFlags& f, const HostNet* net) {
+  if (net != nullptr) return "hosts " + net->hostname(0) + " -> " + net->hostname(1) + " over veth";
+  return f.path == "tcp" ? "loopback" : "this host";
+}
+
+SweepResult RunSweep(const RequestsFlags& f, const HostNet* net, const std::string& name,
+                     int tokens, int requests, int concurrency) {
   SweepResult r;
   r.name = name;
   r.tokens = tokens;
@@ -116,6 +131,7 @@ SweepResult RunSweep(const RequestsFlags& f, const std::string& name, int tokens
   co.bootstrap = BootstrapMode::kEmbedded;
   co.worker_args = WorkerArgs(f, tokens, requests, concurrency);
   co.log_dir = log_dir;
+  if (net != nullptr) PlaceRanks(*net, /*prefill_hosts=*/1, /*decode_hosts=*/1, co);
   auto started = Cluster::Start(co);
   if (!started.ok()) {
     r.error = started.status().ToString() + " (logs in " + log_dir + ")";
@@ -169,16 +185,51 @@ double MaxGbps(const nlohmann::json& j) {
   return best;
 }
 
-// Runs `kvbridge bench transport` for the same path as a child process.
-double RawTransportGbps(const RequestsFlags& f, std::string* error) {
+// `word` quoted for sh.
+std::string ShellQuote(const std::string& word) {
+  std::string q = "'";
+  for (char c : word) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// The argv prefix, as sh words, that runs the raw measurement's initiator
+// in host 0's network namespace with the hosts' environment, and its
+// --target-wrap flag that puts the target on host 1 ("" without hosts).
+// The initiator joins only host 0's network (HostNet::NetCommand): from
+// inside host 0's PID and mount namespaces it could not start the target
+// on host 1. Its bytes take the way prefill's take: host 0's eth0, the
+// veth pair, the bridge, host 1's eth0.
+std::string RawHostsPrefix(const HostNet* net, std::string* target_flag) {
+  target_flag->clear();
+  if (net == nullptr) return "";
+  // UCX warns on stdout at exit that the hosts' error-handling variables
+  // went unused (the initiator restores stdout first): not on the report.
+  std::string prefix = "UCX_WARN_UNUSED_ENV_VARS=n ";
+  for (const std::string& e : HostNet::Env()) prefix += e + " ";  // NAME=value, no quoting needed
+  for (const std::string& w : net->NetCommand(0)) prefix += ShellQuote(w) + " ";
+  std::string wrap;
+  for (const std::string& w : net->Command(1)) wrap += (wrap.empty() ? "" : " ") + w;
+  *target_flag = " --target-wrap " + ShellQuote(wrap);
+  return prefix;
+}
+
+// Runs `kvbridge bench transport` for the same path as a child process
+// (across the hosts with `net`).
+double RawTransportGbps(const RequestsFlags& f, const HostNet* net, std::string* error) {
   std::string path = f.path == "tcp" ? "tcp" : "shm";
   // Through the shell /proc/self/exe would name the shell: resolve it here.
   std::string binary = f.binary;
   char self[4096];
   ssize_t len = binary == "/proc/self/exe" ? readlink(binary.c_str(), self, sizeof(self) - 1) : -1;
   if (len > 0) binary.assign(self, static_cast<size_t>(len));
-  std::string cmd = binary + " bench transport --paths " + path + " --block-sizes 1M --bytes " +
-                    f.raw_bytes + " --region-size " + f.raw_region + " --json 2>/dev/null";
+  std::string target_flag;
+  const std::string prefix = RawHostsPrefix(net, &target_flag);
+  std::string cmd = prefix + ShellQuote(binary) + " bench transport --paths " + path +
+                    " --block-sizes 1M --bytes " + ShellQuote(f.raw_bytes) + " --region-size " +
+                    ShellQuote(f.raw_region) + target_flag + " --json";
+  char dir_template[] = "/tmp/kvbridge-bench-raw-XXXXXX";
+  const std::string log = mkdtemp(dir_template) ? std::string(dir_template) + "/transport.log" : "";
+  cmd += log.empty() ? " 2>/dev/null" : " 2>" + ShellQuote(log);
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
     *error = "cannot run: " + cmd;
@@ -191,7 +242,9 @@ double RawTransportGbps(const RequestsFlags& f, std::string* error) {
   int rc = pclose(p);
   auto j = nlohmann::json::parse(out, nullptr, false);
   if (rc != 0 || j.is_discarded()) {
-    *error = "bench transport failed (status " + std::to_string(rc) + ")";
+    *error = "bench transport failed (status " + std::to_string(rc) + "; its log: " + log +
+             (j.is_discarded() ? "; stdout is not one JSON object: " + out.substr(0, 300) : "") +
+             ")";
     return 0;
   }
   return MaxGbps(j);
@@ -225,17 +278,18 @@ Percentiles OnePageMemcpyUs(size_t pieces, size_t piece) {
   return {us[us.size() / 2], us[us.size() * 99 / 100]};
 }
 
-int RunBenchRequests(const RequestsFlags& f) {
+int RunOn(const RequestsFlags& f, const HostNet* net) {
   FILE* note = f.json ? stderr : stdout;
+  const std::string where = WhereRan(f, net);
   std::fprintf(note,
-               "[bench] requests over %s: prefill tp%d -> decode tp%d, %d layers x %d kv heads x "
-               "%d x 2 B, page %d; pattern checked in 1 page of %d; each sweep starts with "
+               "[bench] requests over %s (%s): prefill tp%d -> decode tp%d, %d layers x %d kv "
+               "heads x %d x 2 B, page %d; pattern checked in 1 page of %d; each sweep starts with "
                "unmeasured warm-up requests that use every pool page once\n",
-               f.path.c_str(), f.prefill_tp, f.decode_tp, f.layers, f.heads, f.head_dim,
-               f.page_size, f.check_stride);
+               f.path.c_str(), where.c_str(), f.prefill_tp, f.decode_tp, f.layers, f.heads,
+               f.head_dim, f.page_size, f.check_stride);
   std::fflush(note);
   std::string raw_error;
-  double raw = f.no_raw ? 0 : RawTransportGbps(f, &raw_error);
+  double raw = f.no_raw ? 0 : RawTransportGbps(f, net, &raw_error);
   // Single-thread memcpy of a request's bytes in the pieces it moves in (one
   // page of one layer on one decode rank), before and after the sweep.
   const size_t big_piece = static_cast<size_t>(f.page_size) * f.head_dim * 2 *
@@ -244,12 +298,12 @@ int RunBenchRequests(const RequestsFlags& f) {
       size_t{1} << 30, static_cast<size_t>((f.big_tokens + f.page_size - 1) / f.page_size) *
                            big_piece * 2 * f.layers);
   const double memcpy_before = ScatteredMemcpyGbps(big_piece, big_bytes);
-  SweepResult big = RunSweep(f, std::to_string(f.big_tokens) + "-token", f.big_tokens,
+  SweepResult big = RunSweep(f, net, std::to_string(f.big_tokens) + "-token", f.big_tokens,
                              f.big_requests, f.big_concurrency);
   const double memcpy_after = ScatteredMemcpyGbps(big_piece, big_bytes);
   const double memcpy_gbps = (memcpy_before + memcpy_after) / 2;
   const double memcpy_ratio = memcpy_gbps > 0 ? big.gbps() / memcpy_gbps : 0;
-  SweepResult small = RunSweep(f, "1-page", f.page_size, f.small_requests, 1);
+  SweepResult small = RunSweep(f, net, "1-page", f.page_size, f.small_requests, 1);
 
   const double ratio = raw > 0 ? big.gbps() / raw : 0;
   const bool bw_met = raw > 0 && ratio >= 0.8;
@@ -282,6 +336,10 @@ int RunBenchRequests(const RequestsFlags& f) {
     }
     nlohmann::json out = {{"bench", "requests"},
                           {"path", f.path},
+                          {"hosts", f.hosts},
+                          // Both measurements ran between the same two places.
+                          {"requests_where", where},
+                          {"raw_where", where},
                           {"prefill_tp", f.prefill_tp},
                           {"decode_tp", f.decode_tp},
                           {"layout",
@@ -322,9 +380,9 @@ int RunBenchRequests(const RequestsFlags& f) {
     }
     if (raw > 0) {
       std::printf(
-          "raw transport (%s, 1 MiB writes, same run): %.2f GB/s; %s requests reach %.2f "
-          "of it\n",
-          f.path.c_str(), raw, big.name.c_str(), ratio);
+          "raw transport (%s, 1 MiB writes, same run, %s): %.2f GB/s; %s requests (%s) reach "
+          "%.2f of it\n",
+          f.path.c_str(), where.c_str(), raw, big.name.c_str(), where.c_str(), ratio);
     } else {
       std::printf("raw transport: not measured%s%s\n", raw_error.empty() ? "" : ": ",
                   raw_error.c_str());
@@ -358,17 +416,47 @@ int RunBenchRequests(const RequestsFlags& f) {
   return ok ? 0 : 1;
 }
 
+// --hosts: checks it can work, makes the hosts, runs on them.
+int RunBenchRequests(const RequestsFlags& f) {
+  if (f.hosts == 0) return RunOn(f, nullptr);
+  if (f.path != "tcp") {
+    std::cerr << "kvbridge bench requests: --hosts needs --path tcp: shared memory cannot cross "
+                 "hosts (each host has its own /dev/shm)\n";
+    return 2;
+  }
+  if (std::string why = HostNet::Unsupported(); !why.empty()) {
+    std::cerr << "kvbridge bench requests: --hosts: hosts in network namespaces need root and "
+                 "iproute2: "
+              << why << "\n";
+    return 2;
+  }
+  auto net = HostNet::Create(f.hosts);
+  if (!net.ok()) {
+    std::cerr << "kvbridge bench requests: --hosts: " << net.status().ToString() << "\n";
+    return 2;
+  }
+  return RunOn(f, net->get());  // the clusters are gone before the hosts
+}
+
 }  // namespace
 
 void AddBenchRequestsCommand(CLI::App& bench, std::function<int()>& run) {
   auto f = std::make_shared<RequestsFlags>();
   CLI::App* cmd = bench.add_subcommand(
       "requests",
-      "Requests end to end between prefill and decode worker processes on this host: GB/s and "
+      "Requests end to end between prefill and decode worker processes (on this host, or on two "
+      "hosts in network namespaces): GB/s and "
       "latency of 4096-token and 1-page requests, beside the raw transport limit");
   cmd->add_option("--path", f->path, "shm (same-host shared memory) or tcp (UCX over TCP)")
       ->check(CLI::IsMember({"shm", "tcp"}))
       ->capture_default_str();
+  cmd->add_option("--hosts", f->hosts,
+                  "2: prefill on one host, decode on another, hosts in network namespaces over "
+                  "veth (root; --path tcp); the raw reference crosses the same hosts")
+      ->check([](const std::string& v) {
+        return v == "2" ? std::string()
+                        : std::string("only --hosts 2 (prefill on host 0, decode on host 1)");
+      });
   cmd->add_option("--prefill-tp", f->prefill_tp)->check(CLI::Range(1, 16))->capture_default_str();
   cmd->add_option("--decode-tp", f->decode_tp)->check(CLI::Range(1, 16))->capture_default_str();
   cmd->add_option("--layers", f->layers)->check(CLI::Range(1, 1024))->capture_default_str();
