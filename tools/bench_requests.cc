@@ -62,6 +62,8 @@ struct SweepResult {
   uint64_t succeeded = 0;
   uint64_t failed = 0;
   uint64_t bytes = 0;
+  // Summed over the decode ranks, warm-up requests included.
+  uint64_t verified_pages = 0, corrupt_pages = 0;
   double seconds = 0;
   double p50_us = 0, p99_us = 0;
   std::string error;
@@ -151,6 +153,8 @@ SweepResult RunSweep(const RequestsFlags& f, const HostNet* net, const std::stri
     }
     const nlohmann::json& j = *p.report;
     r.bytes += j.value("bytes", uint64_t{0});
+    r.verified_pages += j.value("verified_pages", uint64_t{0});
+    r.corrupt_pages += j.value("corrupt_pages", uint64_t{0});
     // Every decode rank finishes every request; count them once.
     r.succeeded = d == 0 ? j.value("succeeded", uint64_t{0})
                          : std::min(r.succeeded, j.value("succeeded", uint64_t{0}));
@@ -326,11 +330,19 @@ int RunOn(const RequestsFlags& f, const HostNet* net) {
   if (f.json) {
     nlohmann::json results = nlohmann::json::array();
     for (const SweepResult* s : {&big, &small}) {
-      nlohmann::json e = {
-          {"sweep", s->name},          {"tokens", s->tokens}, {"requests", s->requests},
-          {"succeeded", s->succeeded}, {"failed", s->failed}, {"bytes", s->bytes},
-          {"seconds", s->seconds},     {"gbps", s->gbps()},   {"requests_per_s", s->rps()},
-          {"p50_us", s->p50_us},       {"p99_us", s->p99_us}};
+      nlohmann::json e = {{"sweep", s->name},
+                          {"tokens", s->tokens},
+                          {"requests", s->requests},
+                          {"succeeded", s->succeeded},
+                          {"failed", s->failed},
+                          {"bytes", s->bytes},
+                          {"seconds", s->seconds},
+                          {"gbps", s->gbps()},
+                          {"requests_per_s", s->rps()},
+                          {"p50_us", s->p50_us},
+                          {"p99_us", s->p99_us},
+                          {"verified_pages", s->verified_pages},
+                          {"corrupt_pages", s->corrupt_pages}};
       if (!s->error.empty()) e["error"] = s->error;
       results.push_back(e);
     }
