@@ -282,7 +282,23 @@ Percentiles OnePageMemcpyUs(size_t pieces, size_t piece) {
   return {us[us.size() / 2], us[us.size() * 99 / 100]};
 }
 
-int RunOn(const RequestsFlags& f, const HostNet* net) {
+// Everything one run measured, and what follows from it, for the report.
+struct Figures {
+  std::string where;  // WhereRan: both the sweeps' and the raw reference's
+  double raw = 0;     // raw transport GB/s (0: not measured)
+  std::string raw_error;
+  size_t big_piece = 0;
+  double memcpy_before = 0, memcpy_after = 0, memcpy_gbps = 0, memcpy_ratio = 0;
+  SweepResult big, small;
+  double ratio = 0;
+  bool bw_met = false, lat_met = false, ok = false;
+  double page_bytes = 0, floor_us = 0;
+  size_t pieces = 0;
+  Percentiles one_page_memcpy;
+  double memcpy_us = 0, added_p50 = 0, added_p99 = 0;
+};
+
+Figures Measure(const RequestsFlags& f, const HostNet* net) {
   FILE* note = f.json ? stderr : stdout;
   const std::string where = WhereRan(f, net);
   std::fprintf(note,
@@ -327,105 +343,140 @@ int RunOn(const RequestsFlags& f, const HostNet* net) {
   // Against the floor (memcpy's p50): the reference's own p99 is the box's
   // preemption noise, not a cost every request pays.
   const double added_p99 = memcpy_us > 0 ? small.p99_us - memcpy_us : 0;
-  if (f.json) {
-    nlohmann::json results = nlohmann::json::array();
-    for (const SweepResult* s : {&big, &small}) {
-      nlohmann::json e = {{"sweep", s->name},
-                          {"tokens", s->tokens},
-                          {"requests", s->requests},
-                          {"succeeded", s->succeeded},
-                          {"failed", s->failed},
-                          {"bytes", s->bytes},
-                          {"seconds", s->seconds},
-                          {"gbps", s->gbps()},
-                          {"requests_per_s", s->rps()},
-                          {"p50_us", s->p50_us},
-                          {"p99_us", s->p99_us},
-                          {"verified_pages", s->verified_pages},
-                          {"corrupt_pages", s->corrupt_pages}};
-      if (!s->error.empty()) e["error"] = s->error;
-      results.push_back(e);
-    }
-    nlohmann::json out = {{"bench", "requests"},
-                          {"path", f.path},
-                          {"hosts", f.hosts},
-                          // Both measurements ran between the same two places.
-                          {"requests_where", where},
-                          {"raw_where", where},
-                          {"prefill_tp", f.prefill_tp},
-                          {"decode_tp", f.decode_tp},
-                          {"layout",
-                           {{"layers", f.layers},
-                            {"kv_heads", f.heads},
-                            {"head_dim", f.head_dim},
-                            {"dtype_bytes", 2},
-                            {"page_size", f.page_size}}},
-                          {"check_stride", f.check_stride},
-                          {"raw_transport_gbps", raw},
-                          {"ratio_to_raw", ratio},
-                          {"targets",
-                           {{"bandwidth_ratio_min", 0.8},
-                            {"bandwidth_met", bw_met},
-                            {"one_page_p50_us_max", 100},
-                            {"one_page_latency_met", lat_met}}},
-                          {"one_page_bytes", page_bytes},
-                          {"one_page_copy_floor_us", floor_us},
-                          {"one_page_memcpy_us", memcpy_us},
-                          {"one_page_memcpy_p99_us", one_page_memcpy.p99},
-                          {"one_page_added_p50_us", added_p50},
-                          {"one_page_added_p99_us", added_p99},
-                          {"memcpy_gbps", memcpy_gbps},
-                          {"memcpy_gbps_before", memcpy_before},
-                          {"memcpy_gbps_after", memcpy_after},
-                          {"ratio_to_memcpy", memcpy_ratio},
-                          {"results", results},
-                          {"ok", ok}};
-    if (!raw_error.empty()) out["raw_error"] = raw_error;
-    std::cout << out.dump() << std::endl;
-  } else {
-    std::printf("%-12s %8s %9s %8s %10s %10s %10s\n", "sweep", "requests", "GB/s", "req/s",
-                "p50 us", "p99 us", "seconds");
-    for (const SweepResult* s : {&big, &small}) {
-      std::printf("%-12s %8llu %9.2f %8.1f %10.1f %10.1f %10.2f%s%s\n", s->name.c_str(),
-                  static_cast<unsigned long long>(s->succeeded), s->gbps(), s->rps(), s->p50_us,
-                  s->p99_us, s->seconds, s->error.empty() ? "" : "  ERROR: ", s->error.c_str());
-    }
-    if (raw > 0) {
-      std::printf(
-          "raw transport (%s, 1 MiB writes, same run, %s): %.2f GB/s; %s requests (%s) reach "
-          "%.2f of it\n",
-          f.path.c_str(), where.c_str(), raw, big.name.c_str(), where.c_str(), ratio);
-    } else {
-      std::printf("raw transport: not measured%s%s\n", raw_error.empty() ? "" : ": ",
-                  raw_error.c_str());
-    }
-    std::printf(
-        "single-thread memcpy of the same bytes (%zu-byte pieces, scattered), before / after the "
-        "sweep: %.2f / %.2f GB/s; %s requests reach %.2f x memcpy (target >= 1.0: %s)\n",
-        big_piece, memcpy_before, memcpy_after, big.name.c_str(), memcpy_ratio,
-        memcpy_ratio >= 1.0 ? "met" : "NOT met");
-    std::printf("pattern checked in 1 page of %d%s\n", f.check_stride,
-                f.check_stride == 1 ? " (every byte of every page)" : "");
-    std::printf("target >= 0.8 x raw for %s requests: %s\n", big.name.c_str(),
-                raw <= 0 ? "unknown"
-                : bw_met ? "met"
-                         : "NOT met");
-    std::printf("target 1-page p50 <= 100 us: %s (%.1f us)\n", lat_met ? "met" : "NOT met",
-                small.p50_us);
-    if (floor_us > 0)
-      std::printf(
-          "a 1-page request carries %.0f KiB (one page of every layer); copying that alone at the "
-          "raw rate takes %.1f us, so kvbridge adds %.1f us at p50\n",
-          page_bytes / 1024, floor_us, small.p50_us - floor_us);
-    if (memcpy_us > 0)
-      std::printf(
-          "memcpy of those %zu pieces on one thread into pages not in the cache: p50 %.1f us, p99 "
-          "%.1f us; kvbridge adds p50 %.1f us (target <= 25: %s), p99 %.1f us above the p50 copy "
-          "(target <= 100: %s)\n",
-          pieces, memcpy_us, one_page_memcpy.p99, added_p50, added_p50 <= 25 ? "met" : "NOT met",
-          added_p99, added_p99 <= 100 ? "met" : "NOT met");
+  Figures m;
+  m.where = where;
+  m.raw = raw;
+  m.raw_error = raw_error;
+  m.big_piece = big_piece;
+  m.memcpy_before = memcpy_before;
+  m.memcpy_after = memcpy_after;
+  m.memcpy_gbps = memcpy_gbps;
+  m.memcpy_ratio = memcpy_ratio;
+  m.ratio = ratio;
+  m.bw_met = bw_met;
+  m.lat_met = lat_met;
+  m.ok = ok;
+  m.page_bytes = page_bytes;
+  m.floor_us = floor_us;
+  m.pieces = pieces;
+  m.one_page_memcpy = one_page_memcpy;
+  m.memcpy_us = memcpy_us;
+  m.added_p50 = added_p50;
+  m.added_p99 = added_p99;
+  m.big = std::move(big);
+  m.small = std::move(small);
+  return m;
+}
+
+void PrintJson(const RequestsFlags& f, const Figures& m) {
+  nlohmann::json results = nlohmann::json::array();
+  for (const SweepResult* s : {&m.big, &m.small}) {
+    nlohmann::json e = {{"sweep", s->name},
+                        {"tokens", s->tokens},
+                        {"requests", s->requests},
+                        {"succeeded", s->succeeded},
+                        {"failed", s->failed},
+                        {"bytes", s->bytes},
+                        {"seconds", s->seconds},
+                        {"gbps", s->gbps()},
+                        {"requests_per_s", s->rps()},
+                        {"p50_us", s->p50_us},
+                        {"p99_us", s->p99_us},
+                        {"verified_pages", s->verified_pages},
+                        {"corrupt_pages", s->corrupt_pages}};
+    if (!s->error.empty()) e["error"] = s->error;
+    results.push_back(e);
   }
-  return ok ? 0 : 1;
+  nlohmann::json out = {{"bench", "requests"},
+                        {"path", f.path},
+                        {"hosts", f.hosts},
+                        // Both measurements ran between the same two places.
+                        {"requests_where", m.where},
+                        {"raw_where", m.where},
+                        {"prefill_tp", f.prefill_tp},
+                        {"decode_tp", f.decode_tp},
+                        {"layout",
+                         {{"layers", f.layers},
+                          {"kv_heads", f.heads},
+                          {"head_dim", f.head_dim},
+                          {"dtype_bytes", 2},
+                          {"page_size", f.page_size}}},
+                        {"check_stride", f.check_stride},
+                        {"raw_transport_gbps", m.raw},
+                        {"ratio_to_raw", m.ratio},
+                        {"targets",
+                         {{"bandwidth_ratio_min", 0.8},
+                          {"bandwidth_met", m.bw_met},
+                          {"one_page_p50_us_max", 100},
+                          {"one_page_latency_met", m.lat_met}}},
+                        {"one_page_bytes", m.page_bytes},
+                        {"one_page_copy_floor_us", m.floor_us},
+                        {"one_page_memcpy_us", m.memcpy_us},
+                        {"one_page_memcpy_p99_us", m.one_page_memcpy.p99},
+                        {"one_page_added_p50_us", m.added_p50},
+                        {"one_page_added_p99_us", m.added_p99},
+                        {"memcpy_gbps", m.memcpy_gbps},
+                        {"memcpy_gbps_before", m.memcpy_before},
+                        {"memcpy_gbps_after", m.memcpy_after},
+                        {"ratio_to_memcpy", m.memcpy_ratio},
+                        {"results", results},
+                        {"ok", m.ok}};
+  if (!m.raw_error.empty()) out["raw_error"] = m.raw_error;
+  std::cout << out.dump() << std::endl;
+}
+
+void PrintText(const RequestsFlags& f, const Figures& m) {
+  std::printf("%-12s %8s %9s %8s %10s %10s %10s\n", "sweep", "requests", "GB/s", "req/s", "p50 us",
+              "p99 us", "seconds");
+  for (const SweepResult* s : {&m.big, &m.small}) {
+    std::printf("%-12s %8llu %9.2f %8.1f %10.1f %10.1f %10.2f%s%s\n", s->name.c_str(),
+                static_cast<unsigned long long>(s->succeeded), s->gbps(), s->rps(), s->p50_us,
+                s->p99_us, s->seconds, s->error.empty() ? "" : "  ERROR: ", s->error.c_str());
+  }
+  if (m.raw > 0) {
+    std::printf(
+        "raw transport (%s, 1 MiB writes, same run, %s): %.2f GB/s; %s requests (%s) reach "
+        "%.2f of it\n",
+        f.path.c_str(), m.where.c_str(), m.raw, m.big.name.c_str(), m.where.c_str(), m.ratio);
+  } else {
+    std::printf("raw transport: not measured%s%s\n", m.raw_error.empty() ? "" : ": ",
+                m.raw_error.c_str());
+  }
+  std::printf(
+      "single-thread memcpy of the same bytes (%zu-byte pieces, scattered), before / after the "
+      "sweep: %.2f / %.2f GB/s; %s requests reach %.2f x memcpy (target >= 1.0: %s)\n",
+      m.big_piece, m.memcpy_before, m.memcpy_after, m.big.name.c_str(), m.memcpy_ratio,
+      m.memcpy_ratio >= 1.0 ? "met" : "NOT met");
+  std::printf("pattern checked in 1 page of %d%s\n", f.check_stride,
+              f.check_stride == 1 ? " (every byte of every page)" : "");
+  std::printf("target >= 0.8 x raw for %s requests: %s\n", m.big.name.c_str(),
+              m.raw <= 0 ? "unknown"
+              : m.bw_met ? "met"
+                         : "NOT met");
+  std::printf("target 1-page p50 <= 100 us: %s (%.1f us)\n", m.lat_met ? "met" : "NOT met",
+              m.small.p50_us);
+  if (m.floor_us > 0)
+    std::printf(
+        "a 1-page request carries %.0f KiB (one page of every layer); copying that alone at the "
+        "raw rate takes %.1f us, so kvbridge adds %.1f us at p50\n",
+        m.page_bytes / 1024, m.floor_us, m.small.p50_us - m.floor_us);
+  if (m.memcpy_us > 0)
+    std::printf(
+        "memcpy of those %zu pieces on one thread into pages not in the cache: p50 %.1f us, p99 "
+        "%.1f us; kvbridge adds p50 %.1f us (target <= 25: %s), p99 %.1f us above the p50 copy "
+        "(target <= 100: %s)\n",
+        m.pieces, m.memcpy_us, m.one_page_memcpy.p99, m.added_p50,
+        m.added_p50 <= 25 ? "met" : "NOT met", m.added_p99, m.added_p99 <= 100 ? "met" : "NOT met");
+}
+
+int RunOn(const RequestsFlags& f, const HostNet* net) {
+  const Figures m = Measure(f, net);
+  if (f.json) {
+    PrintJson(f, m);
+  } else {
+    PrintText(f, m);
+  }
+  return m.ok ? 0 : 1;
 }
 
 // --hosts: checks it can work, makes the hosts, runs on them.
