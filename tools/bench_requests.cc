@@ -251,6 +251,10 @@ double RawTransportGbps(const RequestsFlags& f, const HostNet* net, std::string*
              ")";
     return 0;
   }
+  if (!log.empty()) {  // kept only when it explains a failure
+    unlink(log.c_str());
+    rmdir(dir_template);
+  }
   return MaxGbps(j);
 }
 
