@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ void AddTransportCommands(CLI::App& bench, std::function<int()>& run) {
     std::string bytes = "1G";
     std::string region_size = "1G";
     bool no_warmup = false;
+    std::string target_wrap;
     // transport-target
     std::string target_path;
     std::string target_region = "1G";
@@ -59,6 +61,10 @@ void AddTransportCommands(CLI::App& bench, std::function<int()>& run) {
       ->capture_default_str();
   cmd->add_flag("--json", flags->options.json, "Print one JSON object on stdout");
   cmd->add_flag("--no-warmup", flags->no_warmup, "Skip the untimed warm-up pass");
+  // `kvbridge bench requests --hosts`: the target on another host.
+  cmd->add_option("--target-wrap", flags->target_wrap,
+                  "Start the target under this argv prefix (space-separated)")
+      ->group("");
   cmd->callback([flags, &run] {
     TransportBenchOptions& o = flags->options;
     o.block_sizes.clear();
@@ -67,6 +73,9 @@ void AddTransportCommands(CLI::App& bench, std::function<int()>& run) {
     o.bytes = SizeOrThrow("--bytes", flags->bytes);
     o.region_size = SizeOrThrow("--region-size", flags->region_size);
     o.warmup = !flags->no_warmup;
+    o.target_wrap.clear();
+    std::istringstream words(flags->target_wrap);
+    for (std::string w; words >> w;) o.target_wrap.push_back(w);
     run = [flags] { return RunTransportBench(flags->options); };
   });
 

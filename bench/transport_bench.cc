@@ -59,7 +59,8 @@ namespace {
 // The target process (this binary, re-executed) and the pipe to it.
 class TargetProcess {
  public:
-  static Result<TargetProcess> Spawn(const std::string& path, uint64_t region_size) {
+  static Result<TargetProcess> Spawn(const std::string& path, uint64_t region_size,
+                                     const std::vector<std::string>& wrap) {
     int to_child[2], from_child[2];
     if (pipe2(to_child, O_CLOEXEC) != 0) return InternalError("pipe2 failed");
     if (pipe2(from_child, O_CLOEXEC) != 0) {
@@ -71,17 +72,10 @@ class TargetProcess {
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     if (n <= 0) return InternalError("readlink /proc/self/exe failed");
     exe[n] = '\0';
-    std::vector<std::string> args = {exe,
-                                     "bench",
-                                     "transport-target",
-                                     "--path",
-                                     path,
-                                     "--region-size",
-                                     std::to_string(region_size),
-                                     "--in-fd",
-                                     std::to_string(to_child[0]),
-                                     "--out-fd",
-                                     std::to_string(from_child[1])};
+    std::vector<std::string> args = wrap;
+    args.insert(args.end(), {exe, "bench", "transport-target", "--path", path, "--region-size",
+                             std::to_string(region_size), "--in-fd", std::to_string(to_child[0]),
+                             "--out-fd", std::to_string(from_child[1])});
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -91,12 +85,15 @@ class TargetProcess {
       // Only async-signal-safe calls until exec. The target dies with us.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(127);
+      // A wrapper (nsenter) forks the target: one group reaches both.
+      setpgid(0, 0);
       dup2(STDERR_FILENO, STDOUT_FILENO);  // stdout belongs to the bench's report
       fcntl(to_child[0], F_SETFD, 0);
       fcntl(from_child[1], F_SETFD, 0);
-      execv(exe, argv.data());
+      execv(argv[0], argv.data());
       _exit(127);
     }
+    if (pid > 0) setpgid(pid, pid);  // as the child does: no race with a kill
     close(to_child[0]);
     close(from_child[1]);
     if (pid < 0) {
@@ -112,7 +109,7 @@ class TargetProcess {
   TargetProcess& operator=(TargetProcess&&) = delete;
   ~TargetProcess() {
     if (pid_ > 0) {
-      kill(pid_, SIGKILL);
+      if (kill(-pid_, SIGKILL) != 0) kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
     }
   }
@@ -281,7 +278,8 @@ uint64_t BlocksFor(const TransportBenchOptions& o, uint64_t bs) {
 Status RunPath(const PathSpec& spec, const TransportBenchOptions& o, const MappedRegion& src,
                MappedRegion& ref_dst, std::vector<BenchResult>& results) {
   std::fprintf(stderr, "[bench] %s: starting target process\n", spec.name.c_str());
-  KVB_ASSIGN_OR_RETURN(TargetProcess target, TargetProcess::Spawn(spec.name, o.region_size));
+  KVB_ASSIGN_OR_RETURN(TargetProcess target,
+                       TargetProcess::Spawn(spec.name, o.region_size, o.target_wrap));
   KVB_RETURN_IF_ERROR(target.ReadReply().status());
   KVB_ASSIGN_OR_RETURN(std::string address, target.ReadFrame());
   KVB_ASSIGN_OR_RETURN(std::string remote_key, target.ReadFrame());

@@ -46,6 +46,11 @@ struct TransportBenchOptions {
   uint64_t repeat = 3;
   bool json = false;
   bool warmup = true;  // one untimed pass over the region per path
+  // The argv prefix the target process is started under (e.g. nsenter into
+  // another host's namespaces, tools/hosts.h); empty = run directly. The
+  // target and its wrapper get a process group of their own, signalled as
+  // one.
+  std::vector<std::string> target_wrap;
 };
 
 struct BenchResult {

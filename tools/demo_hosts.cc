@@ -8,6 +8,18 @@ bool IsNetworkFault(const std::string& kind) {
   return kind == "partition-prefill" || kind == "partition-decode" || kind == "lossy-link";
 }
 
+void PlaceRanks(const HostNet& net, int prefill_hosts, int decode_hosts, ClusterOptions& co) {
+  char self[4096];
+  ssize_t len = readlink(co.binary.c_str(), self, sizeof(self) - 1);
+  if (len > 0 && co.binary.starts_with("/proc/")) co.binary.assign(self, static_cast<size_t>(len));
+  for (int i = 0; i < co.prefill_tp; ++i) co.rank_wrap.push_back(net.Command(i % prefill_hosts));
+  for (int i = 0; i < co.decode_tp; ++i)
+    co.rank_wrap.push_back(net.Command(prefill_hosts + i % decode_hosts));
+  co.bootstrap_wrap = net.Command(0);
+  co.bootstrap_host = net.address(0);
+  for (const std::string& e : HostNet::Env()) co.env.push_back(e);
+}
+
 Result<DemoHosts> PlaceOnHosts(const DemoFlags& f, const std::string& fault_kind, int victim_rank,
                                const std::string& log_dir, ClusterOptions& co) {
   const bool partition = fault_kind.starts_with("partition-");
@@ -19,24 +31,15 @@ Result<DemoHosts> PlaceOnHosts(const DemoFlags& f, const std::string& fault_kind
                                 " given): the victim rank gets a host of its own");
   DemoHosts d;
   KVB_ASSIGN_OR_RETURN(d.net, HostNet::Create(f.hosts));
-  // Through nsenter, /proc/self/exe would name nsenter: resolve it here.
-  char self[4096];
-  ssize_t len = readlink(co.binary.c_str(), self, sizeof(self) - 1);
-  if (len > 0 && co.binary.starts_with("/proc/")) co.binary.assign(self, static_cast<size_t>(len));
   const int shared = partition ? f.hosts - 1 : f.hosts;  // hosts the other ranks share
   const int prefill_hosts = shared / 2;
   const int decode_hosts = shared - prefill_hosts;
   const HostNet& net = *d.net;
-  for (int i = 0; i < f.prefill_tp; ++i) co.rank_wrap.push_back(net.Command(i % prefill_hosts));
-  for (int i = 0; i < f.decode_tp; ++i)
-    co.rank_wrap.push_back(net.Command(prefill_hosts + i % decode_hosts));
+  PlaceRanks(net, prefill_hosts, decode_hosts, co);
   if (partition) {
     d.fault_host = f.hosts - 1;
     co.rank_wrap.at(victim_rank) = net.Command(d.fault_host);
   }
-  co.bootstrap_wrap = net.Command(0);
-  co.bootstrap_host = net.address(0);
-  for (const std::string& e : HostNet::Env()) co.env.push_back(e);
   if (fault_kind == "lossy-link") {
     // The last decode rank's host: every byte to it crosses the link.
     d.fault_host = prefill_hosts + (f.decode_tp - 1) % decode_hosts;

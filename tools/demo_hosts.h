@@ -28,6 +28,15 @@ struct DemoHosts {
   int fault_host = -1;
 };
 
+// Places the processes of `co` on `net`'s hosts (the code `demo --hosts`
+// and `bench requests --hosts` share): prefill tp i on host
+// i % prefill_hosts, decode tp i on host prefill_hosts + i % decode_hosts,
+// the bootstrap server on host 0 (standalone: wrapped there; embedded: it is
+// prefill tp0, on host 0), every process with HostNet::Env(). Resolves a
+// /proc/self/exe binary (through nsenter it would name nsenter).
+// Preconditions: prefill_hosts, decode_hosts >= 1, their sum <= net.size().
+void PlaceRanks(const HostNet& net, int prefill_hosts, int decode_hosts, ClusterOptions& co);
+
 // Creates f.hosts hosts and sets the wrappers, bootstrap address and
 // environment in `co`: prefill ranks on the first half of the hosts, decode
 // ranks on the rest, the bootstrap server on host 0. With a partition

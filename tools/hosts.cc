@@ -274,6 +274,10 @@ std::vector<std::string> HostNet::Command(int h) const {
   return {nsenter_, "--target", target, "--net", "--pid", "--uts", "--mount", "--ipc", "--"};
 }
 
+std::vector<std::string> HostNet::NetCommand(int h) const {
+  return {nsenter_, "--net=/run/netns/" + netns_.at(h), "--"};
+}
+
 std::vector<std::string> HostNet::Env() {
   // UCX tells machines apart by the kernel's boot id, which namespaces
   // share: it would reach another "host" through its same-machine

@@ -73,6 +73,12 @@ class HostNet {
   // launcher dies, the host's init dies and the kernel kills every process
   // of the host.
   std::vector<std::string> Command(int h) const;
+  // The argv prefix that runs a program in host `h`'s network namespace
+  // only (nsenter --net): its traffic leaves through host `h`'s kDevice as
+  // a process on `h` would, but it keeps this machine's PID and mount
+  // namespaces, so it can itself start processes on other hosts with
+  // Command() (from inside a host, the other hosts' inits are not in /proc).
+  std::vector<std::string> NetCommand(int h) const;
   // "NAME=value" entries every process on a host needs: UCX uses only
   // kDevice, and no same-machine transport (it cannot tell namespaces
   // apart: they share the boot id it identifies a machine by).
