@@ -1,0 +1,98 @@
+// The state a manager keeps for each rank it exchanges messages with (a
+// Peer), guarded by ManagerImpl::mu_, and what it shows of it.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "connector/peer_auth.h"
+#include "connector/protocol.h"
+#include "connector/rooms.h"
+#include "engine/engine.h"
+#include "engine/plan.h"
+#include "kvbridge/errors.h"
+#include "transport/transport.h"
+
+namespace kvbridge::internal {
+
+// A rank on the other side (or a sibling) that we exchange messages with.
+struct Peer {
+  std::string key;
+  RankId id;
+  PeerId tpeer = 0;
+  // A second endpoint to the peer that carries only heartbeats (0 until the
+  // resolver opened it, ResolveRound): over TCP between hosts, tpeer's
+  // connection can hold hundreds of MiB of writes queued ahead of a
+  // heartbeat, which would then arrive long after it was sent and make a
+  // busy peer look silent. Its own connection is behind no bulk data.
+  PeerId beat = 0;
+  std::string address;
+  RankLayout layout;
+  RemoteRegionSet remote;  // prefill side: decode's imported regions
+  int tp_size = 0;
+  bool ready = false;
+  // Decode side: the prefill rank answered our Hello. Until it does, what
+  // we send it waits in `held`: a Hello that gets no answer is sent again on
+  // a new endpoint (the old one may be stuck in wire-up), and anything that
+  // went over the old endpoint would be lost with it.
+  bool acked = true;
+  int hello_attempts = 0;
+  SteadyTime hello_at{};
+  // Encoded messages, sent in this order (all as ordered messages: nothing
+  // was written to the peer before it answered, so none needs to overtake).
+  std::vector<std::string> held;
+  // Decode side, while the handshake runs (peer_auth.h): the digest of the
+  // Hello sent last and its session id (0 once a challenge answered it),
+  // and how many challenges claiming this rank failed their proof.
+  Digest hello_digest{};
+  uint64_t hello_session = 0;
+  int auth_refusals = 0;
+  // Prefill side: a write to this peer completes only when the peer's
+  // process acknowledged it (UCX active messages), so its completion counts
+  // as hearing from the peer. Not on the same-host paths, where a write
+  // completes without the peer taking part.
+  bool acks_prove_life = false;
+  // Something came from the peer since the handshake made it ready (on
+  // decode, the HelloAck itself). Until then the peer may not have our
+  // answer yet (it was lost, or came after the peer gave up and sent its
+  // Hello again), so it cannot be expected to beat: Tick gives it the
+  // handshake's patience instead of the silence limit.
+  bool heard_since_ready = false;
+  // Silence limits a handshake may take, retries included, before either
+  // side blames the other for it.
+  static constexpr int kHandshakeBudget = 10;
+  bool failed = false;
+  std::optional<FailureRecord> failure;  // why it failed (room 0)
+  // Decode side: the per-peer write grant in our Hello (0: the regions'
+  // shared keys) and its keys (kv, aux, state); `fenced` once the grant is
+  // revoked, so nothing it writes can land any more.
+  GrantId grant = 0;
+  std::vector<std::string> grant_keys[3];
+  bool fenced = false;
+  // Failed by an earlier incarnation of this rank, retired when it rejoined
+  // (MaybeRejoin): the peer itself may be healthy, so a new handshake
+  // replaces it, with a new session and (decode) a new grant.
+  bool retired = false;
+  SteadyTime last_heard = std::chrono::steady_clock::now();
+  std::chrono::system_clock::time_point last_heard_wall = std::chrono::system_clock::now();
+};
+
+// A peer as this rank knows it now: the process (pid, incarnation) it talks
+// to at that position and the transport endpoint it uses (the worker's
+// report; restart tests check a restarted rank got a new one).
+struct PeerSnapshot {
+  RankId id;
+  PeerId endpoint = 0;
+  bool ready = false;
+  bool failed = false;
+};
+
+struct PendingMeta {
+  MetaMsg meta;
+  RankId from;
+  SteadyTime at;
+};
+
+}  // namespace kvbridge::internal
