@@ -101,10 +101,10 @@ TEST(DemoLossyLink, FivePercentLossAndTwentyMsDelayFailNoRequest) {
   KVB_SKIP_WITHOUT_HOSTS();
   int status = -1;
   constexpr int kRequests = 240;
-  json j = RunDemo(" --hosts 3 --prefill-tp 2 --decode-tp 2 --requests " +
-                       std::to_string(kRequests) + " --fault lossy-link --heartbeat-misses " +
-                       std::to_string(kLossyLinkMisses),
-                   &status);
+  json j =
+      RunDemo(" --hosts 3 --prefill-tp 2 --decode-tp 2 --requests " + std::to_string(kRequests) +
+                  " --fault lossy-link --heartbeat-misses " + std::to_string(kLossyLinkMisses),
+              &status);
   EXPECT_EQ(status, 0) << j.dump(2);
   EXPECT_TRUE(j.value("ok", false)) << j["problems"].dump(2);
   EXPECT_EQ(j["requests"], kRequests);
