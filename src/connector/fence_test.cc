@@ -36,30 +36,41 @@ void BarrierBehindPrefillWrites(FaultTransport& prefill, FaultTransport& decode)
   ASSERT_TRUE(decode.inner().DeregisterMemory(d->id).ok());
 }
 
-TEST(FenceTest, SilentPrefillIsFencedAndItsHeldWritesLandNowhere) {
-  std::vector<FaultTransport*> faults;  // prefill, decode
+// Loopback ranks, each transport wrapped in faults (prefill's first),
+// liveness 50 ms x 8, and write grants for same-host prefill ranks (the
+// loopback ranks share this host).
+ClusterOptions FenceCluster(std::vector<FaultTransport*>* faults) {
   ClusterOptions o;
-  o.wrap = WrapInFaults(&faults);
+  o.wrap = WrapInFaults(faults);
   o.tweak = [](ManagerOptions& m) {
     m.heartbeat_interval = std::chrono::milliseconds(50);
     m.heartbeat_misses = 8;
-    m.grant_same_host_peers = true;  // loopback ranks share this host
+    m.grant_same_host_peers = true;
   };
-  auto c = TestCluster::Create(o);
+  return o;
+}
+
+// Prefill's writes of `r` queue, as behind a partitioned link, and then it
+// goes silent: decode fails the room.
+void HoldAndSilencePrefill(Request& r, FaultTransport& prefill) {
+  prefill.HoldWrites();
+  ASSERT_TRUE(r.senders[0]->Send(std::span(r.src).first(2)).ok());
+  ASSERT_TRUE(WaitFor([&] { return prefill.HeldBatches() > 0; }));
+  prefill.DropUrgentMessages(true);
+  prefill.DropMessages(true);
+  ASSERT_TRUE(WaitFor([&] { return r.receivers[0]->Poll() == KVPoll::kFailed; }));
+}
+
+TEST(FenceTest, SilentPrefillIsFencedAndItsHeldWritesLandNowhere) {
+  std::vector<FaultTransport*> faults;  // prefill, decode
+  auto c = TestCluster::Create(FenceCluster(&faults));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_EQ(faults.size(), 2u);
   Request r{.room = 21, .src = {1, 2, 3, 4}, .dst = {30, 31, 32, 33}};
   ASSERT_NO_FATAL_FAILURE(Start(**c, r, /*senders_first=*/false));
   KVReceiver& rx = *r.receivers[0];
   (*c)->decode[0].pool->Scrub(r.dst, 0x5a);
-  // Prefill's writes queue, as in a partitioned link, and then it goes
-  // silent: decode fails it.
-  faults[0]->HoldWrites();
-  ASSERT_TRUE(r.senders[0]->Send(std::span(r.src).first(2)).ok());
-  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldBatches() > 0; }));
-  faults[0]->DropUrgentMessages(true);
-  faults[0]->DropMessages(true);
-  ASSERT_TRUE(WaitFor([&] { return rx.Poll() == KVPoll::kFailed; }));
+  ASSERT_NO_FATAL_FAILURE(HoldAndSilencePrefill(r, *faults[0]));
   ASSERT_TRUE(rx.Failure().has_value());
   EXPECT_EQ(rx.Failure()->origin.ShortName(), "prefill tp0");
   // Quiesced by the fence while the writes are still held, not by them.
@@ -82,14 +93,7 @@ TEST(FenceTest, SilentPrefillIsFencedAndItsHeldWritesLandNowhere) {
 // handshake.
 TEST(FenceTest, DeclaredFailedPrefillRejoinsAndItsOldWritesLandNowhere) {
   std::vector<FaultTransport*> faults;  // prefill, decode
-  ClusterOptions o;
-  o.wrap = WrapInFaults(&faults);
-  o.tweak = [](ManagerOptions& m) {
-    m.heartbeat_interval = std::chrono::milliseconds(50);
-    m.heartbeat_misses = 8;
-    m.grant_same_host_peers = true;  // loopback ranks share this host
-  };
-  auto c = TestCluster::Create(o);
+  auto c = TestCluster::Create(FenceCluster(&faults));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_EQ(faults.size(), 2u);
   KVManager& prefill = *(*c)->prefill[0].manager;
@@ -99,12 +103,7 @@ TEST(FenceTest, DeclaredFailedPrefillRejoinsAndItsOldWritesLandNowhere) {
   ASSERT_NO_FATAL_FAILURE(Start(**c, r, /*senders_first=*/false));
   KVReceiver& rx = *r.receivers[0];
   (*c)->decode[0].pool->Scrub(r.dst, 0x5a);
-  faults[0]->HoldWrites();
-  ASSERT_TRUE(r.senders[0]->Send(std::span(r.src).first(2)).ok());
-  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldBatches() > 0; }));
-  faults[0]->DropUrgentMessages(true);
-  faults[0]->DropMessages(true);
-  ASSERT_TRUE(WaitFor([&] { return rx.Poll() == KVPoll::kFailed; }));
+  ASSERT_NO_FATAL_FAILURE(HoldAndSilencePrefill(r, *faults[0]));
   ASSERT_TRUE(WaitFor([&] { return rx.Quiesced(); }));
   // Prefill reads decode's record about it from the registry and rejoins.
   ASSERT_TRUE(WaitFor([&] { return prefill.Stats().rejoins == 1; }));
