@@ -286,16 +286,18 @@ Status ManagerImpl::RegisterSelf() {
   return Status();
 }
 
+void ManagerImpl::WakeRegistryRound() {
+  {
+    std::lock_guard<std::mutex> lock(ticker_mu_);
+    registry_wake_ = true;
+  }
+  ticker_cv_.notify_all();
+}
+
 void ManagerImpl::StartThreads() {
   // A registry that pushes changes wakes the registry thread (etcd's watch):
   // records and membership changes are applied as they arrive.
-  registry_->SetChangeCallback([this] {
-    {
-      std::lock_guard<std::mutex> lock(ticker_mu_);
-      registry_wake_ = true;
-    }
-    ticker_cv_.notify_all();
-  });
+  registry_->SetChangeCallback([this] { WakeRegistryRound(); });
   ticker_ = std::thread([this] { EveryHeartbeat([this] { Tick(); }); });
   registry_thread_ = std::thread([this] {
     uint64_t round = 0;

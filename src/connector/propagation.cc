@@ -55,6 +55,9 @@ void ManagerImpl::PublishLocked(const FailureRecord& record) {
     return;
   }
   publish_queue_.push_back(record);
+  // Published now, not at the next round: the group's other ranks wait for
+  // it in their group poll (GroupFailure), a few heartbeat intervals.
+  WakeRegistryRound();
 }
 
 template <typename Room>
@@ -97,23 +100,32 @@ FailureRecord ManagerImpl::GroupFailure(const Room& room) {
     MutexLock lock(mu_);
     if (auto f = known()) return *f;
   }
-  // One look at the registry now: the record may be there before this
-  // rank's next registry round reads it.
-  Result<FailureBatch> batch = registry_->FailuresSince(0);
-  Outbox out;
-  {
-    MutexLock lock(mu_);
-    if (batch.ok()) {
-      for (const nlohmann::json& j : batch->records) {
-        Result<FailureRecord> r = FailureRecordFromJson(j);
-        if (r.ok() && r->room == room.room) ApplyRoomFailureLocked(*r, out);
+  // The registry is read at once and after each interval of the wait: the
+  // record may be there before this rank's next registry round reads it
+  // (one read at the start missed a sibling's record under ASan).
+  const auto wait = opts_.heartbeat_interval * 3;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    Result<FailureBatch> batch = registry_->FailuresSince(0);
+    Outbox out;
+    {
+      MutexLock lock(mu_);
+      if (batch.ok()) {
+        for (const nlohmann::json& j : batch->records) {
+          Result<FailureRecord> r = FailureRecordFromJson(j);
+          if (r.ok() && r->room == room.room) ApplyRoomFailureLocked(*r, out);
+        }
       }
     }
+    Flush(out);
+    MutexLock lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (known() || now >= deadline) break;
+    lock.WaitFor(room_records_cv_,
+                 std::min<std::chrono::nanoseconds>(opts_.heartbeat_interval, deadline - now),
+                 [&]() KVB_REQUIRES(mu_) { return known().has_value(); });
   }
-  Flush(out);
   MutexLock lock(mu_);
-  const auto wait = opts_.heartbeat_interval * 3;
-  lock.WaitFor(room_records_cv_, wait, [&]() KVB_REQUIRES(mu_) { return known().has_value(); });
   if (auto f = known()) return *f;
   FailureRecord r;
   const std::string where = fmt::format("room {} failed on another rank of this group", room.room);
