@@ -193,8 +193,7 @@ class ManagerImpl {
   // the ticker, registry and resolver threads is one such loop. With `wake`
   // (guarded by ticker_mu_), also as soon as it is set (and clears it).
   void EveryHeartbeat(const std::function<void()>& round, bool* wake = nullptr);
-  // Runs the registry thread's round now (a record to publish, or etcd's
-  // watch saw a change). ticker_mu_ is a leaf lock: callable under mu_.
+  // Runs the registry thread's round now (etcd's watch saw a change).
   void WakeRegistryRound();
   // Bootstrap lookups, connects and handshake retries that the ticker asks
   // for: they wait on the network, so they run on the resolver thread and

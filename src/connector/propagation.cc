@@ -55,9 +55,6 @@ void ManagerImpl::PublishLocked(const FailureRecord& record) {
     return;
   }
   publish_queue_.push_back(record);
-  // Published now, not at the next round: the group's other ranks wait for
-  // it in their group poll (GroupFailure), a few heartbeat intervals.
-  WakeRegistryRound();
 }
 
 template <typename Room>
