@@ -394,7 +394,8 @@ TEST_P(TransportTest, PeerKilledDuringWritesFailsEveryPendingBatchWithUnavailabl
     if (!killed_at && done.statuses().size() >= 3) {
       // Killed straight after a post: that 16 MiB batch cannot have been
       // acknowledged yet, so at least one batch is pending at the kill (the
-      // batches before it may all have completed by then).
+      // batches before it may all have completed by then), except on the
+      // shared segment, where nothing waits for the peer.
       ASSERT_TRUE(peer_->Kill(SIGKILL).ok());
       killed_ = true;
       killed_at = Clock::now();
@@ -425,7 +426,13 @@ TEST_P(TransportTest, PeerKilledDuringWritesFailsEveryPendingBatchWithUnavailabl
     EXPECT_NE(st.message().find(pid), std::string::npos) << st.ToString();
     ++unavailable;
   }
-  EXPECT_GE(unavailable, 1u) << "no batch was pending when the failure was seen";
+  // A copy into a mapped shared segment completes without the peer: the
+  // batch posted just before the kill may have finished (and did, in 1 of
+  // 8 runs on a loaded box); there the fast failure of later calls, below,
+  // is what the peer's death changes.
+  if (GetParam().expected != DataPath::kSharedMemory) {
+    EXPECT_GE(unavailable, 1u) << "no batch was pending when the failure was seen";
+  }
   if (!post_error.ok()) {
     EXPECT_EQ(post_error.code(), StatusCode::kUnavailable);
   }
