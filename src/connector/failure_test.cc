@@ -5,6 +5,7 @@
 #include "connector/connector_test_util.h"
 #include "connector/manager_impl.h"
 #include "transport/fault/fault_transport.h"
+#include "transport/ucx/ucx_transport.h"
 
 namespace kvbridge::internal {
 namespace {
@@ -275,6 +276,44 @@ TEST(HandshakeTest, PrefillWaitsForAPeerThatHasNotHeardItsAnswerYet) {
   EXPECT_EQ((*c)->prefill[0].manager->Stats().rooms_failed, 0u);
   EXPECT_EQ((*c)->decode[0].manager->Stats().rooms_failed, 0u);
   ExpectTransferSucceeds(**c, 8);
+}
+
+// The same lost answer and lost Hello, over UCX: each retry leaves an
+// endpoint behind that the other side's worker may have paired with one of
+// its own (UcxPairingTest); the transfers after the retries complete.
+TEST(HandshakeTest, HelloSentAgainOverUcxLeavesTheTransfersWorking) {
+  FaultTransport* prefill_faults = nullptr;
+  FaultTransport* decode_faults = nullptr;
+  ClusterOptions o;
+  o.tweak = [](ManagerOptions& m) {
+    m.heartbeat_interval = std::chrono::milliseconds(50);
+    m.heartbeat_misses = 10;
+  };
+  o.wrap = [&](std::unique_ptr<Transport>, Role r, int) -> std::unique_ptr<Transport> {
+    UcxTransportOptions u;
+    u.tls = "tcp";
+    u.same_host_paths = false;  // every write acknowledged over UCX
+    u.name = r == Role::kPrefill ? "prefill" : "decode";
+    auto ucx = CreateUcxTransport(u);
+    if (!ucx.ok()) return nullptr;
+    auto f = std::make_unique<FaultTransport>(std::move(*ucx));
+    if (r == Role::kPrefill) {
+      f->MuteConnects(0, 1, 1);  // the challenge passes, the ack is lost
+      prefill_faults = f.get();
+    } else {
+      f->MuteConnects(1, 1, 0);  // the first Hello passes, the next is lost
+      decode_faults = f.get();
+    }
+    return f;
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ExpectTransferSucceeds(**c, 7);
+  EXPECT_GE(prefill_faults->counters().muted_dropped, 1u);  // the HelloAck
+  EXPECT_GE(decode_faults->counters().muted_dropped, 1u);   // the second Hello
+  ExpectTransferSucceeds(**c, 8);
+  EXPECT_EQ((*c)->prefill[0].manager->Stats().rooms_failed, 0u);
+  EXPECT_EQ((*c)->decode[0].manager->Stats().rooms_failed, 0u);
 }
 
 // A prefill rank that never answers the handshake (every endpoint to it is

@@ -165,10 +165,12 @@ Status ManagerImpl::StartTransport(const std::string& token) {
   auth_ = auth.get();
   transport_ = std::move(auth);
   auth_->SetAuthHandlers(
-      [this](std::string_view bytes, const RankId* proven) { OnMessage(bytes, proven); },
-      [this](const Status& why) { DropUnauthenticated(why.message()); });
+      [this](std::string_view bytes, const RankId* proven) {
+        IfOpen([&] { OnMessage(bytes, proven); });
+      },
+      [this](const Status& why) { IfOpen([&] { DropUnauthenticated(why.message()); }); });
   transport_->SetPeerFailureHandler(
-      [this](PeerId peer, const Status& why) { OnPeerFailure(peer, why); });
+      [this](PeerId peer, const Status& why) { IfOpen([&] { OnPeerFailure(peer, why); }); });
 
   KVB_RETURN_IF_ERROR(RegisterSpans(layout_.kv, &regions_.kv, &kv_keys_));
   KVB_RETURN_IF_ERROR(RegisterSpans(layout_.aux, &regions_.aux, &aux_keys_));

@@ -496,11 +496,21 @@ class ManagerImpl {
   std::mutex resolve_mu_;  // serializes bootstrap lookups and connects
 
   // Shutdown: once closing_ is set no Flush reaches the engine or the
-  // transport; the destructor waits for those under way (flushing_) before
-  // it destroys them.
+  // transport, and no transport callback starts (IfOpen); the destructor
+  // waits for those under way (flushing_) before it destroys them.
   std::atomic<bool> closing_{false};
   std::atomic<bool> liveness_as_remote_{false};
   std::atomic<int> flushing_{0};
+  // Runs `f`, a transport callback, unless the manager is closing. Such a
+  // callback may call the transport directly (a handshake answer), and
+  // once ran while the destructor took the transport down under it (a
+  // null inner transport, SIGSEGV: PpTest.LayoutMismatch*).
+  template <class F>
+  void IfOpen(F&& f) {
+    flushing_.fetch_add(1);
+    if (!closing_.load()) f();
+    flushing_.fetch_sub(1);
+  }
 
   std::atomic<uint64_t> next_generation_;
   std::atomic<uint64_t> heartbeat_seq_{0};

@@ -407,7 +407,12 @@ void UcxTransport::MarkPeerFailed(Peer* peer, const Status& why) {
   peer->messages.clear();
   // Closing from inside a UCX callback is not allowed: defer; the force
   // close makes UCX complete every outstanding request of the endpoint.
-  if (self) Post([this, self] { ClosePeer(self, /*force=*/true); });
+  if (self) {
+    Post([this, self] {
+      ClosePeer(self, /*force=*/true);
+      CloseLingeringIfLast(self->host);
+    });
+  }
   if (handler) Post([handler, id = peer->id, why] { handler(id, why); });
 }
 
@@ -424,10 +429,63 @@ void UcxTransport::Disconnect(PeerId peer_id) {
     }
   }
   KVB_LOG_INFO("ucx transport {}: disconnecting from {}", options_.name, peer->name);
-  Post([this, peer] { ClosePeer(peer, peer->failed); });
+  Post([this, peer] { LingerOrClose(peer); });
+}
+
+void UcxTransport::LingerOrClose(const std::shared_ptr<Peer>& peer) {
+  bool others = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, p] : peers_)
+      others = others || (!p->dead && SameProcess(p->host, peer->host));
+  }
+  if (!others || peer->failed) {
+    ClosePeer(peer, peer->failed);
+    CloseLingeringIfLast(peer->host);
+    return;
+  }
+  StopPeer(peer);
+  size_t same = 0;
+  for (const auto& l : lingering_) same += SameProcess(l->host, peer->host) ? 1 : 0;
+  if (same >= kMaxLingering) {
+    for (auto it = lingering_.begin(); it != lingering_.end(); ++it) {
+      if (!SameProcess((*it)->host, peer->host)) continue;
+      ClosePeer(*it, false);
+      lingering_.erase(it);
+      break;
+    }
+  }
+  lingering_.push_back(peer);
+}
+
+void UcxTransport::CloseLingeringIfLast(const HostIdentity& host) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, p] : peers_)
+      if (!p->dead && SameProcess(p->host, host)) return;
+  }
+  for (auto it = lingering_.begin(); it != lingering_.end();) {
+    if (SameProcess((*it)->host, host)) {
+      ClosePeer(*it, (*it)->failed);
+      it = lingering_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void UcxTransport::ClosePeer(const std::shared_ptr<Peer>& peer, bool force) {
+  StopPeer(peer);
+  ucp_ep_h ep = peer->ep.Release();
+  if (ep == nullptr) return;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &p);
+  if (UCS_PTR_IS_PTR(req)) closing_.push_back(Closing{req, peer});
+}
+
+void UcxTransport::StopPeer(const std::shared_ptr<Peer>& peer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!peer->dead) {
@@ -448,13 +506,6 @@ void UcxTransport::ClosePeer(const std::shared_ptr<Peer>& peer, bool force) {
     auto it = peer->inflight.find(seq);
     if (it != peer->inflight.end()) StopAwaitingAck(it->second.get());
   }
-  ucp_ep_h ep = peer->ep.Release();
-  if (ep == nullptr) return;
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-  ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &p);
-  if (UCS_PTR_IS_PTR(req)) closing_.push_back(Closing{req, peer});
 }
 
 }  // namespace kvbridge::internal::ucx

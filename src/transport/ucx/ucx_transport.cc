@@ -155,6 +155,8 @@ UcxTransport::~UcxTransport() {
         peers_.clear();
       }
       for (auto& peer : peers) ClosePeer(peer, peer->failed);
+      for (auto& peer : lingering_) ClosePeer(peer, peer->failed);
+      lingering_.clear();
     });
     stopping_ = true;
     Post([] {});

@@ -283,7 +283,22 @@ class UcxTransport final : public Transport {
   void FlushMessages(const std::shared_ptr<Peer>& peer);
   void SendNow(const std::shared_ptr<Peer>& peer, std::string payload, bool ordered);
   void MarkPeerFailed(Peer* peer, const Status& why);
+  // Stops `peer` (its batches complete with its terminal Status, no ACK is
+  // taken from it) and closes its endpoint.
   void ClosePeer(const std::shared_ptr<Peer>& peer, bool force);
+  void StopPeer(const std::shared_ptr<Peer>& peer);
+  // Disconnect's close. UCX pairs the endpoints two workers open to each
+  // other: closing one of ours can close the one the other process writes
+  // to us over, and its write ACKs then go nowhere (seen after a handshake
+  // sent again on a new endpoint: every transfer waited out its deadline).
+  // So an endpoint stops at once but closes only with the last live one to
+  // that process (or when it fails, or the transport goes); until then it
+  // lingers, unused, at most kMaxLingering per process.
+  void LingerOrClose(const std::shared_ptr<Peer>& peer);
+  // Closes the lingering endpoints to `host`'s process unless a live peer
+  // to it remains.
+  void CloseLingeringIfLast(const HostIdentity& host);
+  static constexpr size_t kMaxLingering = 16;
   std::shared_ptr<Peer> FindPeerLocked(PeerId id) const;
   // The path for `region`; a refused same-host grant is an error.
   Result<DataPath> ChoosePath(const Peer& peer, ImportedRegion& region) const;
@@ -331,7 +346,8 @@ class UcxTransport final : public Transport {
     std::shared_ptr<Peer> peer;
   };
   std::vector<Closing> closing_;
-  int active_batches_ = 0;  // progress thread only
+  std::vector<std::shared_ptr<Peer>> lingering_;  // progress thread only (LingerOrClose)
+  int active_batches_ = 0;                        // progress thread only
   // Progress thread only: our peers by connection token (for their ACKs),
   // and, as a target, the batches whose data AMs are arriving.
   std::map<uint64_t, std::shared_ptr<Peer>> peers_by_connection_;

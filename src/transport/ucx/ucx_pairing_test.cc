@@ -1,0 +1,75 @@
+// Disconnect closes one direction only (transport.h: connections are
+// one-directional). UCX pairs the endpoints two workers open to each other,
+// so closing ours once closed the one the other process wrote to us over:
+// its next write got no ACK, ever (UcxTransport::LingerOrClose).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <vector>
+
+#include "kvbridge/memory.h"
+#include "transport/test_util.h"
+#include "transport/ucx/ucx_transport_impl.h"
+
+namespace kvbridge::internal::ucx {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::unique_ptr<Transport> Make(const char* name) {
+  UcxTransportOptions o;
+  o.tls = "tcp";
+  o.same_host_paths = false;  // every write acknowledged over UCX
+  o.name = name;
+  auto t = CreateUcxTransport(o);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+// One 4 KiB write; whether its ACK came within `limit`.
+bool WriteAcked(Transport& writer, PeerId peer, RegionId src, RemoteRegionId dst,
+                std::chrono::seconds limit) {
+  auto done = std::make_shared<std::promise<Status>>();
+  auto acked = done->get_future();
+  Status posted = writer.PostWrites(peer, {WriteOp{src, 0, dst, 0, 4096}},
+                                    [done](const Status& s) { done->set_value(s); });
+  if (!posted.ok()) return false;
+  if (acked.wait_for(limit) != std::future_status::ready) return false;
+  return acked.get().ok();
+}
+
+TEST(UcxPairingTest, ClosingOurEndpointLeavesThePeersEndpointToUsWorking) {
+  auto target = Make("target");
+  auto writer = Make("writer");
+  ASSERT_TRUE(target && writer);
+  testing::Gate hello;
+  writer->SetMessageHandler([&](std::string_view) { hello.Open(); });
+  std::vector<uint8_t> src(1 << 16, 7), dst(1 << 16, 0);
+  auto s = writer->RegisterMemory(src.data(), src.size(), MemoryKind::kDram);
+  auto d = target->RegisterMemory(dst.data(), dst.size(), MemoryKind::kDram);
+  ASSERT_TRUE(s.ok() && d.ok());
+  // As decode's Hello: the target's endpoint first, used, then the writer's.
+  auto to_writer = target->Connect(writer->Address());
+  ASSERT_TRUE(to_writer.ok()) << to_writer.status().ToString();
+  ASSERT_TRUE(target->SendMessage(*to_writer, "hello").ok());
+  hello.Wait();
+  auto to_target = writer->Connect(target->Address());
+  ASSERT_TRUE(to_target.ok()) << to_target.status().ToString();
+  auto remote = writer->ImportRegion(*to_target, d->remote_key);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  // A second endpoint of the target's stays open (its Hello sent again).
+  auto again = target->Connect(writer->Address());
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(WriteAcked(*writer, *to_target, s->id, *remote, 10s)) << "before any close";
+
+  target->Disconnect(*to_writer);
+  // The limit is far above a working ACK's milliseconds; a lost one never
+  // comes.
+  EXPECT_TRUE(WriteAcked(*writer, *to_target, s->id, *remote, 10s))
+      << "the writer's endpoint died with the target's closed one";
+  EXPECT_EQ(dst[0], 7);
+}
+
+}  // namespace
+}  // namespace kvbridge::internal::ucx
