@@ -240,6 +240,48 @@ TEST(HandshakeTest, LostAnswerIsGivenAgainOnANewEndpoint) {
   ExpectTransferSucceeds(**c, 5);
 }
 
+// The faults of the two tests below: prefill's challenge passes and its
+// HelloAck is lost; decode's first Hello passes and the next is lost. Over
+// `ucx` (TCP, every write acknowledged over UCX) or the loopback.
+struct LostAnswer {
+  FaultTransport* prefill = nullptr;
+  FaultTransport* decode = nullptr;
+};
+ClusterOptions LoseAnswerAndRetry(LostAnswer* faults, bool ucx) {
+  ClusterOptions o;
+  o.tweak = [](ManagerOptions& m) {
+    m.heartbeat_interval = std::chrono::milliseconds(50);
+    m.heartbeat_misses = 10;
+  };
+  o.wrap = [=](std::unique_ptr<Transport> t, Role r, int) -> std::unique_ptr<Transport> {
+    if (ucx) {
+      UcxTransportOptions u;
+      u.tls = "tcp";
+      u.same_host_paths = false;
+      u.name = r == Role::kPrefill ? "prefill" : "decode";
+      auto made = CreateUcxTransport(u);
+      if (!made.ok()) return nullptr;
+      t = std::move(*made);
+    }
+    auto f = std::make_unique<FaultTransport>(std::move(t));
+    f->MuteConnects(r == Role::kPrefill ? 0 : 1, 1, r == Role::kPrefill ? 1 : 0);
+    (r == Role::kPrefill ? faults->prefill : faults->decode) = f.get();
+    return f;
+  };
+  return o;
+}
+
+// Two transfers succeed after the lost answer and the retries, and no room
+// failed on either side.
+void ExpectTransfersAfterTheRetries(TestCluster& c, const LostAnswer& faults) {
+  ExpectTransferSucceeds(c, 7);
+  EXPECT_GE(faults.prefill->counters().muted_dropped, 1u);  // the HelloAck
+  EXPECT_GE(faults.decode->counters().muted_dropped, 1u);   // the second Hello
+  ExpectTransferSucceeds(c, 8);
+  EXPECT_EQ(c.prefill[0].manager->Stats().rooms_failed, 0u);
+  EXPECT_EQ(c.decode[0].manager->Stats().rooms_failed, 0u);
+}
+
 // Prefill's challenge reaches decode, but its HelloAck (and everything after
 // it on that endpoint) is lost, and decode's first Hello sent again is lost
 // too: decode has the answer only after its second retry, 3 s (2 + 4
@@ -248,72 +290,22 @@ TEST(HandshakeTest, LostAnswerIsGivenAgainOnANewEndpoint) {
 // after answering, the lossy link runs across hosts showed it), but wait
 // as long as a handshake may.
 TEST(HandshakeTest, PrefillWaitsForAPeerThatHasNotHeardItsAnswerYet) {
-  FaultTransport* prefill_faults = nullptr;
-  FaultTransport* decode_faults = nullptr;
-  ClusterOptions o;
-  o.tweak = [](ManagerOptions& m) {
-    m.heartbeat_interval = std::chrono::milliseconds(50);
-    m.heartbeat_misses = 10;
-  };
-  o.wrap = [&](std::unique_ptr<Transport> t, Role r, int) -> std::unique_ptr<Transport> {
-    auto f = std::make_unique<FaultTransport>(std::move(t));
-    if (r == Role::kPrefill) {
-      f->MuteConnects(0, 1, 1);  // the challenge passes, the ack is lost
-      prefill_faults = f.get();
-    } else {
-      f->MuteConnects(1, 1, 0);  // the first Hello passes, the next is lost
-      decode_faults = f.get();
-    }
-    return f;
-  };
-  auto c = TestCluster::Create(o);
+  LostAnswer faults;
+  auto c = TestCluster::Create(LoseAnswerAndRetry(&faults, /*ucx=*/false));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   // As across hosts: no /proc says the silent decode process is running.
   ManagerAccess::Of(*(*c)->prefill[0].manager).JudgeLivenessAsRemoteForTest();
-  ExpectTransferSucceeds(**c, 7);
-  EXPECT_GE(prefill_faults->counters().muted_dropped, 1u);  // the HelloAck
-  EXPECT_GE(decode_faults->counters().muted_dropped, 1u);   // the second Hello
-  EXPECT_EQ((*c)->prefill[0].manager->Stats().rooms_failed, 0u);
-  EXPECT_EQ((*c)->decode[0].manager->Stats().rooms_failed, 0u);
-  ExpectTransferSucceeds(**c, 8);
+  ExpectTransfersAfterTheRetries(**c, faults);
 }
 
 // The same lost answer and lost Hello, over UCX: each retry leaves an
 // endpoint behind that the other side's worker may have paired with one of
 // its own (UcxPairingTest); the transfers after the retries complete.
 TEST(HandshakeTest, HelloSentAgainOverUcxLeavesTheTransfersWorking) {
-  FaultTransport* prefill_faults = nullptr;
-  FaultTransport* decode_faults = nullptr;
-  ClusterOptions o;
-  o.tweak = [](ManagerOptions& m) {
-    m.heartbeat_interval = std::chrono::milliseconds(50);
-    m.heartbeat_misses = 10;
-  };
-  o.wrap = [&](std::unique_ptr<Transport>, Role r, int) -> std::unique_ptr<Transport> {
-    UcxTransportOptions u;
-    u.tls = "tcp";
-    u.same_host_paths = false;  // every write acknowledged over UCX
-    u.name = r == Role::kPrefill ? "prefill" : "decode";
-    auto ucx = CreateUcxTransport(u);
-    if (!ucx.ok()) return nullptr;
-    auto f = std::make_unique<FaultTransport>(std::move(*ucx));
-    if (r == Role::kPrefill) {
-      f->MuteConnects(0, 1, 1);  // the challenge passes, the ack is lost
-      prefill_faults = f.get();
-    } else {
-      f->MuteConnects(1, 1, 0);  // the first Hello passes, the next is lost
-      decode_faults = f.get();
-    }
-    return f;
-  };
-  auto c = TestCluster::Create(o);
+  LostAnswer faults;
+  auto c = TestCluster::Create(LoseAnswerAndRetry(&faults, /*ucx=*/true));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  ExpectTransferSucceeds(**c, 7);
-  EXPECT_GE(prefill_faults->counters().muted_dropped, 1u);  // the HelloAck
-  EXPECT_GE(decode_faults->counters().muted_dropped, 1u);   // the second Hello
-  ExpectTransferSucceeds(**c, 8);
-  EXPECT_EQ((*c)->prefill[0].manager->Stats().rooms_failed, 0u);
-  EXPECT_EQ((*c)->decode[0].manager->Stats().rooms_failed, 0u);
+  ExpectTransfersAfterTheRetries(**c, faults);
 }
 
 // A prefill rank that never answers the handshake (every endpoint to it is
