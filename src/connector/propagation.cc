@@ -99,11 +99,14 @@ FailureRecord ManagerImpl::GroupFailure(const Room& room) {
   }
   // The registry is read at once and after each interval of the wait: the
   // record may be there before this rank's next registry round reads it
-  // (one read at the start missed a sibling's record under ASan).
+  // (one read at the start missed a sibling's record under ASan). Each read
+  // after the first asks only for the records published since.
   const auto wait = opts_.heartbeat_interval * 3;
   const auto deadline = std::chrono::steady_clock::now() + wait;
+  uint64_t since = 0;
   for (;;) {
-    Result<FailureBatch> batch = registry_->FailuresSince(0);
+    Result<FailureBatch> batch = registry_->FailuresSince(since);
+    if (batch.ok()) since = batch->latest_seq;
     Outbox out;
     {
       MutexLock lock(mu_);
