@@ -434,13 +434,15 @@ void UcxTransport::Disconnect(PeerId peer_id) {
 
 void UcxTransport::LingerOrClose(const std::shared_ptr<Peer>& peer) {
   bool others = false;
+  bool failed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    failed = peer->failed;
     for (const auto& [id, p] : peers_)
       others = others || (!p->dead && SameProcess(p->host, peer->host));
   }
-  if (!others || peer->failed) {
-    ClosePeer(peer, peer->failed);
+  if (!others || failed) {
+    ClosePeer(peer, failed);
     CloseLingeringIfLast(peer->host);
     return;
   }
@@ -466,7 +468,7 @@ void UcxTransport::CloseLingeringIfLast(const HostIdentity& host) {
   }
   for (auto it = lingering_.begin(); it != lingering_.end();) {
     if (SameProcess((*it)->host, host)) {
-      ClosePeer(*it, (*it)->failed);
+      ClosePeer(*it, /*force=*/false);  // lingering: stopped, never failed
       it = lingering_.erase(it);
     } else {
       ++it;

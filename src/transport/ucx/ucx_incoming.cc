@@ -57,7 +57,10 @@ void AckDone(void* request, ucs_status_t status, void* user_data) {
 
 IncomingStats UcxTransport::Stats() {
   IncomingStats out;
-  RunSync([&] { out = incoming_stats_; });
+  RunSync([&] {
+    out = incoming_stats_;
+    out.lingering = lingering_.size();
+  });
   return out;
 }
 

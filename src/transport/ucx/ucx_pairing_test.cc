@@ -74,5 +74,25 @@ TEST(UcxPairingTest, ClosingOurEndpointLeavesThePeersEndpointToUsWorking) {
   EXPECT_EQ(dst[0], 7);
 }
 
+// What lingers is bounded per process, and goes with the last endpoint.
+TEST(UcxPairingTest, LingeringEndpointsAreBoundedAndCloseWithTheLastOne) {
+  auto target = Make("target");
+  auto writer = Make("writer");
+  ASSERT_TRUE(target && writer);
+  auto& t = static_cast<UcxTransport&>(*target);
+  auto live = target->Connect(writer->Address());
+  ASSERT_TRUE(live.ok());
+  constexpr size_t kClosed = UcxTransport::kMaxLingering + 4;
+  for (size_t i = 0; i < kClosed; ++i) {
+    auto e = target->Connect(writer->Address());
+    ASSERT_TRUE(e.ok());
+    target->Disconnect(*e);
+  }
+  // Stats runs after every close posted before it (one progress thread).
+  EXPECT_EQ(t.Stats().lingering, UcxTransport::kMaxLingering);
+  target->Disconnect(*live);
+  EXPECT_EQ(t.Stats().lingering, 0u);
+}
+
 }  // namespace
 }  // namespace kvbridge::internal::ucx

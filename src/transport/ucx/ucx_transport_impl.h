@@ -207,6 +207,7 @@ struct IncomingStats {
   uint64_t rejected_limit = 0;    // data AMs over the per-peer bound
   uint64_t rejected_revoked = 0;  // data AMs under a revoked grant (also in rejected_token)
   uint64_t open_batches = 0;      // incoming batches now open
+  uint64_t lingering = 0;         // disconnected endpoints not closed yet (LingerOrClose)
 };
 
 class UcxTransport final : public Transport {
@@ -253,6 +254,9 @@ class UcxTransport final : public Transport {
   // Thread-safe; not from a UCX callback.
   IncomingStats Stats();
 
+  // Disconnected endpoints that may linger per process (LingerOrClose).
+  static constexpr size_t kMaxLingering = 16;
+
  private:
   explicit UcxTransport(const UcxTransportOptions& options);
   Status Init();
@@ -298,7 +302,6 @@ class UcxTransport final : public Transport {
   // Closes the lingering endpoints to `host`'s process unless a live peer
   // to it remains.
   void CloseLingeringIfLast(const HostIdentity& host);
-  static constexpr size_t kMaxLingering = 16;
   std::shared_ptr<Peer> FindPeerLocked(PeerId id) const;
   // The path for `region`; a refused same-host grant is an error.
   Result<DataPath> ChoosePath(const Peer& peer, ImportedRegion& region) const;
