@@ -140,5 +140,40 @@ TEST(FenceTest, DeclaredFailedPrefillRejoinsAndItsOldWritesLandNowhere) {
   EXPECT_TRUE(talks_to_new) << "decode does not talk to the new incarnation";
 }
 
+// The same rejoin, with decode's revoke of the old grant still waiting (as
+// it waits for a stopped writer's admitted receives) when decode meets the
+// new incarnation and replaces the peer. The old grant is revoked all the
+// same, the old room quiesces, and the new incarnation's grant is not
+// touched: a new room succeeds. Before, the revoke's result was kept only
+// for the peer now at the position: the old room never quiesced (TSan CI
+// run, DemoFault/stop_prefill).
+TEST(FenceTest, ARevokeStillWaitingWhenThePeerIsReplacedFencesTheOldIncarnation) {
+  std::vector<FaultTransport*> faults;  // prefill, decode
+  auto c = TestCluster::Create(FenceCluster(&faults));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  FaultTransport& decode_faults = *faults[1];
+  decode_faults.HoldRevokes(true);
+  Request r{.room = 31, .src = {1, 2, 3, 4}, .dst = {30, 31, 32, 33}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, r, /*senders_first=*/false));
+  KVReceiver& rx = *r.receivers[0];
+  ASSERT_NO_FATAL_FAILURE(HoldAndSilencePrefill(r, *faults[0]));
+  ASSERT_TRUE(WaitFor([&] { return decode_faults.counters().revokes_started >= 1; }));
+  ASSERT_TRUE(WaitFor([&] { return prefill.Stats().rejoins == 1; }));
+  faults[0]->DropUrgentMessages(false);
+  faults[0]->DropMessages(false);
+  // A new room meets the new incarnation: decode replaces the peer while
+  // the old grant's revoke still waits.
+  Request next{.room = 32, .src = {5, 6}, .dst = {40, 41}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, next, /*senders_first=*/false));
+  EXPECT_FALSE(rx.Quiesced());
+  decode_faults.HoldRevokes(false);
+  EXPECT_TRUE(WaitFor([&] { return rx.Quiesced(); }, std::chrono::seconds(5)))
+      << "the old incarnation's room never quiesced";
+  faults[0]->ReleaseHeldWrites();
+  ASSERT_NO_FATAL_FAILURE(SendChunks(next, {2}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, next));
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

@@ -544,6 +544,18 @@ class ManagerImpl {
   std::set<std::string> hello_retries_ KVB_GUARDED_BY(mu_);
   // Failed peers whose grant is still to be revoked, and the next grant id.
   std::set<std::string> fence_pending_ KVB_GUARDED_BY(mu_);
+  // The unrevoked grants of peers replaced at their position (a failed rank
+  // that rejoined or restarted) before FenceRound got to them: revoked
+  // there, and then that incarnation's sources count as quiesced. Before,
+  // the round looked only at the peer now at the position: the old grant
+  // stayed valid and the old rooms never quiesced (TSan CI run,
+  // DemoFault/stop_prefill: "has not confirmed that no write is in flight").
+  struct RetiredGrant {
+    std::string key;
+    uint64_t incarnation = 0;
+    GrantId grant = 0;
+  };
+  std::vector<RetiredGrant> retired_grants_ KVB_GUARDED_BY(mu_);
   GrantId next_grant_ KVB_GUARDED_BY(mu_) = 1;
 };
 

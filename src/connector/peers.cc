@@ -142,38 +142,46 @@ bool ManagerImpl::FailedPeerCannotWriteLocked(const Peer& peer) const {
 }
 
 void ManagerImpl::FenceRound() {
-  std::vector<std::pair<std::string, GrantId>> todo;
+  std::vector<RetiredGrant> todo;  // incarnation 0: the peer now at `key`
   {
     MutexLock lock(mu_);
     for (const std::string& key : fence_pending_) {
       Peer* p = FindPeerLocked(key);
-      if (p != nullptr && p->grant != 0 && !p->fenced) todo.emplace_back(key, p->grant);
+      if (p != nullptr && p->failed && p->grant != 0 && !p->fenced)
+        todo.push_back({key, 0, p->grant});
     }
     fence_pending_.clear();
+    for (RetiredGrant& r : retired_grants_) todo.push_back(std::move(r));
+    retired_grants_.clear();
   }
-  for (const auto& [key, grant] : todo) {
-    Status st = transport_->RevokeGrant(grant);
-    {
-      MutexLock lock(mu_);
-      Peer* p = FindPeerLocked(key);
-      if (p == nullptr || p->grant != grant) continue;
-      if (!st.ok()) {
-        // Its writes may still land: the rooms stay unquiesced; next round.
-        KVB_LOG_WARN("fencing {} not done yet: {}", key, st.ToString());
-        fence_pending_.insert(key);
-        continue;
+  for (const RetiredGrant& t : todo) {
+    Status st = transport_->RevokeGrant(t.grant);
+    MutexLock lock(mu_);
+    Peer* p = FindPeerLocked(t.key);
+    const bool current = t.incarnation == 0;
+    if (current && (p == nullptr || p->grant != t.grant)) continue;
+    if (!st.ok()) {
+      // Its writes may still land: the rooms stay unquiesced; next round.
+      KVB_LOG_WARN("fencing {} not done yet: {}", t.key, st.ToString());
+      if (current) {
+        fence_pending_.insert(t.key);
+      } else {
+        retired_grants_.push_back(t);
       }
-      p->fenced = true;
-      KVB_LOG_INFO("fenced {}: its write grant is revoked, nothing it sends lands", key);
-      for (auto& [id, room] : receivers_) {
-        bool touches = false;
-        for (ReceiverSource& src : room->sources) {
-          if (src.peer_key != key) continue;
-          touches = true;
-          src.quiesced = true;
-        }
-        if (touches) UpdateQuiescedLocked(*room);
+      continue;
+    }
+    if (current) p->fenced = true;
+    KVB_LOG_INFO("fenced {}{}: its write grant is revoked, nothing it sends lands", t.key,
+                 current ? "" : fmt::format(" (incarnation {:#x}, replaced)", t.incarnation));
+    for (auto& [id, room] : receivers_) {
+      bool touches = false;
+      for (ReceiverSource& src : room->sources) {
+        if (src.peer_key != t.key || (!current && src.prefill.incarnation != t.incarnation))
+          continue;
+        touches = true;
+        src.quiesced = true;
       }
+      if (touches) UpdateQuiescedLocked(*room);
     }
   }
 }

@@ -268,6 +268,8 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
       stale = old->tpeer;
       by_tpeer_.erase(old->tpeer);
       DropBeatLocked(*old, out);
+      if (old->grant != 0 && !old->fenced)
+        retired_grants_.push_back({key, old->id.incarnation, old->grant});
     }
     dead_ranks_.erase(key);
     peer->ready = true;

@@ -223,6 +223,21 @@ Status FaultTransport::SendUrgentMessage(PeerId peer, std::string payload) {
   return Status::Ok();
 }
 
+void FaultTransport::HoldRevokes(bool hold) {
+  std::lock_guard<std::mutex> lock(mu_);
+  hold_revokes_ = hold;
+  cv_.notify_all();
+}
+
+Status FaultTransport::RevokeGrant(GrantId grant) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++counters_.revokes_started;
+    cv_.wait(lock, [&] { return !hold_revokes_; });
+  }
+  return inner_->RevokeGrant(grant);
+}
+
 void FaultTransport::Disconnect(PeerId peer) {
   std::lock_guard<std::mutex> forward_lock(forward_mu_);
   {

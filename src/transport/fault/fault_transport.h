@@ -49,6 +49,7 @@ struct FaultCounters {
   uint64_t urgent_dropped = 0;      // by DropUrgentMessages
   uint64_t muted_dropped = 0;       // sent on an endpoint MuteNextConnects muted
   uint64_t peers_vanished = 0;
+  uint64_t revokes_started = 0;  // RevokeGrant calls (HoldRevokes)
 };
 
 class FaultTransport final : public Transport {
@@ -73,7 +74,7 @@ class FaultTransport final : public Transport {
   Result<std::string> GrantRegion(RegionId region, GrantId grant) override {
     return inner_->GrantRegion(region, grant);
   }
-  Status RevokeGrant(GrantId grant) override { return inner_->RevokeGrant(grant); }
+  Status RevokeGrant(GrantId grant) override;
   Result<PeerId> Connect(std::string_view peer_address) override;
   Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) override;
   Result<DataPath> PathTo(PeerId peer) const override;
@@ -100,6 +101,10 @@ class FaultTransport final : public Transport {
   size_t HeldBatches() const;
   // Ordered messages (SendMessage) are accepted (OK) and discarded.
   void DropMessages(bool drop);
+  // While on, RevokeGrant waits (as a revoke waits for a stopped writer's
+  // admitted receives); off lets the waiting ones through. Also counts
+  // revokes_started.
+  void HoldRevokes(bool hold);
   // Urgent messages (heartbeats) are accepted (OK) and discarded: the peer
   // looks unresponsive while its data path still works.
   void DropUrgentMessages(bool drop);
@@ -167,6 +172,7 @@ class FaultTransport final : public Transport {
   std::chrono::milliseconds delay_{0};       // guarded by mu_
   bool hold_ = false;                        // guarded by mu_
   bool drop_messages_ = false;               // guarded by mu_
+  bool hold_revokes_ = false;                // guarded by mu_
   bool drop_urgent_ = false;                 // guarded by mu_
   int skip_connects_ = 0;                    // guarded by mu_
   int mute_connects_ = 0;                    // guarded by mu_
