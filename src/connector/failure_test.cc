@@ -5,7 +5,7 @@
 #include "connector/connector_test_util.h"
 #include "connector/manager_impl.h"
 #include "transport/fault/fault_transport.h"
-#include "transport/ucx/ucx_transport.h"
+#include "transport/ucx/ucx_test_util.h"
 
 namespace kvbridge::internal {
 namespace {
@@ -255,13 +255,9 @@ ClusterOptions LoseAnswerAndRetry(LostAnswer* faults, bool ucx) {
   };
   o.wrap = [=](std::unique_ptr<Transport> t, Role r, int) -> std::unique_ptr<Transport> {
     if (ucx) {
-      UcxTransportOptions u;
-      u.tls = "tcp";
-      u.same_host_paths = false;
-      u.name = r == Role::kPrefill ? "prefill" : "decode";
-      auto made = CreateUcxTransport(u);
-      if (!made.ok()) return nullptr;
-      t = std::move(*made);
+      t = testing::MakeUcxForTest(
+          testing::TcpTestOptions(r == Role::kPrefill ? "prefill" : "decode", false));
+      if (!t) return nullptr;
     }
     auto f = std::make_unique<FaultTransport>(std::move(t));
     f->MuteConnects(r == Role::kPrefill ? 0 : 1, 1, r == Role::kPrefill ? 1 : 0);

@@ -10,6 +10,7 @@
 
 #include "kvbridge/memory.h"
 #include "transport/test_util.h"
+#include "transport/ucx/ucx_test_util.h"
 #include "transport/ucx/ucx_transport_impl.h"
 
 namespace kvbridge::internal::ucx {
@@ -17,14 +18,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// Every write acknowledged over UCX.
 std::unique_ptr<Transport> Make(const char* name) {
-  UcxTransportOptions o;
-  o.tls = "tcp";
-  o.same_host_paths = false;  // every write acknowledged over UCX
-  o.name = name;
-  auto t = CreateUcxTransport(o);
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return t.ok() ? std::move(*t) : nullptr;
+  return testing::MakeUcxForTest(testing::TcpTestOptions(name, /*same_host=*/false));
 }
 
 // One 4 KiB write; whether its ACK came within `limit`.

@@ -14,6 +14,7 @@
 
 #include "kvbridge/memory.h"
 #include "transport/test_util.h"
+#include "transport/ucx/ucx_test_util.h"
 #include "transport/ucx/ucx_transport_impl.h"
 
 namespace kvbridge::internal::ucx {
@@ -24,19 +25,8 @@ using ::testing::HasSubstr;
 
 constexpr size_t kRegion = 4 << 20;
 
-UcxTransportOptions Options(const char* name, bool same_host) {
-  UcxTransportOptions o;
-  o.tls = "tcp";
-  o.same_host_paths = same_host;
-  o.name = name;
-  return o;
-}
-
-std::unique_ptr<Transport> Make(const UcxTransportOptions& o) {
-  auto t = CreateUcxTransport(o);
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return t.ok() ? std::move(*t) : nullptr;
-}
+using testing::MakeUcxForTest;
+using testing::TcpTestOptions;
 
 // Also a barrier with the target's progress thread (see Stats).
 IncomingStats StatsOf(Transport& t) { return static_cast<UcxTransport&>(t).Stats(); }
@@ -60,13 +50,13 @@ class UcxSecurityTest : public ::testing::Test {
   void Build(bool same_host, size_t max_open = 4096,
              std::chrono::milliseconds revoke_timeout = std::chrono::milliseconds(5000),
              bool writer_put = false) {
-    auto to = Options("target", same_host);
+    auto to = TcpTestOptions("target", same_host);
     to.max_incoming_batches_per_peer = max_open;
     to.revoke_timeout = revoke_timeout;
-    target_ = Make(to);
-    auto wo = Options("writer", same_host);
+    target_ = MakeUcxForTest(to);
+    auto wo = TcpTestOptions("writer", same_host);
     wo.force_put = writer_put;
-    writer_ = Make(wo);
+    writer_ = MakeUcxForTest(wo);
     ASSERT_TRUE(target_ && writer_);
     src_.resize(kRegion);
     for (size_t i = 0; i < kRegion; ++i) src_[i] = static_cast<uint8_t>(i * 7 + 1);

@@ -20,12 +20,11 @@
 #include <vector>
 
 #include "tests/integration/netns/hosts_util.h"
-#include "transport/ucx/ucx_transport.h"
+#include "transport/ucx/ucx_test_util.h"
 
 namespace kvbridge::tools {
 namespace {
 
-using internal::CreateUcxTransport;
 using internal::PeerId;
 using internal::Transport;
 using internal::UcxTransportOptions;
@@ -58,14 +57,9 @@ class Inbox {
 };
 
 std::unique_ptr<Transport> Make(const char* name) {
-  UcxTransportOptions o;
-  o.tls = "tcp";
-  o.same_host_paths = false;
+  UcxTransportOptions o = internal::testing::TcpTestOptions(name, /*same_host=*/false);
   o.shm_error_handling = false;
-  o.name = name;
-  auto t = CreateUcxTransport(o);
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return t.ok() ? std::move(*t) : nullptr;
+  return internal::testing::MakeUcxForTest(o);
 }
 
 // The part that runs inside the namespace.
