@@ -438,8 +438,7 @@ void UcxTransport::LingerOrClose(const std::shared_ptr<Peer>& peer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     failed = peer->failed;
-    for (const auto& [id, p] : peers_)
-      others = others || (!p->dead && SameProcess(p->host, peer->host));
+    others = HasLiveEndpointToLocked(peer->host);
   }
   if (!others || failed) {
     ClosePeer(peer, failed);
@@ -460,11 +459,16 @@ void UcxTransport::LingerOrClose(const std::shared_ptr<Peer>& peer) {
   lingering_.push_back(peer);
 }
 
+bool UcxTransport::HasLiveEndpointToLocked(const HostIdentity& host) const {
+  for (const auto& [id, p] : peers_)
+    if (!p->dead && SameProcess(p->host, host)) return true;
+  return false;
+}
+
 void UcxTransport::CloseLingeringIfLast(const HostIdentity& host) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [id, p] : peers_)
-      if (!p->dead && SameProcess(p->host, host)) return;
+    if (HasLiveEndpointToLocked(host)) return;
   }
   for (auto it = lingering_.begin(); it != lingering_.end();) {
     if (SameProcess((*it)->host, host)) {

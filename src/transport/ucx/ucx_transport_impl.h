@@ -302,6 +302,9 @@ class UcxTransport final : public Transport {
   // Closes the lingering endpoints to `host`'s process unless a live peer
   // to it remains.
   void CloseLingeringIfLast(const HostIdentity& host);
+  // A peer to `host`'s process that is neither failed nor disconnected
+  // (mu_ held).
+  bool HasLiveEndpointToLocked(const HostIdentity& host) const;
   std::shared_ptr<Peer> FindPeerLocked(PeerId id) const;
   // The path for `region`; a refused same-host grant is an error.
   Result<DataPath> ChoosePath(const Peer& peer, ImportedRegion& region) const;
