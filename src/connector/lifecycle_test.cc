@@ -201,5 +201,54 @@ TEST(RestartTest, LateRecordAboutAReplacedProcessFailsNoLiveRequest) {
   TransferAll(**c, 3);  // and new requests are not blocked by it either
 }
 
+// prefill tp2 -> decode tp2: decode tp0 reads from prefill tp0 only. Decode
+// tp0 fails a request at once while its prefill instance has a dead rank
+// (prefill tp1), before it has resolved the request's sources. Once prefill
+// tp1 restarted, prefill tp0 takes the same request unblocked: it must learn
+// decode's reason at once. Before, decode told no prefill rank about a
+// request that failed before its sources were known, and prefill tp0 waited
+// for metadata until its deadline, blaming itself (TSan CI run,
+// DemoFault/stop_prefill).
+TEST(RestartTest, ARequestDecodeFailedBeforeResolvingItsSourcesReachesPrefill) {
+  ClusterOptions o;
+  o.prefill_tp = 2;
+  o.decode_tp = 2;
+  o.tweak = [](ManagerOptions& m) {
+    TolerantLiveness(m);
+    m.waiting_timeout = std::chrono::minutes(5);  // no deadline can fail it in this test
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TransferAll(**c, 1);
+  const RankId dead = (*c)->prefill[1].manager->self();
+  ManagerOptions mo = (*c)->prefill[1].manager->options();
+  (*c)->prefill[1].manager.reset();
+  // decode tp1 sees the transport go; decode tp0 learns it through the
+  // registry and then fails new requests of that instance at once.
+  KVManager& decode = *(*c)->decode[0].manager;
+  uint64_t room = 100;
+  std::unique_ptr<KVReceiver> rx;
+  ASSERT_TRUE(WaitFor([&] {
+    rx = std::move(KVReceiver::Create(decode, ++room)).value();
+    rx->Init(0).IgnoreError();
+    return rx->Poll() == KVPoll::kFailed;
+  }));
+  ASSERT_TRUE(rx->Failure().has_value());
+  ASSERT_TRUE(rx->Failure()->origin.SameRank(dead)) << rx->Failure()->Message();
+  auto restarted = CreateManager(
+      mo, std::move(CreateLoopbackTransport((*c)->fabric(), "prefill tp1 (restarted)")).value());
+  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
+  (*c)->prefill[1].manager = std::move(restarted).value();
+  auto tx = std::move(KVSender::Create(*(*c)->prefill[0].manager, room)).value();
+  ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kFailed; }, std::chrono::seconds(10)))
+      << "prefill tp0 still waits for metadata decode tp0 will never send";
+  ASSERT_TRUE(tx->Failure().has_value());
+  EXPECT_TRUE(tx->Failure()->origin.SameRank(dead)) << tx->Failure()->Message();
+  EXPECT_EQ(tx->Failure()->origin.incarnation, dead.incarnation) << tx->Failure()->Message();
+  rx.reset();
+  tx.reset();
+  TransferAll(**c, ++room);  // the restarted rank serves the next request
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

@@ -409,6 +409,17 @@ class ManagerImpl {
       KVB_REQUIRES(mu_);
   void OnQuiesced(const RankId& from, const QuiescedMsg& msg, Outbox& out) KVB_REQUIRES(mu_);
   void FailReceiverLocked(ReceiverRoom& room, FailureRecord record, Outbox& out) KVB_REQUIRES(mu_);
+  void TellSourceLocked(ReceiverRoom& room, ReceiverSource& src, const FailureRecord& record,
+                        Outbox& out) KVB_REQUIRES(mu_);
+  // A room that failed before its sources were resolved (at Init, while
+  // resolving, or by a group failure meanwhile) still tells the prefill
+  // ranks it would have read from: the connected ones among its positions
+  // (KnownSourcesLocked, no I/O), or those a resolve in flight found
+  // (AdoptSources). Their senders would otherwise wait for metadata until
+  // their deadline.
+  std::vector<ReceiverSource> KnownSourcesLocked(const ReceiverRoom& room) KVB_REQUIRES(mu_);
+  void AddFailedSourcesLocked(ReceiverRoom& room, std::vector<ReceiverSource> sources, Outbox& out)
+      KVB_REQUIRES(mu_);
   void UpdateQuiescedLocked(ReceiverRoom& room) KVB_REQUIRES(mu_);
   // WaitingForInput once the room's sources are resolved and every one of
   // them answered our handshake (sglang pre-allocates only then).

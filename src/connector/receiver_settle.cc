@@ -3,7 +3,9 @@
 // stop before its pages are freed (PollSettled / WaitQuiesced).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "common/log.h"
 #include "connector/manager_impl.h"
@@ -44,6 +46,87 @@ void ManagerImpl::WarnUnsettledLocked(ReceiverRoom& room, SteadyTime now) {
       "room {}: failed {:.1f} s ago and {} has not confirmed that no write is in flight; "
       "reporting Failed now, its pages may still be written",
       room.room, std::chrono::duration<double>(now - failed_at).count(), waiting);
+}
+
+// Tells the prefill rank of `src` that the room failed, unless it knows.
+// Prefill learns why even when no metadata went out: its sender would
+// otherwise wait for metadata until its deadline and blame itself.
+void ManagerImpl::TellSourceLocked(ReceiverRoom& room, ReceiverSource& src,
+                                   const FailureRecord& record, Outbox& out) {
+  if (!src.meta_sent) src.quiesced = true;  // prefill never saw the pages
+  Peer* peer = FindPeerLocked(src.peer_key);
+  if (peer == nullptr) {
+    src.quiesced = true;
+    return;
+  }
+  if (peer->failed) {
+    if (FailedPeerCannotWriteLocked(*peer)) {
+      src.quiesced = true;
+    } else if (!src.told && src.meta_sent) {
+      Send(out, *peer, RoomFailedMsg{room.room, room.generation, false, record}, Lane::kUrgent);
+    }
+    src.told = true;
+    return;
+  }
+  if (src.told) return;
+  src.told = true;
+  Send(out, *peer, RoomFailedMsg{room.room, room.generation, !src.meta_sent, record});
+}
+
+void ManagerImpl::FailReceiverLocked(ReceiverRoom& room, FailureRecord record, Outbox& out) {
+  record.generation = room.generation;
+  if (!room.failure && room.poll() != KVPoll::kSuccess) {
+    room.state_before_failure.store(static_cast<int>(room.poll()), std::memory_order_relaxed);
+    room.failed_at_ns.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                            std::memory_order_relaxed);
+  }
+  if (!MarkRoomFailedLocked(room, record)) return;
+  for (ReceiverSource& src : room.sources) TellSourceLocked(room, src, record, out);
+  if (room.initialized && !room.resolved)
+    AddFailedSourcesLocked(room, KnownSourcesLocked(room), out);
+  UpdateQuiescedLocked(room);
+}
+
+std::vector<ReceiverSource> ManagerImpl::KnownSourcesLocked(const ReceiverRoom& room) {
+  std::vector<ReceiverSource> known;
+  if (!prefill_info_) return known;  // no request resolved yet: no prefill rank is connected
+  Result<std::vector<SourcePosition>> positions = SourcePositions(room, *prefill_info_);
+  if (!positions.ok()) return known;
+  for (const SourcePosition& at : *positions) {
+    ReceiverSource src;
+    src.peer_key = PeerKey(at.position);
+    const Peer* peer = FindPeerLocked(src.peer_key);
+    if (peer == nullptr) continue;
+    src.prefill = peer->id;
+    src.dummy = at.dummy;
+    known.push_back(std::move(src));
+  }
+  return known;
+}
+
+void ManagerImpl::AddFailedSourcesLocked(ReceiverRoom& room, std::vector<ReceiverSource> sources,
+                                         Outbox& out) {
+  for (ReceiverSource& src : sources) {
+    const bool known =
+        std::any_of(room.sources.begin(), room.sources.end(),
+                    [&](const ReceiverSource& s) { return s.peer_key == src.peer_key; });
+    if (known) continue;
+    TellSourceLocked(room, src, *room.failure, out);
+    room.sources.push_back(std::move(src));
+  }
+}
+
+void ManagerImpl::UpdateQuiescedLocked(ReceiverRoom& room) {
+  if (room.quiesced.load()) return;
+  bool q = room.poll() == KVPoll::kSuccess;
+  if (!q && room.failure) {
+    q = std::all_of(room.sources.begin(), room.sources.end(),
+                    [](const ReceiverSource& s) { return s.quiesced; });
+  }
+  if (q) {
+    room.quiesced.store(true, std::memory_order_release);
+    room_records_cv_.notify_all();  // WaitReceiverQuiesced
+  }
 }
 
 bool ManagerImpl::WaitReceiverQuiesced(const ReceiverRoom& room,

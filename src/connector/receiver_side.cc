@@ -46,9 +46,19 @@ std::optional<FailureRecord> ManagerImpl::ReceiverFailure(const ReceiverRoom& ro
 
 Status ManagerImpl::ReceiverInit(const std::shared_ptr<ReceiverRoom>& room, int prefill_dp_rank) {
   Outbox out;
-  {
+  const Status checked = [&]() -> Status {
     MutexLock lock(mu_);
-    if (room->failure) return room->failure->ToStatus();
+    if (room->failure) {
+      // Failed at creation (e.g. a dead sibling): the prefill ranks of this
+      // request still learn why.
+      if (!room->initialized && prefill_dp_rank >= 0) {
+        room->initialized = true;
+        room->prefill_dp_rank = prefill_dp_rank;
+        AddFailedSourcesLocked(*room, KnownSourcesLocked(*room), out);
+        UpdateQuiescedLocked(*room);
+      }
+      return room->failure->ToStatus();
+    }
     Status bad;
     if (room->initialized) {
       bad = FailedPreconditionError(fmt::format("room {}: Init called twice", room->room));
@@ -61,13 +71,15 @@ Status ManagerImpl::ReceiverInit(const std::shared_ptr<ReceiverRoom>& room, int 
                          MakeRecord(Self(), FailureCause::kInvalidRequest, bad.message(),
                                     Phase::kBootstrapping, "argument check"),
                          out);
-      Flush(out);
       return bad;
     }
     room->initialized = true;
     room->prefill_dp_rank = prefill_dp_rank;
     room->phase_since = std::chrono::steady_clock::now();
-  }
+    return Status();
+  }();
+  Flush(out);
+  if (!checked.ok()) return checked;
   Status s = ResolveSources(room);
   if (s.ok() || s.code() == StatusCode::kUnavailable) return Status();  // retried by the ticker
   return s;
@@ -180,14 +192,20 @@ void ManagerImpl::AdoptSources(ReceiverRoom& room, std::vector<ReceiverSource> s
   Outbox out;
   {
     MutexLock lock(mu_);
-    if (room.failure || room.resolved) return;
-    room.sources = std::move(sources);
-    room.resolved = true;
-    room.last_resolve_error = Status();
-    if (room.meta) {
-      SendMetaLocked(room, out);
+    if (room.resolved) return;
+    if (room.failure) {  // failed while this resolve was under way
+      AddFailedSourcesLocked(room, std::move(sources), out);
+      room.resolved = true;
+      UpdateQuiescedLocked(room);
     } else {
-      MaybeHandshakeDoneLocked(room);
+      room.sources = std::move(sources);
+      room.resolved = true;
+      room.last_resolve_error = Status();
+      if (room.meta) {
+        SendMetaLocked(room, out);
+      } else {
+        MaybeHandshakeDoneLocked(room);
+      }
     }
   }
   Flush(out);
@@ -514,52 +532,6 @@ void ManagerImpl::OnQuiesced(const RankId& from, const QuiescedMsg& msg, Outbox&
   for (ReceiverSource& s : it->second->sources)
     if (s.peer_key == key) s.quiesced = true;
   UpdateQuiescedLocked(*it->second);
-}
-
-void ManagerImpl::FailReceiverLocked(ReceiverRoom& room, FailureRecord record, Outbox& out) {
-  record.generation = room.generation;
-  if (!room.failure && room.poll() != KVPoll::kSuccess) {
-    room.state_before_failure.store(static_cast<int>(room.poll()), std::memory_order_relaxed);
-    room.failed_at_ns.store(std::chrono::steady_clock::now().time_since_epoch().count(),
-                            std::memory_order_relaxed);
-  }
-  if (!MarkRoomFailedLocked(room, record)) return;
-  for (ReceiverSource& src : room.sources) {
-    if (!src.meta_sent) src.quiesced = true;  // prefill never saw the pages
-    // Prefill learns why even when no metadata went out: its sender would
-    // otherwise wait for metadata until its deadline and blame itself.
-    Peer* peer = FindPeerLocked(src.peer_key);
-    if (peer == nullptr) {
-      src.quiesced = true;
-      continue;
-    }
-    if (peer->failed) {
-      if (FailedPeerCannotWriteLocked(*peer)) {
-        src.quiesced = true;
-      } else if (!src.told && src.meta_sent) {
-        Send(out, *peer, RoomFailedMsg{room.room, room.generation, false, record}, Lane::kUrgent);
-      }
-      src.told = true;
-      continue;
-    }
-    if (src.told) continue;
-    src.told = true;
-    Send(out, *peer, RoomFailedMsg{room.room, room.generation, !src.meta_sent, record});
-  }
-  UpdateQuiescedLocked(room);
-}
-
-void ManagerImpl::UpdateQuiescedLocked(ReceiverRoom& room) {
-  if (room.quiesced.load()) return;
-  bool q = room.poll() == KVPoll::kSuccess;
-  if (!q && room.failure) {
-    q = std::all_of(room.sources.begin(), room.sources.end(),
-                    [](const ReceiverSource& s) { return s.quiesced; });
-  }
-  if (q) {
-    room.quiesced.store(true, std::memory_order_release);
-    room_records_cv_.notify_all();  // WaitReceiverQuiesced
-  }
 }
 
 void ManagerImpl::ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room) {
