@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 
 #include <cstring>
 
@@ -33,25 +31,6 @@ uint32_t LoadU32(std::string_view b) {
 
 }  // namespace
 
-Digest Sha256(std::string_view data) {
-  Digest out{};
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), out.data(), &len, EVP_sha256(), nullptr);
-  return out;
-}
-
-Digest HmacSha256(const std::array<uint8_t, 32>& key, std::string_view data) {
-  Digest out{};
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out.data(), &len);
-  return out;
-}
-
-bool DigestsEqual(const Digest& a, const Digest& b) {
-  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
-}
-
 Result<Nonce> NewNonce() {
   Nonce n{};
   KVB_RETURN_IF_ERROR(SecureRandomBytes(n.data(), n.size()));
@@ -62,15 +41,7 @@ bool SameProcess(const RankId& a, const RankId& b) {
   return a.SameRank(b) && a.host == b.host && a.pid == b.pid && a.incarnation == b.incarnation;
 }
 
-HandshakeAuth::HandshakeAuth(std::string_view secret) {
-  // The bearer token travels in HTTP headers; the HMAC key is derived from
-  // it under its own label, so the two uses never share a value.
-  Digest k{};
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-       reinterpret_cast<const unsigned char*>(kKeyLabel.data()), kKeyLabel.size(), k.data(), &len);
-  key_ = k;
-}
+HandshakeAuth::HandshakeAuth(std::string_view secret) : key_(DeriveKey(secret, kKeyLabel)) {}
 
 std::string HandshakeAuth::Transcript(const Digest& hello_digest, const RankId& prefill,
                                       const Nonce& prefill_nonce, uint64_t prefill_session) {

@@ -35,19 +35,15 @@
 #include <string>
 #include <string_view>
 
+#include "common/digest.h"
 #include "kvbridge/errors.h"
 #include "kvbridge/status.h"
 
 namespace kvbridge::internal {
 
 using Nonce = std::array<uint8_t, 16>;
-using Digest = std::array<uint8_t, 32>;  // SHA-256, HMAC-SHA256
 using SessionKey = std::array<uint8_t, 32>;
 
-Digest Sha256(std::string_view data);
-Digest HmacSha256(const std::array<uint8_t, 32>& key, std::string_view data);
-// Constant time (CRYPTO_memcmp).
-bool DigestsEqual(const Digest& a, const Digest& b);
 // A fresh nonce from the kernel CSPRNG; Internal when it cannot be read.
 Result<Nonce> NewNonce();
 

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "common/log.h"
+#include "control/auth.h"
 #include "control/etcd_registry_state.h"
 #include "control/json_fields.h"
 
@@ -48,7 +49,10 @@ Result<EtcdRegistryOptions> ParseEtcdRegistryUrl(std::string_view url) {
 }
 
 EtcdRegistryClient::State::State(EtcdRegistryOptions o)
-    : options(std::move(o)), prefix("/kvbridge/" + options.ns + "/"), view(prefix) {
+    : options(std::move(o)),
+      prefix("/kvbridge/" + options.ns + "/"),
+      seal(options.auth_token),
+      view(prefix, seal) {
   address = options.url;
   if (address.empty()) {
     address = "etcd://";
@@ -131,6 +135,11 @@ Result<std::unique_ptr<EtcdRegistryClient>> EtcdRegistryClient::Create(
         "max_failure_records > 0");
   }
   KVB_RETURN_IF_ERROR(ValidateNamespace(options.ns));
+  if (options.auth_token.empty()) {
+    return FailedPreconditionError(
+        std::string("etcd registry: no deployment secret to seal its values with; set ") +
+        kAuthTokenEnv + " (or " + kSglangAuthTokenEnv + ") on every rank");
+  }
   auto state = std::make_unique<State>(std::move(options));
   KVB_ASSIGN_OR_RETURN(state->gateway, EtcdGateway::Create(state->options.gateway));
   KVB_RETURN_IF_ERROR(state->Resync().WithContext("etcd registry " + state->address));

@@ -49,6 +49,9 @@ struct EtcdRegistryOptions {
   size_t max_failure_records = 1024;
   // What address() reports; empty = built from the endpoints and namespace.
   std::string url;
+  // The deployment's secret (control/auth.h): every value written is sealed
+  // with it and every value read must open with it (etcd_seal.h). Required.
+  std::string auth_token;
 };
 
 // "etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE]". etcd authentication from the

@@ -24,6 +24,7 @@ struct EtcdRegistryClient::State {
   std::unique_ptr<EtcdGateway> gateway;
   std::string prefix;
   std::string address;
+  EtcdSeal seal;  // of options.auth_token
 
   mutable Mutex mu;
   mutable std::condition_variable_any changed;  // a watch batch applied (or stopping)

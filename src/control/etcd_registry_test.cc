@@ -10,6 +10,9 @@
 #include <set>
 #include <thread>
 
+#include "control/etcd_seal.h"
+#include "control/etcd_view.h"
+#include "control/json_fields.h"
 #include "control/record_json.h"
 #include "tools/etcd_cluster.h"
 
@@ -18,6 +21,8 @@ namespace {
 
 using nlohmann::json;
 using std::chrono::milliseconds;
+
+const char kSecret[] = "etcd registry test secret";
 
 class EtcdRegistryTest : public ::testing::Test {
  protected:
@@ -43,6 +48,7 @@ class EtcdRegistryTest : public ::testing::Test {
     o->unresponsive_after = milliseconds(1000);
     o->dead_after = milliseconds(2000);
     o->max_failure_records = max_records;
+    o->auth_token = kSecret;
     auto c = EtcdRegistryClient::Create(*o);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? std::move(c).value() : nullptr;
@@ -56,6 +62,11 @@ class EtcdRegistryTest : public ::testing::Test {
     auto r = gw->Call("/v3/kv/put", json{{"key", EtcdGateway::B64("/kvbridge/" + ns_ + "/" + rest)},
                                          {"value", EtcdGateway::B64(value)}});
     ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+  // Puts `value` at a key of this test's namespace sealed with `secret`, as
+  // a rank of the deployment (kSecret) or of another one would.
+  void SealedPut(const std::string& rest, const json& value, const char* secret = kSecret) {
+    RawPut(rest, EtcdSeal(secret).Seal("/kvbridge/" + ns_ + "/" + rest, value));
   }
 
   // Waits, on the client's watch, until `done` holds; false at the deadline.
@@ -258,29 +269,41 @@ TEST_F(EtcdRegistryTest, HostileValuesInEtcdAreClearErrorsNeverUsed) {
   auto before = Client();  // sees them by watch
   ASSERT_TRUE(before);
   RankRecord wrong = Prefill(1, 2, 5);
-  const std::string good = "{\"schema\":1,\"record\":" + wrong.ToJson().dump() +
-                           ",\"unresponsive_ttl_ms\":1000,\"dead_ttl_ms\":2000}";
+  const json good = {{"schema", kEtcdSchemaVersion},
+                     {"record", wrong.ToJson()},
+                     {"unresponsive_ttl_ms", 1000},
+                     {"dead_ttl_ms", 2000}};
   RawPut("ranks/prefill/dp0/cp0/tp0/pp0", "{not json");
   RawPut("ranks/prefill/dp0/cp0/tp1/pp0", "{\"schema\":7,\"record\":{}}");
-  RawPut("ranks/prefill/dp0/cp0/tp2/pp0", good);  // tp1's record at tp2's key
-  RawPut("ranks/decode/dpX/cp0/tp0/pp0/1", good);
-  RawPut("failures/00000000000000000001", "{\"schema\":1,\"seq\":1,\"record\":{\"cause\":3}}");
+  SealedPut("ranks/prefill/dp0/cp0/tp2/pp0", good);  // tp1's record at tp2's key
+  SealedPut("ranks/decode/dpX/cp0/tp0/pp0/1", good);
+  SealedPut("failures/00000000000000000001",
+            {{"schema", kEtcdSchemaVersion}, {"seq", 1}, {"record", {{"cause", 3}}}});
   RawPut("failures/00000000000000000002", std::string((1 << 20) + 100, '['));
   RawPut("alive/prefill/dp0/cp0/tp0/pp0", "[]");
   RawPut("failure_seq", "twelve");
+  // Well-formed values without this deployment's seal.
+  RawPut("ranks/prefill/dp0/cp0/tp3/pp0", DumpJson(good));
+  SealedPut("failures/00000000000000000003",
+            {{"schema", kEtcdSchemaVersion}, {"seq", 3}, {"record", RankFailure(wrong)}},
+            "another deployment's secret");
   auto after = Client();  // reads them at start
   ASSERT_TRUE(after);
-  ASSERT_TRUE(WaitFor(*before, [&] { return before->Problems().size() == 7; }))
+  ASSERT_TRUE(WaitFor(*before, [&] { return before->Problems().size() == 9; }))
       << before->Problems().size();
   for (EtcdRegistryClient* c : {before.get(), after.get()}) {
     std::map<std::string, std::string> problems = c->Problems();
-    EXPECT_EQ(problems.size(), 7u);
+    EXPECT_EQ(problems.size(), 9u);
     const std::string p = c->prefix();
     EXPECT_NE(problems[p + "ranks/prefill/dp0/cp0/tp1/pp0"].find("schema version 7"),
               std::string::npos);
     EXPECT_NE(problems[p + "ranks/prefill/dp0/cp0/tp2/pp0"].find("not of the position"),
               std::string::npos);
     EXPECT_NE(problems[p + "failures/00000000000000000001"].find("origin"), std::string::npos);
+    EXPECT_NE(problems[p + "ranks/prefill/dp0/cp0/tp3/pp0"].find("carries no tag"),
+              std::string::npos);
+    EXPECT_NE(problems[p + "failures/00000000000000000003"].find("not this deployment's"),
+              std::string::npos);
     Status bad = c->GetRank(0, 0, 0, 0).status();
     EXPECT_EQ(bad.code(), StatusCode::kInternal);
     EXPECT_NE(bad.message().find("ranks/prefill/dp0/cp0/tp0/pp0"), std::string::npos);
@@ -290,6 +313,71 @@ TEST_F(EtcdRegistryTest, HostileValuesInEtcdAreClearErrorsNeverUsed) {
   Result<uint64_t> seq = after->PublishFailure(RankFailure(wrong));
   EXPECT_EQ(seq.status().code(), StatusCode::kInternal);
   EXPECT_NE(seq.status().message().find("failure_seq"), std::string::npos);
+}
+
+// Issue 12: etcd checks only that a writer holds a role on the namespace, so
+// an etcd user without the deployment's secret writes well-formed values: a
+// failure record naming a live rank, a registration of prefill rank 0 at its
+// own address, a failure record copied from another key. None is used: the
+// rank stays alive and is found at its own address, and only the genuine
+// record is read.
+TEST_F(EtcdRegistryTest, ValuesWrittenWithoutTheSecretFenceNobodyAndRegisterNobody) {
+  auto rank = Client(), watcher = Client();
+  ASSERT_TRUE(rank && watcher);
+  RankRecord victim = Prefill(0, 2, 21), sibling = Prefill(1, 2, 22);
+  ASSERT_TRUE(rank->RegisterRank(victim).ok());
+  ASSERT_TRUE(watcher->RegisterRank(sibling).ok());
+  const json fence = {{"schema", kEtcdSchemaVersion}, {"seq", 7}, {"record", RankFailure(victim)}};
+  RawPut("failures/00000000000000000007", DumpJson(fence));  // no seal
+  SealedPut("failures/00000000000000000008",
+            {{"schema", kEtcdSchemaVersion}, {"seq", 8}, {"record", RankFailure(sibling)}},
+            "a guess at the secret");
+  RankRecord impostor = Prefill(0, 2, 99);
+  impostor.rank_ip = "10.9.9.9";
+  RawPut("ranks/prefill/dp0/cp0/tp0/pp0", DumpJson(json{{"schema", kEtcdSchemaVersion},
+                                                        {"record", impostor.ToJson()},
+                                                        {"unresponsive_ttl_ms", 1000},
+                                                        {"dead_ttl_ms", 2000}}));
+  // A genuine sealed record, copied to the next sequence number.
+  Result<uint64_t> genuine = watcher->PublishFailure(RankFailure(Prefill(5, 8, 1)));
+  ASSERT_TRUE(genuine.ok()) << genuine.status().ToString();
+  ASSERT_TRUE(WaitFor(*watcher, [&] { return watcher->FailuresSince(0)->latest_seq >= *genuine; }));
+  EtcdGatewayOptions go;
+  go.endpoints = ParseEtcdEndpoints(etcd_->Endpoints()).value();
+  auto gw = EtcdGateway::Create(go).value();
+  const std::string from = watcher->prefix() + "failures/" + EtcdSeqKey(*genuine);
+  EtcdKv stored;
+  bool found = false;
+  ASSERT_TRUE(gw->Get(from, &stored, &found).ok());
+  ASSERT_TRUE(found);
+  RawPut("failures/" + EtcdSeqKey(9), stored.value);
+  // Barrier: a second genuine record, written after every forged value.
+  Result<uint64_t> last = rank->PublishFailure(RankFailure(Prefill(6, 8, 2)));
+  ASSERT_TRUE(last.ok()) << last.status().ToString();
+  ASSERT_TRUE(WaitFor(*watcher, [&] { return watcher->FailuresSince(0)->latest_seq >= *last; }));
+
+  std::vector<RankStatus> ranks = watcher->ListRanks().value();
+  EXPECT_EQ(Find(ranks, RankRole::kPrefill, 1).state, Liveness::kAlive);
+  EXPECT_EQ(Find(ranks, RankRole::kPrefill, 1).dead_by_seq, 0u);
+  FailureBatch batch = watcher->FailuresSince(0).value();
+  std::set<uint64_t> seqs;
+  for (const json& r : batch.records) seqs.insert(r["seq"].get<uint64_t>());
+  EXPECT_EQ(seqs, (std::set<uint64_t>{*genuine, *last}));
+  std::map<std::string, std::string> problems = watcher->Problems();
+  const std::string p = watcher->prefix();
+  EXPECT_NE(problems[p + "failures/00000000000000000007"].find("carries no tag"),
+            std::string::npos);
+  EXPECT_NE(problems[p + "failures/00000000000000000008"].find("not this deployment's"),
+            std::string::npos);
+  EXPECT_NE(problems[p + "failures/" + EtcdSeqKey(9)].find("copied from another key"),
+            std::string::npos);
+  // The impostor's registration replaced the victim's value in etcd: the
+  // position reads as broken (Internal, naming the key), never as the
+  // impostor's address.
+  Result<RankRecord> at0 = watcher->GetRank(0, 0, 0, 0);
+  EXPECT_EQ(at0.status().code(), StatusCode::kInternal);
+  EXPECT_NE(problems[p + "ranks/prefill/dp0/cp0/tp0/pp0"].find("carries no tag"),
+            std::string::npos);
 }
 
 TEST_F(EtcdRegistryTest, MalformedUrlsAreRefusedNamingThePart) {
@@ -314,6 +402,12 @@ TEST_F(EtcdRegistryTest, MalformedUrlsAreRefusedNamingThePart) {
   // Nobody listens there: a clear Unavailable, not a hang.
   EtcdRegistryOptions nowhere = ParseEtcdRegistryUrl("etcd://127.0.0.1:1/x").value();
   nowhere.gateway.retry_for = milliseconds(200);
+  // Without the deployment's secret nothing could be sealed: refused first.
+  Status no_secret = EtcdRegistryClient::Create(nowhere).status();
+  EXPECT_EQ(no_secret.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(no_secret.message().find("KVBRIDGE_AUTH_TOKEN"), std::string::npos)
+      << no_secret.ToString();
+  nowhere.auth_token = kSecret;
   auto none = EtcdRegistryClient::Create(nowhere);
   EXPECT_EQ(none.status().code(), StatusCode::kUnavailable);
 }

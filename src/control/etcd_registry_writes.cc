@@ -74,10 +74,14 @@ Status EtcdRegistryClient::RegisterRank(const RankRecord& record) const {
     own = State::Own{};
     KVB_RETURN_IF_ERROR(s_->GrantLeases(&own).WithContext("etcd registry " + s_->address));
   }
-  json success = json::array(
-      {Put(s_->Key("ranks/" + path), EncodeEtcdRank(record, own.alive_ttl, own.record_ttl),
-           own.record_lease),
-       Put(s_->Key("alive/" + path), EncodeEtcdAlive(record.incarnation), own.alive_lease)});
+  json success =
+      json::array({Put(s_->Key("ranks/" + path),
+                       EncodeEtcdRank(s_->seal, s_->Key("ranks/" + path), record, own.alive_ttl,
+                                      own.record_ttl),
+                       own.record_lease),
+                   Put(s_->Key("alive/" + path),
+                       EncodeEtcdAlive(s_->seal, s_->Key("alive/" + path), record.incarnation),
+                       own.alive_lease)});
   bool succeeded = false;
   KVB_ASSIGN_OR_RETURN(int64_t rev, s_->Txn(json::array(), success, &succeeded));
   own.registered = true;
@@ -150,11 +154,13 @@ Status EtcdRegistryClient::Heartbeat(RankRole role, int dp, int cp, int tp, int 
     KVB_ASSIGN_OR_RETURN(int64_t lease,
                          s_->gateway->LeaseGrant(own.alive_ttl.count() / 1000, &granted));
     bool ok = false;
-    KVB_RETURN_IF_ERROR(s_->Txn(json::array(),
-                                json::array({Put(s_->Key("alive/" + own.path),
-                                                 EncodeEtcdAlive(incarnation), lease)}),
-                                &ok)
-                            .status());
+    KVB_RETURN_IF_ERROR(
+        s_->Txn(json::array(),
+                json::array({Put(
+                    s_->Key("alive/" + own.path),
+                    EncodeEtcdAlive(s_->seal, s_->Key("alive/" + own.path), incarnation), lease)}),
+                &ok)
+            .status());
     KVB_LOG_WARN("etcd registry: {} was unresponsive (alive lease expired); alive again", own.path);
     MutexLock lock(s_->mu);
     s_->own.alive_lease = lease;
@@ -192,9 +198,10 @@ Result<uint64_t> EtcdRegistryClient::PublishFailure(const json& record) const {
                                              {"target", "VERSION"},
                                              {"result", "EQUAL"},
                                              {"version", "0"}}});
-    json success =
-        json::array({Put(counter, std::to_string(seq)), Put(s_->Key("failures/" + EtcdSeqKey(seq)),
-                                                            EncodeEtcdFailure(seq, canonical))});
+    json success = json::array(
+        {Put(counter, std::to_string(seq)),
+         Put(s_->Key("failures/" + EtcdSeqKey(seq)),
+             EncodeEtcdFailure(s_->seal, s_->Key("failures/" + EtcdSeqKey(seq)), seq, canonical))});
     if (seq > s_->options.max_failure_records) {
       const std::string old =
           s_->Key("failures/" + EtcdSeqKey(seq - s_->options.max_failure_records));

@@ -63,22 +63,6 @@ std::optional<RankPath> ParseRankPath(std::string_view path) {
   return p;
 }
 
-// The JSON object of a value with this build's schema version.
-Result<json> ReadValue(const std::string& key, const std::string& value) {
-  const std::string what = "etcd key " + Clip(key, 120);
-  KVB_ASSIGN_OR_RETURN(json j, ParseJson(value, what, kMaxValueBytes));
-  JsonFields f(j, what);
-  KVB_RETURN_IF_ERROR(f.RequireObject());
-  int64_t schema = 0;
-  KVB_RETURN_IF_ERROR(f.Int("schema", int64_t{0}, int64_t{1} << 30, &schema));
-  if (schema != kEtcdSchemaVersion) {
-    return InvalidArgumentError(what + " has schema version " + std::to_string(schema) +
-                                "; this build reads version " + std::to_string(kEtcdSchemaVersion) +
-                                " (a newer or older kvbridge wrote it)");
-  }
-  return j;
-}
-
 }  // namespace
 
 std::string EtcdRankPath(RankRole role, const RankKey& k, uint64_t incarnation) {
@@ -95,24 +79,43 @@ std::string EtcdSeqKey(uint64_t seq) {
   return buf;
 }
 
-std::string EncodeEtcdRank(const RankRecord& record, milliseconds unresponsive_ttl,
-                           milliseconds dead_ttl) {
-  return DumpJson(json{{"schema", kEtcdSchemaVersion},
-                       {"record", record.ToJson()},
-                       {"unresponsive_ttl_ms", unresponsive_ttl.count()},
-                       {"dead_ttl_ms", dead_ttl.count()}});
+std::string EncodeEtcdRank(const EtcdSeal& seal, std::string_view key, const RankRecord& record,
+                           milliseconds unresponsive_ttl, milliseconds dead_ttl) {
+  return seal.Seal(key, json{{"schema", kEtcdSchemaVersion},
+                             {"record", record.ToJson()},
+                             {"unresponsive_ttl_ms", unresponsive_ttl.count()},
+                             {"dead_ttl_ms", dead_ttl.count()}});
 }
 
-std::string EncodeEtcdAlive(uint64_t incarnation) {
-  return DumpJson(json{{"schema", kEtcdSchemaVersion}, {"incarnation", incarnation}});
+std::string EncodeEtcdAlive(const EtcdSeal& seal, std::string_view key, uint64_t incarnation) {
+  return seal.Seal(key, json{{"schema", kEtcdSchemaVersion}, {"incarnation", incarnation}});
 }
 
-std::string EncodeEtcdFailure(uint64_t seq, const json& record) {
-  return DumpJson(json{{"schema", kEtcdSchemaVersion}, {"seq", seq}, {"record", record}});
+std::string EncodeEtcdFailure(const EtcdSeal& seal, std::string_view key, uint64_t seq,
+                              const json& record) {
+  return seal.Seal(key, json{{"schema", kEtcdSchemaVersion}, {"seq", seq}, {"record", record}});
 }
 
-EtcdView::EtcdView(std::string prefix, milliseconds forget_decode_after)
-    : prefix_(std::move(prefix)), forget_decode_after_(forget_decode_after) {}
+EtcdView::EtcdView(std::string prefix, EtcdSeal seal, milliseconds forget_decode_after)
+    : prefix_(std::move(prefix)),
+      seal_(std::move(seal)),
+      forget_decode_after_(forget_decode_after) {}
+
+Result<json> EtcdView::Read(const std::string& key, const std::string& value) const {
+  const std::string what = "etcd key " + Clip(key, 120);
+  KVB_ASSIGN_OR_RETURN(json j, ParseJson(value, what, kMaxValueBytes));
+  JsonFields f(j, what);
+  KVB_RETURN_IF_ERROR(f.RequireObject());
+  int64_t schema = 0;
+  KVB_RETURN_IF_ERROR(f.Int("schema", int64_t{0}, int64_t{1} << 30, &schema));
+  if (schema != kEtcdSchemaVersion) {
+    return InvalidArgumentError(what + " has schema version " + std::to_string(schema) +
+                                "; this build reads version " + std::to_string(kEtcdSchemaVersion) +
+                                " (a newer or older kvbridge wrote it)");
+  }
+  KVB_RETURN_IF_ERROR(seal_.Open(key, j));
+  return j;
+}
 
 void EtcdView::Problem(const std::string& key, const std::string& why) {
   auto [it, inserted] = problems_.insert_or_assign(key, why);
@@ -180,7 +183,7 @@ void EtcdView::ApplyRank(const std::string& path, const EtcdEvent& ev, Time now)
   }
   Status bad;
   RankRecord record;
-  Result<json> j = ReadValue(key, ev.kv.value);
+  Result<json> j = Read(key, ev.kv.value);
   int64_t unresponsive_ms = 0, dead_ms = 0;
   if (!j.ok()) {
     bad = j.status();
@@ -230,7 +233,7 @@ void EtcdView::ApplyAlive(const std::string& path, const EtcdEvent& ev, Time now
     if (alive_.erase(path) != 0) alive_lost_[path] = now;
     return;
   }
-  Result<json> j = ReadValue(ev.kv.key, ev.kv.value);
+  Result<json> j = Read(ev.kv.key, ev.kv.value);
   uint64_t inc = 0;
   Status s = j.ok() ? JsonFields(*j, "etcd key " + Clip(ev.kv.key, 120)).Uint64("incarnation", &inc)
                     : j.status();
@@ -254,7 +257,7 @@ void EtcdView::ApplyFailure(const std::string& name, const EtcdEvent& ev) {
     failures_.erase(seq);
     return;
   }
-  Result<json> j = ReadValue(ev.kv.key, ev.kv.value);
+  Result<json> j = Read(ev.kv.key, ev.kv.value);
   Status s = j.status();
   uint64_t stored_seq = 0;
   json record;

@@ -3,7 +3,7 @@
 // argument): EtcdRegistryClient feeds it and answers reads from it.
 //
 // Key layout under the deployment prefix ("/kvbridge/<namespace>/"), values
-// JSON with "schema": kEtcdSchemaVersion:
+// JSON with "schema": kEtcdSchemaVersion and "mac", the seal (etcd_seal.h):
 //   ranks/prefill/dp<D>/cp<C>/tp<T>/pp<P>          {"schema", "record", "unresponsive_ttl_ms",
 //   ranks/decode/dp<D>/cp<C>/tp<T>/pp<P>/<inc>      "dead_ttl_ms"}   under the rank's record lease
 //   alive/<the same path>                          {"schema", "incarnation"} under its alive lease
@@ -17,7 +17,8 @@
 // A deleted rank stays listed as dead (a prefill position until another
 // incarnation takes it; a decode rank for forget_decode_after).
 //
-// A value that is not valid JSON, has an unknown schema version, does not
+// A value that is not valid JSON, has an unknown schema version, is not
+// sealed with this deployment's secret for its key, does not
 // read as its record type, or sits at a key that is not its own position is
 // not used: the key is listed in problems() with what was wrong, and a read
 // of that prefill position is Internal naming it.
@@ -33,30 +34,35 @@
 #include <vector>
 
 #include "control/etcd_gateway.h"
+#include "control/etcd_seal.h"
 #include "control/registry.h"
 #include "kvbridge/errors.h"
 
 namespace kvbridge::internal {
 
-inline constexpr int kEtcdSchemaVersion = 1;
+// 2: every value sealed (etcd_seal.h).
+inline constexpr int kEtcdSchemaVersion = 2;
 
 // "prefill/dp0/cp0/tp1/pp0" or "decode/dp0/cp0/tp1/pp0/<incarnation>".
 std::string EtcdRankPath(RankRole role, const RankKey& key, uint64_t incarnation);
 // "%020llu": keys sort as their numbers.
 std::string EtcdSeqKey(uint64_t seq);
 
-std::string EncodeEtcdRank(const RankRecord& record, std::chrono::milliseconds unresponsive_ttl,
+// The sealed values to store at `key` (the full etcd key).
+std::string EncodeEtcdRank(const EtcdSeal& seal, std::string_view key, const RankRecord& record,
+                           std::chrono::milliseconds unresponsive_ttl,
                            std::chrono::milliseconds dead_ttl);
-std::string EncodeEtcdAlive(uint64_t incarnation);
-std::string EncodeEtcdFailure(uint64_t seq, const nlohmann::json& record);
+std::string EncodeEtcdAlive(const EtcdSeal& seal, std::string_view key, uint64_t incarnation);
+std::string EncodeEtcdFailure(const EtcdSeal& seal, std::string_view key, uint64_t seq,
+                              const nlohmann::json& record);
 
 class EtcdView {
  public:
   using Time = std::chrono::steady_clock::time_point;
 
-  // `prefix` ends with '/'.
-  explicit EtcdView(std::string prefix,
-                    std::chrono::milliseconds forget_decode_after = std::chrono::minutes(10));
+  // `prefix` ends with '/'; `seal` opens every value read.
+  EtcdView(std::string prefix, EtcdSeal seal,
+           std::chrono::milliseconds forget_decode_after = std::chrono::minutes(10));
 
   // Replaces the picture with the keys of one range read (a rank not among
   // them is now deleted).
@@ -99,11 +105,15 @@ class EtcdView {
   void ApplyAlive(const std::string& path, const EtcdEvent& event, Time now);
   void ApplyFailure(const std::string& name, const EtcdEvent& event);
   void Problem(const std::string& key, const std::string& why);
+  // The JSON object of a value with this build's schema version and a
+  // seal that opens.
+  Result<nlohmann::json> Read(const std::string& key, const std::string& value) const;
   Entry* Find(const std::string& path);
   RankStatus StatusOf(const std::string& path, const Entry& e, Time now) const;
   void Forget(Time now);
 
   std::string prefix_;
+  EtcdSeal seal_;
   std::chrono::milliseconds forget_decode_after_;
   std::map<RankKey, Entry> prefill_;
   std::map<std::pair<RankKey, uint64_t>, Entry> decode_;

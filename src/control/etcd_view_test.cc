@@ -12,6 +12,7 @@ using std::chrono::milliseconds;
 using Time = EtcdView::Time;
 
 const std::string kPrefix = "/kvbridge/t/";
+const EtcdSeal kSeal("etcd view test secret");
 
 RankRecord Prefill(int tp, uint64_t incarnation) {
   RankRecord r;
@@ -41,12 +42,15 @@ EtcdEvent Delete(const std::string& rest) {
 
 void Register(EtcdView& v, const RankRecord& r, Time now) {
   const std::string path = EtcdRankPath(r.role, r.key(), r.incarnation);
-  v.Apply(Put("ranks/" + path, EncodeEtcdRank(r, milliseconds(1000), milliseconds(3000))), now);
-  v.Apply(Put("alive/" + path, EncodeEtcdAlive(r.incarnation)), now);
+  v.Apply(Put("ranks/" + path, EncodeEtcdRank(kSeal, kPrefix + "ranks/" + path, r,
+                                              milliseconds(1000), milliseconds(3000))),
+          now);
+  v.Apply(Put("alive/" + path, EncodeEtcdAlive(kSeal, kPrefix + "alive/" + path, r.incarnation)),
+          now);
 }
 
 TEST(EtcdViewTest, AliveThenUnresponsiveThenDeadAsTheLeasesGo) {
-  EtcdView v(kPrefix);
+  EtcdView v(kPrefix, kSeal);
   const Time t0 = std::chrono::steady_clock::now();
   Register(v, Prefill(0, 5), t0);
   ASSERT_EQ(v.ListRanks(t0).size(), 1u);
@@ -74,7 +78,7 @@ TEST(EtcdViewTest, AliveThenUnresponsiveThenDeadAsTheLeasesGo) {
 }
 
 TEST(EtcdViewTest, AFailureRecordFencesTheIncarnationItNames) {
-  EtcdView v(kPrefix);
+  EtcdView v(kPrefix, kSeal);
   const Time t0 = std::chrono::steady_clock::now();
   Register(v, Prefill(0, 5), t0);
   Register(v, Prefill(1, 7), t0);
@@ -84,7 +88,8 @@ TEST(EtcdViewTest, AFailureRecordFencesTheIncarnationItNames) {
   f.origin.tp = 1;
   f.origin.incarnation = 7;
   f.cause = FailureCause::kPeerExited;
-  v.Apply(Put("failures/" + EtcdSeqKey(1), EncodeEtcdFailure(1, FailureRecordToJson(f))), t0);
+  const std::string key = "failures/" + EtcdSeqKey(1);
+  v.Apply(Put(key, EncodeEtcdFailure(kSeal, kPrefix + key, 1, FailureRecordToJson(f))), t0);
   EXPECT_EQ(v.DeadBySeq(RankRole::kPrefill, RankKey{0, 0, 1, 0}, 7), 1u);
   EXPECT_EQ(v.DeadBySeq(RankRole::kPrefill, RankKey{0, 0, 1, 0}, 8), 0u);  // another process
   EXPECT_EQ(v.DeadBySeq(RankRole::kPrefill, RankKey{0, 0, 0, 0}, 5), 0u);
@@ -103,12 +108,49 @@ TEST(EtcdViewTest, AFailureRecordFencesTheIncarnationItNames) {
 }
 
 TEST(EtcdViewTest, ResetMarksRanksMissingFromTheReadDeleted) {
-  EtcdView v(kPrefix);
+  EtcdView v(kPrefix, kSeal);
   const Time t0 = std::chrono::steady_clock::now();
   Register(v, Prefill(0, 5), t0);
   v.Reset({}, t0 + milliseconds(10));
   ASSERT_EQ(v.ListRanks(t0 + milliseconds(10)).size(), 1u);
   EXPECT_EQ(v.ListRanks(t0 + milliseconds(10))[0].state, Liveness::kDead);
+}
+
+// The seal, without etcd: a value opens only under the deployment's secret
+// and at the key it was sealed for.
+TEST(EtcdViewTest, AValueNotSealedForItsKeyWithTheDeploymentsSecretIsNotUsed) {
+  EtcdView v(kPrefix, kSeal);
+  const Time t0 = std::chrono::steady_clock::now();
+  Register(v, Prefill(0, 5), t0);
+  Register(v, Prefill(1, 7), t0);
+  v.Apply(Delete("alive/prefill/dp0/cp0/tp1/pp0"), t0);
+  FailureRecord f;
+  f.origin.role = Role::kPrefill;
+  f.origin.incarnation = 5;
+  f.cause = FailureCause::kPeerExited;
+  const std::string k1 = "failures/" + EtcdSeqKey(1), k2 = "failures/" + EtcdSeqKey(2);
+  const EtcdSeal other("another secret");
+  v.Apply(Put(k1, EncodeEtcdFailure(other, kPrefix + k1, 1, FailureRecordToJson(f))), t0);
+  // Sealed for k1, put at k2 (its seq field changed to match k2's).
+  nlohmann::json moved =
+      nlohmann::json::parse(EncodeEtcdFailure(kSeal, kPrefix + k1, 1, FailureRecordToJson(f)));
+  moved["seq"] = 2;
+  v.Apply(Put(k2, moved.dump()), t0);
+  // tp0's alive value at tp1's alive key.
+  v.Apply(Put("alive/prefill/dp0/cp0/tp1/pp0",
+              EncodeEtcdAlive(kSeal, kPrefix + "alive/prefill/dp0/cp0/tp0/pp0", 7)),
+          t0);
+  EXPECT_EQ(v.DeadBySeq(RankRole::kPrefill, RankKey{0, 0, 0, 0}, 5), 0u);
+  EXPECT_TRUE(v.FailuresSince(0).records.empty());
+  EXPECT_EQ(v.ListRanks(t0)[0].state, Liveness::kAlive);
+  EXPECT_EQ(v.ListRanks(t0)[1].state, Liveness::kUnresponsive);
+  ASSERT_EQ(v.problems().size(), 3u);
+  for (const auto& [key, why] : v.problems())
+    EXPECT_NE(why.find("not this deployment's for this key"), std::string::npos) << key << why;
+  // The same record sealed for its key with the secret is used.
+  v.Apply(Put(k2, EncodeEtcdFailure(kSeal, kPrefix + k2, 2, FailureRecordToJson(f))), t0);
+  EXPECT_EQ(v.DeadBySeq(RankRole::kPrefill, RankKey{0, 0, 0, 0}, 5), 2u);
+  EXPECT_EQ(v.problems().size(), 2u);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@ Result<std::unique_ptr<RegistryClient>> CreateRegistryClient(
   }
   KVB_ASSIGN_OR_RETURN(EtcdRegistryOptions o, ParseEtcdRegistryUrl(registry));
   o.gateway.timeout = timeout;
+  o.auth_token = std::move(auth_token);
   o.unresponsive_after = unresponsive_after;
   // Dead well after unresponsive: a rank that stalls for a second is not
   // fenced by etcd alone (its peers' heartbeats decide that sooner).

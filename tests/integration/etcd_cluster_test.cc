@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "control/auth.h"
 #include "control/etcd_registry.h"
 #include "control/record_json.h"
 #include "tests/integration/etcd/leader_check.h"
@@ -79,6 +80,7 @@ void WaitForProgress(Cluster& c, uint64_t n) {
 std::unique_ptr<EtcdRegistryClient> Watcher(const EtcdCluster& etcd, const std::string& ns) {
   auto o = internal::ParseEtcdRegistryUrl(etcd.Url(ns));
   EXPECT_TRUE(o.ok()) << o.status().ToString();
+  o->auth_token = internal::EnsureAuthTokenInEnvironment();  // the cluster's secret
   auto c = EtcdRegistryClient::Create(*o);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return c.ok() ? std::move(c).value() : nullptr;

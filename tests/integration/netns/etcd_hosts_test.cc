@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "control/auth.h"
 #include "control/etcd_registry.h"
 #include "tests/integration/etcd/leader_check.h"
 #include "tests/integration/netns/hosts_util.h"
@@ -92,6 +93,7 @@ TEST(EtcdOnHostsTest, LeaderKilledMidRunLosesNothingAndFailsNoRequest) {
   ASSERT_TRUE(here.joined());
   auto parsed = internal::ParseEtcdRegistryUrl(url);
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  parsed->auth_token = internal::EnsureAuthTokenInEnvironment();  // the cluster's secret
   auto watcher_or = EtcdRegistryClient::Create(*parsed);
   ASSERT_TRUE(watcher_or.ok()) << watcher_or.status().ToString();
   EtcdRegistryClient& watcher = **watcher_or;
