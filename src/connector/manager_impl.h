@@ -321,6 +321,19 @@ class ManagerImpl {
   // Publishes the failure records queued for the registry (RegistryRound);
   // `answered_before` is when the registry answered the round before this.
   void PublishQueued(std::chrono::system_clock::time_point answered_before);
+  // The registry refused this incarnation's heartbeat (FailedPrecondition:
+  // e.g. etcd expired its record lease while this rank could not reach it,
+  // so every rank counts it dead, with no failure record naming it). Read
+  // after the round's records (a record that fenced it is applied as such):
+  // when another process holds the position now this one stops for good;
+  // otherwise it is fenced as if a record named it, and rejoins.
+  struct HeartbeatRefusal {
+    uint64_t incarnation = 0;  // the incarnation the refused heartbeat was of
+    std::string why;
+  };
+  void ApplyHeartbeatRefusalLocked(const HeartbeatRefusal& refusal,
+                                   const std::vector<RankStatus>& ranks, Outbox& out)
+      KVB_REQUIRES(mu_);
   void CheckSiblings(const std::vector<RankStatus>& ranks);
   FailureRecord MakeRecord(const RankId& origin, FailureCause cause, std::string detail,
                            Phase phase, std::string mechanism) const;
@@ -498,7 +511,10 @@ class ManagerImpl {
   uint64_t failure_seq_ = 0;                     // registry thread only
   SteadyTime last_tick_ KVB_GUARDED_BY(mu_) = std::chrono::steady_clock::now();
   std::optional<SteadyTime> registry_down_since_;  // beat thread only
-  bool registry_reached_ = false;                  // beat thread only: a heartbeat answered
+  // Why the registry last refused this incarnation's heartbeat; cleared by
+  // one it takes.
+  std::optional<HeartbeatRefusal> heartbeat_refused_ KVB_GUARDED_BY(mu_);
+  bool registry_reached_ = false;  // beat thread only: a heartbeat answered
   // When the registry last answered a heartbeat.
   std::chrono::system_clock::time_point registry_answered_ KVB_GUARDED_BY(mu_){};
   // registry_answered_ as the previous RegistryRound found it (registry

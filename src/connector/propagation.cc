@@ -279,8 +279,9 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
 void ManagerImpl::BeatRound() {
   if (sglang_registry_) return;  // it keeps no liveness or records: peers tell
   const SteadyTime now = std::chrono::steady_clock::now();
+  const uint64_t incarnation = incarnation_.load();
   Status beat = registry_->Heartbeat(ToRankRole(self_.role), self_.dp, self_.cp, self_.tp, self_.pp,
-                                     incarnation_.load());
+                                     incarnation);
   if (beat.code() == StatusCode::kUnavailable) {
     if (!registry_down_since_) registry_down_since_ = now;
     MutexLock lock(mu_);
@@ -301,12 +302,22 @@ void ManagerImpl::BeatRound() {
   }
   registry_down_since_.reset();
   registry_reached_ = true;
-  MutexLock lock(mu_);
-  registry_answered_ = std::chrono::system_clock::now();
-  if (registry_lost_) {
-    KVB_LOG_WARN("registry {} reachable again", registry_->address());
-    registry_lost_.reset();
+  bool act = false;
+  {
+    MutexLock lock(mu_);
+    registry_answered_ = std::chrono::system_clock::now();
+    if (beat.code() == StatusCode::kFailedPrecondition) {
+      act = !heartbeat_refused_ && !fatal_;
+      heartbeat_refused_ = HeartbeatRefusal{incarnation, beat.message()};
+    } else if (beat.ok()) {
+      heartbeat_refused_.reset();
+    }
+    if (registry_lost_) {
+      KVB_LOG_WARN("registry {} reachable again", registry_->address());
+      registry_lost_.reset();
+    }
   }
+  if (act) WakeRegistryRound();  // the registry round acts on it now
 }
 
 void ManagerImpl::RegistryRound(uint64_t round) {
@@ -332,7 +343,12 @@ void ManagerImpl::RegistryRound(uint64_t round) {
   // a record about a process already replaced at its position must not fail
   // its successor's rooms; every third round it also checks the siblings.
   std::optional<std::vector<RankStatus>> ranks;
-  if (have_records || round % 3 == 0) {
+  bool refused = false;
+  {
+    MutexLock lock(mu_);
+    refused = heartbeat_refused_.has_value() && !fatal_;
+  }
+  if (have_records || refused || round % 3 == 0) {
     Result<std::vector<RankStatus>> listed = registry_->ListRanks();
     if (listed.ok()) ranks = std::move(listed).value();
   }
@@ -354,9 +370,47 @@ void ManagerImpl::RegistryRound(uint64_t round) {
     }
     Flush(out);
   }
+  if (refused && ranks) {
+    Outbox out;
+    {
+      MutexLock lock(mu_);
+      if (heartbeat_refused_) ApplyHeartbeatRefusalLocked(*heartbeat_refused_, *ranks, out);
+      heartbeat_refused_.reset();  // acted on; a later refusal is news again
+    }
+    Flush(out);
+  }
   PublishQueued(answered_before);
   MaybeRejoin();
   if (round % 3 == 0 && ranks) CheckSiblings(*ranks);
+}
+
+void ManagerImpl::ApplyHeartbeatRefusalLocked(const HeartbeatRefusal& refusal,
+                                              const std::vector<RankStatus>& ranks, Outbox& out) {
+  // A record fenced it (applied as such), or the refusal was of an
+  // incarnation this process has since left.
+  if (fatal_ || refusal.incarnation != incarnation_.load()) return;
+  const std::string& why = refusal.why;
+  for (const RankStatus& s : ranks) {
+    const RankId holder = RankIdOf(s.record);
+    if (!holder.SameRank(Self()) || holder.incarnation == incarnation_.load() ||
+        s.state != Liveness::kAlive)
+      continue;
+    // A restart of this rank while it lived on: rejoining would evict it.
+    fatal_ = MakeRecord(Self(), FailureCause::kPeerExited,
+                        fmt::format("replaced at its position by pid {} while it lived on "
+                                    "(the registry refused its heartbeat: {})",
+                                    holder.pid, why),
+                        Phase::kTransferring, "registry heartbeat");
+    KVB_LOG_ERROR("this rank stops for good: {}", fatal_->Message());
+    for (auto& [id, room] : senders_) FailSenderLocked(*room, *fatal_, out);
+    for (auto& [id, room] : receivers_) FailReceiverLocked(*room, *fatal_, out);
+    return;
+  }
+  FailureRecord r = MakeRecord(Self(), FailureCause::kPeerUnresponsive,
+                               "the registry counts this incarnation dead: " + why,
+                               Phase::kTransferring, "registry heartbeat");
+  ApplyRankFailureLocked(r, out);          // fenced, its rooms failed; rejoins (MaybeRejoin)
+  publish_queue_.push_back(std::move(r));  // for the ranks that still count it alive
 }
 
 void ManagerImpl::PublishQueued(std::chrono::system_clock::time_point answered_before) {
