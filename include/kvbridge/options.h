@@ -136,6 +136,12 @@ struct ManagerOptions {
   // quiesced, or this long after it failed (logged: a prefill rank that is
   // hung, not dead, may still write into its pages).
   std::chrono::milliseconds quiesce_timeout{10000};
+  // Prefill: requests whose metadata (or decode's notice that it failed
+  // them) came before this rank created their sender are held, each for
+  // waiting_timeout. At most this many at once: metadata beyond it fails its
+  // request at once (invalid_request naming this option), instead of
+  // growing this rank's memory without bound.
+  size_t max_pending_requests = 65536;
 
   // Prometheus metrics over HTTP (GET /metrics) on this port: 0 = off, -1 =
   // any free port (KVManager::metrics_port() tells which). docs/metrics.md.

@@ -57,6 +57,8 @@ Status ValidateOptions(const ManagerOptions& o) {
   }
   if (o.heartbeat_interval.count() <= 0 || o.heartbeat_misses < 1)
     return InvalidArgumentError("heartbeat_interval and heartbeat_misses must be positive");
+  if (o.max_pending_requests < 1)
+    return InvalidArgumentError("max_pending_requests must be at least 1");
   KVB_RETURN_IF_ERROR(ValidateInstanceId("instance_id", o.instance_id));
   if (o.role == Role::kPrefill && !o.instance_id.empty())
     return InvalidArgumentError("instance_id '" + o.instance_id +

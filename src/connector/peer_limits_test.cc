@@ -91,6 +91,55 @@ TEST_F(PeerLimitsTest, MetaWithHugeTpSizeNeverReachesThePlanner) {
   EXPECT_EQ(prefill().Stats().pending_metadata, 0u);
 }
 
+// Prefill holds metadata that came before its sender (sglang's decode often
+// sends it first) for waiting_timeout. A decode rank that keeps sending it
+// for requests this rank never gets grew that store without bound. Past
+// max_pending_requests the request fails at once, naming the option and
+// the rank, and the held requests still go through when their senders come.
+TEST(PendingLimitTest, MetadataBeyondTheLimitFailsItsRequestAndTheHeldOnesGoThrough) {
+  ClusterOptions o;
+  o.tweak = [](ManagerOptions& m) {
+    TolerantLiveness(m);
+    m.max_pending_requests = 3;
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  KVManager& decode = *(*c)->decode[0].manager;
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  std::vector<Request> reqs(4);
+  for (int i = 0; i < 4; ++i) {
+    Request& r = reqs[i];
+    r.room = 10 + i;
+    r.src = {1 + i, 20 + i};
+    r.dst = {40 + 2 * i, 41 + 2 * i};
+    auto rc = KVReceiver::Create(decode, r.room);
+    ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+    ASSERT_TRUE((*rc)->Init(0).ok());
+    ASSERT_TRUE((*rc)->SendMetadata(r.dst, r.dst_aux, r.dst_state).ok());
+    r.receivers.push_back(std::move(rc).value());
+  }
+  KVReceiver& over = *reqs[3].receivers[0];
+  ASSERT_TRUE(WaitFor([&] { return over.Poll() == KVPoll::kFailed; })) << KVPollName(over.Poll());
+  const FailureRecord why = *over.Failure();
+  EXPECT_EQ(why.cause, FailureCause::kInvalidRequest);
+  EXPECT_TRUE(why.origin.SameRank(prefill.self())) << why.Message();
+  EXPECT_NE(why.detail.find("max_pending_requests = 3"), std::string::npos) << why.Message();
+  // Decode's metadata travels in order: the three before it were held.
+  EXPECT_EQ(prefill.Stats().pending_metadata, 3u);
+  for (int i = 0; i < 3; ++i) {
+    Request& r = reqs[i];
+    ASSERT_NE(r.receivers[0]->Poll(), KVPoll::kFailed) << r.receivers[0]->Failure()->Message();
+    auto s = KVSender::Create(prefill, r.room);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    r.senders.push_back(std::move(s).value());
+    (*c)->prefill[0].pool->Fill(r.room, r.src, r.src_aux, r.src_state);
+    ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kWaitingForInput; }));
+    ASSERT_TRUE(r.senders[0]->Init(r.src.size(), r.src_aux).ok());
+    ASSERT_NO_FATAL_FAILURE(SendChunks(r, {2}));
+    ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, r));
+  }
+}
+
 // What the wire refuses is refused locally too, naming the limit.
 TEST(PeerLimitsOptionsTest, ParallelSizeAboveTheWireLimitIsRefused) {
   PoolOptions po;

@@ -407,6 +407,21 @@ void ManagerImpl::OnMeta(const RankId& from, MetaMsg meta, Outbox& out) {
   }
   // A newer use of the room by that decode rank supersedes an old abort.
   if (abort != pending_abort_.end()) pending_abort_.erase(abort);
+  if (pending_meta_.size() >= opts_.max_pending_requests &&
+      !pending_meta_.count({meta.room, from.tp})) {
+    // Bounded: this request fails now, with what to change, and decode
+    // frees its pages; the held ones are kept.
+    FailureRecord r = MakeRecord(
+        Self(), FailureCause::kInvalidRequest,
+        fmt::format("{} requests' metadata already wait for a sender on this rank "
+                    "(ManagerOptions::max_pending_requests = {}): is this prefill rank getting the "
+                    "requests decode sends it?",
+                    pending_meta_.size(), opts_.max_pending_requests),
+        Phase::kWaitingForMetadata, "pending metadata limit");
+    r.generation = meta.generation;
+    Send(out, *peer, RoomFailedMsg{meta.room, meta.generation, true, r});
+    return;
+  }
   pending_meta_[{meta.room, from.tp}] =
       PendingMeta{std::move(meta), from, std::chrono::steady_clock::now()};
 }
@@ -545,8 +560,12 @@ void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& ms
     // Remembered even with a live sender: the notice may have overtaken its
     // request's metadata (sent by another decode thread just before), which
     // must then not be adopted.
-    pending_abort_[{msg.room, from.tp}] =
-        PendingAbort{msg.record, msg.generation, std::chrono::steady_clock::now()};
+    // Bounded as pending metadata: past the limit a notice is not kept (the
+    // sender, if it comes, then waits for its deadline as before notices).
+    if (pending_abort_.size() < opts_.max_pending_requests ||
+        pending_abort_.count({msg.room, from.tp}))
+      pending_abort_[{msg.room, from.tp}] =
+          PendingAbort{msg.record, msg.generation, std::chrono::steady_clock::now()};
     // A live sender that has no metadata from that rank yet is this
     // request's: decode failed it before (or without) sending metadata, so
     // none will come. It fails now with decode's reason instead of waiting
