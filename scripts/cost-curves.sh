@@ -51,7 +51,9 @@ summarize() {
         + "\(.gbps*100|round/100) GB/s, \(.requests_per_s|round) req/s, "
         + "p50 \(.p50_us|round) us, p99 \(.p99_us|round) us, ") as $s
       | $s + "memcpy \(.memcpy_gbps_before*100|round/100) / "
-        + "\(.memcpy_gbps_after*100|round/100) GB/s (x\(.ratio_to_memcpy*100|round/100)); "
+        + "\(.memcpy_gbps_after*100|round/100) GB/s (x\(.ratio_to_memcpy*100|round/100)), "
+        + "runs of \(.run_bytes) B \(.memcpy_runs_gbps*100|round/100) GB/s "
+        + "(x\(.ratio_to_memcpy_runs*100|round/100)); "
         + "1-page p50 \(.results[1].p50_us|round) us p99 \(.results[1].p99_us|round) us, "
         + "memcpy p50 \(.one_page_memcpy_us|round) us; ok \(.ok)"
     else
