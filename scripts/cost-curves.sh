@@ -3,7 +3,8 @@
 # and latency against request size, rooms in flight and ranks per side, on
 # this host over shared memory. Runs exactly the sweep the table came from,
 # each command once per repeat, each bounded by `timeout` (and the benches'
-# own --timeout), so it stops by itself: ~10-20 minutes on a 2-core box.
+# own --timeout), so it stops by itself: ~2.5 minutes per repeat on a 2-core
+# box.
 #
 # Usage: scripts/cost-curves.sh [kvbridge binary] [output folder]
 #   REPEAT=2        run every command twice (figures swing on a busy box)
