@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/plan.h"
 #include "tools/cluster.h"
 #include "tools/demo_hosts.h"
 #include "tools/hosts.h"
@@ -286,6 +287,47 @@ Percentiles OnePageMemcpyUs(size_t pieces, size_t piece) {
   return {us[us.size() / 2], us[us.size() * 99 / 100]};
 }
 
+// One layer of tp rank `rank` of `tp` of this model, as the workers lay it
+// out (engine/plan.h); buffer addresses and lengths are placeholders.
+internal::RankLayout OneLayer(const RequestsFlags& f, int tp, int rank) {
+  internal::RankLayout l;
+  l.page_size = f.page_size;
+  l.dtype = "bfloat16";
+  l.tp_size = tp;
+  l.tp_rank = rank;
+  l.total_kv_heads = f.heads;
+  l.kv_heads = internal::HeadsOfRank(f.heads, tp, rank).count;
+  l.end_layer = 1;
+  const uint64_t item = static_cast<uint64_t>(f.page_size) * l.kv_heads * f.head_dim * 2;
+  l.kv.assign(2, internal::BufferSpan{4096, item, item});
+  return l;
+}
+
+// The copies the engine plans into decode rank 0: the size of one
+// contiguous run (a whole page of the rank's heads when both sides hold the
+// same heads, otherwise one token's head slice: 256 B per head of the
+// default model), and memcpy of `bytes` in those runs at their offsets
+// (PlannedMemcpyGbps). {0, 0} when it cannot plan.
+struct PlannedRuns {
+  size_t run_bytes = 0;
+  double memcpy_gbps = 0;
+};
+PlannedRuns MeasurePlannedRuns(const RequestsFlags& f, size_t bytes, bool measure) {
+  auto flows = internal::ComputeFlows(f.prefill_tp, f.decode_tp, f.heads, /*is_mla=*/false);
+  if (!flows.ok()) return {};
+  const std::vector<internal::HeadSlice> in = internal::FlowsToDecode(*flows, 0);
+  if (in.empty()) return {};
+  const internal::RankLayout p = OneLayer(f, f.prefill_tp, in.front().prefill_rank);
+  const internal::RankLayout d = OneLayer(f, f.decode_tp, 0);
+  const int32_t page = 0;
+  auto runs = internal::PlanKvPages(p, d, in.front(), {&page, 1}, {&page, 1});
+  if (!runs.ok() || runs->empty()) return {};
+  PlannedRuns r;
+  r.run_bytes = runs->front().length;
+  if (measure) r.memcpy_gbps = PlannedMemcpyGbps(p, d, in.front(), bytes);
+  return r;
+}
+
 // Everything one run measured, and what follows from it, for the report.
 struct Figures {
   std::string where;  // WhereRan: both the sweeps' and the raw reference's
@@ -293,6 +335,10 @@ struct Figures {
   std::string raw_error;
   size_t big_piece = 0;
   double memcpy_before = 0, memcpy_after = 0, memcpy_gbps = 0, memcpy_ratio = 0;
+  // memcpy of the same bytes in the runs the engine plans (PlannedRunBytes):
+  // differs from the above only when the two sides' tp sizes differ.
+  size_t run_bytes = 0;
+  double memcpy_runs_gbps = 0, memcpy_runs_ratio = 0;
   SweepResult big, small;
   double ratio = 0;
   bool bw_met = false, lat_met = false, ok = false;
@@ -327,6 +373,12 @@ Figures Measure(const RequestsFlags& f, const HostNet* net) {
   const double memcpy_after = ScatteredMemcpyGbps(big_piece, big_bytes);
   const double memcpy_gbps = (memcpy_before + memcpy_after) / 2;
   const double memcpy_ratio = memcpy_gbps > 0 ? big.gbps() / memcpy_gbps : 0;
+  // Measured only when the runs are not the pages the reference above copied.
+  PlannedRuns planned = MeasurePlannedRuns(f, big_bytes, /*measure=*/false);
+  const bool own_runs = planned.run_bytes != 0 && planned.run_bytes != big_piece;
+  if (own_runs) planned = MeasurePlannedRuns(f, big_bytes, /*measure=*/true);
+  const size_t run_bytes = planned.run_bytes;
+  const double memcpy_runs_gbps = own_runs ? planned.memcpy_gbps : memcpy_gbps;
   SweepResult small = RunSweep(f, net, "1-page", f.page_size, f.small_requests, 1);
 
   const double ratio = raw > 0 ? big.gbps() / raw : 0;
@@ -356,6 +408,9 @@ Figures Measure(const RequestsFlags& f, const HostNet* net) {
   m.memcpy_after = memcpy_after;
   m.memcpy_gbps = memcpy_gbps;
   m.memcpy_ratio = memcpy_ratio;
+  m.run_bytes = run_bytes;
+  m.memcpy_runs_gbps = memcpy_runs_gbps;
+  m.memcpy_runs_ratio = memcpy_runs_gbps > 0 ? big.gbps() / memcpy_runs_gbps : 0;
   m.ratio = ratio;
   m.bw_met = bw_met;
   m.lat_met = lat_met;
@@ -423,6 +478,10 @@ void PrintJson(const RequestsFlags& f, const Figures& m) {
                         {"memcpy_gbps_before", m.memcpy_before},
                         {"memcpy_gbps_after", m.memcpy_after},
                         {"ratio_to_memcpy", m.memcpy_ratio},
+                        {"memcpy_piece_bytes", m.big_piece},
+                        {"run_bytes", m.run_bytes},
+                        {"memcpy_runs_gbps", m.memcpy_runs_gbps},
+                        {"ratio_to_memcpy_runs", m.memcpy_runs_ratio},
                         {"results", results},
                         {"ok", m.ok}};
   if (!m.raw_error.empty()) out["raw_error"] = m.raw_error;
@@ -451,6 +510,12 @@ void PrintText(const RequestsFlags& f, const Figures& m) {
       "sweep: %.2f / %.2f GB/s; %s requests reach %.2f x memcpy (target >= 1.0: %s)\n",
       m.big_piece, m.memcpy_before, m.memcpy_after, m.big.name.c_str(), m.memcpy_ratio,
       m.memcpy_ratio >= 1.0 ? "met" : "NOT met");
+  if (m.run_bytes != m.big_piece)
+    std::printf(
+        "the engine copies %zu-byte runs here (each token's head slice: the tp sizes differ); "
+        "memcpy of the same runs at the same offsets in the pages, after the sweep: %.2f GB/s; "
+        "requests reach %.2f x that\n",
+        m.run_bytes, m.memcpy_runs_gbps, m.memcpy_runs_ratio);
   std::printf("pattern checked in 1 page of %d%s\n", f.check_stride,
               f.check_stride == 1 ? " (every byte of every page)" : "");
   std::printf("target >= 0.8 x raw for %s requests: %s\n", m.big.name.c_str(),

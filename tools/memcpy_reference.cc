@@ -37,4 +37,44 @@ double ScatteredMemcpyGbps(size_t piece, size_t bytes, int passes) {
   return best;
 }
 
+double PlannedMemcpyGbps(internal::RankLayout prefill, internal::RankLayout decode,
+                         const internal::HeadSlice& slice, size_t bytes, int passes) {
+  if (prefill.kv.size() != 2 || decode.kv.size() != 2) return 0;
+  const uint64_t src_item = prefill.kv[0].item_len, dst_item = decode.kv[0].item_len;
+  const size_t pages = bytes / (2 * std::max<uint64_t>({src_item, dst_item, 1}));
+  if (pages == 0) return 0;
+  std::vector<std::unique_ptr<uint8_t[]>> mem;
+  for (auto* l : {&prefill, &decode}) {
+    for (internal::BufferSpan& b : l->kv) {
+      mem.emplace_back(new (std::nothrow) uint8_t[pages * b.item_len]);
+      if (!mem.back()) return 0;
+      std::memset(mem.back().get(), l == &prefill ? 1 : 2, pages * b.item_len);
+      b.addr = reinterpret_cast<uint64_t>(mem.back().get());
+      b.length = pages * b.item_len;
+    }
+  }
+  std::vector<int32_t> src_pages(pages), dst_pages(pages);
+  std::iota(src_pages.begin(), src_pages.end(), 0);
+  std::iota(dst_pages.begin(), dst_pages.end(), 0);
+  std::mt19937 rng(7);
+  std::shuffle(src_pages.begin(), src_pages.end(), rng);
+  std::shuffle(dst_pages.begin(), dst_pages.end(), rng);
+  auto runs = internal::PlanKvPages(prefill, decode, slice, src_pages, dst_pages);
+  if (!runs.ok()) return 0;
+  uint64_t moved = 0;
+  for (const internal::CopyRun& r : *runs) moved += r.length;
+  double best = 0;
+  for (int p = 0; p < std::max(passes, 1); ++p) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const internal::CopyRun& r : *runs) {
+      std::memcpy(reinterpret_cast<uint8_t*>(decode.kv[r.dst_buffer].addr + r.dst_offset),
+                  reinterpret_cast<const uint8_t*>(prefill.kv[r.src_buffer].addr + r.src_offset),
+                  r.length);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) best = std::max(best, moved / s / 1e9);
+  }
+  return best;
+}
+
 }  // namespace kvbridge::tools

@@ -55,16 +55,19 @@ Result<std::string> AuthTransport::SealFor(PeerId peer, SealLane lane, std::stri
 }
 
 Status AuthTransport::SendMessage(PeerId peer, std::string payload) {
+  MutexLock order(send_mu_);
   KVB_ASSIGN_OR_RETURN(std::string sealed, SealFor(peer, SealLane::kOrdered, payload));
   return inner_->SendMessage(peer, std::move(sealed));
 }
 
 Status AuthTransport::SendMessageUnfenced(PeerId peer, std::string payload) {
+  MutexLock order(send_mu_);
   KVB_ASSIGN_OR_RETURN(std::string sealed, SealFor(peer, SealLane::kUnfenced, payload));
   return inner_->SendMessageUnfenced(peer, std::move(sealed));
 }
 
 Status AuthTransport::SendUrgentMessage(PeerId peer, std::string payload) {
+  MutexLock order(send_mu_);
   KVB_ASSIGN_OR_RETURN(std::string sealed, SealFor(peer, SealLane::kUrgent, payload));
   return inner_->SendUrgentMessage(peer, std::move(sealed));
 }

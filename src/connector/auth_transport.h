@@ -118,6 +118,13 @@ class AuthTransport final : public Transport {
   std::unique_ptr<Transport> inner_;
   AuthHandler on_message_;
   RejectHandler on_reject_;
+  // Held from taking a sequence number to handing the sealed bytes to
+  // `inner_` (which only queues them), so messages reach the inner transport
+  // in the order of their numbers. Without it a thread preempted between the
+  // two while other threads sent more than ReplayWindow::kReplayWindow
+  // messages on the lane (10,000 rooms' metadata in a burst) had its message
+  // dropped by the receiver as too old. Taken before `mu_`.
+  Mutex send_mu_;
   mutable Mutex mu_;
   std::unordered_map<PeerId, Outgoing> out_ KVB_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, Incoming> in_ KVB_GUARDED_BY(mu_);

@@ -13,6 +13,7 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "connector/auth_transport.h"
 #include "transport/loopback/loopback_transport.h"
@@ -301,6 +302,101 @@ TEST_F(AuthTransportTest, ASharedEndpointSealsUnderItsMainSessionWithoutReusingN
   // Gone with its main endpoint.
   sender_->Disconnect(to_receiver_);
   EXPECT_EQ(sender_->SendUrgentMessage(beat, "late").code(), StatusCode::kFailedPrecondition);
+}
+
+// Forwards everything to `inner`, except that the first SendMessage waits
+// before handing its bytes over until `others` more sends went through (or
+// `hold` passed): a sender thread preempted between sealing its message and
+// queueing it while other threads keep sending.
+class HoldFirstSend final : public Transport {
+ public:
+  HoldFirstSend(std::unique_ptr<Transport> inner, int others, std::chrono::milliseconds hold)
+      : inner_(std::move(inner)), others_(others), hold_(hold) {}
+  // Until the first SendMessage is held (false after 10 s).
+  bool WaitHolding() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return holding_; });
+  }
+  std::string_view Name() const override { return inner_->Name(); }
+  const std::string& Address() const override { return inner_->Address(); }
+  void SetMessageHandler(MessageHandler h) override { inner_->SetMessageHandler(std::move(h)); }
+  void SetPeerFailureHandler(PeerFailureHandler h) override {
+    inner_->SetPeerFailureHandler(std::move(h));
+  }
+  Result<RegisteredRegion> RegisterMemory(void* a, size_t n, MemoryKind k) override {
+    return inner_->RegisterMemory(a, n, k);
+  }
+  Status DeregisterMemory(RegionId id) override { return inner_->DeregisterMemory(id); }
+  Result<PeerId> Connect(std::string_view a) override { return inner_->Connect(a); }
+  Result<RemoteRegionId> ImportRegion(PeerId p, std::string_view k) override {
+    return inner_->ImportRegion(p, k);
+  }
+  Result<DataPath> PathTo(PeerId p) const override { return inner_->PathTo(p); }
+  Status PostWrites(PeerId p, std::vector<WriteOp> ops, WriteCallback done) override {
+    return inner_->PostWrites(p, std::move(ops), std::move(done));
+  }
+  Status SendMessage(PeerId p, std::string payload) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!holding_) {
+        holding_ = true;
+        cv_.notify_all();
+        cv_.wait_for(lock, hold_, [&] { return passed_ >= others_; });
+      } else {
+        ++passed_;
+        cv_.notify_all();
+      }
+    }
+    return inner_->SendMessage(p, std::move(payload));
+  }
+  void Disconnect(PeerId p) override { inner_->Disconnect(p); }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  const int others_;
+  const std::chrono::milliseconds hold_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool holding_ = false;
+  int passed_ = 0;
+};
+
+// A message numbered before others reaches the receiver before them, even
+// when its thread stalls between sealing and sending while another thread
+// sends more than the replay window's worth: the receiver refuses nothing
+// (10,000 rooms in flight lost a room's metadata to "replayed or too old").
+TEST(AuthTransportOrderTest, MessagesLeaveInTheOrderOfTheirNumbersWhicheverThreadSends) {
+  constexpr int kOthers = static_cast<int>(ReplayWindow::kReplayWindow) + 100;
+  auto fabric = std::make_shared<LoopbackFabric>();
+  AuthTransport receiver(std::move(CreateLoopbackTransport(fabric, "receiver")).value());
+  Inbox inbox;
+  inbox.Install(receiver);
+  auto held =
+      std::make_unique<HoldFirstSend>(std::move(CreateLoopbackTransport(fabric, "sender")).value(),
+                                      kOthers, std::chrono::milliseconds(500));
+  HoldFirstSend* hold = held.get();
+  AuthTransport sender(std::move(held));
+  sender.SetAuthHandlers([](std::string_view, const RankId*) {}, [](const Status&) {});
+  const PeerId to_receiver = sender.Connect(receiver.Address()).value();
+  const PeerId back = receiver.Connect(sender.Address()).value();
+  receiver.Bind(back, {KeyOf(2), 0x51, KeyOf(1), 0x52, Prefill()});
+  sender.Bind(to_receiver, {KeyOf(1), 0x52, KeyOf(2), 0x51, RankId{}});
+
+  std::thread first([&] { EXPECT_TRUE(sender.SendMessage(to_receiver, "first").ok()); });
+  ASSERT_TRUE(hold->WaitHolding());  // "first" has its number, not yet sent
+  std::thread others([&] {
+    for (int i = 0; i < kOthers; ++i)
+      EXPECT_TRUE(sender.SendMessage(to_receiver, std::to_string(i)).ok());
+  });
+  first.join();
+  others.join();
+  ASSERT_TRUE(inbox.WaitTotal(kOthers + 1));
+  std::lock_guard<std::mutex> lock(inbox.mu);
+  EXPECT_TRUE(inbox.refused.empty())
+      << inbox.refused.size() << " refused, the first: " << inbox.refused.front().ToString();
+  ASSERT_EQ(inbox.got.size(), static_cast<size_t>(kOthers + 1));
+  EXPECT_EQ(inbox.got.front().first, "first");
+  for (int i = 0; i < kOthers; ++i) EXPECT_EQ(inbox.got[i + 1].first, std::to_string(i));
 }
 
 }  // namespace

@@ -40,6 +40,43 @@ TEST(BenchTransport, JsonHasEveryPathAndSizeVerified) {
   EXPECT_EQ(results[4]["path"], "tcp");
 }
 
+// `bench requests --json` says in what runs the engine copies a request
+// (one token's head slice when the two sides' tp sizes differ, a whole page
+// when they hold the same heads) and prints memcpy of those runs at their
+// offsets in the pages beside the requests' rate.
+TEST(BenchRequests, JsonGivesTheRunSizeAndMemcpyInRunsOfIt) {
+  constexpr int kHeads = 4, kHeadBytes = 16 * 2, kPageSize = 4;  // --head-dim 16, 2-byte dtype
+  struct Case {
+    int prefill_tp, decode_tp;
+    int run_bytes;  // what engine/plan.h's rule gives for decode rank 0
+  };
+  for (const Case& c : {Case{1, 1, kPageSize * kHeads * kHeadBytes},  // whole page, 4 heads
+                        Case{1, 2, 2 * kHeadBytes},                   // decode's 2 heads per token
+                        Case{2, 1, 2 * kHeadBytes},                   // prefill's 2 heads per token
+                        Case{2, 4, 1 * kHeadBytes}}) {
+    SCOPED_TRACE(std::to_string(c.prefill_tp) + " -> " + std::to_string(c.decode_tp));
+    const std::string cmd =
+        std::string(KVB_BIN_DIR) + "/kvbridge bench requests --json --no-raw --layers 2 --heads " +
+        std::to_string(kHeads) + " --head-dim 16 --page-size " + std::to_string(kPageSize) +
+        " --tokens 64 --requests 2 --small-requests 4 --prefill-tp " +
+        std::to_string(c.prefill_tp) + " --decode-tp " + std::to_string(c.decode_tp) +
+        " 2>/dev/null";
+    CommandOutput r = RunCommand(cmd);
+    ASSERT_EQ(r.exit_status, 0) << cmd << "\n" << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(j.is_discarded()) << "stdout is not one JSON object:\n" << r.out;
+    EXPECT_TRUE(j.value("ok", false)) << j.dump(2);
+    // The page piece of the existing reference: one page of decode rank 0's heads.
+    EXPECT_EQ(j["memcpy_piece_bytes"], kPageSize * (kHeads / c.decode_tp) * kHeadBytes);
+    EXPECT_EQ(j["run_bytes"], c.run_bytes) << j.dump(2);
+    EXPECT_GT(j["memcpy_runs_gbps"].get<double>(), 0) << j.dump(2);
+    EXPECT_GT(j["ratio_to_memcpy_runs"].get<double>(), 0) << j.dump(2);
+    if (c.prefill_tp == c.decode_tp) {
+      EXPECT_EQ(j["memcpy_runs_gbps"], j["memcpy_gbps"]);  // the same pieces: measured once
+    }
+  }
+}
+
 TEST(BenchTransport, UnknownPathIsRejected) {
   CommandOutput r =
       RunCommand(std::string(KVB_BIN_DIR) + "/kvbridge bench transport --paths nosuch 2>/dev/null");
