@@ -47,6 +47,9 @@ struct ManagerStats {
   // Times this process rejoined under a new incarnation after the others
   // had declared it failed (a partition healed, a stopped rank resumed).
   uint64_t rejoins = 0;
+  // Registry rounds in which a rejoin waited because writes its old
+  // incarnation posted were still in flight (they finish first).
+  uint64_t rejoin_waits = 0;
   // Control messages dropped as invalid: garbled, past a limit (the wire
   // decoder's), or disagreeing with what their sender declared at its
   // handshake (e.g. a Meta whose decode tp size is not its Hello's). Each is

@@ -121,6 +121,8 @@ struct ManagerOptions {
   // "Fencing a partitioned rank"). True: same-host prefill ranks too, over
   // UCX active messages instead of shared memory / cross-memory attach
   // (slower; a failed one is fenced without waiting for its exit).
+  // Set it the same on prefill and decode: a prefill rank that rejoins
+  // waits for its writes to same-host peers only when it is false.
   bool grant_same_host_peers = false;
 
   // Liveness: a peer silent for heartbeat_interval * heartbeat_misses is

@@ -175,5 +175,52 @@ TEST(FenceTest, ARevokeStillWaitingWhenThePeerIsReplacedFencesTheOldIncarnation)
   ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, next));
 }
 
+// A same-host prefill rank without a grant (the default: it writes through
+// shared memory, which cannot be revoked) is declared failed while its
+// writes of a room are held, and rejoins. Decode may count that room
+// quiesced only once those writes landed: the rejoin waits for them, and
+// decode takes the rejoined process's new incarnation as the word that none
+// is left. Before, the rank rejoined at once, closing the sessions its
+// Quiesced would have travelled on, and decode's room never quiesced (TSan
+// CI, DemoFault/stop_prefill: "6 failed requests never quiesced").
+TEST(FenceTest, AGrantlessPrefillRejoinsOnlyAfterItsWritesLandedAndItsOldRoomQuiesces) {
+  std::vector<FaultTransport*> faults;  // prefill, decode
+  ClusterOptions o = FenceCluster(&faults);
+  o.tweak = [](ManagerOptions& m) {
+    m.heartbeat_interval = std::chrono::milliseconds(50);
+    m.heartbeat_misses = 8;
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(faults.size(), 2u);
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  Request r{.room = 31, .src = {1, 2, 3, 4}, .dst = {30, 31, 32, 33}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, r, /*senders_first=*/false));
+  KVReceiver& rx = *r.receivers[0];
+  ASSERT_NO_FATAL_FAILURE(HoldAndSilencePrefill(r, *faults[0]));
+  // Prefill hears again; it reads decode's record about it and fails its room.
+  faults[0]->DropUrgentMessages(false);
+  faults[0]->DropMessages(false);
+  ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kFailed; }));
+  // Barrier: two registry rounds in which the rejoin waited for the writes.
+  ASSERT_TRUE(WaitFor([&] { return prefill.Stats().rejoin_waits >= 2; }))
+      << "rejoins " << prefill.Stats().rejoins;
+  EXPECT_EQ(prefill.Stats().rejoins, 0u);
+  EXPECT_FALSE(rx.Quiesced()) << "quiesced while the rank's writes were still held";
+  faults[0]->ReleaseHeldWrites();
+  ASSERT_TRUE(WaitFor([&] { return prefill.Stats().rejoins == 1; }));
+  ASSERT_TRUE(WaitFor([&] { return rx.Quiesced(); })) << "the old room never quiesced";
+  // Nothing of the old incarnation lands after that.
+  (*c)->decode[0].pool->Scrub(r.dst, 0x77);
+  ASSERT_NO_FATAL_FAILURE(BarrierBehindPrefillWrites(*faults[0], *faults[1]));
+  EXPECT_TRUE((*c)->decode[0].pool->PagesHold(r.dst, 0x77));
+  r.senders.clear();
+  r.receivers.clear();
+  Request next{.room = 32, .src = {5, 6, 7}, .dst = {40, 41, 42}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, next, /*senders_first=*/false));
+  ASSERT_NO_FATAL_FAILURE(SendChunks(next, {3}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, next));
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

@@ -577,6 +577,7 @@ ManagerStats ManagerImpl::Stats() const {
   s.chunks_sent = chunks_sent_;
   s.stale_messages_dropped = stale_dropped_;
   s.rejoins = rejoins_;
+  s.rejoin_waits = rejoin_waits_;
   s.invalid_messages_dropped = invalid_dropped_;
   s.unauthenticated_messages_dropped = unauth_dropped_;
   s.pending_metadata = pending_meta_.size();

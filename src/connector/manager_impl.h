@@ -434,6 +434,11 @@ class ManagerImpl {
   void AddFailedSourcesLocked(ReceiverRoom& room, std::vector<ReceiverSource> sources, Outbox& out)
       KVB_REQUIRES(mu_);
   void UpdateQuiescedLocked(ReceiverRoom& room) KVB_REQUIRES(mu_);
+  // The prefill process at `key` came back under a new incarnation (same
+  // host and pid: it rejoined). A rejoin waits for every write its old
+  // incarnation posted (MaybeRejoin), so that incarnation's sources are
+  // quiesced, also those whose Quiesced never arrived (its sessions closed).
+  void QuiesceRejoinedLocked(const std::string& key, uint64_t old_incarnation) KVB_REQUIRES(mu_);
   // WaitingForInput once the room's sources are resolved and every one of
   // them answered our handshake (sglang pre-allocates only then).
   void MaybeHandshakeDoneLocked(ReceiverRoom& room) KVB_REQUIRES(mu_);
@@ -493,12 +498,18 @@ class ManagerImpl {
   std::map<uint64_t, OrphanFailure> orphan_failures_ KVB_GUARDED_BY(mu_);
   std::optional<ParallelInfo> prefill_info_ KVB_GUARDED_BY(mu_);
   std::optional<FailureRecord> fatal_ KVB_GUARDED_BY(mu_);
+  // Chunks posted and not completed whose writes decode cannot revoke
+  // (SenderFlow::unrevocable), over every sender room, released ones too:
+  // a rejoin waits for 0.
+  int64_t unrevocable_chunks_ KVB_GUARDED_BY(mu_) = 0;
   // The record of another rank naming this incarnation failed, while the
   // rank is fenced by it and not yet rejoined (MaybeRejoin).
   std::optional<FailureRecord> declared_failed_ KVB_GUARDED_BY(mu_);
   // The incarnation a rejoin under way is leaving (0: none); registry thread.
   uint64_t rejoin_from_ = 0;
   std::atomic<uint64_t> rejoins_{0};
+  std::atomic<uint64_t> rejoin_waits_{0};
+  uint64_t rejoin_waits_logged_ KVB_GUARDED_BY(mu_) = 0;                 // waits when last logged
   std::map<std::string, FailureRecord> dead_ranks_ KVB_GUARDED_BY(mu_);  // by peer key
   std::set<std::pair<std::string, uint64_t>> applied_
       KVB_GUARDED_BY(mu_);  // (key, incarnation) handled

@@ -129,6 +129,19 @@ void ManagerImpl::UpdateQuiescedLocked(ReceiverRoom& room) {
   }
 }
 
+void ManagerImpl::QuiesceRejoinedLocked(const std::string& key, uint64_t old_incarnation) {
+  for (auto& [id, room] : receivers_) {
+    bool touched = false;
+    for (ReceiverSource& src : room->sources) {
+      if (src.peer_key != key || src.prefill.incarnation != old_incarnation || src.quiesced)
+        continue;
+      src.quiesced = true;
+      touched = true;
+    }
+    if (touched) UpdateQuiescedLocked(*room);
+  }
+}
+
 bool ManagerImpl::WaitReceiverQuiesced(const ReceiverRoom& room,
                                        std::chrono::milliseconds timeout) {
   MutexLock lock(mu_);

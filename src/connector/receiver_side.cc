@@ -283,6 +283,12 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
       if (!old->failed)
         FailPeerLocked(*old, FailureCause::kPeerExited,
                        fmt::format("restarted as pid {}", peer->id.pid), "new incarnation", out);
+      // The same process rejoined. Writes decode can revoke wait for their
+      // revoke (FenceRound); those it cannot (a same-host peer given no
+      // grant) the rejoin waited for.
+      if (old->id.pid == peer->id.pid && old->id.host == peer->id.host && old->grant == 0 &&
+          OnThisHost(old->id))
+        QuiesceRejoinedLocked(key, old->id.incarnation);
       stale = old->tpeer;
       by_tpeer_.erase(old->tpeer);
       DropBeatLocked(*old, out);

@@ -54,6 +54,20 @@ void ManagerImpl::MaybeRejoin() {
   {
     MutexLock lock(mu_);
     if (!declared_failed_ || !fatal_ || registry_lost_) return;
+    // Writes the old incarnation posted where decode cannot revoke them (a
+    // same-host peer with no grant writes through shared memory) finish
+    // first (each completes or fails within the transport's bound), while
+    // their peers are still there to be told Quiesced: decode counts such a
+    // room quiesced only on that word, or on seeing this process come back
+    // under a new incarnation (QuiesceRejoinedLocked), which must then mean
+    // nothing is left. Revocable writes need no wait: decode revokes them.
+    if (unrevocable_chunks_ > 0) {  // of every room, released ones too
+      if (rejoin_waits_++ == rejoin_waits_logged_)
+        KVB_LOG_INFO("not rejoining yet: {} chunks of incarnation {:#x} still in flight",
+                     unrevocable_chunks_, incarnation_.load());
+      return;
+    }
+    rejoin_waits_logged_ = rejoin_waits_;  // the next wait is logged again
     why = *declared_failed_;
     fenced = RetirePeersLocked(why, out);
   }

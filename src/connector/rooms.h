@@ -58,7 +58,10 @@ struct SenderFlow {
   std::optional<HeadSlice> slice;  // none: dummy (nothing to write)
   bool carries_aux = false;
   uint32_t next_chunk = 0;
-  int inflight = 0;            // chunks posted, not completed
+  int inflight = 0;  // chunks posted, not completed
+  // Its writes go where decode cannot revoke them (a same-host peer given
+  // no grant: shared memory, cross-memory attach); a rejoin waits for them.
+  bool unrevocable = false;
   bool quiesce_reply = false;  // decode asked; answer once inflight == 0
   bool told = false;           // decode knows this request failed
   bool closed = false;         // nothing more will be sent to decode

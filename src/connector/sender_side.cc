@@ -218,6 +218,10 @@ void ManagerImpl::CommitChunkLocked(SenderRoom& room,
     ++flow.next_chunk;
     ++flow.inflight;
     ++room.inflight;
+    // Decode gives a same-host peer no grant unless both sides are told to
+    // (ManagerOptions::grant_same_host_peers).
+    flow.unrevocable = OnThisHost(flow.decode) && !opts_.grant_same_host_peers;
+    if (flow.unrevocable) ++unrevocable_chunks_;
     out.posts.push_back(std::move(post));
   }
   room.pages_sent += n;
@@ -253,6 +257,7 @@ void ManagerImpl::OnChunkDone(const std::shared_ptr<SenderRoom>& sp, int decode_
     SenderFlow& flow = it->second;
     --flow.inflight;
     --room.inflight;
+    if (flow.unrevocable) --unrevocable_chunks_;
     room.phase_since = std::chrono::steady_clock::now();
     if (s.ok()) {
       // Decode acknowledged these writes: on a lossy link its heartbeats may
