@@ -4,7 +4,8 @@
 
 namespace kvbridge::internal {
 
-AuthTransport::AuthTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+AuthTransport::AuthTransport(std::unique_ptr<Transport> inner)
+    : ForwardingTransport(std::move(inner)) {}
 
 void AuthTransport::SetAuthHandlers(AuthHandler on_message, RejectHandler on_reject) {
   on_message_ = std::move(on_message);

@@ -25,11 +25,12 @@
 
 #include "common/thread_annotations.h"
 #include "connector/peer_auth.h"
+#include "transport/forwarding_transport.h"
 #include "transport/transport.h"
 
 namespace kvbridge::internal {
 
-class AuthTransport final : public Transport {
+class AuthTransport final : public ForwardingTransport {
  public:
   explicit AuthTransport(std::unique_ptr<Transport> inner);
   // Stops the inner transport first: its threads deliver into this one's
@@ -65,32 +66,9 @@ class AuthTransport final : public Transport {
   // Sends a handshake message unsealed.
   Status SendPlain(PeerId peer, std::string payload);
 
-  std::string_view Name() const override { return inner_->Name(); }
-  const std::string& Address() const override { return inner_->Address(); }
   // Plain handlers are not used: SetAuthHandlers is. Kept for the interface.
   void SetMessageHandler(MessageHandler) override {}
-  void SetPeerFailureHandler(PeerFailureHandler handler) override {
-    inner_->SetPeerFailureHandler(std::move(handler));
-  }
-  Result<RegisteredRegion> RegisterMemory(void* addr, size_t length, MemoryKind kind) override {
-    return inner_->RegisterMemory(addr, length, kind);
-  }
-  Status DeregisterMemory(RegionId id) override { return inner_->DeregisterMemory(id); }
-  Result<std::string> GrantRegion(RegionId region, GrantId grant) override {
-    return inner_->GrantRegion(region, grant);
-  }
-  Status RevokeGrant(GrantId grant) override { return inner_->RevokeGrant(grant); }
-  Result<PeerId> Connect(std::string_view peer_address) override {
-    return inner_->Connect(peer_address);
-  }
-  Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) override {
-    return inner_->ImportRegion(peer, remote_key);
-  }
-  Result<DataPath> PathTo(PeerId peer) const override { return inner_->PathTo(peer); }
-  std::string WireTo(PeerId peer) const override { return inner_->WireTo(peer); }
-  Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override {
-    return inner_->PostWrites(peer, std::move(ops), std::move(done));
-  }
+  // Everything but the messages forwards (ForwardingTransport).
   Status SendMessage(PeerId peer, std::string payload) override;
   Status SendMessageUnfenced(PeerId peer, std::string payload) override;
   Status SendUrgentMessage(PeerId peer, std::string payload) override;
@@ -115,7 +93,6 @@ class AuthTransport final : public Transport {
   Result<std::string> SealFor(PeerId peer, SealLane lane, std::string_view payload);
   void OnInner(std::string_view bytes);
 
-  std::unique_ptr<Transport> inner_;
   AuthHandler on_message_;
   RejectHandler on_reject_;
   // Held from taking a sequence number to handing the sealed bytes to

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "connector/auth_transport.h"
+#include "transport/forwarding_transport.h"
 #include "transport/loopback/loopback_transport.h"
 
 namespace kvbridge::internal {
@@ -308,32 +309,14 @@ TEST_F(AuthTransportTest, ASharedEndpointSealsUnderItsMainSessionWithoutReusingN
 // before handing its bytes over until `others` more sends went through (or
 // `hold` passed): a sender thread preempted between sealing its message and
 // queueing it while other threads keep sending.
-class HoldFirstSend final : public Transport {
+class HoldFirstSend final : public ForwardingTransport {
  public:
   HoldFirstSend(std::unique_ptr<Transport> inner, int others, std::chrono::milliseconds hold)
-      : inner_(std::move(inner)), others_(others), hold_(hold) {}
+      : ForwardingTransport(std::move(inner)), others_(others), hold_(hold) {}
   // Until the first SendMessage is held (false after 10 s).
   bool WaitHolding() {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return holding_; });
-  }
-  std::string_view Name() const override { return inner_->Name(); }
-  const std::string& Address() const override { return inner_->Address(); }
-  void SetMessageHandler(MessageHandler h) override { inner_->SetMessageHandler(std::move(h)); }
-  void SetPeerFailureHandler(PeerFailureHandler h) override {
-    inner_->SetPeerFailureHandler(std::move(h));
-  }
-  Result<RegisteredRegion> RegisterMemory(void* a, size_t n, MemoryKind k) override {
-    return inner_->RegisterMemory(a, n, k);
-  }
-  Status DeregisterMemory(RegionId id) override { return inner_->DeregisterMemory(id); }
-  Result<PeerId> Connect(std::string_view a) override { return inner_->Connect(a); }
-  Result<RemoteRegionId> ImportRegion(PeerId p, std::string_view k) override {
-    return inner_->ImportRegion(p, k);
-  }
-  Result<DataPath> PathTo(PeerId p) const override { return inner_->PathTo(p); }
-  Status PostWrites(PeerId p, std::vector<WriteOp> ops, WriteCallback done) override {
-    return inner_->PostWrites(p, std::move(ops), std::move(done));
   }
   Status SendMessage(PeerId p, std::string payload) override {
     {
@@ -349,10 +332,8 @@ class HoldFirstSend final : public Transport {
     }
     return inner_->SendMessage(p, std::move(payload));
   }
-  void Disconnect(PeerId p) override { inner_->Disconnect(p); }
 
  private:
-  std::unique_ptr<Transport> inner_;
   const int others_;
   const std::chrono::milliseconds hold_;
   std::mutex mu_;

@@ -16,6 +16,7 @@
 #include "connector/protocol.h"
 #include "connector/test_cluster.h"
 #include "control/auth.h"
+#include "transport/forwarding_transport.h"
 #include "transport/region_token.h"
 
 namespace kvbridge::internal {
@@ -23,9 +24,9 @@ namespace {
 
 // Forwards everything; records the plain (handshake) messages sent and
 // received, as someone on the wire would see them.
-class TapTransport final : public Transport {
+class TapTransport final : public ForwardingTransport {
  public:
-  explicit TapTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  explicit TapTransport(std::unique_ptr<Transport> inner) : ForwardingTransport(std::move(inner)) {}
   // As a transport thread still delivering while its owner shuts down: the
   // first plain message of `replay_on_destroy_` received is handed to the
   // handler again as this transport is destroyed.
@@ -44,8 +45,6 @@ class TapTransport final : public Transport {
     replay_on_destroy_ = std::move(type);
     replayed_out_ = replayed;
   }
-  std::string_view Name() const override { return inner_->Name(); }
-  const std::string& Address() const override { return inner_->Address(); }
   void SetMessageHandler(MessageHandler h) override {
     handler_ = h;
     inner_->SetMessageHandler([this, h](std::string_view bytes) {
@@ -53,32 +52,10 @@ class TapTransport final : public Transport {
       h(bytes);
     });
   }
-  void SetPeerFailureHandler(PeerFailureHandler h) override {
-    inner_->SetPeerFailureHandler(std::move(h));
-  }
-  Result<RegisteredRegion> RegisterMemory(void* a, size_t n, MemoryKind k) override {
-    return inner_->RegisterMemory(a, n, k);
-  }
-  Status DeregisterMemory(RegionId id) override { return inner_->DeregisterMemory(id); }
-  Result<PeerId> Connect(std::string_view a) override { return inner_->Connect(a); }
-  Result<RemoteRegionId> ImportRegion(PeerId p, std::string_view k) override {
-    return inner_->ImportRegion(p, k);
-  }
-  Result<DataPath> PathTo(PeerId p) const override { return inner_->PathTo(p); }
-  Status PostWrites(PeerId p, std::vector<WriteOp> ops, WriteCallback done) override {
-    return inner_->PostWrites(p, std::move(ops), std::move(done));
-  }
   Status SendMessage(PeerId p, std::string payload) override {
     if (!LooksSealed(payload)) Record(&sent_, payload);
     return inner_->SendMessage(p, std::move(payload));
   }
-  Status SendMessageUnfenced(PeerId p, std::string payload) override {
-    return inner_->SendMessageUnfenced(p, std::move(payload));
-  }
-  Status SendUrgentMessage(PeerId p, std::string payload) override {
-    return inner_->SendUrgentMessage(p, std::move(payload));
-  }
-  void Disconnect(PeerId p) override { inner_->Disconnect(p); }
 
   // The first plain message of `type` sent (or received), waiting for it.
   std::string Sent(std::string_view type) { return Find(&sent_, type); }
@@ -108,7 +85,6 @@ class TapTransport final : public Transport {
     });
     return found;
   }
-  std::unique_ptr<Transport> inner_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::string> sent_, received_;
