@@ -8,9 +8,26 @@
 #include <new>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace kvbridge::tools {
+namespace {
+
+// Two shuffled orders of 0..n-1 (source and destination), the same ones in
+// every run (seed 7): scattered pieces, as a paged allocator hands them out.
+template <typename T>
+std::pair<std::vector<T>, std::vector<T>> ShuffledOrders(size_t n) {
+  std::vector<T> a(n), b(n);
+  std::iota(a.begin(), a.end(), T{0});
+  std::iota(b.begin(), b.end(), T{0});
+  std::mt19937 rng(7);
+  std::shuffle(a.begin(), a.end(), rng);
+  std::shuffle(b.begin(), b.end(), rng);
+  return {std::move(a), std::move(b)};
+}
+
+}  // namespace
 
 double ScatteredMemcpyGbps(size_t piece, size_t bytes, int passes) {
   if (piece == 0 || bytes < piece) return 0;
@@ -20,12 +37,7 @@ double ScatteredMemcpyGbps(size_t piece, size_t bytes, int passes) {
   if (!src || !dst) return 0;
   std::memset(src.get(), 1, pieces * piece);
   std::memset(dst.get(), 2, pieces * piece);
-  std::vector<size_t> from(pieces), to(pieces);
-  std::iota(from.begin(), from.end(), 0);
-  std::iota(to.begin(), to.end(), 0);
-  std::mt19937 rng(7);
-  std::shuffle(from.begin(), from.end(), rng);
-  std::shuffle(to.begin(), to.end(), rng);
+  const auto [from, to] = ShuffledOrders<size_t>(pieces);
   double best = 0;
   for (int p = 0; p < std::max(passes, 1); ++p) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -53,12 +65,7 @@ double PlannedMemcpyGbps(internal::RankLayout prefill, internal::RankLayout deco
       b.length = pages * b.item_len;
     }
   }
-  std::vector<int32_t> src_pages(pages), dst_pages(pages);
-  std::iota(src_pages.begin(), src_pages.end(), 0);
-  std::iota(dst_pages.begin(), dst_pages.end(), 0);
-  std::mt19937 rng(7);
-  std::shuffle(src_pages.begin(), src_pages.end(), rng);
-  std::shuffle(dst_pages.begin(), dst_pages.end(), rng);
+  const auto [src_pages, dst_pages] = ShuffledOrders<int32_t>(pages);
   auto runs = internal::PlanKvPages(prefill, decode, slice, src_pages, dst_pages);
   if (!runs.ok()) return 0;
   uint64_t moved = 0;

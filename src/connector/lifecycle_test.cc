@@ -29,6 +29,18 @@ void Transfer(TestCluster& c, uint64_t room, KVPoll expect = KVPoll::kSuccess) {
   EXPECT_EQ(c.decode[0].pool->CountCorruptPages(room, dst), 0u);
 }
 
+// A new process at prefill tp `tp`'s position: a manager with `mo` (the
+// options of the one that went) on a new loopback endpoint, so a new
+// incarnation.
+void RestartPrefill(TestCluster& c, int tp, const ManagerOptions& mo) {
+  auto restarted = CreateManager(
+      mo, std::move(CreateLoopbackTransport(c.fabric(),
+                                            "prefill tp" + std::to_string(tp) + " (restarted)"))
+              .value());
+  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
+  c.prefill[tp].manager = std::move(restarted).value();
+}
+
 double Scrape(int port, const std::string& name, const std::string& labels_have) {
   httplib::Client cli("127.0.0.1", port);
   auto res = cli.Get("/metrics");
@@ -77,10 +89,7 @@ TEST(RestartTest, RestartedPrefillRankServesNewRequestsThroughANewEndpoint) {
   ManagerOptions mo = (*c)->prefill[0].manager->options();
   (*c)->prefill[0].manager.reset();
   ASSERT_TRUE(WaitFor([&] { return (*c)->decode[0].manager->Stats().peers_connected == 0; }));
-  auto restarted = CreateManager(
-      mo, std::move(CreateLoopbackTransport((*c)->fabric(), "prefill tp0 (restarted)")).value());
-  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
-  (*c)->prefill[0].manager = std::move(restarted).value();
+  ASSERT_NO_FATAL_FAILURE(RestartPrefill(**c, 0, mo));
   EXPECT_NE((*c)->prefill[0].manager->self().incarnation, old_incarnation);
   Transfer(**c, 2);  // the stale endpoint is not reused: this would hang
   EXPECT_EQ((*c)->decode[0].manager->Stats().peers_connected, 1u);
@@ -131,10 +140,7 @@ TEST(RestartTest, RestartedSiblingNoLongerBlocksNewRequests) {
     EXPECT_TRUE(tx->Failure()->origin.SameRank(old_self)) << tx->Failure()->Message();
     EXPECT_EQ(tx->Failure()->origin.pid, old_self.pid);
   }
-  auto restarted = CreateManager(
-      mo, std::move(CreateLoopbackTransport((*c)->fabric(), "prefill tp1 (restarted)")).value());
-  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
-  (*c)->prefill[1].manager = std::move(restarted).value();
+  ASSERT_NO_FATAL_FAILURE(RestartPrefill(**c, 1, mo));
   {
     // Straight after registration: not failed by the stale record.
     auto tx = std::move(KVSender::Create(sibling, ++room)).value();
@@ -235,10 +241,7 @@ TEST(RestartTest, ARequestDecodeFailedBeforeResolvingItsSourcesReachesPrefill) {
   }));
   ASSERT_TRUE(rx->Failure().has_value());
   ASSERT_TRUE(rx->Failure()->origin.SameRank(dead)) << rx->Failure()->Message();
-  auto restarted = CreateManager(
-      mo, std::move(CreateLoopbackTransport((*c)->fabric(), "prefill tp1 (restarted)")).value());
-  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
-  (*c)->prefill[1].manager = std::move(restarted).value();
+  ASSERT_NO_FATAL_FAILURE(RestartPrefill(**c, 1, mo));
   auto tx = std::move(KVSender::Create(*(*c)->prefill[0].manager, room)).value();
   ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kFailed; }, std::chrono::seconds(10)))
       << "prefill tp0 still waits for metadata decode tp0 will never send";
