@@ -218,9 +218,6 @@ void ManagerImpl::CommitChunkLocked(SenderRoom& room,
     ++flow.next_chunk;
     ++flow.inflight;
     ++room.inflight;
-    // Decode gives a same-host peer no grant unless both sides are told to
-    // (ManagerOptions::grant_same_host_peers).
-    flow.unrevocable = OnThisHost(flow.decode) && !opts_.grant_same_host_peers;
     if (flow.unrevocable) ++unrevocable_chunks_;
     out.posts.push_back(std::move(post));
   }
@@ -447,6 +444,9 @@ void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg 
   SenderFlow flow;
   flow.peer_key = peer->key;
   flow.decode = from;
+  // Decode gives a same-host peer no grant unless both sides are told to
+  // (ManagerOptions::grant_same_host_peers).
+  flow.unrevocable = OnThisHost(from) && !opts_.grant_same_host_peers;
   flow.meta = std::move(meta);
   Status bad = ShapeFlowLocked(room, from, flow);
   if (bad.ok() && flow.slice) bad = CheckFlowMeta(room, *peer, from, flow);
