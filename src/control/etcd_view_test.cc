@@ -147,6 +147,21 @@ TEST(EtcdViewTest, AValueNotSealedForItsKeyWithTheDeploymentsSecretIsNotUsed) {
   ASSERT_EQ(v.problems().size(), 3u);
   for (const auto& [key, why] : v.problems())
     EXPECT_NE(why.find("not this deployment's for this key"), std::string::npos) << key << why;
+  // A tag of the wrong type, or a huge one: refused as such, nothing used.
+  const std::string k3 = "failures/" + EtcdSeqKey(3), k4 = "failures/" + EtcdSeqKey(4);
+  nlohmann::json typed =
+      nlohmann::json::parse(EncodeEtcdFailure(kSeal, kPrefix + k3, 3, FailureRecordToJson(f)));
+  typed["mac"] = 12;
+  v.Apply(Put(k3, typed.dump()), t0);
+  nlohmann::json huge =
+      nlohmann::json::parse(EncodeEtcdFailure(kSeal, kPrefix + k4, 4, FailureRecordToJson(f)));
+  huge["mac"] = std::string(100000, 'a');
+  v.Apply(Put(k4, huge.dump()), t0);
+  EXPECT_NE(v.problems().at(kPrefix + k3).find("carries no tag"), std::string::npos);
+  EXPECT_NE(v.problems().at(kPrefix + k4).find("not this deployment's"), std::string::npos);
+  EXPECT_TRUE(v.FailuresSince(0).records.empty());
+  v.Apply(Delete(k3), t0);
+  v.Apply(Delete(k4), t0);
   // The same record sealed for its key with the secret is used.
   v.Apply(Put(k2, EncodeEtcdFailure(kSeal, kPrefix + k2, 2, FailureRecordToJson(f))), t0);
   EXPECT_EQ(v.DeadBySeq(RankRole::kPrefill, RankKey{0, 0, 0, 0}, 5), 2u);
