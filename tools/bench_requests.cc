@@ -48,6 +48,7 @@ struct RequestsFlags {
   int big_requests = 8, big_concurrency = 2;
   int check_stride = 1;
   int small_requests = 200;
+  int small_step_us = 0;
   std::string raw_bytes = "1G";
   std::string raw_region = "256M";
   bool no_raw = false;
@@ -103,7 +104,8 @@ std::vector<std::string> WorkerArgs(const RequestsFlags& f, int tokens, int requ
   // 1 request in flight: poll as fast as a busy scheduler can (latency);
   // more: poll every 100 us and leave the cores to the copy, as a scheduler
   // running forward passes does.
-  a.insert(a.end(), {"--step-us", concurrency == 1 ? "0" : "100"});
+  a.insert(a.end(),
+           {"--step-us", concurrency == 1 ? std::to_string(f.small_step_us) : std::string("100")});
   if (f.path == "tcp") {
     a.insert(a.end(), {"--ucx-only", "--ucx-tls", "tcp"});
   } else {
@@ -610,6 +612,11 @@ void AddBenchRequestsCommand(CLI::App& bench, std::function<int()>& run) {
       ->capture_default_str();
   cmd->add_option("--small-requests", f->small_requests, "Requests of the 1-page sweep")
       ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  cmd->add_option("--latency-step-us", f->small_step_us,
+                  "Workers' scheduler step (sleep between polls) in sweeps with one request in "
+                  "flight; 0 = poll without sleeping")
+      ->check(CLI::Range(0, 100000))
       ->capture_default_str();
   cmd->add_option("--raw-bytes", f->raw_bytes, "Bytes the raw transport measurement writes")
       ->capture_default_str();
