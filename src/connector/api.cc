@@ -28,11 +28,22 @@ std::optional<FailureRecord> KVManager::RecentRankFailure() const {
 }
 
 namespace internal {
+std::unique_ptr<KVManager> ManagerAccess::Wrap(std::unique_ptr<ManagerImpl> impl) {
+  return std::unique_ptr<KVManager>(new KVManager(std::move(impl)));
+}
+
 Result<std::unique_ptr<KVManager>> CreateManager(const ManagerOptions& options,
                                                  std::unique_ptr<Transport> transport) {
-  KVB_ASSIGN_OR_RETURN(auto impl, ManagerImpl::Create(options, std::move(transport)));
+  return CreateManager(options, std::move(transport), CoreHooks{});
+}
+
+Result<std::unique_ptr<KVManager>> CreateManager(const ManagerOptions& options,
+                                                 std::unique_ptr<Transport> transport,
+                                                 CoreHooks hooks) {
+  KVB_ASSIGN_OR_RETURN(auto impl,
+                       ManagerImpl::Create(options, std::move(transport), std::move(hooks)));
   InstallLastWords(impl.get());
-  return std::unique_ptr<KVManager>(new KVManager(std::move(impl)));
+  return ManagerAccess::Wrap(std::move(impl));
 }
 }  // namespace internal
 
@@ -117,7 +128,7 @@ KVPoll KVReceiver::PollSettled() const {
   if (p != KVPoll::kFailed || room_->quiesced.load(std::memory_order_acquire)) return p;
   const auto failed_at = std::chrono::steady_clock::time_point(
       std::chrono::steady_clock::duration(room_->failed_at_ns.load(std::memory_order_relaxed)));
-  if (std::chrono::steady_clock::now() - failed_at >= manager_.options().quiesce_timeout) return p;
+  if (ManagerAccess::Of(manager_).Now() - failed_at >= manager_.options().quiesce_timeout) return p;
   return static_cast<KVPoll>(room_->state_before_failure.load(std::memory_order_relaxed));
 }
 FailureRecord KVReceiver::FailAsGroup() {

@@ -149,7 +149,7 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello, std::string_view b
   pending.digest = Sha256(bytes);
   pending.nonce = *nonce;
   pending.tpeer = *conn;
-  pending.at = std::chrono::steady_clock::now();
+  pending.at = Now();
   const std::string t = HandshakeAuth::Transcript(pending.digest, Self(), pending.nonce, *session);
   const HelloChallengeMsg challenge{hello.session, *session, pending.nonce,
                                     handshake_->Prove(Role::kPrefill, t)};
@@ -298,6 +298,8 @@ void ManagerImpl::AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer,
   if (stale != 0) transport_->Disconnect(stale);
 
   auto peer = std::make_unique<Peer>();
+  peer->last_heard = Now();
+  peer->last_heard_wall = WallNow();
   peer->key = PeerKey(from);
   peer->id = from;
   peer->address = hello.address;

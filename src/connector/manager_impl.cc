@@ -76,13 +76,17 @@ std::vector<BufferSpan> Spans(const std::vector<uint64_t>& ptrs, const std::vect
 
 }  // namespace
 
-ManagerImpl::ManagerImpl(const ManagerOptions& options)
-    : opts_(options), next_generation_(NewIncarnation() & 0x0000ffffffffffffull) {}
+ManagerImpl::ManagerImpl(const ManagerOptions& options, CoreHooks hooks)
+    : opts_(options),
+      hooks_(std::move(hooks)),
+      clock_(hooks_.clock ? hooks_.clock.get() : &Clock::System()),
+      next_generation_(NewIncarnation() & 0x0000ffffffffffffull) {}
 
 Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Create(const ManagerOptions& options,
-                                                         std::unique_ptr<Transport> transport) {
+                                                         std::unique_ptr<Transport> transport,
+                                                         CoreHooks hooks) {
   KVB_RETURN_IF_ERROR(ValidateOptions(options));
-  std::unique_ptr<ManagerImpl> m(new ManagerImpl(options));
+  std::unique_ptr<ManagerImpl> m(new ManagerImpl(options, std::move(hooks)));
   m->transport_ = std::move(transport);
   KVB_RETURN_IF_ERROR(m->Start());
   return m;
@@ -302,7 +306,7 @@ void ManagerImpl::StartThreads() {
   // A registry that pushes changes wakes the registry thread (etcd's watch):
   // records and membership changes are applied as they arrive.
   registry_->SetChangeCallback([this] { WakeRegistryRound(); });
-  ticker_ = std::thread([this] { EveryHeartbeat([this] { Tick(); }); });
+  if (!hooks_.manual_ticks) ticker_ = std::thread([this] { EveryHeartbeat([this] { Tick(); }); });
   registry_thread_ = std::thread([this] {
     uint64_t round = 0;
     EveryHeartbeat([&] { RegistryRound(round++); }, &registry_wake_);
@@ -352,7 +356,8 @@ Peer* ManagerImpl::FindPeerLocked(const std::string& key) {
 std::vector<PeerSnapshot> ManagerImpl::Peers() const {
   MutexLock lock(mu_);
   std::vector<PeerSnapshot> out;
-  for (const auto& [key, p] : peers_) out.push_back({p->id, p->tpeer, p->ready, p->failed});
+  for (const auto& [key, p] : peers_)
+    out.push_back({p->id, p->tpeer, p->ready, p->failed, p->last_heard});
   return out;
 }
 
@@ -413,7 +418,7 @@ FailureRecord ManagerImpl::MakeRecord(const RankId& origin, FailureCause cause, 
   r.phase = phase;
   r.detected_by = Self();
   r.mechanism = std::move(mechanism);
-  r.detected_at = std::chrono::system_clock::now();
+  r.detected_at = WallNow();
   r.last_sign_of_life = r.detected_at;
   r.hint = std::string(FailureHint(cause));
   r.is_from_another_rank = IsFromAnotherRank(origin);
@@ -434,9 +439,7 @@ bool ManagerImpl::MarkRoomFailedLocked(Room& room, FailureRecord& record) {
   ++failed_;
   if (metrics_) {
     metrics_->Failed(record.cause);
-    metrics_->Finished(
-        false,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - room.created).count());
+    metrics_->Finished(false, std::chrono::duration<double>(Now() - room.created).count());
   }
   KVB_LOG_WARN("{}", record.Message());
   // A request's own failure detected here travels to its other ranks (a
@@ -478,8 +481,8 @@ void ManagerImpl::OnMessage(std::string_view bytes, const RankId* proven) {
     Peer* peer = PeerFromLocked(m.from);
     if (peer != nullptr) {
       peer->heard_since_ready = peer->heard_since_ready || peer->ready;
-      peer->last_heard = std::chrono::steady_clock::now();
-      peer->last_heard_wall = std::chrono::system_clock::now();
+      peer->last_heard = Now();
+      peer->last_heard_wall = WallNow();
     }
     std::visit(
         [&](auto& body) KVB_REQUIRES(mu_) {

@@ -29,7 +29,9 @@
 #include "common/process.h"
 #include "common/thread_annotations.h"
 #include "connector/auth_transport.h"
+#include "connector/core_hooks.h"
 #include "connector/manager_metrics.h"
+#include "connector/outbox.h"
 #include "connector/peer_auth.h"
 #include "connector/peer_state.h"
 #include "connector/protocol.h"
@@ -53,14 +55,24 @@ uint64_t NewIncarnation();
 
 class ManagerImpl {
  public:
-  // `transport` replaces the UCX transport (tests: loopback, fault wrapper).
+  // `transport` replaces the UCX transport (tests: loopback, fault wrapper);
+  // `hooks`, a test's clock and ticking (core_hooks.h).
   static Result<std::unique_ptr<ManagerImpl>> Create(const ManagerOptions& options,
-                                                     std::unique_ptr<Transport> transport = {});
+                                                     std::unique_ptr<Transport> transport = {},
+                                                     CoreHooks hooks = {});
   ~ManagerImpl();
 
   // This rank as its peers know it now: the incarnation changes when it
   // rejoins (MaybeRejoin), so it is read afresh.
   RankId self() const { return Self(); }
+  // The core's time (CoreHooks::clock): every deadline, silence and record
+  // time is judged on it.
+  SteadyTime Now() const { return clock_->Steady(); }
+  WallTime WallNow() const { return clock_->Wall(); }
+  // One liveness round (heartbeats out, silences and phase deadlines
+  // checked) at Now(), on the caller's thread: what the ticker thread runs
+  // every heartbeat interval. Tests with CoreHooks::manual_ticks call it.
+  void TickNow() { Tick(); }
   const ManagerOptions& options() const { return opts_; }
   const std::string& bootstrap_addr() const { return opts_.bootstrap_addr; }
   const RankLayout& layout() const { return layout_; }
@@ -108,35 +120,7 @@ class ManagerImpl {
   void LastWords(const std::string& reason);
 
  private:
-  // How a message travels (Transport): in order behind earlier writes; at
-  // once (failure notices that say writes may still be in flight); or in
-  // order with other messages but behind no write (a notice about writes
-  // that already completed, which must not wait for later requests' writes).
-  enum class Lane { kOrdered, kUrgent, kUnfenced };
-  struct OutMessage {
-    OutMessage(PeerId p, std::string b, bool f = true) : peer(p), bytes(std::move(b)), fenced(f) {}
-    PeerId peer;
-    std::string bytes;
-    bool fenced;
-  };
-  struct Outbox {
-    std::vector<OutMessage> messages;  // ordered; unfenced ones behind no write
-    // Not ordered behind earlier writes: failure notices that say writes may
-    // still be in flight, so they must not wait for those writes.
-    std::vector<std::pair<PeerId, std::string>> urgent;
-    struct Post {
-      PeerId peer;
-      RemoteRegionSet remote;
-      std::vector<CopyRun> runs;
-      std::string notify;
-      ChunkCallback done;
-    };
-    std::vector<Post> posts;
-    // Endpoints to close after the rest (a cut-off peer's connection).
-    std::vector<PeerId> disconnect;
-  };
-
-  explicit ManagerImpl(const ManagerOptions& options);
+  ManagerImpl(const ManagerOptions& options, CoreHooks hooks);
   // Start() runs the steps below in this order; an error stops it.
   Status Start();
   void SetIdentity();
@@ -450,6 +434,8 @@ class ManagerImpl {
   void RetryUnresolved();
 
   const ManagerOptions opts_;
+  const CoreHooks hooks_;
+  const Clock* const clock_;  // hooks_.clock, or the system's
   // Set once at start but for the incarnation, which a rejoin changes while
   // other threads read it: Self() adds incarnation_ to self_.
   RankId self_;
@@ -520,7 +506,7 @@ class ManagerImpl {
       KVB_GUARDED_BY(mu_);                       // latest first-seen room records of other ranks
   std::condition_variable_any room_records_cv_;  // a room record came or a room failed
   uint64_t failure_seq_ = 0;                     // registry thread only
-  SteadyTime last_tick_ KVB_GUARDED_BY(mu_) = std::chrono::steady_clock::now();
+  SteadyTime last_tick_ KVB_GUARDED_BY(mu_) = Now();
   std::optional<SteadyTime> registry_down_since_;  // beat thread only
   // Why the registry last refused this incarnation's heartbeat; cleared by
   // one it takes.

@@ -75,8 +75,10 @@ struct Peer {
   // (MaybeRejoin): the peer itself may be healthy, so a new handshake
   // replaces it, with a new session and (decode) a new grant.
   bool retired = false;
-  SteadyTime last_heard = std::chrono::steady_clock::now();
-  std::chrono::system_clock::time_point last_heard_wall = std::chrono::system_clock::now();
+  // When something last came from the peer, on the manager's Clock (set
+  // when the peer is made).
+  SteadyTime last_heard{};
+  WallTime last_heard_wall{};
 };
 
 // A peer as this rank knows it now: the process (pid, incarnation) it talks
@@ -87,6 +89,7 @@ struct PeerSnapshot {
   PeerId endpoint = 0;
   bool ready = false;
   bool failed = false;
+  SteadyTime last_heard{};  // on the manager's Clock
 };
 
 struct PendingMeta {

@@ -255,7 +255,7 @@ void ManagerImpl::DropBeatLocked(Peer& peer, Outbox& out) {
 }
 
 void ManagerImpl::Tick() {
-  const SteadyTime now = std::chrono::steady_clock::now();
+  const SteadyTime now = Now();
   const auto silence_limit = opts_.heartbeat_interval * opts_.heartbeat_misses;
   std::vector<PeerId> beats;
   Outbox out;

@@ -101,6 +101,8 @@ FailureRecord ManagerImpl::GroupFailure(const Room& room) {
   // record may be there before this rank's next registry round reads it
   // (one read at the start missed a sibling's record under ASan). Each read
   // after the first asks only for the records published since.
+  // A real wait of the caller's thread (the I/O shell), so on the system's
+  // clock, not the core's.
   const auto wait = opts_.heartbeat_interval * 3;
   const auto deadline = std::chrono::steady_clock::now() + wait;
   uint64_t since = 0;
@@ -278,7 +280,7 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
 
 void ManagerImpl::BeatRound() {
   if (sglang_registry_) return;  // it keeps no liveness or records: peers tell
-  const SteadyTime now = std::chrono::steady_clock::now();
+  const SteadyTime now = Now();
   const uint64_t incarnation = incarnation_.load();
   Status beat = registry_->Heartbeat(ToRankRole(self_.role), self_.dp, self_.cp, self_.tp, self_.pp,
                                      incarnation);
@@ -305,7 +307,7 @@ void ManagerImpl::BeatRound() {
   bool act = false;
   {
     MutexLock lock(mu_);
-    registry_answered_ = std::chrono::system_clock::now();
+    registry_answered_ = WallNow();
     if (beat.code() == StatusCode::kFailedPrecondition) {
       act = !heartbeat_refused_ && !fatal_;
       heartbeat_refused_ = HeartbeatRefusal{incarnation, beat.message()};
@@ -491,7 +493,7 @@ void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
                                ? silence
                                : DescribeProcessState(ps);
       FailureRecord r = MakeRecord(id, cause, detail, Phase::kTransferring, "registry liveness");
-      r.last_sign_of_life = std::chrono::system_clock::now() - s.age;
+      r.last_sign_of_life = WallNow() - s.age;
       ApplyRankFailureLocked(r, out);
       PublishLocked(r);
     }

@@ -20,7 +20,7 @@ void ManagerImpl::MaybeHandshakeDoneLocked(ReceiverRoom& room) {
   }
   // The deadline for SendMetadata runs from here (TickReceiversLocked).
   room.phase = Phase::kWaitingForMetadata;
-  room.phase_since = std::chrono::steady_clock::now();
+  room.phase_since = Now();
   room.state.store(static_cast<int>(KVPoll::kWaitingForInput), std::memory_order_release);
 }
 
@@ -77,8 +77,7 @@ void ManagerImpl::FailReceiverLocked(ReceiverRoom& room, FailureRecord record, O
   record.generation = room.generation;
   if (!room.failure && room.poll() != KVPoll::kSuccess) {
     room.state_before_failure.store(static_cast<int>(room.poll()), std::memory_order_relaxed);
-    room.failed_at_ns.store(std::chrono::steady_clock::now().time_since_epoch().count(),
-                            std::memory_order_relaxed);
+    room.failed_at_ns.store(Now().time_since_epoch().count(), std::memory_order_relaxed);
   }
   if (!MarkRoomFailedLocked(room, record)) return;
   for (ReceiverSource& src : room.sources) TellSourceLocked(room, src, record, out);

@@ -21,7 +21,7 @@ Result<std::shared_ptr<ReceiverRoom>> ManagerImpl::NewReceiver(uint64_t room) {
           fmt::format("room {} already has a live receiver "
                       "(generation {})",
                       room, it->second->generation));
-    r = std::make_shared<ReceiverRoom>(room, ++next_generation_);
+    r = std::make_shared<ReceiverRoom>(room, ++next_generation_, Now(), WallNow());
     receivers_[room] = r;
     if (auto blocker = NewRoomBlockerLocked()) FailReceiverLocked(*r, *blocker, out);
   }
@@ -75,7 +75,7 @@ Status ManagerImpl::ReceiverInit(const std::shared_ptr<ReceiverRoom>& room, int 
     }
     room->initialized = true;
     room->prefill_dp_rank = prefill_dp_rank;
-    room->phase_since = std::chrono::steady_clock::now();
+    room->phase_since = Now();
     return Status();
   }();
   Flush(out);
@@ -299,9 +299,9 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
     peer->ready = true;
     peer->acked = false;
     peer->hello_attempts = 1;
-    peer->hello_at = std::chrono::steady_clock::now();
-    peer->last_heard = std::chrono::steady_clock::now();
-    peer->last_heard_wall = std::chrono::system_clock::now();
+    peer->hello_at = Now();
+    peer->last_heard = Now();
+    peer->last_heard_wall = WallNow();
     by_tpeer_[peer->tpeer] = peer.get();
     peers_[key] = std::move(peer);
   }
@@ -351,7 +351,7 @@ void ManagerImpl::RetryHello(const std::string& key) {
       // Counted even when no new endpoint could be opened: the next try
       // waits longer, and the rank is blamed once the budget is spent.
       attempt = ++p->hello_attempts;
-      p->hello_at = std::chrono::steady_clock::now();
+      p->hello_at = Now();
       if (conn.ok()) {
         // Swapped before the Hello leaves: its answer flushes what is held
         // onto the new endpoint, never the stuck one.
@@ -458,7 +458,7 @@ void ManagerImpl::SendMetaLocked(ReceiverRoom& room, Outbox& out) {
     if (src.dummy) src.quiesced = true;  // a dummy never writes
   }
   room.phase = Phase::kWaitingForInput;
-  room.phase_since = std::chrono::steady_clock::now();
+  room.phase_since = Now();
   room.meta_sent_at = room.phase_since;
   room.state.store(static_cast<int>(KVPoll::kWaitingForInput), std::memory_order_release);
 }
@@ -493,7 +493,7 @@ void ManagerImpl::OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out
   ++src->next_chunk;
   src->last_received = msg.last;
   room.phase = Phase::kTransferring;
-  room.phase_since = std::chrono::steady_clock::now();
+  room.phase_since = Now();
   bool done = std::all_of(room.sources.begin(), room.sources.end(),
                           [](const ReceiverSource& s) { return s.dummy || s.last_received; });
   if (done) {
@@ -502,9 +502,7 @@ void ManagerImpl::OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out
     room.quiesced.store(true, std::memory_order_release);
     ++succeeded_;
     if (metrics_)
-      metrics_->Finished(
-          true,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - room.created).count());
+      metrics_->Finished(true, std::chrono::duration<double>(Now() - room.created).count());
     room.state.store(static_cast<int>(KVPoll::kSuccess), std::memory_order_release);
   } else {
     room.state.store(static_cast<int>(KVPoll::kTransferring), std::memory_order_release);

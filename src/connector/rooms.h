@@ -13,15 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "connector/protocol.h"
 #include "engine/plan.h"
 #include "kvbridge/errors.h"
 #include "kvbridge/kv_poll.h"
 
 namespace kvbridge::internal {
-
-using SteadyTime = std::chrono::steady_clock::time_point;
-using WallTime = std::chrono::system_clock::time_point;
 
 // An optional value kept on the heap: one pointer in a room, which most
 // requests never fill (a FailureRecord inline is 360 bytes, with 10,000 rooms
@@ -73,13 +71,15 @@ struct SenderFlow {
 };
 
 struct SenderRoom {
-  explicit SenderRoom(uint64_t r) : room(r) {}
+  // `now`, `wall`: the manager's Clock when the request was created.
+  SenderRoom(uint64_t r, SteadyTime now, WallTime wall)
+      : room(r), created(now), created_wall(wall), phase_since(now) {}
   const uint64_t room;
-  const SteadyTime created = std::chrono::steady_clock::now();
+  const SteadyTime created;
   // Wall time, compared with a record's detected_at from another rank: a
   // room record names this request only if it was detected after this
   // use of the room id began.
-  const WallTime created_wall = std::chrono::system_clock::now();
+  const WallTime created_wall;
   std::atomic<int> state{static_cast<int>(KVPoll::kBootstrapping)};
   // Pages of the request decode already holds (its decode_prefix_len /
   // page_size), from the first metadata; -1 before any arrived.
@@ -105,7 +105,7 @@ struct SenderRoom {
   int inflight = 0;
   BoxedOptional<FailureRecord> failure;
   Phase phase = Phase::kWaitingForMetadata;
-  SteadyTime phase_since = std::chrono::steady_clock::now();
+  SteadyTime phase_since;
 
   KVPoll poll() const { return static_cast<KVPoll>(state.load(std::memory_order_acquire)); }
 };
@@ -124,11 +124,12 @@ struct ReceiverSource {
 };
 
 struct ReceiverRoom {
-  ReceiverRoom(uint64_t r, uint64_t g) : room(r), generation(g) {}
+  ReceiverRoom(uint64_t r, uint64_t g, SteadyTime now, WallTime wall)
+      : room(r), generation(g), created(now), created_wall(wall), phase_since(now) {}
   const uint64_t room;
   const uint64_t generation;
-  const SteadyTime created = std::chrono::steady_clock::now();
-  const WallTime created_wall = std::chrono::system_clock::now();  // see SenderRoom
+  const SteadyTime created;     // see SenderRoom
+  const WallTime created_wall;  // see SenderRoom
   std::atomic<int> state{static_cast<int>(KVPoll::kBootstrapping)};
   std::atomic<bool> quiesced{false};
   // What Poll() said just before the room failed, and when (steady clock, ns;
@@ -146,7 +147,7 @@ struct ReceiverRoom {
   std::vector<ReceiverSource> sources;
   BoxedOptional<FailureRecord> failure;
   Phase phase = Phase::kBootstrapping;
-  SteadyTime phase_since = std::chrono::steady_clock::now();
+  SteadyTime phase_since;
   SteadyTime meta_sent_at{};
   Status last_resolve_error;
 

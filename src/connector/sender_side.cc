@@ -9,6 +9,8 @@
 namespace kvbridge::internal {
 namespace {
 
+// KVSender::Timing(): the system's steady clock, which the application
+// compares with its own (not the core's Clock).
 int64_t SteadyNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -32,7 +34,7 @@ Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
     auto it = senders_.find(room);
     if (it != senders_.end() && it->second->live)
       return FailedPreconditionError(fmt::format("room {} already has a live sender", room));
-    r = std::make_shared<SenderRoom>(room);
+    r = std::make_shared<SenderRoom>(room, Now(), WallNow());
     senders_[room] = r;
     orphan_failures_.erase(room);  // a new use of the room
     if (auto blocker = NewRoomBlockerLocked()) FailSenderLocked(*r, *blocker, out);
@@ -59,8 +61,7 @@ void ManagerImpl::ReleaseSender(const std::shared_ptr<SenderRoom>& room) {
   MutexLock lock(mu_);
   room->live = false;
   if (room->failure && room->flows.empty())
-    orphan_failures_[room->room] = {*room->failure, room->aborted_generations,
-                                    std::chrono::steady_clock::now()};
+    orphan_failures_[room->room] = {*room->failure, room->aborted_generations, Now()};
   auto it = senders_.find(room->room);
   if (it != senders_.end() && it->second == room) senders_.erase(it);
 }
@@ -166,9 +167,10 @@ Status ManagerImpl::CheckSendLocked(const SenderRoom& room, std::span<const int3
   return CheckStateSlots("state index", layout_.state, layout_.state_types, state);
 }
 
-Result<ManagerImpl::Outbox::Post> ManagerImpl::PlanFlowChunkLocked(
-    const std::shared_ptr<SenderRoom>& sp, int rank, const SenderFlow& flow,
-    std::span<const int32_t> pages, std::span<const int32_t> state, bool last) {
+Result<Outbox::Post> ManagerImpl::PlanFlowChunkLocked(const std::shared_ptr<SenderRoom>& sp,
+                                                      int rank, const SenderFlow& flow,
+                                                      std::span<const int32_t> pages,
+                                                      std::span<const int32_t> state, bool last) {
   const SenderRoom& room = *sp;
   Peer* peer = FindPeerLocked(flow.peer_key);
   if (peer == nullptr || peer->failed)
@@ -224,7 +226,7 @@ void ManagerImpl::CommitChunkLocked(SenderRoom& room,
   room.pages_sent += n;
   room.last_posted = last;
   room.phase = Phase::kTransferring;
-  room.phase_since = std::chrono::steady_clock::now();
+  room.phase_since = Now();
   ++chunks_sent_;
   UpdateSenderStateLocked(room);
 }
@@ -255,7 +257,7 @@ void ManagerImpl::OnChunkDone(const std::shared_ptr<SenderRoom>& sp, int decode_
     --flow.inflight;
     --room.inflight;
     if (flow.unrevocable) --unrevocable_chunks_;
-    room.phase_since = std::chrono::steady_clock::now();
+    room.phase_since = Now();
     if (s.ok()) {
       // Decode acknowledged these writes: on a lossy link its heartbeats may
       // wait for a retransmit on their own connection while the data
@@ -263,7 +265,7 @@ void ManagerImpl::OnChunkDone(const std::shared_ptr<SenderRoom>& sp, int decode_
       Peer* peer = FindPeerLocked(flow.peer_key);
       if (peer != nullptr && peer->acks_prove_life && !peer->failed) {
         peer->last_heard = room.phase_since;
-        peer->last_heard_wall = std::chrono::system_clock::now();
+        peer->last_heard_wall = WallNow();
       }
     }
     if (!s.ok() && !room.failure) {
@@ -345,16 +347,14 @@ void ManagerImpl::UpdateSenderStateLocked(SenderRoom& room) {
     room.metadata_done_ns.store(SteadyNs(), std::memory_order_relaxed);
   if (next == KVPoll::kWaitingForInput) {
     room.phase = Phase::kWaitingForInput;
-    room.phase_since = std::chrono::steady_clock::now();
+    room.phase_since = Now();
   }
   if (next == KVPoll::kSuccess) {
     room.writes_done_ns.store(SteadyNs(), std::memory_order_relaxed);
     room.phase = Phase::kDone;
     ++succeeded_;
     if (metrics_)
-      metrics_->Finished(
-          true,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - room.created).count());
+      metrics_->Finished(true, std::chrono::duration<double>(Now() - room.created).count());
   }
   room.state.store(static_cast<int>(next), std::memory_order_release);
 }
@@ -424,8 +424,7 @@ void ManagerImpl::OnMeta(const RankId& from, MetaMsg meta, Outbox& out) {
     Send(out, *peer, RoomFailedMsg{meta.room, meta.generation, true, r});
     return;
   }
-  pending_meta_[{meta.room, from.tp}] =
-      PendingMeta{std::move(meta), from, std::chrono::steady_clock::now()};
+  pending_meta_[{meta.room, from.tp}] = PendingMeta{std::move(meta), from, Now()};
 }
 
 void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg meta, Outbox& out) {
@@ -435,8 +434,7 @@ void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg 
   if (existing != room.flows.end()) {
     if (existing->second.meta.generation != meta.generation) {
       // A newer use of the room by decode: keep it for the next sender.
-      pending_meta_[{meta.room, from.tp}] =
-          PendingMeta{std::move(meta), from, std::chrono::steady_clock::now()};
+      pending_meta_[{meta.room, from.tp}] = PendingMeta{std::move(meta), from, Now()};
     }
     return;
   }
@@ -569,8 +567,7 @@ void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& ms
     // sender, if it comes, then waits for its deadline as before notices).
     if (pending_abort_.size() < opts_.max_pending_requests ||
         pending_abort_.count({msg.room, from.tp}))
-      pending_abort_[{msg.room, from.tp}] =
-          PendingAbort{msg.record, msg.generation, std::chrono::steady_clock::now()};
+      pending_abort_[{msg.room, from.tp}] = PendingAbort{msg.record, msg.generation, Now()};
     // A live sender that has no metadata from that rank yet is this
     // request's: decode failed it before (or without) sending metadata, so
     // none will come. It fails now with decode's reason instead of waiting

@@ -45,6 +45,8 @@ struct ClusterOptions {
   // Wraps each transport (e.g. in a FaultTransport); the int is the rank's
   // index in TestCluster::prefill or ::decode (its tp rank when pp is 1).
   std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>, Role, int)> wrap;
+  // Every manager's clock and ticking (core_hooks.h); one clock may be shared.
+  CoreHooks hooks;
 };
 
 class TestCluster {
