@@ -433,6 +433,10 @@ template <typename Room>
 bool ManagerImpl::MarkRoomFailedLocked(Room& room, FailureRecord& record) {
   if (room.failure || room.poll() == KVPoll::kSuccess) return false;
   record.room = room.room;
+  // A rank's failure fails this request in the phase it was in here (the
+  // record as detected carries the detector's, or none: a request waiting
+  // for metadata was said to fail "during transferring").
+  if (IsRankFailure(record.cause)) record.phase = room.phase;
   record.is_from_another_rank = IsFromAnotherRank(record.origin);
   room.failure = record;
   room.state.store(static_cast<int>(KVPoll::kFailed), std::memory_order_release);

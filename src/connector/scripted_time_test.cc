@@ -131,6 +131,7 @@ TEST(ScriptedTimeTest, ASilentPeerIsBlamedOnTheFirstTickPastTheSilenceLimitAndNo
   EXPECT_TRUE(f->origin.SameRank(decode)) << f->Message();
   EXPECT_EQ(f->cause, FailureCause::kPeerUnreachable) << f->Message();
   EXPECT_EQ(f->mechanism, "heartbeat") << f->Message();
+  EXPECT_EQ(f->phase, Phase::kWaitingForMetadata) << f->Message();
   EXPECT_NE(f->detail.find("0.60 s"), std::string::npos) << f->detail;
 }
 
