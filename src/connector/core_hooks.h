@@ -1,11 +1,14 @@
 // What a test may change in how a manager runs (CreateManager in
-// api_internal.h): the Clock its core judges time on, and whether a ticker
-// thread runs its liveness rounds or the test does, one at a time.
+// api_internal.h): the Clock its core judges time on, whether a ticker
+// thread runs its liveness rounds or the test does, one at a time, and what
+// /proc says of a process on this host.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "common/clock.h"
+#include "common/process.h"
 
 namespace kvbridge::internal {
 
@@ -15,6 +18,11 @@ struct CoreHooks {
   // only when the test calls ManagerImpl::TickNow(). The registry, beat and
   // resolver threads run as always.
   bool manual_ticks = false;
+  // What /proc says of the process `pid` on this host (null: read /proc).
+  // Every same-host judgement of the core asks ManagerImpl::LocalProcessState,
+  // which asks this: a test scripts a peer stopped or gone without stopping
+  // or killing a process.
+  std::function<ProcessState(int pid)> process_state;
 };
 
 }  // namespace kvbridge::internal

@@ -35,7 +35,8 @@ bool ManagerImpl::OnThisHost(const RankId& id) const {
 }
 
 ProcessState ManagerImpl::LocalProcessState(const RankId& id) const {
-  return OnThisHost(id) ? GetProcessState(id.pid) : ProcessState::kUnknown;
+  if (!OnThisHost(id)) return ProcessState::kUnknown;
+  return hooks_.process_state ? hooks_.process_state(id.pid) : GetProcessState(id.pid);
 }
 
 void ManagerImpl::FailSilentPeerLocked(Peer& peer, ProcessState ps, const std::string& silence,

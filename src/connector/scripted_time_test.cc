@@ -27,10 +27,12 @@ struct ScriptedCluster {
   void Step() { clock->Advance(kInterval); }
 };
 
-ScriptedCluster MakeScripted(std::vector<FaultTransport*>* faults = nullptr) {
+ScriptedCluster MakeScripted(std::vector<FaultTransport*>* faults = nullptr,
+                             std::function<ProcessState(int)> process_state = nullptr) {
   ScriptedCluster s;
   ClusterOptions o;
   if (faults != nullptr) o.wrap = WrapInFaults(faults);
+  o.hooks.process_state = std::move(process_state);
   o.hooks.clock = s.clock;
   o.hooks.manual_ticks = true;
   o.tweak = [](ManagerOptions& m) {
@@ -224,6 +226,59 @@ TEST(ScriptedTimeTest, WritesThatNeverCompleteFailTheSenderAtTheTransferDeadline
   EXPECT_EQ(rx.Failure()->detail, f->detail) << rx.Failure()->Message();
   faults[0]->ReleaseHeldWrites();
 }
+
+// A silent peer on this host is judged by what /proc says of it (scripted
+// here: every rank of the cluster is this test's own process): one that
+// exited or is stopped is blamed at the silence limit, by name; one that
+// runs is busy, not failed, until ten limits passed.
+struct ProcCase {
+  const char* name;
+  ProcessState state;
+  int blamed_after;  // silent intervals
+  FailureCause cause;
+  const char* detail;  // part of the record's detail
+};
+
+class ScriptedProcTest : public ::testing::TestWithParam<ProcCase> {};
+
+TEST_P(ScriptedProcTest, ASilentPeerOnThisHostIsJudgedByWhatProcSaysOfIt) {
+  const ProcCase& pc = GetParam();
+  std::atomic<ProcessState> proc{ProcessState::kRunning};
+  ScriptedCluster s = MakeScripted(nullptr, [&proc](int) { return proc.load(); });
+  ASSERT_TRUE(s.c);
+  CompleteOneRequest(*s.c, 1);
+  s.Step();
+  BeatAndWait(s.decode(), s.prefill(), *s.clock);
+  s.prefill().TickNow();
+  const RankId decode = s.decode().self();
+  proc = pc.state;  // decode falls silent, and this is what /proc shows
+  for (int i = 0; i < pc.blamed_after - 1; ++i) {
+    s.Step();
+    s.prefill().TickNow();
+    ASSERT_FALSE(PeerAt(s.prefill(), decode)->failed) << "blamed after " << i + 1 << " intervals";
+  }
+  auto sender = std::move(KVSender::Create(*s.c->prefill[0].manager, 2)).value();
+  s.Step();
+  s.prefill().TickNow();
+  ASSERT_TRUE(PeerAt(s.prefill(), decode)->failed)
+      << "not blamed after " << pc.blamed_after << " silent intervals";
+  ASSERT_EQ(sender->Poll(), KVPoll::kFailed);
+  auto f = sender->Failure();
+  ASSERT_TRUE(f);
+  EXPECT_TRUE(f->origin.SameRank(decode)) << f->Message();
+  EXPECT_EQ(f->cause, pc.cause) << f->Message();
+  EXPECT_NE(f->detail.find(pc.detail), std::string::npos) << f->detail;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Proc, ScriptedProcTest,
+    ::testing::Values(ProcCase{"exited", ProcessState::kExited, kMisses + 1,
+                               FailureCause::kPeerExited, "process exited"},
+                      ProcCase{"stopped", ProcessState::kStopped, kMisses + 1,
+                               FailureCause::kPeerUnresponsive, "stopped"},
+                      ProcCase{"running", ProcessState::kRunning, 10 * kMisses + 1,
+                               FailureCause::kPeerUnresponsive, "silent for 5.10 s"}),
+    [](const ::testing::TestParamInfo<ProcCase>& i) { return std::string(i.param.name); });
 
 }  // namespace
 }  // namespace kvbridge::internal
