@@ -262,5 +262,41 @@ TEST(ConnectorTest, SecondLiveReceiverOrSenderIsRefused) {
             StatusCode::kFailedPrecondition);
 }
 
+// A proven decode rank sends a request's metadata again, for the same
+// generation and naming other pages (a bug, or a hostile rank): the first
+// metadata stands, the request completes once into the pages it named, and
+// the pages of the duplicate are never written.
+TEST(ConnectorTest, DuplicateMetadataChangesNothing) {
+  auto c = TestCluster::Create(ClusterOptions{});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  KVManager& decode = *(*c)->decode[0].manager;
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  Request r{.room = 5, .src = {1, 2}, .dst = {3, 4}};
+  Start(**c, r, false);
+  const std::vector<int32_t> other{20, 21};
+  (*c)->decode[0].pool->Scrub(other, 0xAB);
+  Transport& t = ManagerAccess::Of(decode).transport();
+  const PeerId to_prefill = ProvenEndpoint(decode, ManagerAccess::Of(prefill).self());
+  MetaMsg dup;
+  dup.room = r.room;
+  dup.generation = r.receivers[0]->generation();
+  dup.decode_tp_size = 1;
+  dup.pages = other;
+  dup.aux_index = r.dst_aux;
+  ASSERT_TRUE(t.SendMessage(to_prefill, EncodeMessage(decode.self(), dup)).ok());
+  // Barrier: metadata for a room with no sender, behind the duplicate on the
+  // same ordered endpoint, is held once the duplicate was handled.
+  MetaMsg marker = dup;
+  marker.room = 6;
+  ASSERT_TRUE(t.SendMessage(to_prefill, EncodeMessage(decode.self(), marker)).ok());
+  ASSERT_TRUE(WaitFor([&] { return prefill.Stats().pending_metadata == 1; }));
+  EXPECT_EQ(r.senders[0]->Poll(), KVPoll::kWaitingForInput);
+  SendChunks(r, {2});
+  ExpectDelivered(**c, r);
+  EXPECT_TRUE((*c)->decode[0].pool->PagesHold(other, 0xAB));
+  EXPECT_EQ(prefill.Stats().rooms_succeeded, 1u);
+  EXPECT_EQ(prefill.Stats().rooms_failed, 0u);
+}
+
 }  // namespace
 }  // namespace kvbridge::internal
