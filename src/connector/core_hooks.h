@@ -14,9 +14,10 @@ namespace kvbridge::internal {
 
 struct CoreHooks {
   std::shared_ptr<const Clock> clock;  // null: Clock::System()
-  // No ticker thread: heartbeats, silence checks and phase deadlines run
-  // only when the test calls ManagerImpl::TickNow(). The registry, beat and
-  // resolver threads run as always.
+  // No ticker and no resolver thread: a liveness round (heartbeats,
+  // silence checks, phase deadlines) and then a resolver round (lookups,
+  // handshake retries, fences) run only when the test calls
+  // ManagerImpl::TickNow(). The registry and beat threads run as always.
   bool manual_ticks = false;
   // What /proc says of the process `pid` on this host (null: read /proc).
   // Every same-host judgement of the core asks ManagerImpl::LocalProcessState,

@@ -312,7 +312,8 @@ void ManagerImpl::StartThreads() {
     EveryHeartbeat([&] { RegistryRound(round++); }, &registry_wake_);
   });
   beat_thread_ = std::thread([this] { EveryHeartbeat([this] { BeatRound(); }); });
-  resolver_ = std::thread([this] { EveryHeartbeat([this] { ResolveRound(); }); });
+  if (!hooks_.manual_ticks)
+    resolver_ = std::thread([this] { EveryHeartbeat([this] { ResolveRound(); }); });
 }
 
 ManagerImpl::~ManagerImpl() {

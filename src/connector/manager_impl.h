@@ -70,9 +70,13 @@ class ManagerImpl {
   SteadyTime Now() const { return clock_->Steady(); }
   WallTime WallNow() const { return clock_->Wall(); }
   // One liveness round (heartbeats out, silences and phase deadlines
-  // checked) at Now(), on the caller's thread: what the ticker thread runs
-  // every heartbeat interval. Tests with CoreHooks::manual_ticks call it.
-  void TickNow() { Tick(); }
+  // checked) at Now() and then one resolver round, on the caller's thread:
+  // what the ticker and resolver threads run every heartbeat interval.
+  // Tests with CoreHooks::manual_ticks call it.
+  void TickNow() {
+    Tick();
+    ResolveRound();
+  }
   const ManagerOptions& options() const { return opts_; }
   const std::string& bootstrap_addr() const { return opts_.bootstrap_addr; }
   const RankLayout& layout() const { return layout_; }

@@ -280,5 +280,61 @@ INSTANTIATE_TEST_SUITE_P(
                                FailureCause::kPeerUnresponsive, "silent for 5.10 s"}),
     [](const ::testing::TestParamInfo<ProcCase>& i) { return std::string(i.param.name); });
 
+// The handshake's schedule: a Hello that gets no answer is sent again on a
+// new endpoint two silence limits after it left, the next one four limits
+// after that, and so on; at a retry's time, once ten limits passed since the
+// first (Peer::kHandshakeBudget), the rank is blamed instead, naming how many
+// attempts it made.
+TEST(ScriptedTimeTest, AnUnansweredHelloIsRetriedOnScheduleAndTheRankBlamedAtItsBudget) {
+  std::vector<FaultTransport*> faults;
+  ScriptedCluster s = MakeScripted(&faults);
+  ASSERT_TRUE(s.c);
+  faults[1]->MuteNextConnects(100);  // decode's Hellos never arrive
+  auto rx = std::move(KVReceiver::Create(*s.c->decode[0].manager, 3)).value();
+  ASSERT_TRUE(rx->Init(0).ok());
+  auto endpoint = [&]() -> PeerId {
+    for (const PeerSnapshot& p : s.decode().Peers())
+      if (p.id.role == Role::kPrefill) return p.endpoint;
+    return 0;
+  };
+  ASSERT_TRUE(WaitFor([&] { return endpoint() != 0; })) << "decode never sent its Hello";
+  PeerId e = endpoint();
+  // Runs rounds one interval apart until decode opens a new endpoint for
+  // its Hello (each round's retries run in it); returns how many it took.
+  auto intervals_to_retry = [&](int most) {
+    for (int i = 1; i <= most; ++i) {
+      s.Step();
+      s.decode().TickNow();
+      if (endpoint() != e) {
+        e = endpoint();
+        return i;
+      }
+    }
+    return 0;
+  };
+  // The first retry: past two limits (10 intervals), on the round after.
+  EXPECT_EQ(intervals_to_retry(11), 11);
+  // The second: four limits after the first retry.
+  EXPECT_EQ(intervals_to_retry(21), 21);
+  // The next retry would be due four limits later (interval 53); by then the
+  // budget (50 intervals since the first Hello) has passed, so the rank is
+  // blamed on that round instead, and not before.
+  for (int i = 33; i < 53; ++i) {
+    s.Step();
+    s.decode().TickNow();
+    ASSERT_NE(rx->Poll(), KVPoll::kFailed) << "failed after " << i << " intervals";
+    ASSERT_EQ(endpoint(), e) << "a third retry after " << i << " intervals";
+  }
+  s.Step();
+  s.decode().TickNow();
+  ASSERT_EQ(rx->Poll(), KVPoll::kFailed) << "not blamed after 53 intervals";
+  auto f = rx->Failure();
+  ASSERT_TRUE(f);
+  EXPECT_TRUE(f->origin.SameRank(s.prefill().self())) << f->Message();
+  EXPECT_EQ(f->mechanism, "handshake") << f->Message();
+  EXPECT_NE(f->detail.find("no answer to 3 handshake attempts in 5.30 s"), std::string::npos)
+      << f->detail;
+}
+
 }  // namespace
 }  // namespace kvbridge::internal
