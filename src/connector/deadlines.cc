@@ -91,7 +91,7 @@ void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
     }
     if (!room.resolved) {
       if (elapsed <= opts_.bootstrap_timeout) continue;
-      const Status& why = room.last_resolve_error;
+      const Status why = room.last_resolve_error ? *room.last_resolve_error : Status();
       bool lost = why.message().find("unreachable") != std::string::npos;
       RankId origin;
       if (lost) {

@@ -301,6 +301,7 @@ void ManagerImpl::AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer,
   peer->last_heard = Now();
   peer->last_heard_wall = WallNow();
   peer->key = PeerKey(from);
+  peer->shared_key = SharedKey(std::make_shared<const std::string>(peer->key));
   peer->id = from;
   peer->address = hello.address;
   peer->layout = hello.layout;

@@ -20,6 +20,7 @@ namespace kvbridge::internal {
 // A rank on the other side (or a sibling) that we exchange messages with.
 struct Peer {
   std::string key;
+  SharedKey shared_key;  // `key`, for the rooms that read from this peer
   RankId id;
   PeerId tpeer = 0;
   // A second endpoint to the peer that carries only heartbeats (0 until the

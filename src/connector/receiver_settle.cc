@@ -92,10 +92,10 @@ std::vector<ReceiverSource> ManagerImpl::KnownSourcesLocked(const ReceiverRoom& 
   Result<std::vector<SourcePosition>> positions = SourcePositions(room, *prefill_info_);
   if (!positions.ok()) return known;
   for (const SourcePosition& at : *positions) {
-    ReceiverSource src;
-    src.peer_key = PeerKey(at.position);
-    const Peer* peer = FindPeerLocked(src.peer_key);
+    const Peer* peer = FindPeerLocked(PeerKey(at.position));
     if (peer == nullptr) continue;
+    ReceiverSource src;
+    src.peer_key = peer->shared_key;
     src.prefill = peer->id;
     src.dummy = at.dummy;
     known.push_back(std::move(src));

@@ -101,10 +101,11 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
         return key.status();
       }
       ReceiverSource src;
-      src.peer_key = *key;
       src.dummy = at.dummy;
       MutexLock lock(mu_);
-      src.prefill = FindPeerLocked(*key)->id;
+      const Peer* peer = FindPeerLocked(*key);
+      src.peer_key = peer->shared_key;
+      src.prefill = peer->id;
       sources.push_back(std::move(src));
     }
     AdoptSources(*room, std::move(sources));
@@ -200,7 +201,7 @@ void ManagerImpl::AdoptSources(ReceiverRoom& room, std::vector<ReceiverSource> s
     } else {
       room.sources = std::move(sources);
       room.resolved = true;
-      room.last_resolve_error = Status();
+      room.last_resolve_error.reset();
       if (room.meta) {
         SendMetaLocked(room, out);
       } else {
@@ -216,7 +217,11 @@ void ManagerImpl::FailUnresolved(ReceiverRoom& room, const Status& s,
   Outbox out;
   {
     MutexLock lock(mu_);
-    room.last_resolve_error = s;
+    if (s.ok()) {
+      room.last_resolve_error.reset();
+    } else {
+      room.last_resolve_error = s;
+    }
     if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kNotFound) {
       FailureCause cause = s.code() == StatusCode::kFailedPrecondition
                                ? FailureCause::kLayoutMismatch
@@ -266,6 +271,7 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
   KVB_RETURN_IF_ERROR(CheckCompatible(layout, layout_));
   auto peer = std::make_unique<Peer>();
   peer->key = key;
+  peer->shared_key = SharedKey(std::make_shared<const std::string>(key));
   peer->id = RankIdOf(*rec);
   peer->address = rec->transport_address;
   peer->layout = std::move(layout);

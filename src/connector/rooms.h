@@ -48,6 +48,25 @@ class BoxedOptional {
   std::unique_ptr<T> value_;
 };
 
+// A peer's key as a room holds it: one copy per peer (Peer::shared_key)
+// that every room shares, not a string per room (with 10,000 rooms in
+// flight, 64 bytes each). Reads as the string it holds.
+class SharedKey {
+ public:
+  SharedKey() = default;
+  explicit SharedKey(std::shared_ptr<const std::string> key) : key_(std::move(key)) {}
+  const std::string& str() const {
+    static const std::string kNone;
+    return key_ ? *key_ : kNone;
+  }
+  operator const std::string&() const { return str(); }  // NOLINT: reads as the key
+  friend bool operator==(const SharedKey& a, const std::string& b) { return a.str() == b; }
+  friend bool operator==(const SharedKey& a, const SharedKey& b) { return a.str() == b.str(); }
+
+ private:
+  std::shared_ptr<const std::string> key_;
+};
+
 // Prefill: one decode rank this request writes to (or only reports to).
 struct SenderFlow {
   std::string peer_key;
@@ -112,7 +131,7 @@ struct SenderRoom {
 
 // Decode: one prefill rank this request reads from.
 struct ReceiverSource {
-  std::string peer_key;
+  SharedKey peer_key;
   RankId prefill;  // position; process filled when resolved
   bool dummy = false;
   bool carries_aux = false;
@@ -149,7 +168,7 @@ struct ReceiverRoom {
   Phase phase = Phase::kBootstrapping;
   SteadyTime phase_since;
   SteadyTime meta_sent_at{};
-  Status last_resolve_error;
+  BoxedOptional<Status> last_resolve_error;  // none while resolving went well
 
   KVPoll poll() const { return static_cast<KVPoll>(state.load(std::memory_order_acquire)); }
 };
