@@ -356,8 +356,10 @@ TEST_F(UcxSecurityTest, RevokedGrantIsRefusedEagerOrRendezvous) {
   ASSERT_TRUE(Write(*g1, 0, 4096).ok());
   EXPECT_EQ(*writer_->PathTo(peer_), DataPath::kUcxRendezvous);
   ASSERT_TRUE(Write(*g1, 1 << 20, 1 << 20).ok());
+  // Stats runs on the target's progress thread: its writes happen before our
+  // reads and our memset (their ACKs come through UCX, which TSan cannot see).
+  StatsOf(*target_);
   EXPECT_EQ(std::memcmp(dst_.data() + (1 << 20), src_.data() + (1 << 20), 1 << 20), 0);
-  StatsOf(*target_);  // the target's writes happen before our memset
   std::fill(dst_.begin(), dst_.end(), 0);
   ASSERT_TRUE(target_->RevokeGrant(1).ok());
   uint64_t refused = 0;
@@ -365,11 +367,16 @@ TEST_F(UcxSecurityTest, RevokedGrantIsRefusedEagerOrRendezvous) {
     Status st = Write(*g1, 0, length);
     EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
     EXPECT_THAT(st.message(), HasSubstr("grant was revoked"));
+    EXPECT_TRUE(AllZero(dst_.data(), kRegion)) << "write of " << length << " under a revoked grant";
+    // After the read: StatsOf runs on the target's progress thread, which
+    // orders this read before the target places the next write (g2's
+    // below). That order otherwise travels only through UCX's shared memory,
+    // which TSan cannot see (a false data race in a TSan run).
     IncomingStats stats = StatsOf(*target_);
     EXPECT_EQ(stats.rejected_revoked, ++refused);
-    EXPECT_TRUE(AllZero(dst_.data(), kRegion)) << "write of " << length << " under a revoked grant";
   }
   ASSERT_TRUE(Write(*g2, 0, 4096).ok());
+  StatsOf(*target_);  // the write placed before our read, as above
   EXPECT_EQ(dst_[100], src_[100]);
   EXPECT_EQ(target_->RevokeGrant(99).code(), StatusCode::kNotFound);
   EXPECT_EQ(target_->GrantRegion(dst_id_ + 100, 3).status().code(), StatusCode::kNotFound);
