@@ -108,7 +108,7 @@ void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
           out);
       continue;
     }
-    if (!room.meta) {
+    if (!room.meta_given) {
       if (elapsed <= opts_.waiting_timeout) continue;
       FailReceiverLocked(room,
                          MakeRecord(Self(), FailureCause::kDeadlineExceeded,

@@ -13,7 +13,8 @@
 namespace kvbridge::internal {
 
 void ManagerImpl::MaybeHandshakeDoneLocked(ReceiverRoom& room) {
-  if (!room.resolved || room.failure || room.meta || room.poll() != KVPoll::kBootstrapping) return;
+  if (!room.resolved || room.failure || room.meta_given || room.poll() != KVPoll::kBootstrapping)
+    return;
   for (const ReceiverSource& src : room.sources) {
     const Peer* peer = FindPeerLocked(src.peer_key);
     if (peer == nullptr || peer->failed || !peer->acked) return;

@@ -400,7 +400,7 @@ Status ManagerImpl::ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& ro
     for (const auto& b : layout_.aux) aux_rows = std::min<int64_t>(aux_rows, b.length / b.item_len);
     if (!room->initialized) {
       bad = FailedPreconditionError(fmt::format("room {}: SendMetadata before Init", room->room));
-    } else if (room->meta) {
+    } else if (room->meta_given) {
       bad = FailedPreconditionError(fmt::format("room {}: SendMetadata called twice", room->room));
     } else if (!layout_.aux.empty() && (aux_index < 0 || aux_index >= aux_rows)) {
       bad = InvalidArgumentError(fmt::format("room {}: aux index {} out of range [0, {})",
@@ -431,6 +431,7 @@ Status ManagerImpl::ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& ro
       m.state.assign(state.begin(), state.end());
       m.prefix_pages = decode_prefix_len / layout_.page_size;
       room->meta = std::move(m);
+      room->meta_given = true;
       if (room->resolved) SendMetaLocked(*room, out);
     }
   }
@@ -463,6 +464,7 @@ void ManagerImpl::SendMetaLocked(ReceiverRoom& room, Outbox& out) {
     src.meta_sent = true;
     if (src.dummy) src.quiesced = true;  // a dummy never writes
   }
+  room.meta.reset();  // every source has it (the Send above queued a copy)
   room.phase = Phase::kWaitingForInput;
   room.phase_since = Now();
   room.meta_sent_at = room.phase_since;

@@ -32,6 +32,10 @@ class BoxedOptional {
     value_ = std::make_unique<T>(v);
     return *this;
   }
+  BoxedOptional& operator=(T&& v) {
+    value_ = std::make_unique<T>(std::move(v));
+    return *this;
+  }
   BoxedOptional& operator=(std::nullopt_t) {
     value_.reset();
     return *this;
@@ -162,7 +166,11 @@ struct ReceiverRoom {
   bool unsettled_warned = false;  // logged that quiesce_timeout passed unquiesced
   bool resolved = false;          // sources known and connected
   int prefill_dp_rank = 0;
-  std::optional<MetaMsg> meta;  // set by SendMetadata
+  // SendMetadata's message, held until it has gone to the sources (then
+  // freed: nothing reads it again, and 10,000 rooms in flight each held
+  // ~150 B of it); `meta_given` says SendMetadata was accepted.
+  BoxedOptional<MetaMsg> meta;
+  bool meta_given = false;
   std::vector<ReceiverSource> sources;
   BoxedOptional<FailureRecord> failure;
   Phase phase = Phase::kBootstrapping;
