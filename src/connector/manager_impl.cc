@@ -550,18 +550,11 @@ void ManagerImpl::ReportFatal(const std::string& reason) {
       if (!peer->failed) Send(out, *peer, RankFailedMsg{*fatal_});
     for (auto& [id, room] : senders_) {
       if (room->failure) continue;
-      FailureRecord r = *fatal_;
-      r.room = room->room;
-      r.phase = room->phase;
-      FailSenderLocked(*room, r, out);
+      FailSenderLocked(*room, *fatal_, out);  // room and phase: MarkRoomFailedLocked
     }
     for (auto& [id, room] : receivers_) {
       if (room->failure) continue;
-      FailureRecord r = *fatal_;
-      r.room = room->room;
-      r.generation = room->generation;
-      r.phase = room->phase;
-      FailReceiverLocked(*room, r, out);
+      FailReceiverLocked(*room, *fatal_, out);  // room, generation, phase: set there
     }
   }
   Flush(out);
