@@ -172,6 +172,15 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello, std::string_view b
       dropped.push_back(oldest->second.tpeer);
       pending_hellos_.erase(oldest);
     }
+    for (const auto& [s, earlier] : pending_hellos_) {
+      if (!SameProcess(earlier.from, from)) continue;
+      // Its Hello again: our challenge or its proof was lost or late.
+      KVB_LOG_WARN(
+          "{} sent its Hello again {:.2f} s after the last one, whose challenge got no proof; "
+          "challenging it anew",
+          from.ToString(), std::chrono::duration<double>(pending.at - earlier.at).count());
+      break;
+    }
     pending_hellos_[*session] = std::move(pending);
   }
   for (PeerId p : dropped) transport_->Disconnect(p);
@@ -191,6 +200,7 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
       // An answer to a Hello this rank no longer waits for (sent again on a
       // new endpoint, or answered already), or a replay.
       ++stale_dropped_;
+      if (p != nullptr) ++p->late_challenges;
       KVB_LOG_DEBUG("challenge from {} answers no Hello of this rank", from.ToString());
       return;
     }

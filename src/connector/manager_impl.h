@@ -177,6 +177,9 @@ class ManagerImpl {
   bool KeepOldPeerLocked(const RankId& from, const AuthTransport::Binding& b, Outbox& out,
                          PeerId* stale) KVB_REQUIRES(mu_);
   void Tick();
+  // Ticker: says once per step that the transport's delivery thread is stuck
+  // in it (Transport::DeliveryBusy) when it has lasted half the silence limit.
+  void WarnStuckDelivery(std::chrono::microseconds silence_limit);
   // Runs `round` every heartbeat interval until the manager stops; each of
   // the ticker, registry and resolver threads is one such loop. With `wake`
   // (guarded by ticker_mu_), also as soon as it is set (and clears it).
@@ -511,6 +514,7 @@ class ManagerImpl {
   std::condition_variable_any room_records_cv_;  // a room record came or a room failed
   uint64_t failure_seq_ = 0;                     // registry thread only
   SteadyTime last_tick_ KVB_GUARDED_BY(mu_) = Now();
+  int64_t stuck_step_logged_ = 0;                  // ticker thread only (WarnStuckDelivery)
   std::optional<SteadyTime> registry_down_since_;  // beat thread only
   // Why the registry last refused this incarnation's heartbeat; cleared by
   // one it takes.

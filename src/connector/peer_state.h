@@ -50,6 +50,9 @@ struct Peer {
   Digest hello_digest{};
   uint64_t hello_session = 0;
   int auth_refusals = 0;
+  // Challenges that came for an earlier Hello of ours (sent again since) or
+  // for one answered already: the peer hears us but its answers come late.
+  int late_challenges = 0;
   // Prefill side: a write to this peer completes only when the peer's
   // process acknowledged it (UCX active messages), so its completion counts
   // as hearing from the peer. Not on the same-host paths, where a write

@@ -255,6 +255,26 @@ void ManagerImpl::DropBeatLocked(Peer& peer, Outbox& out) {
   out.disconnect.push_back(std::exchange(peer.beat, 0));
 }
 
+namespace {
+
+// Why a handshake is given up: the attempts, and what came that did not do.
+std::string UnansweredHandshake(const Peer& peer, SteadyTime now) {
+  std::string detail =
+      fmt::format("no answer to {} handshake attempts in {:.2f} s", peer.hello_attempts,
+                  std::chrono::duration<double>(now - peer.last_heard).count());
+  if (peer.late_challenges > 0)
+    detail += fmt::format("; {} challenges came too late for the attempt they answered",
+                          peer.late_challenges);
+  if (peer.auth_refusals > 0)
+    detail += fmt::format(
+        "; {} answers claiming to be it did not prove the shared secret (set {} to the same secret "
+        "on every rank)",
+        peer.auth_refusals, kAuthTokenEnv);
+  return detail;
+}
+
+}  // namespace
+
 void ManagerImpl::Tick() {
   const SteadyTime now = Now();
   const auto silence_limit = opts_.heartbeat_interval * opts_.heartbeat_misses;
@@ -297,17 +317,7 @@ void ManagerImpl::Tick() {
         const ProcessState ps = LocalProcessState(peer->id);
         if (ps == ProcessState::kExited ||
             now - peer->last_heard > silence_limit * Peer::kHandshakeBudget) {
-          std::string refusals;
-          if (peer->auth_refusals > 0)
-            refusals = fmt::format(
-                "; {} answers claiming to be it did not prove the shared secret (set {} to the "
-                "same secret on every rank)",
-                peer->auth_refusals, kAuthTokenEnv);
-          FailSilentPeerLocked(
-              *peer, ps,
-              fmt::format("no answer to {} handshake attempts in {:.2f} s{}", peer->hello_attempts,
-                          std::chrono::duration<double>(now - peer->last_heard).count(), refusals),
-              "handshake", out);
+          FailSilentPeerLocked(*peer, ps, UnansweredHandshake(*peer, now), "handshake", out);
         } else {
           hello_retries_.insert(key);  // by the resolver thread
         }
@@ -336,6 +346,19 @@ void ManagerImpl::Tick() {
   Flush(out);
   std::string beat = EncodeMessage(Self(), HeartbeatMsg{heartbeat_seq_.fetch_add(1)});
   for (PeerId p : beats) transport_->SendUrgentMessage(p, beat).IgnoreError();
+  WarnStuckDelivery(silence_limit);
+}
+
+void ManagerImpl::WarnStuckDelivery(std::chrono::microseconds silence_limit) {
+  // Half the limit: said before the peers blame this rank, once per step.
+  const std::optional<StepWatch::Busy> busy = transport_->DeliveryBusy();
+  if (!busy || busy->for_us < silence_limit / 2 || busy->step == stuck_step_logged_) return;
+  stuck_step_logged_ = busy->step;
+  KVB_LOG_WARN(
+      "this rank's transport thread has been in {} for {:.2f} s: no message or failure reaches "
+      "this rank until it returns, and its peers will take it for silent; get a stack of this "
+      "process (py-spy dump --native, gdb -p {}) to see where it waits",
+      busy->what, std::chrono::duration<double>(busy->for_us).count(), self_.pid);
 }
 
 }  // namespace kvbridge::internal

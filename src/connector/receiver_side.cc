@@ -350,6 +350,7 @@ void ManagerImpl::RetryHello(const std::string& key) {
   Result<PeerId> conn = transport_->Connect(address);
   bool swapped = false;
   int attempt = 0;
+  int late = 0;
   {
     MutexLock lock(mu_);
     Peer* p = FindPeerLocked(key);
@@ -357,6 +358,7 @@ void ManagerImpl::RetryHello(const std::string& key) {
       // Counted even when no new endpoint could be opened: the next try
       // waits longer, and the rank is blamed once the budget is spent.
       attempt = ++p->hello_attempts;
+      late = p->late_challenges;
       p->hello_at = Now();
       if (conn.ok()) {
         // Swapped before the Hello leaves: its answer flushes what is held
@@ -383,8 +385,10 @@ void ManagerImpl::RetryHello(const std::string& key) {
     KVB_LOG_WARN("handshake with {}: cannot send it again: {}", key, sent.ToString());
     return;
   }
-  KVB_LOG_WARN("no answer from {} to the handshake; sent it again on a new endpoint (attempt {})",
-               key, attempt);
+  KVB_LOG_WARN(
+      "no answer from {} to the handshake; sent it again on a new endpoint (attempt {}; {} "
+      "challenges came for earlier attempts)",
+      key, attempt, late);
 }
 
 Status ManagerImpl::ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& room,

@@ -24,6 +24,7 @@ class ForwardingTransport : public Transport {
   void SetPeerFailureHandler(PeerFailureHandler h) override {
     inner_->SetPeerFailureHandler(std::move(h));
   }
+  std::optional<StepWatch::Busy> DeliveryBusy() const override { return inner_->DeliveryBusy(); }
   Result<RegisteredRegion> RegisterMemory(void* addr, size_t length, MemoryKind kind) override {
     return inner_->RegisterMemory(addr, length, kind);
   }

@@ -30,10 +30,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/step_watch.h"
 #include "kvbridge/memory.h"
 #include "kvbridge/status.h"
 
@@ -90,6 +92,11 @@ class Transport {
 
   virtual void SetMessageHandler(MessageHandler handler) = 0;
   virtual void SetPeerFailureHandler(PeerFailureHandler handler) = 0;
+  // The step the thread that delivers messages and failures is in, and for
+  // how long; nullopt when it is between steps or the transport has no
+  // such thread. While it is stuck this rank hears nothing: its owner says
+  // so, naming the step (ManagerImpl::WarnStuckDelivery).
+  virtual std::optional<StepWatch::Busy> DeliveryBusy() const { return std::nullopt; }
 
   // Registers application memory (not copied, not owned). The caller keeps
   // it alive until DeregisterMemory. Errors: InvalidArgument (null/empty).

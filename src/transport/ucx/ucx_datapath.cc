@@ -374,14 +374,16 @@ void UcxTransport::SendNow(const std::shared_ptr<Peer>& peer_ptr, std::string pa
 ucs_status_t UcxTransport::OnMessageAm(void* data, size_t length) {
   // Deferred like write callbacks; the command queue keeps messages in order
   // and after the eager data copied in earlier callbacks.
-  Post([this, payload = std::string(static_cast<const char*>(data), length)] {
-    MessageHandler handler;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      handler = message_handler_;
-    }
-    if (handler) handler(payload);
-  });
+  Post(
+      [this, payload = std::string(static_cast<const char*>(data), length)] {
+        MessageHandler handler;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          handler = message_handler_;
+        }
+        if (handler) handler(payload);
+      },
+      "the handler of an arriving message");
   return UCS_OK;
 }
 
@@ -413,7 +415,7 @@ void UcxTransport::MarkPeerFailed(Peer* peer, const Status& why) {
       CloseLingeringIfLast(self->host);
     });
   }
-  if (handler) Post([handler, id = peer->id, why] { handler(id, why); });
+  if (handler) Post([handler, id = peer->id, why] { handler(id, why); }, "a peer failure handler");
 }
 
 void UcxTransport::Disconnect(PeerId peer_id) {
@@ -429,7 +431,7 @@ void UcxTransport::Disconnect(PeerId peer_id) {
     }
   }
   KVB_LOG_INFO("ucx transport {}: disconnecting from {}", options_.name, peer->name);
-  Post([this, peer] { LingerOrClose(peer); });
+  Post([this, peer] { LingerOrClose(peer); }, "closing an endpoint");
 }
 
 void UcxTransport::LingerOrClose(const std::shared_ptr<Peer>& peer) {

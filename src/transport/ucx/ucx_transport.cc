@@ -185,10 +185,10 @@ UcxTransport::~UcxTransport() {
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
-void UcxTransport::Post(std::function<void()> fn) {
+void UcxTransport::Post(std::function<void()> fn, const char* what) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    commands_.push_back(std::move(fn));
+    commands_.push_back(Command{std::move(fn), what});
   }
   uint64_t one = 1;
   [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
@@ -200,20 +200,25 @@ void UcxTransport::RunSync(const std::function<void()>& fn) {
     return;
   }
   std::promise<void> done;
-  Post([&] {
-    fn();
-    done.set_value();
-  });
+  Post(
+      [&] {
+        fn();
+        done.set_value();
+      },
+      "a call another thread waits for");
   done.get_future().wait();
 }
 
 bool UcxTransport::RunCommands() {
-  std::deque<std::function<void()>> cmds;
+  std::deque<Command> cmds;
   {
     std::lock_guard<std::mutex> lock(mu_);
     cmds.swap(commands_);
   }
-  for (auto& cmd : cmds) cmd();
+  for (auto& cmd : cmds) {
+    StepWatch::Scope step(step_, cmd.what, std::chrono::steady_clock::now());
+    cmd.fn();
+  }
   return !cmds.empty();
 }
 
@@ -228,7 +233,10 @@ void UcxTransport::ProgressLoop() {
   Clock::time_point last_work = Clock::now();
   for (;;) {
     bool did = RunCommands();
-    did |= ucp_worker_progress(worker_.get()) != 0;
+    {
+      StepWatch::Scope step(step_, "UCX progress (taking arriving data and acks)", Clock::now());
+      did |= ucp_worker_progress(worker_.get()) != 0;
+    }
     PollClosing();
     if (did) {
       last_work = Clock::now();

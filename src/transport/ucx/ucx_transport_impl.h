@@ -227,6 +227,9 @@ class UcxTransport final : public Transport {
   Result<std::string> GrantRegion(RegionId region, GrantId grant) override;
   Status RevokeGrant(GrantId grant) override;
   std::string WireTo(PeerId peer) const override;
+  std::optional<StepWatch::Busy> DeliveryBusy() const override {
+    return step_.BusyAt(std::chrono::steady_clock::now());
+  }
   Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override;
   Status SendMessage(PeerId peer, std::string payload) override;
   Status SendMessageUnfenced(PeerId peer, std::string payload) override;
@@ -261,8 +264,9 @@ class UcxTransport final : public Transport {
   explicit UcxTransport(const UcxTransportOptions& options);
   Status Init();
 
-  // Queues `fn` for the progress thread.
-  void Post(std::function<void()> fn);
+  // Queues `fn` for the progress thread; `what` (a literal) names it while
+  // it runs (DeliveryBusy).
+  void Post(std::function<void()> fn, const char* what = "a transport command");
   // Runs `fn` on the progress thread and waits (inline when already there).
   void RunSync(const std::function<void()>& fn);
   bool OnProgressThread() const { return std::this_thread::get_id() == progress_id_; }
@@ -332,7 +336,12 @@ class UcxTransport final : public Transport {
   std::atomic<bool> progress_done_{false};
 
   mutable std::mutex mu_;
-  std::deque<std::function<void()>> commands_;                // GUARDED_BY(mu_)
+  struct Command {
+    std::function<void()> fn;
+    const char* what;
+  };
+  std::deque<Command> commands_;                              // GUARDED_BY(mu_)
+  StepWatch step_;                                            // the progress thread's current step
   std::map<RegionId, std::unique_ptr<LocalRegion>> regions_;  // GUARDED_BY(mu_)
   std::map<PeerId, std::shared_ptr<Peer>> peers_;             // GUARDED_BY(mu_)
   RegionId next_region_id_ = 1;                               // GUARDED_BY(mu_)
