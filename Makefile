@@ -10,8 +10,10 @@ FUZZ_TEST_SECONDS ?= 10
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 # Four trees of one source: ccache (when installed) compiles each file once
 # per compiler and flags. Paths are hashed relative to this checkout, so a
-# second clone on the same machine reuses the cache too.
-LAUNCHER := $(if $(shell command -v ccache),-DCMAKE_C_COMPILER_LAUNCHER=ccache \
+# second clone on the same machine reuses the cache too. Expanded when a
+# recipe runs (=, not :=): on a fresh machine ccache is there only once
+# `deps` has installed it.
+LAUNCHER = $(if $(shell command -v ccache),-DCMAKE_C_COMPILER_LAUNCHER=ccache \
   -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
