@@ -1,5 +1,6 @@
 #include "common/log.h"
 
+#include <spdlog/sinks/dist_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <unistd.h>
 
@@ -22,9 +23,17 @@ void ApplyPattern(spdlog::logger& logger, std::string_view identity) {
   logger.set_pattern(pattern);
 }
 
+// stderr, and the sinks tests add: the set changes under dist_sink's lock.
+const std::shared_ptr<spdlog::sinks::dist_sink_mt>& Sinks() {
+  static auto* sinks = new std::shared_ptr<spdlog::sinks::dist_sink_mt>(
+      std::make_shared<spdlog::sinks::dist_sink_mt>(
+          std::vector<spdlog::sink_ptr>{std::make_shared<spdlog::sinks::stderr_sink_mt>()}));
+  return *sinks;
+}
+
 spdlog::logger& Make() {
   static spdlog::logger* logger = [] {
-    auto* l = new spdlog::logger("kvbridge", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    auto* l = new spdlog::logger("kvbridge", Sinks());
     ApplyPattern(*l, "");
     l->set_level(spdlog::level::warn);
     if (const char* env = std::getenv("KVBRIDGE_LOG_LEVEL")) {
@@ -49,5 +58,9 @@ bool SetLogLevel(std::string_view level) {
   Make().set_level(parsed);
   return true;
 }
+
+void AddLogSink(std::shared_ptr<spdlog::sinks::sink> sink) { Sinks()->add_sink(std::move(sink)); }
+
+void RemoveLogSink(const std::shared_ptr<spdlog::sinks::sink>& sink) { Sinks()->remove_sink(sink); }
 
 }  // namespace kvbridge::internal

@@ -5,8 +5,10 @@
 // per process by the manager and printed with host and pid on every line.
 #pragma once
 
+#include <spdlog/sinks/sink.h>
 #include <spdlog/spdlog.h>
 
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -19,6 +21,12 @@ spdlog::logger& Log();
 void SetLogIdentity(std::string_view identity);
 // Parses a level name; false when unknown.
 bool SetLogLevel(std::string_view level);
+
+// Every line logged from now on also goes to `sink`, until it is removed
+// (tests read what an operator would read: common/log_capture.h). Safe while
+// other threads log.
+void AddLogSink(std::shared_ptr<spdlog::sinks::sink> sink);
+void RemoveLogSink(const std::shared_ptr<spdlog::sinks::sink>& sink);
 
 }  // namespace kvbridge::internal
 
