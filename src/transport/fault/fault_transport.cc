@@ -190,11 +190,16 @@ Status FaultTransport::SendMessage(PeerId peer, std::string payload) {
       ++counters_.messages_dropped;
       return Status::Ok();
     }
-    if (!info->queue.empty()) {
+    if (!info->queue.empty() || hold_messages_) {
       Item item;
       item.is_batch = false;
       item.payload = std::move(payload);
+      if (hold_messages_) {
+        item.held = true;
+        ++counters_.messages_held;
+      }
       info->queue.push_back(std::move(item));
+      cv_.notify_all();
       return Status::Ok();
     }
   }
@@ -298,6 +303,30 @@ void FaultTransport::DelayWrites(std::chrono::milliseconds delay) {
   delay_ = delay;
 }
 
+void FaultTransport::HoldMessages() {
+  std::lock_guard<std::mutex> lock(mu_);
+  hold_messages_ = true;
+}
+
+void FaultTransport::ReleaseHeldMessages() {
+  std::lock_guard<std::mutex> lock(mu_);
+  hold_messages_ = false;
+  for (auto& [id, info] : peers_) {
+    for (Item& item : info.queue)
+      if (!item.is_batch) item.held = false;
+  }
+  cv_.notify_all();
+}
+
+size_t FaultTransport::HeldMessages() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [id, info] : peers_) {
+    for (const Item& item : info.queue) n += !item.is_batch && item.held ? 1 : 0;
+  }
+  return n;
+}
+
 void FaultTransport::HoldWrites() {
   std::lock_guard<std::mutex> lock(mu_);
   hold_ = true;
@@ -307,7 +336,8 @@ void FaultTransport::ReleaseHeldWrites() {
   std::lock_guard<std::mutex> lock(mu_);
   hold_ = false;
   for (auto& [id, info] : peers_) {
-    for (Item& item : info.queue) item.held = false;
+    for (Item& item : info.queue)
+      if (item.is_batch) item.held = false;
   }
   cv_.notify_all();
 }
@@ -316,7 +346,7 @@ size_t FaultTransport::HeldBatches() const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t n = 0;
   for (const auto& [id, info] : peers_) {
-    for (const Item& item : info.queue) n += item.held ? 1 : 0;
+    for (const Item& item : info.queue) n += item.is_batch && item.held ? 1 : 0;
   }
   return n;
 }
@@ -371,7 +401,7 @@ FaultCounters FaultTransport::counters() const {
 }
 
 bool FaultTransport::HeadReadyLocked(const Item& item, Clock::time_point now) const {
-  if (!item.is_batch || !item.fail.ok()) return true;
+  if (item.is_batch && !item.fail.ok()) return true;
   return !item.held && item.not_before <= now;
 }
 

@@ -14,8 +14,9 @@
 //   - When PostWrites/SendMessage return non-OK, `done` is never called;
 //     otherwise exactly once, on a transport thread (this wrapper's worker or
 //     the inner transport's), never the caller's.
-// Faults decided at post time: FailWrites, DelayWrites, HoldWrites and
-// DropMessages apply to batches/messages posted while they are set.
+// Faults decided at post time: FailWrites, DelayWrites, HoldWrites,
+// DropMessages and HoldMessages apply to batches/messages posted while they
+// are set.
 //
 // Thread safety: all methods (including the controls) are thread-safe. The
 // inner transport must not hold its locks while running callbacks.
@@ -45,6 +46,7 @@ struct FaultCounters {
   uint64_t batches_vanished = 0;    // completed with a VanishPeer status
   uint64_t messages_forwarded = 0;  // handed to the inner transport
   uint64_t messages_dropped = 0;    // by DropMessages, or queued to a peer that died
+  uint64_t messages_held = 0;       // sent while HoldMessages was on
   uint64_t urgent_forwarded = 0;    // SendUrgentMessage handed to the inner transport
   uint64_t urgent_dropped = 0;      // by DropUrgentMessages
   uint64_t muted_dropped = 0;       // sent on an endpoint MuteNextConnects muted
@@ -95,12 +97,21 @@ class FaultTransport final : public Transport {
   void DelayWrites(std::chrono::milliseconds delay);
   // Batches are held: neither written nor completed until ReleaseHeldWrites.
   void HoldWrites();
-  // Turns holding off and sends every held batch on, in order.
+  // Turns holding off and sends every held batch on, in order (held
+  // messages stay held).
   void ReleaseHeldWrites();
   // Number of batches held right now.
   size_t HeldBatches() const;
   // Ordered messages (SendMessage) are accepted (OK) and discarded.
   void DropMessages(bool drop);
+  // Ordered messages are held (accepted, not delivered) until
+  // ReleaseHeldMessages: an answer that comes late. Batches and messages
+  // to the same peer queue behind a held one; urgent messages flow.
+  void HoldMessages();
+  // Turns holding off and sends every held message on, in order.
+  void ReleaseHeldMessages();
+  // Number of messages held right now.
+  size_t HeldMessages() const;
   // While on, RevokeGrant waits (as a revoke waits for a stopped writer's
   // admitted receives); off lets the waiting ones through. Also counts
   // revokes_started.
@@ -170,6 +181,7 @@ class FaultTransport final : public Transport {
   std::map<RemoteRegionId, PeerId> remote_;  // guarded by mu_
   std::map<PeerId, Status> fail_;            // guarded by mu_ (kAllPeers too)
   std::chrono::milliseconds delay_{0};       // guarded by mu_
+  bool hold_messages_ = false;               // guarded by mu_
   bool hold_ = false;                        // guarded by mu_
   bool drop_messages_ = false;               // guarded by mu_
   bool hold_revokes_ = false;                // guarded by mu_

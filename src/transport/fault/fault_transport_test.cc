@@ -288,6 +288,28 @@ TEST(FaultTransportTest, MutedEndpointSwallowsMessagesAndANewOneDelivers) {
   EXPECT_EQ(h.f->counters().messages_forwarded, 1u);
 }
 
+// A held message stays until released, while urgent messages on its
+// endpoint flow; a message sent after the release waits behind it.
+TEST(FaultTransportTest, HeldMessageComesOnReleaseAndKeepsItsPeersOrder) {
+  Harness h;
+  h.f->HoldMessages();
+  ASSERT_TRUE(h.f->SendMessage(h.peer, "late").ok());
+  ASSERT_TRUE(h.f->SendUrgentMessage(h.peer, "beat").ok());
+  auto got = h.inbox.WaitFor("beat");
+  EXPECT_EQ(got.size(), 1u);
+  EXPECT_EQ(h.f->HeldMessages(), 1u);
+  h.f->ReleaseHeldWrites();  // releases batches only
+  EXPECT_EQ(h.f->HeldMessages(), 1u);
+  h.f->ReleaseHeldMessages();
+  ASSERT_TRUE(h.f->SendMessage(h.peer, "after").ok());
+  got = h.inbox.WaitFor("after");
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[1].first, "late");
+  EXPECT_EQ(got[2].first, "after");
+  EXPECT_EQ(h.f->HeldMessages(), 0u);
+  EXPECT_EQ(h.f->counters().messages_held, 1u);
+}
+
 TEST(FaultTransportTest, VanishFailsHeldBatchesOnceAndLaterCalls) {
   Harness h;
   h.f->HoldWrites();
