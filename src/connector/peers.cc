@@ -263,7 +263,7 @@ std::string UnansweredHandshake(const Peer& peer, SteadyTime now) {
       fmt::format("no answer to {} handshake attempts in {:.2f} s", peer.hello_attempts,
                   std::chrono::duration<double>(now - peer.last_heard).count());
   if (peer.late_challenges > 0)
-    detail += fmt::format("; {} challenges came too late for the attempt they answered",
+    detail += fmt::format("; challenges that came too late for the attempt they answered: {}",
                           peer.late_challenges);
   if (peer.auth_refusals > 0)
     detail += fmt::format(

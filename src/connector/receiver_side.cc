@@ -386,8 +386,8 @@ void ManagerImpl::RetryHello(const std::string& key) {
     return;
   }
   KVB_LOG_WARN(
-      "no answer from {} to the handshake; sent it again on a new endpoint (attempt {}; {} "
-      "challenges came for earlier attempts)",
+      "no answer from {} to the handshake; sent it again on a new endpoint (attempt {}; "
+      "challenges that came for earlier attempts: {})",
       key, attempt, late);
 }
 

@@ -6,6 +6,7 @@
 // tick that returned (the round ran to its end on the test's thread).
 #include <gtest/gtest.h>
 
+#include "common/log_capture.h"
 #include "connector/connector_test_util.h"
 
 namespace kvbridge::internal {
@@ -333,6 +334,86 @@ TEST(ScriptedTimeTest, AnUnansweredHelloIsRetriedOnScheduleAndTheRankBlamedAtIts
   EXPECT_TRUE(f->origin.SameRank(s.prefill().self())) << f->Message();
   EXPECT_EQ(f->mechanism, "handshake") << f->Message();
   EXPECT_NE(f->detail.find("no answer to 3 handshake attempts in 5.30 s"), std::string::npos)
+      << f->detail;
+}
+
+// Runs decode's rounds one interval apart, `n` of them.
+void DecodeRounds(ScriptedCluster& s, int n) {
+  for (int i = 0; i < n; ++i) {
+    s.Step();
+    s.decode().TickNow();
+  }
+}
+
+// Prefill's challenge comes late (held on prefill's transport), so decode
+// sends its Hello again on a new endpoint after two limits. Each side says
+// so: decode that it sent it again, prefill that the same process sent its
+// Hello again while its challenge still waits for a proof. When the
+// challenges come, the late one is dropped, the new one answered, and
+// requests go through.
+TEST(ScriptedTimeTest, ALateChallengeIsSaidOnBothSidesAndTheHelloSentAgainIsAnswered) {
+  std::vector<FaultTransport*> faults;
+  ScriptedCluster s = MakeScripted(&faults);
+  ASSERT_TRUE(s.c);
+  testing::LogCapture log;
+  faults[0]->HoldMessages();
+  auto rx = std::move(KVReceiver::Create(*s.c->decode[0].manager, 4)).value();
+  ASSERT_TRUE(rx->Init(0).ok());
+  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldMessages() == 1; })) << "no challenge";
+  DecodeRounds(s, 11);
+  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldMessages() == 2; }))
+      << "decode did not send its Hello again";
+  EXPECT_EQ(log.Matching("sent it again on a new endpoint (attempt 2; challenges that came for "
+                         "earlier attempts: 0)")
+                .size(),
+            1u);
+  EXPECT_EQ(log.Matching("sent its Hello again 1.10 s after the last one, whose challenge got no "
+                         "proof; challenging it anew")
+                .size(),
+            1u);
+  const uint64_t stale = s.decode().Stats().stale_messages_dropped;
+  faults[0]->ReleaseHeldMessages();
+  ASSERT_TRUE(WaitFor([&] { return PeerAt(s.decode(), s.prefill().self())->ready; }));
+  ASSERT_TRUE(WaitFor([&] { return s.decode().Stats().stale_messages_dropped == stale + 1; }))
+      << "the late challenge was not dropped";
+  CompleteOneRequest(*s.c, 5);
+  EXPECT_EQ(s.prefill().Stats().rooms_failed, 0u);
+  EXPECT_EQ(s.decode().Stats().rooms_failed, 0u);
+}
+
+// The first Hello's challenge comes after decode sent its Hello again, and
+// every Hello after the first is lost: decode's next retry says one
+// challenge came for an earlier attempt, and the failure at the budget says
+// it came too late, so the operator knows prefill answered, slowly.
+TEST(ScriptedTimeTest, AHandshakeGivenUpCountsTheChallengesThatCameTooLate) {
+  std::vector<FaultTransport*> faults;
+  ScriptedCluster s = MakeScripted(&faults);
+  ASSERT_TRUE(s.c);
+  testing::LogCapture log;
+  faults[0]->HoldMessages();
+  faults[1]->MuteConnects(/*skip=*/1, /*n=*/100, /*pass=*/0);
+  auto rx = std::move(KVReceiver::Create(*s.c->decode[0].manager, 6)).value();
+  ASSERT_TRUE(rx->Init(0).ok());
+  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldMessages() == 1; })) << "no challenge";
+  DecodeRounds(s, 11);  // Hello sent again (lost)
+  ASSERT_GE(faults[1]->counters().muted_dropped, 1u);
+  const uint64_t stale = s.decode().Stats().stale_messages_dropped;
+  faults[0]->ReleaseHeldMessages();
+  ASSERT_TRUE(WaitFor([&] { return s.decode().Stats().stale_messages_dropped == stale + 1; }))
+      << "the late challenge was not dropped";
+  DecodeRounds(s, 21);  // the third attempt
+  EXPECT_EQ(log.Matching("sent it again on a new endpoint (attempt 3; challenges that came for "
+                         "earlier attempts: 1)")
+                .size(),
+            1u);
+  DecodeRounds(s, 21);  // past the budget
+  ASSERT_EQ(rx->Poll(), KVPoll::kFailed);
+  auto f = rx->Failure();
+  ASSERT_TRUE(f);
+  EXPECT_TRUE(f->origin.SameRank(s.prefill().self())) << f->Message();
+  EXPECT_NE(f->detail.find("no answer to 3 handshake attempts in 5.30 s; challenges that came too "
+                           "late for the attempt they answered: 1"),
+            std::string::npos)
       << f->detail;
 }
 
