@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/progress_step_bench.h"
 #include "bench/transport_bench.h"
 
 namespace kvbridge::bench {
@@ -94,12 +95,29 @@ void AddTransportCommands(CLI::App& bench, std::function<int()>& run) {
   });
 }
 
+void AddProgressStepCommand(CLI::App& bench, std::function<int()>& run) {
+  auto o = std::make_shared<ProgressStepOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "progress-step",
+      "What naming the transport thread's step costs a pass of the UCX progress loop, next to "
+      "the bare pass measured in the same run");
+  cmd->add_option("--calls", o->calls, "Progress calls per round and variant")
+      ->check(CLI::Range(uint64_t{1000}, uint64_t{1} << 32))
+      ->capture_default_str();
+  cmd->add_option("--rounds", o->rounds, "Alternating rounds; the best of each kept")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  cmd->add_flag("--json", o->json, "Print one JSON object on stdout");
+  cmd->callback([o, &run] { run = [o] { return RunProgressStepBench(*o); }; });
+}
+
 }  // namespace
 
 void AddBenchCommands(CLI::App& app, std::function<int()>& run) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks that print figures");
   bench->require_subcommand(1);
   AddTransportCommands(*bench, run);
+  AddProgressStepCommand(*bench, run);
 }
 
 }  // namespace kvbridge::bench
