@@ -51,6 +51,9 @@ class SgSpec:
     # rows go in sglang's per-type forms (mamba: a list of arrays, swa: an
     # array, a third type: None).
     state_types: List[str] = dataclasses.field(default_factory=list)
+    # Decode: rooms whose metadata names a page past the pool (the rank's
+    # own bad input: it fails them as invalid_request).
+    bad_page_rooms: List[int] = dataclasses.field(default_factory=list)
 
 
 def state_payload(types: List[str], row: int) -> Optional[list]:
@@ -132,6 +135,9 @@ def run_sg_rank(spec: SgSpec, states, progress, go, done, results) -> None:
                     dst = pages[room]  # pre-allocated only now
                     for arr in pool.kv:
                         arr[dst] = 0
+                    if room in spec.bad_page_rooms:
+                        dst = dst.copy()
+                        dst[-1] = s.pool_pages + 1000
                     rx.send_metadata(dst, slot[room], state_payload(spec.state_types, slot[room]),
                                      decode_prefix_len=0)
                     transfer[room] = queue.pop(room)

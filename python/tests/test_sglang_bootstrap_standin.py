@@ -59,10 +59,47 @@ def test_kvbridge_ranks_against_sglangs_server_tp2(sglang_bootstrap):
 
 def test_sigkill_prefill_against_sglangs_server(sglang_bootstrap):
     # No registry liveness or records: what a rank learns comes from its
-    # peers. Decode tp1 (rank 3), connected to the victim, names it; decode
-    # tp0 and prefill tp0 share no connection with decode tp1 or the victim
-    # (tp2 -> tp2: decode tp r reads prefill tp r only), so they fail the
-    # rooms through the group poll with a record saying no reason reached
-    # them (docs/sglang.md, B3). Every room fails, none hangs, and no write
+    # peers. Decode tp1 (rank 3), connected to the victim, names it. Decode
+    # tp r reads prefill tp r only (tp2 -> tp2), so decode tp1 also connects
+    # prefill tp0, which it reads nothing from, and tells it why the rooms
+    # failed; prefill tp0 tells decode tp0 (docs/sglang.md, B3). Every
+    # survivor names the victim, every room fails, none hangs, and no write
     # lands in freed pages.
-    sigkill_prefill_mid_transfer(sglang_bootstrap.address, must_name=(3,))
+    sigkill_prefill_mid_transfer(sglang_bootstrap.address, must_name=(0, 2, 3))
+
+
+def test_a_decode_ranks_own_failure_reaches_every_rank_against_sglangs_server(sglang_bootstrap):
+    # Decode tp1 (rank 3) rejects its own metadata for one room (a page past
+    # its pool). With no registry to carry the record, it still reaches the
+    # ranks that share no transfer with decode tp1: decode tp1 tells prefill
+    # tp0 (connected for this, though it reads nothing from it), which tells
+    # decode tp0 (docs/sglang.md, B3). Every rank fails that room naming
+    # decode tp1 and invalid_request; every other room succeeds.
+    rooms, bad = [1, 2, 3, 4], 3
+    specs = tp2_specs(sglang_bootstrap.address, rooms, deadline_s=30)
+    assert (specs[3].role, specs[3].engine_rank) == ("decode", 1)
+    specs[3].bad_page_rooms = [bad]
+    c = SgCluster(specs)
+    c.start()
+    try:
+        culprit = c.procs[3].pid
+        reports = c.finish(list(range(4)), timeout=45)
+    finally:
+        c.stop()
+    problems = []
+    for r in reports.values():
+        who = f"{r['role']} tp{r['engine_rank']}"
+        for room in rooms:
+            o = r["outcomes"][room]
+            if room != bad:
+                if o["state"] != "success":
+                    problems.append(f"{who} room {room}: {o}")
+                continue
+            e = o.get("error")
+            if o["state"] != "failed" or e is None:
+                problems.append(f"{who} room {room}: {o}")
+                continue
+            named = (e["origin_role"], e["origin_tp"], e["origin_pid"], e["cause"])
+            if named != ("decode", 1, culprit, "invalid_request"):
+                problems.append(f"{who} room {room}: names {named}: {e['str']}")
+    assert not problems, "\n".join(problems)

@@ -415,6 +415,13 @@ class ManagerImpl {
   void FailReceiverLocked(ReceiverRoom& room, FailureRecord record, Outbox& out) KVB_REQUIRES(mu_);
   void TellSourceLocked(ReceiverRoom& room, ReceiverSource& src, const FailureRecord& record,
                         Outbox& out) KVB_REQUIRES(mu_);
+  // sglang's server keeps no records: decode connects and tells the prefill
+  // ranks it reads nothing from, which relay (docs/sglang.md, B3).
+  void EnsureWitnesses(const ReceiverRoom& room, const ParallelInfo& info);
+  void TellWitnessesLocked(const ReceiverRoom& room, const FailureRecord& r, Outbox& out)
+      KVB_REQUIRES(mu_);
+  void RelayRoomFailureLocked(const RankId& from, const RoomFailedMsg& m, Outbox& out)
+      KVB_REQUIRES(mu_);
   // A room that failed before its sources were resolved (at Init, while
   // resolving, or by a group failure meanwhile) still tells the prefill
   // ranks it would have read from: the connected ones among its positions
@@ -553,9 +560,8 @@ class ManagerImpl {
   std::mutex ticker_mu_;
   std::condition_variable ticker_cv_;
   bool stop_ = false;
-  // Set by a registry that pushes changes (etcd's watch): the registry
-  // thread runs a round at once. Guarded by ticker_mu_.
-  bool registry_wake_ = false;
+  // Set by a registry that pushes changes (etcd's watch): a round at once.
+  bool registry_wake_ = false;  // guarded by ticker_mu_
   std::thread ticker_;
   std::thread registry_thread_;
   std::thread beat_thread_;  // BeatRound: heartbeats never wait for the registry reads

@@ -78,6 +78,26 @@ void ManagerImpl::ApplyRoomFailureLocked(const FailureRecord& r, Outbox& out) {
   room_records_cv_.notify_all();
 }
 
+// With sglang's server no registry carries a room's record: a notice from a
+// decode rank this one has no metadata from (it may read nothing from here)
+// is kept for this rank's group poll and passed to the other decode ranks
+// of that instance, which may already hold their share and then hear of the
+// failure from nobody else (docs/sglang.md, B3). Generation 0: their own
+// generation of the room is not known here; they match it by time
+// (SameRequest).
+void ManagerImpl::RelayRoomFailureLocked(const RankId& from, const RoomFailedMsg& msg,
+                                         Outbox& out) {
+  if (!IsRoomRecord(msg.record)) return;
+  ApplyRoomFailureLocked(msg.record, out);
+  for (auto& [key, p] : peers_) {
+    const RankId& id = p->id;
+    if (p->failed || !p->ready || id.role != Role::kDecode || id.instance != from.instance ||
+        id.SameRank(from))
+      continue;
+    Send(out, *p, RoomFailedMsg{msg.room, 0, true, msg.record});
+  }
+}
+
 template <typename Room>
 std::optional<FailureRecord> ManagerImpl::RoomRecordLocked(const Room& room) const {
   for (const FailureRecord& r : room_records_)

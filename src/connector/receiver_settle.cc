@@ -82,9 +82,26 @@ void ManagerImpl::FailReceiverLocked(ReceiverRoom& room, FailureRecord record, O
   }
   if (!MarkRoomFailedLocked(room, record)) return;
   for (ReceiverSource& src : room.sources) TellSourceLocked(room, src, record, out);
+  if (sglang_registry_) TellWitnessesLocked(room, record, out);
   if (room.initialized && !room.resolved)
     AddFailedSourcesLocked(room, KnownSourcesLocked(room), out);
   UpdateQuiescedLocked(room);
+}
+
+// The room's request fails on every rank of both groups (sglang polls them
+// as one): a prefill rank that sends nothing to this rank learns why from
+// here, with no registry to read it from. Quiesced: it writes nothing here.
+void ManagerImpl::TellWitnessesLocked(const ReceiverRoom& room, const FailureRecord& record,
+                                      Outbox& out) {
+  if (!room.resolved) return;
+  for (auto& [key, peer] : peers_) {
+    const RankId& id = peer->id;
+    if (peer->failed || !peer->ready || id.role != Role::kPrefill || id.dp != room.prefill_dp_rank)
+      continue;
+    bool source = false;
+    for (const ReceiverSource& s : room.sources) source = source || s.prefill.SameRank(id);
+    if (!source) Send(out, *peer, RoomFailedMsg{room.room, room.generation, true, record});
+  }
 }
 
 std::vector<ReceiverSource> ManagerImpl::KnownSourcesLocked(const ReceiverRoom& room) {

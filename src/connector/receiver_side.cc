@@ -109,10 +109,33 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
       sources.push_back(std::move(src));
     }
     AdoptSources(*room, std::move(sources));
+    if (sglang_registry_) EnsureWitnesses(*room, info);
     return Status();
   }();
   if (!s.ok()) FailUnresolved(*room, s, incompatible);
   return s;
+}
+
+void ManagerImpl::EnsureWitnesses(const ReceiverRoom& room, const ParallelInfo& info) {
+  for (int pp = 0; pp < info.pp_size; ++pp) {
+    for (int tp = 0; tp < info.attn_tp_size; ++tp) {
+      RankId at;
+      at.role = Role::kPrefill;
+      at.dp = room.prefill_dp_rank;
+      at.tp = tp;
+      at.pp = pp;
+      {
+        // Sources are connected already; a known witness (even a failed
+        // one) is not asked for again on every room.
+        MutexLock lock(mu_);
+        if (FindPeerLocked(PeerKey(at)) != nullptr) continue;
+      }
+      RankId registered = at;
+      Result<std::string> key = EnsurePrefillPeer(at, &registered);
+      if (!key.ok())
+        KVB_LOG_DEBUG("witness {} not connected: {}", at.ShortName(), key.status().ToString());
+    }
+  }
 }
 
 Result<ParallelInfo> ManagerImpl::PrefillParallelInfo() {
@@ -522,6 +545,10 @@ void ManagerImpl::OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out
 }
 
 void ManagerImpl::OnPrefillRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out) {
+  if (msg.generation == 0 && sglang_registry_) {  // relayed (RelayRoomFailureLocked)
+    ApplyRoomFailureLocked(msg.record, out);
+    return;
+  }
   auto it = receivers_.find(msg.room);
   if (it == receivers_.end() || it->second->generation != msg.generation) {
     ++stale_dropped_;

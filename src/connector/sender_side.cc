@@ -577,6 +577,7 @@ void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& ms
       room.aborted_generations[from.tp] = msg.generation;
       FailSenderLocked(room, msg.record, out);
     }
+    if (sglang_registry_) RelayRoomFailureLocked(from, msg, out);
     if (!msg.quiesced) Send(out, *peer, QuiescedMsg{msg.room, msg.generation});
     return;
   }
