@@ -87,7 +87,7 @@ void ManagerImpl::ApplyRoomFailureLocked(const FailureRecord& r, Outbox& out) {
 // (SameRequest).
 void ManagerImpl::RelayRoomFailureLocked(const RankId& from, const RoomFailedMsg& msg,
                                          Outbox& out) {
-  if (!IsRoomRecord(msg.record)) return;
+  if (!IsRoomRecord(msg.record) || msg.record.room != msg.room) return;
   ApplyRoomFailureLocked(msg.record, out);
   for (auto& [key, p] : peers_) {
     const RankId& id = p->id;

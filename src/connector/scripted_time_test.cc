@@ -345,6 +345,18 @@ void DecodeRounds(ScriptedCluster& s, int n) {
   }
 }
 
+// Holds every ordered message prefill sends, then opens a receiver for
+// `room` on decode and waits until prefill's challenge to its Hello is held.
+std::unique_ptr<KVReceiver> HelloWithItsChallengeHeld(ScriptedCluster& s,
+                                                      std::vector<FaultTransport*>& faults,
+                                                      uint64_t room) {
+  faults[0]->HoldMessages();
+  auto rx = std::move(KVReceiver::Create(*s.c->decode[0].manager, room)).value();
+  EXPECT_TRUE(rx->Init(0).ok());
+  EXPECT_TRUE(WaitFor([&] { return faults[0]->HeldMessages() == 1; })) << "no challenge";
+  return rx;
+}
+
 // Prefill's challenge comes late (held on prefill's transport), so decode
 // sends its Hello again on a new endpoint after two limits. Each side says
 // so: decode that it sent it again, prefill that the same process sent its
@@ -356,10 +368,8 @@ TEST(ScriptedTimeTest, ALateChallengeIsSaidOnBothSidesAndTheHelloSentAgainIsAnsw
   ScriptedCluster s = MakeScripted(&faults);
   ASSERT_TRUE(s.c);
   testing::LogCapture log;
-  faults[0]->HoldMessages();
-  auto rx = std::move(KVReceiver::Create(*s.c->decode[0].manager, 4)).value();
-  ASSERT_TRUE(rx->Init(0).ok());
-  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldMessages() == 1; })) << "no challenge";
+  std::unique_ptr<KVReceiver> rx = HelloWithItsChallengeHeld(s, faults, 4);
+  ASSERT_FALSE(HasFailure());
   DecodeRounds(s, 11);
   ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldMessages() == 2; }))
       << "decode did not send its Hello again";
@@ -390,11 +400,9 @@ TEST(ScriptedTimeTest, AHandshakeGivenUpCountsTheChallengesThatCameTooLate) {
   ScriptedCluster s = MakeScripted(&faults);
   ASSERT_TRUE(s.c);
   testing::LogCapture log;
-  faults[0]->HoldMessages();
   faults[1]->MuteConnects(/*skip=*/1, /*n=*/100, /*pass=*/0);
-  auto rx = std::move(KVReceiver::Create(*s.c->decode[0].manager, 6)).value();
-  ASSERT_TRUE(rx->Init(0).ok());
-  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldMessages() == 1; })) << "no challenge";
+  std::unique_ptr<KVReceiver> rx = HelloWithItsChallengeHeld(s, faults, 6);
+  ASSERT_FALSE(HasFailure());
   DecodeRounds(s, 11);  // Hello sent again (lost)
   ASSERT_GE(faults[1]->counters().muted_dropped, 1u);
   const uint64_t stale = s.decode().Stats().stale_messages_dropped;
