@@ -79,6 +79,10 @@ struct Peer {
   // (MaybeRejoin): the peer itself may be healthy, so a new handshake
   // replaces it, with a new session and (decode) a new grant.
   bool retired = false;
+  // Decode side, with sglang's server: when this failed peer was last looked
+  // up again as a room's witness (EnsureWitnesses), so a witness that
+  // restarts is connected again, asking the registry once a round at most.
+  SteadyTime witness_lookup_at{};
   // When something last came from the peer, on the manager's Clock (set
   // when the peer is made).
   SteadyTime last_heard{};

@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/process.h"
 #include "connector/manager_impl.h"
+#include "connector/relay_rule.h"
 #include "control/record_json.h"
 
 namespace kvbridge::internal {
@@ -37,10 +38,6 @@ constexpr size_t kMaxQueuedRecords = 1024;
 // control/bootstrap_client.cc): two in one round.
 constexpr std::chrono::milliseconds kLossGrace{500};
 constexpr size_t kMaxRoomRecords = 256;
-
-bool IsRoomRecord(const FailureRecord& r) {
-  return r.room != 0 && !IsRankFailure(r.cause) && r.cause != FailureCause::kRegistryLost;
-}
 
 }  // namespace
 
@@ -76,6 +73,35 @@ void ManagerImpl::ApplyRoomFailureLocked(const FailureRecord& r, Outbox& out) {
   if (auto d = receivers_.find(r.room); d != receivers_.end() && SameRequest(*d->second, r))
     FailReceiverLocked(*d->second, r, out);
   room_records_cv_.notify_all();
+}
+
+// With sglang's server a decode rank also connects the prefill ranks of a
+// room's dp that it reads nothing from (its witnesses): it detects their
+// death itself and tells them when a room fails here (TellWitnessesLocked).
+void ManagerImpl::EnsureWitnesses(const ReceiverRoom& room, const ParallelInfo& info) {
+  for (int pp = 0; pp < info.pp_size; ++pp) {
+    for (int tp = 0; tp < info.attn_tp_size; ++tp) {
+      RankId at;
+      at.role = Role::kPrefill;
+      at.dp = room.prefill_dp_rank;
+      at.tp = tp;
+      at.pp = pp;
+      {
+        // Sources are connected already; a failed witness is looked up again
+        // (it may have restarted) once a heartbeat interval at most.
+        MutexLock lock(mu_);
+        Peer* known = FindPeerLocked(PeerKey(at));
+        if (known != nullptr &&
+            (!known->failed || Now() - known->witness_lookup_at < opts_.heartbeat_interval))
+          continue;
+        if (known != nullptr) known->witness_lookup_at = Now();
+      }
+      RankId registered = at;
+      Result<std::string> key = EnsurePrefillPeer(at, &registered);
+      if (!key.ok())
+        KVB_LOG_DEBUG("witness {} not connected: {}", at.ShortName(), key.status().ToString());
+    }
+  }
 }
 
 // With sglang's server no registry carries a room's record: a notice from a

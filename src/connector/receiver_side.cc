@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "connector/layout_json.h"
 #include "connector/manager_impl.h"
+#include "connector/relay_rule.h"
 
 namespace kvbridge::internal {
 
@@ -114,28 +115,6 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
   }();
   if (!s.ok()) FailUnresolved(*room, s, incompatible);
   return s;
-}
-
-void ManagerImpl::EnsureWitnesses(const ReceiverRoom& room, const ParallelInfo& info) {
-  for (int pp = 0; pp < info.pp_size; ++pp) {
-    for (int tp = 0; tp < info.attn_tp_size; ++tp) {
-      RankId at;
-      at.role = Role::kPrefill;
-      at.dp = room.prefill_dp_rank;
-      at.tp = tp;
-      at.pp = pp;
-      {
-        // Sources are connected already; a known witness (even a failed
-        // one) is not asked for again on every room.
-        MutexLock lock(mu_);
-        if (FindPeerLocked(PeerKey(at)) != nullptr) continue;
-      }
-      RankId registered = at;
-      Result<std::string> key = EnsurePrefillPeer(at, &registered);
-      if (!key.ok())
-        KVB_LOG_DEBUG("witness {} not connected: {}", at.ShortName(), key.status().ToString());
-    }
-  }
 }
 
 Result<ParallelInfo> ManagerImpl::PrefillParallelInfo() {
@@ -545,11 +524,18 @@ void ManagerImpl::OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out
 }
 
 void ManagerImpl::OnPrefillRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out) {
+  auto it = receivers_.find(msg.room);
   if (msg.generation == 0 && sglang_registry_) {  // relayed (RelayRoomFailureLocked)
+    const ReceiverRoom* held = it == receivers_.end() ? nullptr : it->second.get();
+    if (auto why = RelayedRecordRefusal(from, msg, held)) {
+      ++invalid_dropped_;
+      KVB_LOG_WARN("dropping a relayed failure of room {} from {}: {}", msg.room, from.ToString(),
+                   *why);
+      return;
+    }
     ApplyRoomFailureLocked(msg.record, out);
     return;
   }
-  auto it = receivers_.find(msg.room);
   if (it == receivers_.end() || it->second->generation != msg.generation) {
     ++stale_dropped_;
     return;

@@ -1,0 +1,28 @@
+// Whether a decode rank takes a room record that a prefill rank relayed
+// (RoomFailed with generation 0; ManagerImpl::RelayRoomFailureLocked,
+// docs/protocol.md). Such a record fails a room here without naming this
+// rank's generation of it, so it is taken only when it can be this room's:
+// one rule, kept apart from the manager so that it is tested alone.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "connector/protocol.h"
+#include "connector/rooms.h"
+
+namespace kvbridge::internal {
+
+// A record about one request (a room), not about a rank or the registry.
+bool IsRoomRecord(const FailureRecord& r);
+
+// Why `msg` from `from` is refused, or nullopt when it is taken. Taken: from
+// a prefill rank; a room record (not a rank's failure) about the room it is
+// sent for; and, when this rank holds that room with its sources known
+// (`room` non-null), from the prefill instance and dp rank the room reads
+// from. A room this rank does not hold (yet) keeps the record for its
+// group poll only.
+std::optional<std::string> RelayedRecordRefusal(const RankId& from, const RoomFailedMsg& msg,
+                                                const ReceiverRoom* room);
+
+}  // namespace kvbridge::internal

@@ -1,0 +1,93 @@
+// The rule a decode rank applies to a room record relayed by a prefill rank
+// (generation 0, sglang's own server): what a hostile or confused prefill
+// peer sends is refused with a reason, what RelayRoomFailureLocked sends is
+// taken.
+#include "connector/relay_rule.h"
+
+#include <gtest/gtest.h>
+
+namespace kvbridge::internal {
+namespace {
+
+RankId Prefill(int dp, int tp, std::string instance = "") {
+  RankId id;
+  id.role = Role::kPrefill;
+  id.dp = dp;
+  id.tp = tp;
+  id.instance = std::move(instance);
+  return id;
+}
+
+RoomFailedMsg Relayed(uint64_t room) {
+  RoomFailedMsg m;
+  m.room = room;
+  m.generation = 0;
+  m.quiesced = true;
+  m.record.room = room;
+  m.record.cause = FailureCause::kInvalidRequest;
+  m.record.origin.role = Role::kDecode;
+  m.record.origin.tp = 1;
+  return m;
+}
+
+// Room 7 on this decode rank reads from prefill instance "a", dp 1.
+std::unique_ptr<ReceiverRoom> HeldRoom() {
+  auto room = std::make_unique<ReceiverRoom>(7, 42, SteadyTime{}, WallTime{});
+  room->prefill_dp_rank = 1;
+  ReceiverSource s;
+  s.prefill = Prefill(1, 0, "a");
+  room->sources.push_back(s);
+  return room;
+}
+
+TEST(RelayRuleTest, WhatAWitnessOfTheRoomRelaysIsTaken) {
+  auto room = HeldRoom();
+  // tp1 is no source of the room (a witness): any rank of its instance and dp.
+  EXPECT_EQ(RelayedRecordRefusal(Prefill(1, 1, "a"), Relayed(7), room.get()), std::nullopt);
+  EXPECT_EQ(RelayedRecordRefusal(Prefill(1, 0, "a"), Relayed(7), room.get()), std::nullopt);
+}
+
+TEST(RelayRuleTest, ARoomNotHeldHereKeepsTheRecordFromAnyPrefillRank) {
+  EXPECT_EQ(RelayedRecordRefusal(Prefill(3, 2, "z"), Relayed(9), nullptr), std::nullopt);
+  auto unresolved = std::make_unique<ReceiverRoom>(9, 1, SteadyTime{}, WallTime{});
+  EXPECT_EQ(RelayedRecordRefusal(Prefill(3, 2, "z"), Relayed(9), unresolved.get()), std::nullopt);
+}
+
+TEST(RelayRuleTest, APrefillRankTheRoomDoesNotReadFromIsRefused) {
+  auto room = HeldRoom();
+  auto other_dp = RelayedRecordRefusal(Prefill(0, 0, "a"), Relayed(7), room.get());
+  ASSERT_TRUE(other_dp.has_value());
+  EXPECT_NE(other_dp->find("reads from prefill instance 'a' dp1"), std::string::npos) << *other_dp;
+  auto other_instance = RelayedRecordRefusal(Prefill(1, 0, "b"), Relayed(7), room.get());
+  ASSERT_TRUE(other_instance.has_value());
+  EXPECT_NE(other_instance->find("not from prefill[b]"), std::string::npos) << *other_instance;
+}
+
+TEST(RelayRuleTest, ARecordForAnotherRoomOrNotARoomsIsRefused) {
+  auto room = HeldRoom();
+  RoomFailedMsg elsewhere = Relayed(7);
+  elsewhere.record.room = 8;  // would fail room 8 through a message for room 7
+  auto why = RelayedRecordRefusal(Prefill(1, 0, "a"), elsewhere, room.get());
+  ASSERT_TRUE(why.has_value());
+  EXPECT_EQ(*why, "the record names room 8, not room 7");
+
+  RoomFailedMsg rank_death = Relayed(7);
+  rank_death.record.cause = FailureCause::kPeerExited;  // fences a rank, not a room
+  why = RelayedRecordRefusal(Prefill(1, 0, "a"), rank_death, room.get());
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("is not a room's"), std::string::npos) << *why;
+
+  RoomFailedMsg no_room = Relayed(0);
+  EXPECT_TRUE(RelayedRecordRefusal(Prefill(1, 0, "a"), no_room, nullptr).has_value());
+}
+
+TEST(RelayRuleTest, ADecodeRankIsNoRelay) {
+  RankId decode = Prefill(1, 0, "a");
+  decode.role = Role::kDecode;
+  auto why = RelayedRecordRefusal(decode, Relayed(7), HeldRoom().get());
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("is not a prefill rank"), std::string::npos) << *why;
+}
+
+}  // namespace
+}  // namespace kvbridge::internal
