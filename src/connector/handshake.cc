@@ -73,6 +73,14 @@ void ManagerImpl::DropUnauthenticated(const std::string& why) {
 Status ManagerImpl::SendHello(const std::string& key, PeerId tpeer) {
   HelloMsg hello = MakeHello();
   KVB_RETURN_IF_ERROR(GrantKeysFor(key, hello));
+  {
+    // A Hello sent again goes over the network (RetryHello) and gives the
+    // address prefill connects back to, and opens its later endpoints to,
+    // so that the whole session avoids shared memory (transport.h).
+    MutexLock lock(mu_);
+    Peer* p = FindPeerLocked(key);
+    if (p != nullptr && p->over_network) hello.address = transport_->NetworkAddress();
+  }
   KVB_ASSIGN_OR_RETURN(hello.session, SecureRandomU64());
   KVB_ASSIGN_OR_RETURN(hello.nonce, NewNonce());
   std::string bytes = EncodeMessage(Self(), hello);

@@ -190,8 +190,7 @@ class ManagerImpl {
   // for: they wait on the network, so they run on the resolver thread and
   // never delay a heartbeat or a liveness check.
   void ResolveRound();
-  // Opens the heartbeat endpoint (Peer::beat) of every proven peer that
-  // lacks one. Resolver thread.
+  // Opens Peer::beat for every proven peer that lacks one (resolver thread).
   void OpenBeatEndpoints();
   // Opens `key`'s heartbeat endpoint and takes it if the peer still uses
   // `tpeer` and has none (blocks for the connect: no lock held).
@@ -209,11 +208,10 @@ class ManagerImpl {
   static std::string PeerKey(const RankId& id);
   Peer* FindPeerLocked(const std::string& key) KVB_REQUIRES(mu_);
   Peer* PeerFromLocked(const RankId& from) KVB_REQUIRES(mu_);  // nullptr when unknown or stale
-  // Marks `peer` failed and fails every room touching it.
-  // What /proc says of a rank's process: kUnknown unless it is on this host.
   // The one same-host test of the connector: whether `id`'s process runs on
   // this rank's host, so /proc speaks for it.
   bool OnThisHost(const RankId& id) const;
+  // What /proc says of a rank's process: kUnknown unless it is on this host.
   ProcessState LocalProcessState(const RankId& id) const;
   // The one reading of a transport error about `peer` (a failed endpoint or
   // write): exited when /proc on this host says so, else unreachable.
@@ -226,24 +224,23 @@ class ManagerImpl {
                             const char* mechanism, Outbox& out) KVB_REQUIRES(mu_);
   // The detail of a silent rank on another host.
   std::string RemoteSilence(const RankId& id, const std::string& silence) const;
+  // Marks `peer` failed and fails every room touching it.
   void FailPeerLocked(Peer& peer, FailureCause cause, std::string detail, std::string mechanism,
                       Outbox& out) KVB_REQUIRES(mu_);
   void FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base, Outbox& out)
       KVB_REQUIRES(mu_);
   // Whether a failed peer can no longer write into this rank's pages, so
-  // requests it fed are quiet without its Quiesced answer. Only a process
-  // that is gone (or a broken link to another host) can write nothing more;
-  // a stopped or merely silent one, or one unreachable on this host where
-  // /proc says it lives, may still land writes. `peer.failure` says why it
-  // failed; without one it counts as exited.
+  // requests it fed are quiet without its Quiesced answer: only a process
+  // that is gone (or a broken link to another host); not a stopped or silent
+  // one, nor one unreachable on this host where /proc says it lives.
+  // `peer.failure` says why it failed; without one it counts as exited.
   bool FailedPeerCannotWriteLocked(const Peer& peer) const KVB_REQUIRES(mu_);
 
   // Failure propagation (propagation.cc).
   void RegistryRound(uint64_t round);
   // Rejoin (rejoin.cc, its head comment): a rank declared failed by a record
-  // naming its incarnation, fenced, and reaching the registry becomes a new
-  // incarnation of the same process. Steps not doable yet (a revoke, the
-  // registration) wait for the next round, still fenced. Registry thread.
+  // naming its incarnation becomes a new incarnation of the same process;
+  // steps not doable yet wait for the next round, still fenced. Registry thread.
   void MaybeRejoin();
   // Retires every peer; true once every grant given to one is revoked.
   bool RetirePeersLocked(const FailureRecord& why, Outbox& out) KVB_REQUIRES(mu_);

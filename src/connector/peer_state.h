@@ -39,6 +39,9 @@ struct Peer {
   // a new endpoint (the old one may be stuck in wire-up), and anything that
   // went over the old endpoint would be lost with it.
   bool acked = true;
+  // Endpoints to the peer are opened with ConnectOverNetwork: a handshake
+  // on a shared-memory endpoint got no answer (transport.h says why).
+  bool over_network = false;
   int hello_attempts = 0;
   SteadyTime hello_at{};
   // Encoded messages, sent in this order (all as ordered messages: nothing

@@ -229,7 +229,14 @@ void ManagerImpl::OpenBeatEndpoints() {
 }
 
 void ManagerImpl::OpenBeat(const std::string& key, const std::string& address, PeerId tpeer) {
-  Result<PeerId> conn = transport_->Connect(address);
+  bool over_network = false;
+  {
+    MutexLock lock(mu_);
+    Peer* p = FindPeerLocked(key);
+    over_network = p != nullptr && p->over_network;
+  }
+  Result<PeerId> conn =
+      over_network ? transport_->ConnectOverNetwork(address) : transport_->Connect(address);
   if (!conn.ok()) {
     KVB_LOG_DEBUG("heartbeat endpoint to {} not opened: {}", key, conn.status().ToString());
     return;  // heartbeats go over tpeer meanwhile; tried again next round

@@ -349,7 +349,8 @@ void ManagerImpl::RetryHello(const std::string& key) {
     address = p->address;
     old_tpeer = p->tpeer;
   }
-  Result<PeerId> conn = transport_->Connect(address);
+  // Not through shared memory: the peer's queue may be blocked (transport.h).
+  Result<PeerId> conn = transport_->ConnectOverNetwork(address);
   bool swapped = false;
   int attempt = 0;
   int late = 0;
@@ -367,6 +368,7 @@ void ManagerImpl::RetryHello(const std::string& key) {
         // onto the new endpoint, never the stuck one.
         by_tpeer_.erase(old_tpeer);
         p->tpeer = *conn;
+        p->over_network = true;
         by_tpeer_[p->tpeer] = p;
         swapped = true;
       }

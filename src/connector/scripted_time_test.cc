@@ -425,5 +425,38 @@ TEST(ScriptedTimeTest, AHandshakeGivenUpCountsTheChallengesThatCameTooLate) {
       << f->detail;
 }
 
+// A Hello that got no answer may have gone into a peer's blocked
+// shared-memory queue (transport.h, ConnectOverNetwork): its retry goes over
+// the network, prefill answers the Hello it hears again over the network,
+// and so do the heartbeat endpoints both open for that session afterwards.
+// Before the retry nothing went over the network.
+TEST(ScriptedTimeTest, AHelloSentAgainAndEverythingAfterItTravelOverTheNetwork) {
+  std::vector<FaultTransport*> faults;
+  ScriptedCluster s = MakeScripted(&faults);
+  ASSERT_TRUE(s.c);
+  faults[1]->TagNetworkAddress();  // prefill's connects to it are counted
+  std::unique_ptr<KVReceiver> rx = HelloWithItsChallengeHeld(s, faults, 4);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(faults[1]->counters().network_connects, 0u) << "a first Hello over the network";
+  EXPECT_EQ(faults[0]->counters().network_connects, 0u) << "a first challenge over the network";
+  DecodeRounds(s, 11);
+  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldMessages() == 2; }))
+      << "decode did not send its Hello again";
+  EXPECT_EQ(faults[1]->counters().network_connects, 1u) << "decode's retry";
+  EXPECT_EQ(faults[0]->counters().network_connects, 1u) << "prefill's answer to the retry";
+  faults[0]->ReleaseHeldMessages();
+  ASSERT_TRUE(WaitFor([&] { return PeerAt(s.decode(), s.prefill().self())->ready; }));
+  CompleteOneRequest(*s.c, 5);
+  // The next rounds open both heartbeat endpoints (ResolveRound).
+  s.Step();
+  s.decode().TickNow();
+  s.prefill().TickNow();
+  EXPECT_TRUE(WaitFor([&] { return faults[1]->counters().network_connects == 2; }))
+      << "decode's heartbeat endpoint: " << faults[1]->counters().network_connects;
+  EXPECT_TRUE(WaitFor([&] { return faults[0]->counters().network_connects == 2; }))
+      << "prefill's heartbeat endpoint: " << faults[0]->counters().network_connects;
+  EXPECT_EQ(s.decode().Stats().rooms_failed, 0u);
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

@@ -34,6 +34,10 @@ class ForwardingTransport : public Transport {
   }
   Status RevokeGrant(GrantId grant) override { return inner_->RevokeGrant(grant); }
   Result<PeerId> Connect(std::string_view address) override { return inner_->Connect(address); }
+  Result<PeerId> ConnectOverNetwork(std::string_view address) override {
+    return inner_->ConnectOverNetwork(address);
+  }
+  const std::string& NetworkAddress() const override { return inner_->NetworkAddress(); }
   Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view key) override {
     return inner_->ImportRegion(peer, key);
   }

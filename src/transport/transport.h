@@ -134,6 +134,19 @@ class Transport {
   // new PeerId (a restarted peer must never reuse a stale endpoint).
   // Errors: InvalidArgument (garbled blob), Unavailable.
   virtual Result<PeerId> Connect(std::string_view peer_address) = 0;
+  // Like Connect, but the endpoint's messages travel over a network link even
+  // to a peer on this host, never through a shared-memory queue: a process
+  // that was killed while writing into a peer's queue can leave that queue
+  // blocked for every later writer (UCX 1.13's sysv/posix FIFO), so a
+  // handshake that got no answer is tried again this way. The data paths
+  // are chosen as for Connect. Default (transports without such queues):
+  // Connect.
+  virtual Result<PeerId> ConnectOverNetwork(std::string_view peer_address) {
+    return Connect(peer_address);
+  }
+  // An Address() whose every Connect is a ConnectOverNetwork: what a rank
+  // gives a peer that should answer it over the network.
+  virtual const std::string& NetworkAddress() const { return Address(); }
   // Imports a peer's region once; the remote key is unpacked and cached.
   // Errors: InvalidArgument (garbled or foreign blob), Unavailable, NotFound
   // (unknown peer).

@@ -62,8 +62,23 @@ Status FaultTransport::DeregisterMemory(RegionId id) {
 }
 
 Result<PeerId> FaultTransport::Connect(std::string_view peer_address) {
-  KVB_ASSIGN_OR_RETURN(PeerId peer, inner_->Connect(peer_address));
+  if (peer_address.substr(0, kNetworkTag.size()) == kNetworkTag)
+    return ConnectOverNetwork(peer_address.substr(kNetworkTag.size()));
+  return Connected(inner_->Connect(peer_address), false);
+}
+
+void FaultTransport::TagNetworkAddress() {
+  tagged_network_address_ = std::string(kNetworkTag) + inner_->NetworkAddress();
+}
+
+Result<PeerId> FaultTransport::ConnectOverNetwork(std::string_view peer_address) {
+  return Connected(inner_->ConnectOverNetwork(peer_address), true);
+}
+
+Result<PeerId> FaultTransport::Connected(Result<PeerId> connected, bool over_network) {
+  KVB_ASSIGN_OR_RETURN(PeerId peer, connected);
   std::lock_guard<std::mutex> lock(mu_);
+  if (over_network) ++counters_.network_connects;
   PeerInfo& info = peers_[peer];
   if (skip_connects_ > 0) {
     --skip_connects_;

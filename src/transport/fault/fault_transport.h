@@ -51,7 +51,8 @@ struct FaultCounters {
   uint64_t urgent_dropped = 0;      // by DropUrgentMessages
   uint64_t muted_dropped = 0;       // sent on an endpoint MuteNextConnects muted
   uint64_t peers_vanished = 0;
-  uint64_t revokes_started = 0;  // RevokeGrant calls (HoldRevokes)
+  uint64_t revokes_started = 0;   // RevokeGrant calls (HoldRevokes)
+  uint64_t network_connects = 0;  // ConnectOverNetwork calls that connected
 };
 
 class FaultTransport final : public Transport {
@@ -78,6 +79,15 @@ class FaultTransport final : public Transport {
   }
   Status RevokeGrant(GrantId grant) override;
   Result<PeerId> Connect(std::string_view peer_address) override;
+  Result<PeerId> ConnectOverNetwork(std::string_view peer_address) override;
+  const std::string& NetworkAddress() const override {
+    return tagged_network_address_.empty() ? inner_->NetworkAddress() : tagged_network_address_;
+  }
+  // From now on NetworkAddress() is the inner one behind a tag that another
+  // FaultTransport's Connect takes off, counting that connect in
+  // network_connects like a ConnectOverNetwork (a test then sees which
+  // address a peer connected back to). Only between FaultTransports.
+  void TagNetworkAddress();
   Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) override;
   Result<DataPath> PathTo(PeerId peer) const override;
   std::string WireTo(PeerId peer) const override { return inner_->WireTo(peer); }
@@ -137,6 +147,10 @@ class FaultTransport final : public Transport {
   Transport& inner() { return *inner_; }
 
  private:
+  static constexpr std::string_view kNetworkTag = "fault-transport-network:";
+  std::string tagged_network_address_;
+  // Both Connects: the endpoint is tracked (and muted when MuteConnects says).
+  Result<PeerId> Connected(Result<PeerId> connected, bool over_network);
   struct Item {
     bool is_batch = true;
     std::vector<WriteOp> ops;

@@ -11,6 +11,8 @@ constexpr uint32_t kAddressMagic = 0x4b564241;  // "KVBA"
 constexpr uint32_t kRkeyMagic = 0x4b564252;     // "KVBR"
 constexpr size_t kMaxSocketName = 100;
 constexpr uint32_t kVersion = 2;  // 2: token and same-host socket, no pid/fd
+// Addresses: 3 adds the network-only worker address.
+constexpr uint32_t kAddressVersion = 3;
 
 void PutHost(WireWriter& w, const HostIdentity& h) {
   w.Bytes(h.host);
@@ -25,9 +27,9 @@ bool GetHost(WireReader& r, HostIdentity* h) {
   return pid > 0;
 }
 
-bool Header(WireReader& r, uint32_t magic) {
+bool Header(WireReader& r, uint32_t magic, uint32_t version = kVersion) {
   uint32_t m = 0, v = 0;
-  return r.CheckCrc() && r.U32(&m) && m == magic && r.U32(&v) && v == kVersion;
+  return r.CheckCrc() && r.U32(&m) && m == magic && r.U32(&v) && v == version;
 }
 
 }  // namespace
@@ -35,17 +37,19 @@ bool Header(WireReader& r, uint32_t magic) {
 std::string EncodeAddress(const AddressBlob& blob) {
   WireWriter w;
   w.U32(kAddressMagic);
-  w.U32(kVersion);
+  w.U32(kAddressVersion);
   PutHost(w, blob.host);
   w.Bytes(blob.worker_address);
+  w.Bytes(blob.network_address);
   return w.FinishWithCrc();
 }
 
 Result<AddressBlob> DecodeAddress(std::string_view bytes) {
   WireReader r(bytes);
   AddressBlob out;
-  if (!Header(r, kAddressMagic) || !GetHost(r, &out.host) || !r.Bytes(&out.worker_address) ||
-      !r.AtEnd() || out.worker_address.empty()) {
+  if (!Header(r, kAddressMagic, kAddressVersion) || !GetHost(r, &out.host) ||
+      !r.Bytes(&out.worker_address) || !r.Bytes(&out.network_address) || !r.AtEnd() ||
+      out.worker_address.empty()) {
     return InvalidArgumentError("garbled UCX transport address (" + std::to_string(bytes.size()) +
                                 " bytes): bad magic, version, CRC or length");
   }

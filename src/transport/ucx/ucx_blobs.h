@@ -21,6 +21,9 @@ namespace kvbridge::internal::ucx {
 struct AddressBlob {
   HostIdentity host;
   std::string worker_address;  // ucp_worker_get_address bytes
+  // The same worker's address with its network devices only (no shared
+  // memory): for UcxTransport::ConnectOverNetwork. Empty when it has none.
+  std::string network_address;
 };
 std::string EncodeAddress(const AddressBlob& blob);
 Result<AddressBlob> DecodeAddress(std::string_view bytes);

@@ -29,6 +29,11 @@ TEST(UcxBlobsTest, AddressRoundTrips) {
   EXPECT_EQ(out->host.boot_id, "b");
   EXPECT_EQ(out->host.pid, 42);
   EXPECT_EQ(out->worker_address, in.worker_address);
+  EXPECT_EQ(out->network_address, "");
+  in.network_address = "net";
+  out = DecodeAddress(EncodeAddress(in));
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->network_address, "net");
 }
 
 TEST(UcxBlobsTest, RemoteKeyRoundTripsWithAndWithoutSegment) {

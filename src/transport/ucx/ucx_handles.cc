@@ -84,13 +84,14 @@ UcpEp::~UcpEp() {
   if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
 }
 
-Result<std::string> WorkerAddress(ucp_worker_h worker) {
-  ucp_address_t* addr = nullptr;
-  size_t len = 0;
-  ucs_status_t st = ucp_worker_get_address(worker, &addr, &len);
+Result<std::string> WorkerAddress(ucp_worker_h worker, bool network_only) {
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS | UCP_WORKER_ATTR_FIELD_ADDRESS_FLAGS;
+  attr.address_flags = network_only ? UCP_WORKER_ADDRESS_FLAG_NET_ONLY : 0;
+  ucs_status_t st = ucp_worker_query(worker, &attr);
   if (st != UCS_OK) return FromUcs(st, "worker address");
-  std::string out(reinterpret_cast<const char*>(addr), len);
-  ucp_worker_release_address(worker, addr);
+  std::string out(reinterpret_cast<const char*>(attr.address), attr.address_length);
+  ucp_worker_release_address(worker, attr.address);
   return out;
 }
 

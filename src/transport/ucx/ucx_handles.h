@@ -102,8 +102,9 @@ class UcpEp {
   ucp_ep_h ep_ = nullptr;
 };
 
-// This worker's address as bytes.
-Result<std::string> WorkerAddress(ucp_worker_h worker);
+// This worker's address as bytes; with `network_only`, of its network
+// devices only (UCP_WORKER_ADDRESS_FLAG_NET_ONLY; empty when it has none).
+Result<std::string> WorkerAddress(ucp_worker_h worker, bool network_only = false);
 
 }  // namespace kvbridge::internal::ucx
 

@@ -122,7 +122,11 @@ Status UcxTransport::Init() {
   KVB_RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmAck, AckAmCallback, this));
 
   KVB_ASSIGN_OR_RETURN(std::string worker_address, WorkerAddress(worker_.get()));
-  address_ = EncodeAddress(AddressBlob{ThisHost(), std::move(worker_address)});
+  KVB_ASSIGN_OR_RETURN(std::string network_address, WorkerAddress(worker_.get(), true));
+  address_ = EncodeAddress(AddressBlob{ThisHost(), std::move(worker_address), network_address});
+  network_address_ = network_address.empty()
+                         ? address_
+                         : EncodeAddress(AddressBlob{ThisHost(), network_address, network_address});
 
   if (options_.same_host_paths) {
     auto exporter = SameHostExporter::Start();
@@ -400,7 +404,7 @@ std::shared_ptr<Peer> UcxTransport::FindPeerLocked(PeerId id) const {
   return it == peers_.end() ? nullptr : it->second;
 }
 
-Result<PeerId> UcxTransport::Connect(std::string_view peer_address) {
+Result<PeerId> UcxTransport::ConnectTo(std::string_view peer_address, bool network_only) {
   KVB_ASSIGN_OR_RETURN(AddressBlob blob, DecodeAddress(peer_address));
   auto peer = std::make_shared<Peer>();
   peer->host = blob.host;
@@ -411,12 +415,22 @@ Result<PeerId> UcxTransport::Connect(std::string_view peer_address) {
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = reinterpret_cast<const ucp_address_t*>(blob.worker_address.data());
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = EpErrorCallback;
     ep.err_handler.arg = peer.get();
     ucp_ep_h handle = nullptr;
-    ucs_status_t s = ucp_ep_create(worker_.get(), &ep, &handle);
+    ucs_status_t s = UCS_ERR_UNREACHABLE;
+    if (network_only && !blob.network_address.empty()) {
+      ep.address = reinterpret_cast<const ucp_address_t*>(blob.network_address.data());
+      s = ucp_ep_create(worker_.get(), &ep, &handle);
+      if (s != UCS_OK)
+        KVB_LOG_WARN("ucx transport {}: no network endpoint to {} ({}); connecting as usual",
+                     options_.name, peer->name, ucs_status_string(s));
+    }
+    if (s != UCS_OK) {
+      ep.address = reinterpret_cast<const ucp_address_t*>(blob.worker_address.data());
+      s = ucp_ep_create(worker_.get(), &ep, &handle);
+    }
     if (s != UCS_OK) {
       st = FromUcs(s, "connect to " + peer->name);
       if (st.code() != StatusCode::kInvalidArgument) st = UnavailableError(st.message());
@@ -443,9 +457,9 @@ Result<PeerId> UcxTransport::Connect(std::string_view peer_address) {
     peer->id = next_peer_id_++;
     peers_[peer->id] = peer;
   }
-  KVB_LOG_INFO("ucx transport {}: connected to peer {} ({}) as peer id {}", options_.name,
+  KVB_LOG_INFO("ucx transport {}: connected to peer {} ({}{}) as peer id {}", options_.name,
                peer->name, SameHost(peer->host, ThisHost()) ? "same host" : "remote host",
-               peer->id);
+               network_only ? ", messages over the network" : "", peer->id);
   return peer->id;
 }
 

@@ -217,11 +217,17 @@ class UcxTransport final : public Transport {
 
   std::string_view Name() const override { return "ucx"; }
   const std::string& Address() const override { return address_; }
+  const std::string& NetworkAddress() const override { return network_address_; }
   void SetMessageHandler(MessageHandler handler) override;
   void SetPeerFailureHandler(PeerFailureHandler handler) override;
   Result<RegisteredRegion> RegisterMemory(void* addr, size_t length, MemoryKind kind) override;
   Status DeregisterMemory(RegionId id) override;
-  Result<PeerId> Connect(std::string_view peer_address) override;
+  Result<PeerId> Connect(std::string_view peer_address) override {
+    return ConnectTo(peer_address, false);
+  }
+  Result<PeerId> ConnectOverNetwork(std::string_view peer_address) override {
+    return ConnectTo(peer_address, true);
+  }
   Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) override;
   Result<DataPath> PathTo(PeerId peer) const override;
   Result<std::string> GrantRegion(RegionId region, GrantId grant) override;
@@ -263,6 +269,9 @@ class UcxTransport final : public Transport {
  private:
   explicit UcxTransport(const UcxTransportOptions& options);
   Status Init();
+  // Connect and ConnectOverNetwork: the peer's network-only worker address
+  // when `network_only` (its full one if that cannot be reached).
+  Result<PeerId> ConnectTo(std::string_view peer_address, bool network_only);
 
   // Queues `fn` for the progress thread; `what` (a literal) names it while
   // it runs (DeliveryBusy).
@@ -328,6 +337,7 @@ class UcxTransport final : public Transport {
   UcpContext context_;
   UcpWorker worker_;
   std::string address_;
+  std::string network_address_;  // its worker address is the network-only one
   int wake_fd_ = -1;
   int worker_efd_ = -1;  // -1: no wakeup support, poll with a short timeout
   std::thread progress_thread_;
