@@ -113,7 +113,7 @@ void ManagerImpl::EnsureWitnesses(const ReceiverRoom& room, const ParallelInfo& 
 // (SameRequest).
 void ManagerImpl::RelayRoomFailureLocked(const RankId& from, const RoomFailedMsg& msg,
                                          Outbox& out) {
-  if (!IsRoomRecord(msg.record) || msg.record.room != msg.room) return;
+  if (RoomRecordRefusal(msg)) return;
   ApplyRoomFailureLocked(msg.record, out);
   for (auto& [key, p] : peers_) {
     const RankId& id = p->id;

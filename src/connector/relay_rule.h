@@ -16,6 +16,11 @@ namespace kvbridge::internal {
 // A record about one request (a room), not about a rank or the registry.
 bool IsRoomRecord(const FailureRecord& r);
 
+// Why `msg`'s record cannot be the record of the room it is sent for (not a
+// room's, or another room's), or nullopt: the part of the rule both ends of
+// a relay apply (RelayRoomFailureLocked before passing a record on).
+std::optional<std::string> RoomRecordRefusal(const RoomFailedMsg& msg);
+
 // Why `msg` from `from` is refused, or nullopt when it is taken. Taken: from
 // a prefill rank; a room record (not a rank's failure) about the room it is
 // sent for; and, when this rank holds that room with its sources known
