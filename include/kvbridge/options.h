@@ -116,10 +116,12 @@ struct ManagerOptions {
   // Transport.
   std::string ucx_tls;  // "" = UCX default; "tcp" forces TCP
   SameHostPath same_host_path = SameHostPath::kAuto;
-  // Decode: prefill ranks on other hosts always write through a per-peer
-  // grant that decode revokes when it fails them (docs/protocol.md,
-  // "Fencing a partitioned rank"). True: same-host prefill ranks too, over
-  // UCX active messages instead of shared memory / cross-memory attach
+  // Decode: every prefill rank writes under a per-peer grant (a token of
+  // its own) that decode revokes when it fails it (docs/protocol.md,
+  // "Fencing a partitioned rank"). A same-host prefill rank takes decode's
+  // memory under it (shared memory / cross-memory attach): the revoke stops
+  // new mappings, and a failed one is fenced by its Quiesced or its exit.
+  // True: same-host ranks write over UCX active messages, each admitted
   // (slower; a failed one is fenced without waiting for its exit).
   // Set it the same on prefill and decode: a prefill rank that rejoins
   // waits for its writes to same-host peers only when it is false.

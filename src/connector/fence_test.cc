@@ -4,11 +4,16 @@
 // nowhere.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <mutex>
+#include <set>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "connector/connector_test_util.h"
 #include "transport/fault/fault_transport.h"
+#include "transport/forwarding_transport.h"
 #include "transport/test_util.h"
 
 namespace kvbridge::internal {
@@ -175,15 +180,16 @@ TEST(FenceTest, ARevokeStillWaitingWhenThePeerIsReplacedFencesTheOldIncarnation)
   ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, next));
 }
 
-// A same-host prefill rank without a grant (the default: it writes through
-// shared memory, which cannot be revoked) is declared failed while its
-// writes of a room are held, and rejoins. Decode may count that room
-// quiesced only once those writes landed: the rejoin waits for them, and
-// decode takes the rejoined process's new incarnation as the word that none
-// is left. Before, the rank rejoined at once, closing the sessions its
-// Quiesced would have travelled on, and decode's room never quiesced (TSan
-// CI, DemoFault/stop_prefill: "6 failed requests never quiesced").
-TEST(FenceTest, AGrantlessPrefillRejoinsOnlyAfterItsWritesLandedAndItsOldRoomQuiesces) {
+// A same-host prefill rank that maps decode's pages (the default: it writes
+// through shared memory under a grant whose revoke cannot unmap them) is
+// declared failed while its writes of a room are held, and rejoins. Decode
+// revokes its grant, but may count that room quiesced only once those
+// writes finished: the rejoin waits for them, and decode takes the rejoined
+// process's new incarnation as the word that none is left. Before, the rank
+// rejoined at once, closing the sessions its Quiesced would have travelled
+// on, and decode's room never quiesced (TSan CI, DemoFault/stop_prefill: "6
+// failed requests never quiesced").
+TEST(FenceTest, AMappingPrefillRejoinsOnlyAfterItsWritesFinishedAndItsOldRoomQuiesces) {
   std::vector<FaultTransport*> faults;  // prefill, decode
   ClusterOptions o = FenceCluster(&faults);
   o.tweak = [](ManagerOptions& m) {
@@ -202,7 +208,9 @@ TEST(FenceTest, AGrantlessPrefillRejoinsOnlyAfterItsWritesLandedAndItsOldRoomQui
   faults[0]->DropUrgentMessages(false);
   faults[0]->DropMessages(false);
   ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kFailed; }));
-  // Barrier: two registry rounds in which the rejoin waited for the writes.
+  // Barrier: decode's revoke of the grant returned, and two registry rounds
+  // in which the rejoin waited for the writes.
+  ASSERT_TRUE(WaitFor([&] { return faults[1]->counters().revokes_returned >= 1; }));
   ASSERT_TRUE(WaitFor([&] { return prefill.Stats().rejoin_waits >= 2; }))
       << "rejoins " << prefill.Stats().rejoins;
   EXPECT_EQ(prefill.Stats().rejoins, 0u);
@@ -221,6 +229,83 @@ TEST(FenceTest, AGrantlessPrefillRejoinsOnlyAfterItsWritesLandedAndItsOldRoomQui
   ASSERT_NO_FATAL_FAILURE(SendChunks(next, {3}));
   ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, next));
 }
+
+// Decode's transport, noting every grant decode gives.
+class GrantLog final : public ForwardingTransport {
+ public:
+  struct Given {
+    GrantId grant;
+    GrantReach reach;
+    std::string key;
+  };
+  using ForwardingTransport::ForwardingTransport;
+  Result<RegisteredRegion> RegisterMemory(void* addr, size_t length, MemoryKind kind) override {
+    auto r = ForwardingTransport::RegisterMemory(addr, length, kind);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (r.ok()) own_keys_.insert(r->remote_key);
+    return r;
+  }
+  Result<std::string> GrantRegion(RegionId region, GrantId grant, GrantReach reach) override {
+    auto key = ForwardingTransport::GrantRegion(region, grant, reach);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (key.ok()) given_.push_back({grant, reach, *key});
+    return key;
+  }
+  std::vector<Given> given() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return given_;
+  }
+  bool IsOwnKey(const std::string& key) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return own_keys_.count(key) != 0;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Given> given_;
+  std::set<std::string> own_keys_;
+};
+
+// Issue 12: each prefill rank writes decode's pages under a token of its own,
+// never the regions' own key, and a same-host one is offered a mapping
+// (which its revoke cannot take back: see the test above), unless
+// grant_same_host_peers asks for admitted writes only.
+class GrantPerPeerTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GrantPerPeerTest, EachPrefillRankWritesUnderAGrantOfItsOwn) {
+  const bool admitted_only = GetParam();
+  GrantLog* log = nullptr;
+  ClusterOptions o;
+  o.prefill_tp = 2;
+  o.wrap = [&log](std::unique_ptr<Transport> t, Role role, int) -> std::unique_ptr<Transport> {
+    if (role != Role::kDecode) return t;
+    auto g = std::make_unique<GrantLog>(std::move(t));
+    log = g.get();
+    return g;
+  };
+  o.tweak = [admitted_only](ManagerOptions& m) { m.grant_same_host_peers = admitted_only; };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_NE(log, nullptr);
+  Request r{.room = 41, .src = {1, 2, 3}, .dst = {10, 11, 12}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, r, /*senders_first=*/false));
+  ASSERT_NO_FATAL_FAILURE(SendChunks(r, {3}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, r));  // the barrier: both wrote
+
+  std::map<GrantId, std::set<std::string>> keys;
+  for (const GrantLog::Given& g : log->given()) {
+    EXPECT_EQ(g.reach, admitted_only ? Transport::GrantReach::kMediated
+                                     : Transport::GrantReach::kSameHostMapping);
+    EXPECT_FALSE(log->IsOwnKey(g.key)) << "a region's own key was handed out";
+    keys[g.grant].insert(g.key);
+  }
+  ASSERT_EQ(keys.size(), 2u) << "one grant per prefill rank";
+  for (const std::string& k : keys.begin()->second)
+    EXPECT_EQ(std::next(keys.begin())->second.count(k), 0u) << "two ranks share a key";
+}
+
+INSTANTIATE_TEST_SUITE_P(Reach, GrantPerPeerTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "admitted" : "mapping"; });
 
 }  // namespace
 }  // namespace kvbridge::internal

@@ -98,13 +98,14 @@ Status ManagerImpl::SendHello(const std::string& key, PeerId tpeer) {
 
 Status ManagerImpl::GrantKeysFor(const std::string& key, HelloMsg& hello) {
   GrantId grant = 0;
+  bool mapping = false;
   {
     MutexLock lock(mu_);
     Peer* p = FindPeerLocked(key);
     if (p == nullptr) return UnavailableError(key + ": peer gone before its Hello left");
-    if (OnThisHost(p->id) && !opts_.grant_same_host_peers) return Status();
     if (p->grant == 0) {
       grant = next_grant_++;
+      mapping = WritesByMapping(p->id);
     } else {
       hello.kv_keys = p->grant_keys[0];
       hello.aux_keys = p->grant_keys[1];
@@ -118,7 +119,9 @@ Status ManagerImpl::GrantKeysFor(const std::string& key, HelloMsg& hello) {
   const std::vector<RegionId>* ids[3] = {&regions_.kv, &regions_.aux, &regions_.state};
   for (int i = 0; i < 3; ++i) {
     for (RegionId id : *ids[i]) {
-      Result<std::string> k = transport_->GrantRegion(id, grant);
+      Result<std::string> k = transport_->GrantRegion(
+          id, grant,
+          mapping ? Transport::GrantReach::kSameHostMapping : Transport::GrantReach::kMediated);
       if (k.status().code() == StatusCode::kUnimplemented) return Status();
       if (!k.ok()) return k.status().WithContext("write grant for " + key);
       keys[i].push_back(std::move(*k));
@@ -129,6 +132,7 @@ Status ManagerImpl::GrantKeysFor(const std::string& key, HelloMsg& hello) {
   if (p == nullptr) return UnavailableError(key + ": peer gone before its Hello left");
   if (p->grant == 0) {
     p->grant = grant;
+    p->mapping = mapping;
     for (int i = 0; i < 3; ++i) p->grant_keys[i] = keys[i];
   }
   hello.kv_keys = p->grant_keys[0];

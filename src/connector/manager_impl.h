@@ -211,6 +211,8 @@ class ManagerImpl {
   // The one same-host test of the connector: whether `id`'s process runs on
   // this rank's host, so /proc speaks for it.
   bool OnThisHost(const RankId& id) const;
+  // The one rule for a writer no revoke stops: it maps our pages (peers.cc).
+  bool WritesByMapping(const RankId& id) const;
   // What /proc says of a rank's process: kUnknown unless it is on this host.
   ProcessState LocalProcessState(const RankId& id) const;
   // The one reading of a transport error about `peer` (a failed endpoint or
@@ -589,6 +591,7 @@ class ManagerImpl {
     std::string key;
     uint64_t incarnation = 0;
     GrantId grant = 0;
+    bool mapping = false;  // Peer::mapping
   };
   std::vector<RetiredGrant> retired_grants_ KVB_GUARDED_BY(mu_);
   GrantId next_grant_ KVB_GUARDED_BY(mu_) = 1;

@@ -73,9 +73,13 @@ struct Peer {
   bool failed = false;
   std::optional<FailureRecord> failure;  // why it failed (room 0)
   // Decode side: the per-peer write grant in our Hello (0: the regions'
-  // shared keys) and its keys (kv, aux, state); `fenced` once the grant is
-  // revoked, so nothing it writes can land any more.
+  // shared keys, a transport without grants) and its keys (kv, aux, state);
+  // `fenced` once the grant is revoked. A mediated grant's writes then land
+  // no more; a `mapping` grant (WritesByMapping) stops only new mappings
+  // and mediated writes, so its sources still wait for the peer's Quiesced,
+  // its exit or its rejoin.
   GrantId grant = 0;
+  bool mapping = false;
   std::vector<std::string> grant_keys[3];
   bool fenced = false;
   // Failed by an earlier incarnation of this rank, retired when it rejoined

@@ -34,6 +34,10 @@ bool ManagerImpl::OnThisHost(const RankId& id) const {
   return id.host == self_.host && !liveness_as_remote_;
 }
 
+bool ManagerImpl::WritesByMapping(const RankId& id) const {
+  return OnThisHost(id) && !opts_.grant_same_host_peers;
+}
+
 ProcessState ManagerImpl::LocalProcessState(const RankId& id) const {
   if (!OnThisHost(id)) return ProcessState::kUnknown;
   return hooks_.process_state ? hooks_.process_state(id.pid) : GetProcessState(id.pid);
@@ -132,7 +136,8 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
 }
 
 bool ManagerImpl::FailedPeerCannotWriteLocked(const Peer& peer) const {
-  if (peer.fenced) return true;  // its grant is revoked and nothing under it lands
+  // Its grant is revoked and nothing under it lands (but through a mapping).
+  if (peer.fenced && !peer.mapping) return true;
   const FailureCause c = peer.failure ? peer.failure->cause : FailureCause::kPeerExited;
   if (c == FailureCause::kPeerExited) return true;
   // A silent rank on another host may be alive behind a partition, its
@@ -149,7 +154,7 @@ void ManagerImpl::FenceRound() {
     for (const std::string& key : fence_pending_) {
       Peer* p = FindPeerLocked(key);
       if (p != nullptr && p->failed && p->grant != 0 && !p->fenced)
-        todo.push_back({key, 0, p->grant});
+        todo.push_back({key, 0, p->grant, p->mapping});
     }
     fence_pending_.clear();
     for (RetiredGrant& r : retired_grants_) todo.push_back(std::move(r));
@@ -172,8 +177,16 @@ void ManagerImpl::FenceRound() {
       continue;
     }
     if (current) p->fenced = true;
-    KVB_LOG_INFO("fenced {}{}: its write grant is revoked, nothing it sends lands", t.key,
-                 current ? "" : fmt::format(" (incarnation {:#x}, replaced)", t.incarnation));
+    const std::string which =
+        current ? "" : fmt::format(" (incarnation {:#x}, replaced)", t.incarnation);
+    if (t.mapping) {
+      // What it mapped before stays mapped: its rooms keep waiting for its
+      // Quiesced, its exit or its rejoin.
+      KVB_LOG_INFO("revoked the write grant of {}{}: no new mapping of this rank's pages", t.key,
+                   which);
+      continue;
+    }
+    KVB_LOG_INFO("fenced {}{}: its write grant is revoked, nothing it sends lands", t.key, which);
     for (auto& [id, room] : receivers_) {
       bool touches = false;
       for (ReceiverSource& src : room->sources) {

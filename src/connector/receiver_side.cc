@@ -292,16 +292,16 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
         FailPeerLocked(*old, FailureCause::kPeerExited,
                        fmt::format("restarted as pid {}", peer->id.pid), "new incarnation", out);
       // The same process rejoined. Writes decode can revoke wait for their
-      // revoke (FenceRound); those it cannot (a same-host peer given no
-      // grant) the rejoin waited for.
-      if (old->id.pid == peer->id.pid && old->id.host == peer->id.host && old->grant == 0 &&
-          OnThisHost(old->id))
+      // revoke (FenceRound); those it cannot (a same-host peer that maps our
+      // pages) the rejoin waited for.
+      if (old->id.pid == peer->id.pid && old->id.host == peer->id.host &&
+          (old->grant == 0 || old->mapping) && OnThisHost(old->id))
         QuiesceRejoinedLocked(key, old->id.incarnation);
       stale = old->tpeer;
       by_tpeer_.erase(old->tpeer);
       DropBeatLocked(*old, out);
       if (old->grant != 0 && !old->fenced)
-        retired_grants_.push_back({key, old->id.incarnation, old->grant});
+        retired_grants_.push_back({key, old->id.incarnation, old->grant, old->mapping});
     }
     dead_ranks_.erase(key);
     peer->ready = true;

@@ -442,9 +442,9 @@ void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg 
   SenderFlow flow;
   flow.peer_key = peer->key;
   flow.decode = from;
-  // Decode gives a same-host peer no grant unless both sides are told to
-  // (ManagerOptions::grant_same_host_peers).
-  flow.unrevocable = OnThisHost(from) && !opts_.grant_same_host_peers;
+  // Decode's grant lets a same-host peer map its pages unless both sides
+  // are told otherwise (ManagerOptions::grant_same_host_peers).
+  flow.unrevocable = WritesByMapping(from);
   flow.meta = std::move(meta);
   Status bad = ShapeFlowLocked(room, from, flow);
   if (bad.ok() && flow.slice) bad = CheckFlowMeta(room, *peer, from, flow);

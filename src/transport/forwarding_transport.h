@@ -29,8 +29,8 @@ class ForwardingTransport : public Transport {
     return inner_->RegisterMemory(addr, length, kind);
   }
   Status DeregisterMemory(RegionId id) override { return inner_->DeregisterMemory(id); }
-  Result<std::string> GrantRegion(RegionId region, GrantId grant) override {
-    return inner_->GrantRegion(region, grant);
+  Result<std::string> GrantRegion(RegionId region, GrantId grant, GrantReach reach) override {
+    return inner_->GrantRegion(region, grant, reach);
   }
   Status RevokeGrant(GrantId grant) override { return inner_->RevokeGrant(grant); }
   Result<PeerId> Connect(std::string_view address) override { return inner_->Connect(address); }

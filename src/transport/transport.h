@@ -107,11 +107,16 @@ class Transport {
   // Per-peer write capabilities, the fence for a peer that may still be
   // writing (a partitioned host). GrantRegion returns a remote key for
   // `region` whose token (>= 128 random bits) belongs to `grant` alone; one
-  // grant may cover several regions. A grant key offers only the paths the
-  // owner mediates on every write (UCX active messages): no packed rkey for
-  // one-sided puts, no same-host socket (a writer that maps memory directly
-  // cannot be revoked; the region's own key keeps those paths, under the
-  // rule "wait for the writer's Quiesced or its exit").
+  // grant may cover several regions. What the key offers is `reach`:
+  //  * kMediated: only the paths the owner admits on every write (UCX
+  //    active messages): no packed rkey for one-sided puts, no same-host
+  //    socket. RevokeGrant stops every write under it.
+  //  * kSameHostMapping: also, to a writer on this host, the owner's own
+  //    same-host grant of the memory (its memfd, or cross-memory attach),
+  //    handed over only for this grant's token. A mapping once taken cannot
+  //    be revoked: RevokeGrant then refuses new mappings and every mediated
+  //    write, and the caller keeps the rule "wait for the writer's Quiesced
+  //    or its exit" for what it mapped.
   // RevokeGrant(grant): every later write carrying one of the grant's tokens
   // is refused before a byte is placed (counted; its batch completes with
   // PermissionDenied at the writer), and the call returns OK only once no
@@ -122,7 +127,8 @@ class Transport {
   // land; the caller must not reuse the memory on this answer),
   // FailedPrecondition (called on a transport thread while writes under the
   // grant are landing), Unimplemented (a transport without grants).
-  virtual Result<std::string> GrantRegion(RegionId region, GrantId grant) {
+  enum class GrantReach { kMediated, kSameHostMapping };
+  virtual Result<std::string> GrantRegion(RegionId region, GrantId grant, GrantReach reach) {
     return UnimplementedError(std::string(Name()) + " transport has no per-peer write grants");
   }
   virtual Status RevokeGrant(GrantId grant) {

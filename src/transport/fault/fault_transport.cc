@@ -255,7 +255,10 @@ Status FaultTransport::RevokeGrant(GrantId grant) {
     ++counters_.revokes_started;
     cv_.wait(lock, [&] { return !hold_revokes_; });
   }
-  return inner_->RevokeGrant(grant);
+  Status st = inner_->RevokeGrant(grant);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counters_.revokes_returned;
+  return st;
 }
 
 void FaultTransport::Disconnect(PeerId peer) {

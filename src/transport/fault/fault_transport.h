@@ -52,6 +52,7 @@ struct FaultCounters {
   uint64_t muted_dropped = 0;       // sent on an endpoint MuteNextConnects muted
   uint64_t peers_vanished = 0;
   uint64_t revokes_started = 0;   // RevokeGrant calls (HoldRevokes)
+  uint64_t revokes_returned = 0;  // RevokeGrant calls the inner transport answered
   uint64_t network_connects = 0;  // ConnectOverNetwork calls that connected
 };
 
@@ -74,8 +75,8 @@ class FaultTransport final : public Transport {
   Result<RegisteredRegion> RegisterMemory(void* addr, size_t length, MemoryKind kind) override;
   Status DeregisterMemory(RegionId id) override;
   // Grants are the target's: forwarded, no fault applies to them.
-  Result<std::string> GrantRegion(RegionId region, GrantId grant) override {
-    return inner_->GrantRegion(region, grant);
+  Result<std::string> GrantRegion(RegionId region, GrantId grant, GrantReach reach) override {
+    return inner_->GrantRegion(region, grant, reach);
   }
   Status RevokeGrant(GrantId grant) override;
   Result<PeerId> Connect(std::string_view peer_address) override;

@@ -282,8 +282,8 @@ class LoopbackTransport final : public Transport {
   Result<PeerId> Connect(std::string_view peer_address) override;
   Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) override;
   Result<DataPath> PathTo(PeerId peer) const override;
-  // RevokeGrant takes region_mu, held by every copy: none is then running.
-  Result<std::string> GrantRegion(RegionId region, GrantId grant) override;
+  // Any reach is mediated: RevokeGrant takes region_mu, held by every copy.
+  Result<std::string> GrantRegion(RegionId region, GrantId grant, GrantReach reach) override;
   Status RevokeGrant(GrantId grant) override;
   Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override;
   Status SendMessage(PeerId peer, std::string payload) override;
@@ -383,7 +383,7 @@ Result<RegisteredRegion> LoopbackTransport::RegisterMemory(void* addr, size_t le
   return out;
 }
 
-Result<std::string> LoopbackTransport::GrantRegion(RegionId region, GrantId grant) {
+Result<std::string> LoopbackTransport::GrantRegion(RegionId region, GrantId grant, GrantReach) {
   if (grant == 0) return InvalidArgumentError("GrantRegion: grant id 0 is reserved");
   KVB_ASSIGN_OR_RETURN(RegionToken token, NewRegionToken());
   std::lock_guard<std::mutex> lock(ep_->region_mu);

@@ -17,6 +17,7 @@ namespace kvbridge::internal {
 namespace {
 
 using ::kvbridge::internal::testing::Completions;
+constexpr auto kMediated = Transport::GrantReach::kMediated;
 using ::kvbridge::internal::testing::Failures;
 using ::kvbridge::internal::testing::Gate;
 using ::testing::HasSubstr;
@@ -426,8 +427,8 @@ TEST_F(LoopbackTest, DestroyingSenderAbortsItsPendingBatches) {
 // The fence for a peer that may still be writing: a batch queued before the
 // grant was revoked, run after, writes nothing; other capabilities still do.
 TEST_F(LoopbackTest, RevokedGrantRefusesQueuedWritesOthersStillWrite) {
-  auto g1 = b_->GrantRegion(target_region_, 1);
-  auto g2 = b_->GrantRegion(target_region_, 2);
+  auto g1 = b_->GrantRegion(target_region_, 1, kMediated);
+  auto g2 = b_->GrantRegion(target_region_, 2, kMediated);
   ASSERT_TRUE(g1.ok() && g2.ok()) << g1.status().ToString();
   EXPECT_NE(*g1, *g2);
   EXPECT_NE(*g1, remote_key_);
@@ -466,8 +467,10 @@ TEST_F(LoopbackTest, RevokedGrantRefusesQueuedWritesOthersStillWrite) {
   EXPECT_TRUE(b_->RevokeGrant(1).ok());
   EXPECT_EQ(b_->RevokeGrant(99).code(), StatusCode::kNotFound);
   EXPECT_EQ(b_->RevokeGrant(0).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(b_->GrantRegion(target_region_, 0).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(b_->GrantRegion(target_region_ + 100, 3).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(b_->GrantRegion(target_region_, 0, kMediated).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->GrantRegion(target_region_ + 100, 3, kMediated).status().code(),
+            StatusCode::kNotFound);
 }
 
 TEST_F(LoopbackTest, ConnectToSelfWorks) {

@@ -140,6 +140,33 @@ void SameHostExporter::Remove(uint64_t region_id) {
   regions_.erase(it);
 }
 
+Status SameHostExporter::AddGrant(uint64_t region_id, uint64_t grant, const RegionToken& token) {
+  MutexLock lock(mu_);
+  auto it = regions_.find(region_id);
+  if (it == regions_.end())
+    return NotFoundError("same-host grant: region " + std::to_string(region_id) + " not exported");
+  if (it->second.grants.size() >= kMaxGrantsPerRegion) {
+    return ResourceExhaustedError("same-host grant: region " + std::to_string(region_id) + " has " +
+                                  std::to_string(kMaxGrantsPerRegion) +
+                                  " live grants (kMaxGrantsPerRegion)");
+  }
+  it->second.grants.emplace_back(grant, token);
+  return Status::Ok();
+}
+
+void SameHostExporter::RevokeGrant(uint64_t grant) {
+  MutexLock lock(mu_);
+  for (auto& [id, e] : regions_) {
+    std::erase_if(e.grants, [&](const auto& g) { return g.first == grant; });
+  }
+}
+
+bool SameHostExporter::Admits(const Entry& e, const RegionToken& token) {
+  bool match = TokensEqual(e.region.token, token);
+  for (const auto& [grant, t] : e.grants) match |= TokensEqual(t, token);
+  return match;
+}
+
 uint64_t SameHostExporter::refused() const {
   MutexLock lock(mu_);
   return refused_;
@@ -185,7 +212,7 @@ void SameHostExporter::Answer(int conn) {
     auto it = parsed ? regions_.find(region_id) : regions_.end();
     if (parsed) std::memcpy(token.bytes.data(), token_bytes.data(), token.bytes.size());
     // Unknown region and wrong token get the same answer: no oracle.
-    if (it == regions_.end() || !TokensEqual(it->second.region.token, token)) {
+    if (it == regions_.end() || !Admits(it->second, token)) {
       refused = ++refused_;
       reply = EncodeReply(StatusCode::kPermissionDenied,
                           parsed ? "no region with that id and token" : "garbled request", nullptr);

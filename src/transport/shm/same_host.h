@@ -9,7 +9,8 @@
 // listener's credentials with SO_PEERCRED (the kernel's word, not the
 // peer's) and refuses unless that pid is the one the descriptor declares;
 // it then asks for {region id, token}. The owner answers only for a region
-// it exported with that token (constant-time compare), with the region's
+// it exported with that token, or with the token of a grant it added to the
+// region and has not revoked (constant-time compares), with the region's
 // base and length from its own table, and, for AllocateSharedBuffer memory,
 // the memfd itself passed with SCM_RIGHTS. The writer then
 //   * maps the fd it received (shared segment: memcpy), or
@@ -30,6 +31,8 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/thread_annotations.h"
 #include "kvbridge/status.h"
@@ -62,14 +65,25 @@ class SameHostExporter {
   // Exports a region; a segment's fd is dup'ed and kept until Remove.
   Status Add(const ExportedRegion& region);
   void Remove(uint64_t region_id);
+  // A per-peer grant of an exported region: `token` is answered like the
+  // region's own until RevokeGrant(grant). Errors: NotFound (region not
+  // exported), ResourceExhausted (kMaxGrantsPerRegion live grants).
+  Status AddGrant(uint64_t region_id, uint64_t grant, const RegionToken& token);
+  // Every later request with one of the grant's tokens is refused like a
+  // wrong token; a mapping handed out before stays with its holder.
+  void RevokeGrant(uint64_t grant);
+  static constexpr size_t kMaxGrantsPerRegion = 4096;
   // Requests refused so far (unknown region, wrong token, garbled).
   uint64_t refused() const;
 
  private:
   struct Entry {
     ExportedRegion region;
-    int fd = -1;  // dup of the segment's memfd, or -1
+    int fd = -1;                                           // dup of the segment's memfd, or -1
+    std::vector<std::pair<uint64_t, RegionToken>> grants;  // live per-peer tokens
   };
+  // The region's own token or a live grant's (every one compared).
+  static bool Admits(const Entry& e, const RegionToken& token);
   SameHostExporter(int listen_fd, int stop_fd, std::string name);
   void Serve();
   void Answer(int conn);

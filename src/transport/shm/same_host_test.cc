@@ -115,6 +115,42 @@ TEST_F(SameHostTest, WrongTokenOrUnknownRegionIsRefusedWithoutAnFd) {
   EXPECT_EQ(OpenFds(), fds - 3);
 }
 
+// A per-peer grant's token opens its region (fd included) until the grant
+// is revoked; it opens no other region, another grant's revoke leaves it
+// be, and the number of live grants per region is bounded.
+TEST_F(SameHostTest, AGrantsTokenOpensItsRegionUntilRevoked) {
+  ASSERT_TRUE(exporter_->AddGrant(1, 7, TokenOf(70)).ok());
+  ASSERT_TRUE(exporter_->AddGrant(1, 8, TokenOf(80)).ok());
+  ExportedRegion by7 = shm_region_, by8 = shm_region_;
+  by7.token = TokenOf(70);
+  by8.token = TokenOf(80);
+  auto granted = Ask(by7);
+  ASSERT_TRUE(granted.ok()) << granted.status().ToString();
+  ASSERT_TRUE(granted->segment.has_value());
+  EXPECT_EQ(granted->segment_offset, 4096u);
+  ExportedRegion elsewhere = heap_region_;  // grant 7 is of region 1 only
+  elsewhere.token = TokenOf(70);
+  EXPECT_EQ(Ask(elsewhere).status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(exporter_->AddGrant(99, 9, TokenOf(90)).code(), StatusCode::kNotFound);
+
+  exporter_->RevokeGrant(7);
+  auto revoked = Ask(by7);
+  EXPECT_EQ(revoked.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_THAT(revoked.status().message(), HasSubstr("no region with that id and token"));
+  EXPECT_TRUE(Ask(by8).ok());          // another peer's grant stands
+  EXPECT_TRUE(Ask(shm_region_).ok());  // and so does the region's own token
+  EXPECT_EQ(exporter_->refused(), 2u);
+
+  for (uint64_t g = 100; g < 100 + SameHostExporter::kMaxGrantsPerRegion; ++g) {
+    ASSERT_TRUE(exporter_->AddGrant(2, g, TokenOf(static_cast<uint8_t>(g))).ok()) << g;
+  }
+  Status over = exporter_->AddGrant(2, 1 << 20, TokenOf(3));
+  EXPECT_EQ(over.code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.message(), HasSubstr("kMaxGrantsPerRegion"));
+  exporter_->RevokeGrant(100);  // a slot freed is a slot to take
+  EXPECT_TRUE(exporter_->AddGrant(2, 1 << 20, TokenOf(3)).ok());
+}
+
 TEST_F(SameHostTest, DescriptorNamingAnotherPidOrAddressIsRefused) {
   // The descriptor claims the region belongs to another process: the kernel
   // says the socket is ours, so nothing is granted.

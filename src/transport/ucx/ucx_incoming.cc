@@ -71,7 +71,7 @@ void UcxTransport::LogOncePerPeer(ucp_ep_h ep, bool IncomingPeer::*flag, const s
   KVB_LOG_WARN("ucx transport {}: {} (logged once per sender endpoint)", options_.name, what);
 }
 
-Result<std::string> UcxTransport::GrantRegion(RegionId region, GrantId grant) {
+Result<std::string> UcxTransport::GrantRegion(RegionId region, GrantId grant, GrantReach reach) {
   if (grant == 0) return InvalidArgumentError("GrantRegion: grant id 0 is reserved");
   KVB_ASSIGN_OR_RETURN(RegionToken token, NewRegionToken());
   RemoteKeyBlob blob;
@@ -86,8 +86,18 @@ Result<std::string> UcxTransport::GrantRegion(RegionId region, GrantId grant) {
     blob.length = it->second->length;
     blob.kind = it->second->kind;
   }
-  // No packed rkey and no same-host socket: the holder can only send data
-  // AMs, each of which this side admits (or, once revoked, refuses).
+  // No packed rkey: off this host the holder can only send data AMs, each
+  // of which this side admits (or, once revoked, refuses). A same-host
+  // mapping grant also names the exporter, which hands the memory over for
+  // this grant's token alone, until it is revoked.
+  if (reach == GrantReach::kSameHostMapping && exporter_ && blob.kind == MemoryKind::kDram) {
+    Status added = exporter_->AddGrant(region, grant, token);
+    if (added.ok()) {
+      blob.same_host_socket = exporter_->name();
+    } else if (added.code() != StatusCode::kNotFound) {  // not exported: active messages only
+      return added.WithContext("GrantRegion");
+    }
+  }
   blob.owner = ThisHost();
   blob.region_id = region;
   blob.token = token;
@@ -97,6 +107,7 @@ Result<std::string> UcxTransport::GrantRegion(RegionId region, GrantId grant) {
 Status UcxTransport::RevokeGrant(GrantId grant) {
   if (grant == 0) return InvalidArgumentError("RevokeGrant: grant id 0 is reserved");
   size_t removed = 0;
+  if (exporter_) exporter_->RevokeGrant(grant);  // no new same-host mapping under it
   // On the progress thread, which admits every data AM: none is admitted
   // under the grant after this closure.
   RunSync([&] {

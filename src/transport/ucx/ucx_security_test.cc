@@ -27,6 +27,7 @@ constexpr size_t kRegion = 4 << 20;
 
 using testing::MakeUcxForTest;
 using testing::TcpTestOptions;
+constexpr auto kMediated = Transport::GrantReach::kMediated;
 
 // Also a barrier with the target's progress thread (see Stats).
 IncomingStats StatsOf(Transport& t) { return static_cast<UcxTransport&>(t).Stats(); }
@@ -350,8 +351,8 @@ TEST_F(UcxSecurityTest, RevokedGrantIsRefusedEagerOrRendezvous) {
   // Same-host paths on and the writer forcing one-sided puts: a grant key
   // offers neither, so every write goes through the target's admission.
   Build(/*same_host=*/true, 4096, std::chrono::milliseconds(5000), /*writer_put=*/true);
-  auto g1 = target_->GrantRegion(dst_id_, 1);
-  auto g2 = target_->GrantRegion(dst_id_, 2);
+  auto g1 = target_->GrantRegion(dst_id_, 1, kMediated);
+  auto g2 = target_->GrantRegion(dst_id_, 2, kMediated);
   ASSERT_TRUE(g1.ok() && g2.ok()) << g1.status().ToString();
   ASSERT_TRUE(Write(*g1, 0, 4096).ok());
   EXPECT_EQ(*writer_->PathTo(peer_), DataPath::kUcxRendezvous);
@@ -379,7 +380,56 @@ TEST_F(UcxSecurityTest, RevokedGrantIsRefusedEagerOrRendezvous) {
   StatsOf(*target_);  // the write placed before our read, as above
   EXPECT_EQ(dst_[100], src_[100]);
   EXPECT_EQ(target_->RevokeGrant(99).code(), StatusCode::kNotFound);
-  EXPECT_EQ(target_->GrantRegion(dst_id_ + 100, 3).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(target_->GrantRegion(dst_id_ + 100, 3, kMediated).status().code(),
+            StatusCode::kNotFound);
+}
+
+// A same-host mapping grant: the owner hands its memory over (here by
+// cross-memory attach: heap memory) for this grant's token alone, a token
+// of its own, and refuses a new mapping under it once revoked; another
+// peer's grant maps on. A mediated grant names no same-host socket.
+TEST_F(UcxSecurityTest, SameHostMappingGrantMapsForItsOwnTokenUntilRevoked) {
+  Build(/*same_host=*/true);
+  constexpr auto kMapping = Transport::GrantReach::kSameHostMapping;
+  auto g1 = target_->GrantRegion(dst_id_, 1, kMapping);
+  auto g2 = target_->GrantRegion(dst_id_, 2, kMapping);
+  auto g3 = target_->GrantRegion(dst_id_, 3, kMediated);
+  ASSERT_TRUE(g1.ok() && g2.ok() && g3.ok()) << g1.status().ToString();
+  auto own = DecodeRemoteKey(dst_key_);
+  auto b1 = DecodeRemoteKey(*g1);
+  auto b2 = DecodeRemoteKey(*g2);
+  auto b3 = DecodeRemoteKey(*g3);
+  ASSERT_TRUE(own.ok() && b1.ok() && b2.ok() && b3.ok());
+  EXPECT_FALSE(b1->same_host_socket.empty());
+  EXPECT_TRUE(b1->packed_rkey.empty());  // no one-sided lane under a grant
+  EXPECT_TRUE(b3->same_host_socket.empty());
+  EXPECT_FALSE(TokensEqual(b1->token, own->token));
+  EXPECT_FALSE(TokensEqual(b1->token, b2->token));
+
+  ASSERT_TRUE(Write(*g1, 0, 4096).ok());
+  EXPECT_EQ(*writer_->PathTo(peer_), DataPath::kCrossMemoryAttach);
+  EXPECT_EQ(std::memcmp(dst_.data(), src_.data(), 4096), 0);
+  // The grant's socket with another token: refused by the owner, no write.
+  const std::string forged = Reencode(*g1, [](RemoteKeyBlob& b) { b.token.bytes[3] ^= 1; });
+  auto fresh = writer_->Connect(target_->Address());
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(writer_->ImportRegion(*fresh, forged).status().code(), StatusCode::kPermissionDenied);
+
+  ASSERT_TRUE(target_->RevokeGrant(1).ok());
+  // A writer that comes for the memory after the revoke gets none of it.
+  auto after = writer_->Connect(target_->Address());
+  ASSERT_TRUE(after.ok());
+  auto refused = writer_->ImportRegion(*after, *g1);
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status().ToString();
+  auto other = writer_->ImportRegion(*after, *g2);
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  Completions done;
+  ASSERT_TRUE(
+      writer_->PostWrites(*after, {WriteOp{src_id_, 8192, *other, 8192, 4096}}, done.Callback())
+          .ok());
+  ASSERT_TRUE(done.Wait(1)[0].ok());
+  EXPECT_EQ(*writer_->PathTo(*after), DataPath::kCrossMemoryAttach);
+  EXPECT_EQ(std::memcmp(dst_.data() + 8192, src_.data() + 8192, 4096), 0);
 }
 
 // A rendezvous receive admitted before the revoke: RevokeGrant does not
@@ -387,7 +437,7 @@ TEST_F(UcxSecurityTest, RevokedGrantIsRefusedEagerOrRendezvous) {
 // stalled), and returns OK once it has landed.
 TEST_F(UcxSecurityTest, RevokeWaitsForAReceiveAdmittedBeforeIt) {
   Build(/*same_host=*/false, 4096, std::chrono::milliseconds(300));
-  auto g1 = target_->GrantRegion(dst_id_, 1);
+  auto g1 = target_->GrantRegion(dst_id_, 1, kMediated);
   ASSERT_TRUE(g1.ok());
   RawSender sender(target_->Address());
   const std::vector<uint8_t> payload(kRegion, 0x5a);

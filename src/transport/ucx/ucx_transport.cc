@@ -465,11 +465,14 @@ Result<PeerId> UcxTransport::ConnectTo(std::string_view peer_address, bool netwo
 
 Result<DataPath> UcxTransport::ChoosePath(const Peer& peer, ImportedRegion& region) const {
   const RemoteKeyBlob& b = region.blob;
-  const DataPath ucx_path = force_put_ ? DataPath::kUcxPut : DataPath::kUcxRendezvous;
   const char* why = "remote host";
-  // A per-peer grant (GrantRegion): active messages only, each admitted by
-  // the owner, so that the owner can revoke it.
-  if (b.packed_rkey.empty()) return DataPath::kUcxRendezvous;
+  // A per-peer grant (GrantRegion) has no packed rkey: active messages,
+  // each admitted by the owner, so that the owner can revoke them; and, for
+  // a same-host mapping grant (a socket named), the owner's own grant of
+  // the memory, tried as for the region's key.
+  if (b.packed_rkey.empty() && b.same_host_socket.empty()) return DataPath::kUcxRendezvous;
+  const bool put = force_put_ && !b.packed_rkey.empty();
+  const DataPath ucx_path = put ? DataPath::kUcxPut : DataPath::kUcxRendezvous;
   if (b.kind == MemoryKind::kVram) {
     why = "VRAM region";
   } else if (!options_.same_host_paths) {
@@ -547,7 +550,7 @@ Result<RemoteRegionId> UcxTransport::ImportRegion(PeerId peer_id, std::string_vi
     }
     ucp_rkey_h rkey = nullptr;
     if (region->blob.packed_rkey.empty()) {  // a grant: no one-sided lane
-      wire = EndpointWire(peer->ep.get());
+      if (region->path == DataPath::kUcxRendezvous) wire = EndpointWire(peer->ep.get());
       return;
     }
     ucs_status_t s = ucp_ep_rkey_unpack(peer->ep.get(), region->blob.packed_rkey.data(), &rkey);

@@ -72,9 +72,11 @@
 // per sender endpoint (and blocks per batch are bounded): a block that would
 // open one more is refused with a ResourceExhausted ACK, and no state grows.
 // Per-peer grants (GrantRegion) add tokens to a region; their keys carry no
-// rkey and no same-host socket, so every write under one is a data AM this
-// thread admits. RevokeGrant drops the tokens on this thread and waits until
-// the rendezvous receives admitted under them (grant_receives_) finished.
+// rkey, so every write under one is a data AM this thread admits, except
+// where a same-host mapping grant's writer took the memory from the
+// exporter (which checks the grant's token). RevokeGrant withdraws the token
+// from the exporter, drops it on this thread and waits until the rendezvous
+// receives admitted under it (grant_receives_) finished.
 //
 // Failure. The endpoint's error callback (UCP_ERR_HANDLING_MODE_PEER, with
 // keepalive), a failed UCX request, or ESRCH from process_vm_writev marks the
@@ -230,7 +232,7 @@ class UcxTransport final : public Transport {
   }
   Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view remote_key) override;
   Result<DataPath> PathTo(PeerId peer) const override;
-  Result<std::string> GrantRegion(RegionId region, GrantId grant) override;
+  Result<std::string> GrantRegion(RegionId region, GrantId grant, GrantReach reach) override;
   Status RevokeGrant(GrantId grant) override;
   std::string WireTo(PeerId peer) const override;
   std::optional<StepWatch::Busy> DeliveryBusy() const override {
