@@ -29,7 +29,7 @@ import os
 import re
 import sys
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -182,13 +182,42 @@ def _sglang_placement() -> Optional[tuple]:
             return None
 
 
-def _sglang_attn_cp() -> int:
-    """sglang's attention context-parallel size (get_parallel()), 1 outside."""
+def _sglang_attn_cp() -> Tuple[int, int]:
+    """sglang's attention context-parallel (size, rank) (get_parallel());
+    (1, 0) outside."""
     try:
         from sglang.srt.runtime_context import get_parallel
-        return int(getattr(get_parallel(), "attn_cp_size", 1) or 1)
+        par = get_parallel()
+        return (int(getattr(par, "attn_cp_size", 1) or 1),
+                int(getattr(par, "attn_cp_rank", 0) or 0))
     except Exception:  # noqa: BLE001 -- not inside an sglang scheduler
-        return 1
+        return 1, 0
+
+
+def _env_flag(name: str) -> bool:
+    """An sglang bool env var, read as sglang's envs read it."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _check_cp(args: Any, server_args: Any, mode: str, cp: int) -> None:
+    """sglang's cp modes that kvbridge does not do, refused by name: every cp
+    rank transferring (SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER, DSA layer
+    split, hybrid MLA) and a decode server with cp > 1 (sglang's decode
+    asserts cp 1). The default (prefill cp rank 0 sends, the others are dummy
+    ranks) works."""
+    why = None
+    if _env_flag("SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER"):
+        why = "SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER is set: unset it"
+    elif getattr(args, "is_hybrid_mla_backend", False):
+        why = "a hybrid MLA backend transfers from every cp rank"
+    elif getattr(server_args, "enable_dsa_cache_layer_split", False):
+        why = "--enable-dsa-cache-layer-split transfers from every cp rank"
+    elif mode == "decode":
+        why = "a decode server takes no context parallelism: run it with cp 1"
+    if why is not None:
+        raise kvbridge.UnimplementedError(
+            None, f"attention context parallelism (attn_cp_size {cp}) on the {mode} server: "
+            f"kvbridge's sglang backend sends every request from prefill cp rank 0 only; {why}")
 
 
 def placement(args: Any, server_args: Any, mode: str) -> ParallelLayout:
@@ -203,14 +232,9 @@ def placement(args: Any, server_args: Any, mode: str) -> ParallelLayout:
     layout = getattr(args, "parallel", None)
     if isinstance(layout, ParallelLayout):
         return layout
-    cp = _sglang_attn_cp()
+    cp, cp_rank = _sglang_attn_cp()
     if cp > 1:
-        # sglang's prefill cp: only cp rank 0 sends by default (the others
-        # are dummy ranks), every cp rank with ALL_CP_RANKS_TRANSFER or DSA
-        # layer split; decode must be cp 1. kvbridge places no cp rank.
-        raise kvbridge.UnimplementedError(
-            None, f"attention context parallelism (attn_cp_size {cp}) is not supported by "
-            f"kvbridge's sglang backend: run the {mode} server with cp 1")
+        _check_cp(args, server_args, mode, cp)
     tp = int(getattr(server_args, "tp_size", 1) or 1)
     dp = int(getattr(server_args, "dp_size", 1) or 1)
     pp = int(getattr(server_args, "pp_size", 1) or 1)
@@ -227,9 +251,11 @@ def placement(args: Any, server_args: Any, mode: str) -> ParallelLayout:
             attn_dp_rank = rank // attn_tp if rank >= attn_tp else (
                 system_dp_rank if mode == "decode" else 0)
         return ParallelLayout(tp_size=attn_tp, tp_rank=attn_tp_rank, dp_size=attn_dp,
-                              dp_rank=attn_dp_rank, pp_size=pp, pp_rank=pp_rank)
+                              dp_rank=attn_dp_rank, pp_size=pp, pp_rank=pp_rank,
+                              cp_size=cp, cp_rank=cp_rank)
     return ParallelLayout(tp_size=tp, tp_rank=rank % tp, dp_size=dp,
-                          dp_rank=system_dp_rank if dp > 1 else 0, pp_size=pp, pp_rank=pp_rank)
+                          dp_rank=system_dp_rank if dp > 1 else 0, pp_size=pp, pp_rank=pp_rank,
+                          cp_size=cp, cp_rank=cp_rank)
 
 
 def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVArgs:
@@ -294,8 +320,7 @@ def follows_bootstrap_room(server_args: Any) -> bool:
 
 def _force_query_prefill_dp_rank() -> bool:
     """sglang's SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK (a bool env)."""
-    value = os.environ.get("SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK", "")
-    return value.strip().lower() in ("1", "true", "yes", "on")
+    return _env_flag("SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK")
 
 
 class KVBridgeKVManager(BaseKVManager):
@@ -322,6 +347,12 @@ class KVBridgeKVManager(BaseKVManager):
         self.attn_tp_rank = self._args.parallel.tp_rank
         self.attn_dp_size = self._args.parallel.dp_size
         self.attn_dp_rank = self._args.parallel.dp_rank
+        self.attn_cp_size = self._args.parallel.cp_size
+        self.attn_cp_rank = self._args.parallel.cp_rank
+        # sglang's cp attributes (its prefill scheduler skips a dummy cp
+        # rank's transfer metrics): only cp rank 0 sends, so none is "all".
+        self.enable_all_cp_ranks_for_transfer = False
+        self.is_dummy_cp_rank = self._mode == "prefill" and self.attn_cp_rank != 0
         self.pp_rank = self._args.parallel.pp_rank
         self.prefill_info_table: Dict[str, Any] = {}
         self._cores: Dict[str, _Manager] = {}
@@ -545,8 +576,8 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
         elsewhere is refused, naming both ranks, unless sglang's force-query
         variable is set); otherwise the sender registers it."""
         dp_size = int(getattr(self.kv_mgr.server_args, "dp_size", 1) or 1)
-        if dp_size <= 1 or req_has_disagg_prefill_dp_rank:
-            return
+        if dp_size <= 1 or req_has_disagg_prefill_dp_rank or self.kv_mgr.is_dummy_cp_rank:
+            return  # as sglang's: a dummy cp rank takes no part in routing
         dp_rank = int(self.kv_mgr.attn_dp_rank)
         if follows_bootstrap_room(self.kv_mgr.server_args):
             if dp_rank == self.bootstrap_room % dp_size:

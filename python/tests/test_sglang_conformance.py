@@ -131,18 +131,83 @@ def test_placement_dp_attention(monkeypatch):  # A1, A8, A11, M8
     assert (lay.tp_size, lay.tp_rank, lay.dp_size, lay.dp_rank) == (2, 0, 2, 1)
 
 
-def test_context_parallel_is_refused_by_name(monkeypatch):  # M10
-    par = types.SimpleNamespace(attn_tp_size=1, attn_tp_rank=0, attn_cp_size=2, attn_cp_rank=1)
+def _sglang_parallel(monkeypatch, **fields):
+    """sglang.srt.runtime_context.get_parallel() answering `fields`."""
+    par = types.SimpleNamespace(attn_tp_size=1, attn_tp_rank=0, **fields)
     rc = types.ModuleType("sglang.srt.runtime_context")
     rc.get_parallel = lambda: par
     for name, mod in (("sglang", types.ModuleType("sglang")),
                       ("sglang.srt", types.ModuleType("sglang.srt")),
                       ("sglang.srt.runtime_context", rc)):
         monkeypatch.setitem(sys.modules, name, mod)
-    with pytest.raises(kvbridge.UnimplementedError, match="attn_cp_size 2.*cp 1"):
+    return par
+
+
+def test_context_parallel_places_cp_ranks_and_refuses_what_it_does_not_do(monkeypatch):  # M10
+    par = _sglang_parallel(monkeypatch, attn_cp_size=2, attn_cp_rank=1)
+    lay = sg.placement(SgPool("prefill").args, server_args(1), "prefill")
+    assert (lay.cp_size, lay.cp_rank) == (2, 1)
+    # What kvbridge does not do is refused by name, before any rank starts.
+    with pytest.raises(kvbridge.UnimplementedError, match="decode server takes no context"):
+        sg.placement(SgPool("decode").args, server_args(1), "decode")
+    layer_split = server_args(1)
+    layer_split.enable_dsa_cache_layer_split = True
+    with pytest.raises(kvbridge.UnimplementedError, match="enable-dsa-cache-layer-split"):
+        sg.placement(SgPool("prefill").args, layer_split, "prefill")
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER", "1")
+    with pytest.raises(kvbridge.UnimplementedError,
+                       match="attn_cp_size 2.*ALL_CP_RANKS_TRANSFER is set"):
         sg.KVBridgeKVManager(SgPool("prefill").args, "prefill", server_args(1))
-    par.attn_cp_size = 1  # cp 1 is placed as before
-    assert sg.placement(SgPool("prefill").args, server_args(1), "prefill").tp_size == 1
+    monkeypatch.delenv("SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER")
+    par.attn_cp_size, par.attn_cp_rank = 1, 0  # cp 1 is placed as before
+    lay = sg.placement(SgPool("prefill").args, server_args(1), "prefill")
+    assert (lay.tp_size, lay.cp_size, lay.cp_rank) == (1, 1, 0)
+
+
+def test_prefill_cp_rank_zero_sends_the_others_are_dummies(bootstrap, monkeypatch):  # M10
+    # sglang's default cp transfer: decode reads the request from prefill cp
+    # rank 0; cp rank 1's sender says WaitingForInput at once and Success on
+    # its last chunk, and sends nothing.
+    port = int(bootstrap.rsplit(":", 1)[1])
+    par = _sglang_parallel(monkeypatch, attn_cp_size=2, attn_cp_rank=0)
+    p0, p1, d = SgPool("prefill"), SgPool("prefill"), SgPool("decode")
+    pm0 = sg.KVBridgeKVManager(p0.args, "prefill", server_args(port, port=30000))
+    par.attn_cp_rank = 1
+    pm1 = sg.KVBridgeKVManager(p1.args, "prefill", server_args(port, port=30000))
+    par.attn_cp_size, par.attn_cp_rank = 1, 0  # the decode server has no cp
+    dm = sg.KVBridgeKVManager(d.args, "decode", server_args(port, port=30001))
+    try:
+        assert (pm0.is_dummy_cp_rank, pm1.is_dummy_cp_rank) == (False, True)
+        room, src, dst = 31, np.array([4, 5, 6], np.int32), np.array([9, 10, 11], np.int32)
+        dummy = sg.KVBridgeKVSender(pm1, bootstrap, room, [0], 0)
+        assert dummy.poll() == KVPoll.WaitingForInput  # before any decode rank exists
+        p1.fill(room + 100, src)  # another pattern: none of it may reach decode
+        rx = sg.KVBridgeKVReceiver(dm, bootstrap, room)
+        tx = sg.KVBridgeKVSender(pm0, bootstrap, room, [0], 0)
+        wait_until(lambda: dm.try_ensure_parallel_info(bootstrap), what="both cp ranks listed")
+        rx.init(0)
+        wait_until(lambda: rx.poll() != KVPoll.Bootstrapping, what="decode handshake")
+        rx.send_metadata(dst, 1, None)
+        wait_until(lambda: tx.poll() != KVPoll.Bootstrapping, what="prefill metadata")
+        p0.fill(room, src)
+        for sender in (tx, dummy):
+            sender.init(len(src), 1)
+            sender.send(src[:2], None)
+        assert dummy.poll() == KVPoll.WaitingForInput
+        for sender in (tx, dummy):
+            sender.send(src[2:], None)
+        assert dummy.poll() == KVPoll.Success and dummy.failure() is None
+        wait_until(lambda: rx.poll() in (KVPoll.Success, KVPoll.Failed) and
+                   tx.poll() in (KVPoll.Success, KVPoll.Failed), what="transfer")
+        assert rx.poll() == KVPoll.Success, rx.failure()
+        for b in range(len(p0.kv)):
+            assert np.array_equal(d.kv[b][dst], p0.kv[b][src]), f"buffer {b}"
+        for x in (tx, dummy, rx):
+            x.clear()
+    finally:
+        dm.close()
+        pm1.close()
+        pm0.close()
 
 
 def test_placement_system_dp():  # A11

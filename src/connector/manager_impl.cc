@@ -55,6 +55,11 @@ Status ValidateOptions(const ManagerOptions& o) {
       return InvalidArgumentError(
           fmt::format("{} size {} exceeds the limit of {}", name, size, kMaxParallelSize));
   }
+  if (o.role == Role::kDecode && p.cp_size > 1)  // as sglang's decode asserts
+    return InvalidArgumentError(fmt::format(
+        "cp size {} on a decode rank: decode takes no context parallelism (cp 1); prefill cp "
+        "rank 0 sends every request, the other cp ranks send nothing",
+        p.cp_size));
   if (o.heartbeat_interval.count() <= 0 || o.heartbeat_misses < 1)
     return InvalidArgumentError("heartbeat_interval and heartbeat_misses must be positive");
   if (o.max_pending_requests < 1)

@@ -119,6 +119,11 @@ struct SenderRoom {
   int64_t aux_index = -1;
   int64_t pages_sent = 0;
   bool last_posted = false;
+  // A prefill rank of cp rank > 0 (sglang's is_dummy_cp_rank): decode reads
+  // every request from cp rank 0 only, so this sender waits for no
+  // metadata, says WaitingForInput until its last chunk, sends nothing and
+  // succeeds on that chunk.
+  bool cp_dummy = false;
   int decode_tp_size = 0;            // learned from the first metadata
   std::vector<int> expected_decode;  // decode tp ranks that must send metadata
   std::map<int, SenderFlow> flows;   // by decode tp rank

@@ -35,6 +35,7 @@ Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
     if (it != senders_.end() && it->second->live)
       return FailedPreconditionError(fmt::format("room {} already has a live sender", room));
     r = std::make_shared<SenderRoom>(room, Now(), WallNow());
+    r->cp_dummy = self_.role == Role::kPrefill && self_.cp != 0;
     senders_[room] = r;
     orphan_failures_.erase(room);  // a new use of the room
     if (auto blocker = NewRoomBlockerLocked()) FailSenderLocked(*r, *blocker, out);
@@ -50,6 +51,7 @@ Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
       pm = pending_meta_.erase(pm);
       AdoptMetaLocked(*r, meta.from, std::move(meta.meta), out);
     }
+    if (r->cp_dummy) UpdateSenderStateLocked(*r);  // WaitingForInput at once
   }
   Flush(out);
   return r;
@@ -329,14 +331,14 @@ void ManagerImpl::FailSenderLocked(SenderRoom& room, FailureRecord record, Outbo
 
 void ManagerImpl::UpdateSenderStateLocked(SenderRoom& room) {
   if (room.failure) return;
-  bool all_meta = room.decode_tp_size > 0;
+  bool all_meta = room.cp_dummy || room.decode_tp_size > 0;
   for (int d : room.expected_decode) all_meta = all_meta && room.flows.count(d) > 0;
   KVPoll next;
   if (!all_meta) {
     next = KVPoll::kBootstrapping;
   } else if (room.last_posted && room.inflight == 0) {
     next = KVPoll::kSuccess;
-  } else if (room.pages_sent == 0 && !room.last_posted) {
+  } else if ((room.pages_sent == 0 || room.cp_dummy) && !room.last_posted) {
     next = KVPoll::kWaitingForInput;
   } else {
     next = KVPoll::kTransferring;

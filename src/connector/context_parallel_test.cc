@@ -1,0 +1,113 @@
+// sglang's prefill context parallelism (attn_cp_size > 1) in its default
+// transfer mode (common/conn.py, docs/sglang.md row M10): decode reads every
+// request from prefill cp rank 0; the other cp ranks are dummy senders
+// (WaitingForInput at once, Success on the last chunk, nothing sent); a
+// decode rank takes no cp.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "connector/api_internal.h"
+#include "connector/connector_test_util.h"
+#include "transport/fault/fault_transport.h"
+
+namespace kvbridge::internal {
+namespace {
+
+// A prefill rank at cp rank `cp_rank` of the cluster's (tp 1) prefill
+// instance, on the cluster's fabric and bootstrap server, its transport in
+// faults (to count what it posts).
+struct CpRank {
+  std::unique_ptr<KvPool> pool;
+  FaultTransport* faults = nullptr;
+  std::unique_ptr<KVManager> manager;
+};
+
+Result<CpRank> MakeCpRank(TestCluster& c, const ClusterOptions& o, int cp_size, int cp_rank) {
+  CpRank r;
+  PoolOptions po;
+  po.shape = o.shape;
+  po.num_pages = o.num_pages;
+  KVB_ASSIGN_OR_RETURN(r.pool, KvPool::Create(po));
+  ManagerOptions mo;
+  mo.role = Role::kPrefill;
+  mo.args = r.pool->Args();
+  mo.parallel.cp_size = cp_size;
+  mo.parallel.cp_rank = cp_rank;
+  mo.is_mla = o.shape.mla;
+  mo.bootstrap_addr = c.server->address();
+  mo.start_bootstrap_server = false;
+  KVB_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t,
+                       CreateLoopbackTransport(c.fabric(), "prefill cp" + std::to_string(cp_rank)));
+  auto f = std::make_unique<FaultTransport>(std::move(t));
+  r.faults = f.get();
+  KVB_ASSIGN_OR_RETURN(r.manager, CreateManager(mo, std::move(f)));
+  return r;
+}
+
+TEST(ContextParallelTest, OnlyCpRankZeroSendsAndTheOthersSucceedOnTheirLastChunk) {
+  ClusterOptions o;
+  o.tweak = [](ManagerOptions& m) {
+    if (m.role == Role::kPrefill) m.parallel.cp_size = 2;
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto cp1 = MakeCpRank(**c, o, 2, 1);
+  ASSERT_TRUE(cp1.ok()) << cp1.status().ToString();
+
+  Request r{.room = 51, .src = {1, 2, 3, 4}, .dst = {20, 21, 22, 23}};
+  // cp rank 1's sender waits for no metadata: no decode rank exists yet.
+  auto dummy = KVSender::Create(*cp1->manager, r.room);
+  ASSERT_TRUE(dummy.ok()) << dummy.status().ToString();
+  EXPECT_EQ((*dummy)->Poll(), KVPoll::kWaitingForInput);
+  // Its pool holds another request's pattern: were any of it sent, decode's
+  // pages would not hold cp rank 0's.
+  cp1->pool->Fill(r.room + 1000, r.src, r.src_aux, r.src_state);
+
+  ASSERT_NO_FATAL_FAILURE(Start(**c, r, /*senders_first=*/false));
+  ASSERT_TRUE((*dummy)->Init(static_cast<int64_t>(r.src.size()), r.src_aux).ok());
+  ASSERT_TRUE((*dummy)->Send(std::span(r.src).first(2)).ok());
+  EXPECT_EQ((*dummy)->Poll(), KVPoll::kWaitingForInput) << "no last chunk yet";
+  ASSERT_NO_FATAL_FAILURE(SendChunks(r, {2, 2}));
+  ASSERT_TRUE((*dummy)->Send(std::span(r.src).subspan(2), r.src_state).ok());
+  EXPECT_EQ((*dummy)->Poll(), KVPoll::kSuccess);
+  // Barrier: decode's pages and cp rank 0's sender at Success.
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, r));
+  EXPECT_EQ(cp1->faults->counters().batches_forwarded, 0u) << "a dummy cp rank wrote";
+  EXPECT_EQ(cp1->faults->counters().messages_forwarded, 0u) << "a dummy cp rank sent";
+  EXPECT_EQ(cp1->manager->Stats().rooms_succeeded, 1u);
+  EXPECT_EQ(cp1->manager->Stats().bytes_written, 0u);
+  // Like any sender, a dummy refuses a chunk past its pages.
+  auto again = KVSender::Create(*cp1->manager, r.room + 1);
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE((*again)->Init(1, r.src_aux).ok());
+  Status over = (*again)->Send(std::span(r.src).first(2));
+  EXPECT_EQ(over.code(), StatusCode::kInvalidArgument) << over.ToString();
+  EXPECT_EQ((*again)->Poll(), KVPoll::kFailed);
+}
+
+TEST(ContextParallelTest, ADecodeRankWithCpIsRefusedByName) {
+  ClusterOptions o;
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  PoolOptions po;
+  po.shape = o.shape;
+  auto pool = KvPool::Create(po);
+  ASSERT_TRUE(pool.ok());
+  ManagerOptions mo;
+  mo.role = Role::kDecode;
+  mo.args = (*pool)->Args();
+  mo.parallel.cp_size = 2;
+  mo.bootstrap_addr = (*c)->server->address();
+  auto t = CreateLoopbackTransport((*c)->fabric(), "decode cp0");
+  ASSERT_TRUE(t.ok());
+  auto m = CreateManager(mo, std::move(*t));
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("cp size 2 on a decode rank"), std::string::npos)
+      << m.status().ToString();
+}
+
+}  // namespace
+}  // namespace kvbridge::internal
