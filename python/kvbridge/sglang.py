@@ -271,7 +271,28 @@ def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVAr
     ours.dtype = str(getattr(server_args, "kv_cache_dtype", "auto"))
     ours.memory_kind = "vram" if str(getattr(server_args, "device", "cuda")) == "cuda" else "dram"
     ours.parallel = placement(args, server_args, mode)
+    _check_layouts_it_cannot_place(args, ours.parallel, mode)
     return ours
+
+
+def _check_layouts_it_cannot_place(args: Any, parallel: ParallelLayout, mode: str) -> None:
+    """KV layouts kvbridge would copy to the wrong place, refused by name
+    before any rank starts (docs/sglang.md, A9): decode context parallelism
+    (sglang's own CommonKVManager refuses it too unless a backend declares
+    supports_dcp_transfer: its pages are stored loc % dcp_size == dcp_rank)
+    and compressed MLA (DeepSeek V4, mla_compression_ratios) under pipeline
+    parallelism (its flat buffer lists are ordered by compression bucket,
+    not by layer, so a stage's buffers are not a layer range)."""
+    dcp = int(getattr(args, "dcp_size", 1) or 1)
+    if dcp > 1:
+        raise kvbridge.UnimplementedError(
+            None, f"dcp_size {dcp} on the {mode} server: kvbridge does not implement DCP-aware "
+            "KV transfer (supports_dcp_transfer is False); run with --dcp-size 1")
+    if getattr(args, "mla_compression_ratios", None) and parallel.pp_size > 1:
+        raise kvbridge.UnimplementedError(
+            None, f"compressed MLA (mla_compression_ratios) with pp_size {parallel.pp_size} on "
+            f"the {mode} server: kvbridge places a pipeline stage's buffers as a layer range, "
+            "which a compressed-MLA buffer list is not; run with pp 1")
 
 
 def _wildcard_to_loopback(host: str) -> str:
@@ -353,6 +374,7 @@ class KVBridgeKVManager(BaseKVManager):
         # rank's transfer metrics): only cp rank 0 sends, so none is "all".
         self.enable_all_cp_ranks_for_transfer = False
         self.is_dummy_cp_rank = self._mode == "prefill" and self.attn_cp_rank != 0
+        self.supports_dcp_transfer = False  # dcp_size > 1 is refused (A9)
         self.pp_rank = self._args.parallel.pp_rank
         self.prefill_info_table: Dict[str, Any] = {}
         self._cores: Dict[str, _Manager] = {}

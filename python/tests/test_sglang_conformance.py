@@ -164,6 +164,23 @@ def test_context_parallel_places_cp_ranks_and_refuses_what_it_does_not_do(monkey
     assert (lay.tp_size, lay.cp_size, lay.cp_rank) == (1, 1, 0)
 
 
+def test_layouts_kvbridge_cannot_place_are_refused_by_name():  # A9
+    dcp = SgPool("decode").args
+    dcp.dcp_size, dcp.dcp_rank = 2, 0
+    with pytest.raises(kvbridge.UnimplementedError, match="dcp_size 2 on the decode server"):
+        sg.KVBridgeKVManager(dcp, "decode", server_args(1))
+    dcp.dcp_size = 1  # DCP off: placed as before
+    assert sg.to_kvbridge_args(dcp, server_args(1), "decode").parallel.pp_size == 1
+    v4 = SgPool("prefill").args
+    v4.mla_compression_ratios, v4.pp_rank = [4, 128], 1
+    staged = server_args(1)
+    staged.pp_size = 2
+    with pytest.raises(kvbridge.UnimplementedError,
+                       match="compressed MLA .*pp_size 2 on the prefill server"):
+        sg.to_kvbridge_args(v4, staged, "prefill")
+    assert sg.to_kvbridge_args(v4, server_args(1), "prefill").parallel.pp_size == 1
+
+
 def test_prefill_cp_rank_zero_sends_the_others_are_dummies(bootstrap, monkeypatch):  # M10
     # sglang's default cp transfer: decode reads the request from prefill cp
     # rank 0; cp rank 1's sender says WaitingForInput at once and Success on
