@@ -95,6 +95,11 @@ Result<std::string> UcxTransport::GrantRegion(RegionId region, GrantId grant, Gr
     if (added.ok()) {
       blob.same_host_socket = exporter_->name();
     } else if (added.code() != StatusCode::kNotFound) {  // not exported: active messages only
+      // Refused: the token given to no one is not kept for admission either.
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = regions_.find(region);
+      if (it != regions_.end())
+        std::erase_if(it->second->grants, [&](const auto& g) { return g.first == grant; });
       return added.WithContext("GrantRegion");
     }
   }
