@@ -59,6 +59,10 @@ struct KVB_EXPORT RankId {
   int pp = 0;
   int cp = 0;
   std::string host;
+  // Its host's /proc/sys/kernel/random/boot_id; empty when not known (a
+  // rank that registered through sglang's protocol). Two ranks are on the
+  // same host when host and a known boot_id are both equal.
+  std::string boot_id;
   int pid = 0;
   uint64_t incarnation = 0;  // new for every process start
   // Which instance of its role (ManagerOptions::instance_id); empty for a

@@ -6,6 +6,8 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "common/clock.h"
 #include "common/process.h"
@@ -24,6 +26,9 @@ struct CoreHooks {
   // which asks this: a test scripts a peer stopped or gone without stopping
   // or killing a process.
   std::function<ProcessState(int pid)> process_state;
+  // The boot id this manager declares (unset: its host's). A test places a
+  // rank on another machine that has this machine's host name.
+  std::optional<std::string> boot_id;
 };
 
 }  // namespace kvbridge::internal

@@ -269,14 +269,23 @@ class GrantLog final : public ForwardingTransport {
 // Issue 12: each prefill rank writes decode's pages under a token of its own,
 // never the regions' own key, and a same-host one is offered a mapping
 // (which its revoke cannot take back: see the test above), unless
-// grant_same_host_peers asks for admitted writes only.
-class GrantPerPeerTest : public ::testing::TestWithParam<bool> {};
+// grant_same_host_peers asks for admitted writes only. Prefill ranks that
+// have this host's name but another boot id are on another machine: they get
+// admitted writes only.
+enum class GrantCase { kMapping, kAdmittedOnly, kSameNameOtherMachine };
+class GrantPerPeerTest : public ::testing::TestWithParam<GrantCase> {};
 
 TEST_P(GrantPerPeerTest, EachPrefillRankWritesUnderAGrantOfItsOwn) {
-  const bool admitted_only = GetParam();
+  const bool admitted_only = GetParam() == GrantCase::kAdmittedOnly;
+  const bool mapping = GetParam() == GrantCase::kMapping;
   GrantLog* log = nullptr;
   ClusterOptions o;
   o.prefill_tp = 2;
+  if (GetParam() == GrantCase::kSameNameOtherMachine) {
+    o.tweak_hooks = [](CoreHooks& h, Role role, int) {
+      if (role == Role::kPrefill) h.boot_id = "00000000-0000-4000-8000-000000000002";
+    };
+  }
   o.wrap = [&log](std::unique_ptr<Transport> t, Role role, int) -> std::unique_ptr<Transport> {
     if (role != Role::kDecode) return t;
     auto g = std::make_unique<GrantLog>(std::move(t));
@@ -294,8 +303,8 @@ TEST_P(GrantPerPeerTest, EachPrefillRankWritesUnderAGrantOfItsOwn) {
 
   std::map<GrantId, std::set<std::string>> keys;
   for (const GrantLog::Given& g : log->given()) {
-    EXPECT_EQ(g.reach, admitted_only ? Transport::GrantReach::kMediated
-                                     : Transport::GrantReach::kSameHostMapping);
+    EXPECT_EQ(g.reach,
+              mapping ? Transport::GrantReach::kSameHostMapping : Transport::GrantReach::kMediated);
     EXPECT_FALSE(log->IsOwnKey(g.key)) << "a region's own key was handed out";
     keys[g.grant].insert(g.key);
   }
@@ -304,8 +313,20 @@ TEST_P(GrantPerPeerTest, EachPrefillRankWritesUnderAGrantOfItsOwn) {
     EXPECT_EQ(std::next(keys.begin())->second.count(k), 0u) << "two ranks share a key";
 }
 
-INSTANTIATE_TEST_SUITE_P(Reach, GrantPerPeerTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "admitted" : "mapping"; });
+INSTANTIATE_TEST_SUITE_P(Reach, GrantPerPeerTest,
+                         ::testing::Values(GrantCase::kMapping, GrantCase::kAdmittedOnly,
+                                           GrantCase::kSameNameOtherMachine),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case GrantCase::kMapping:
+                               return "mapping";
+                             case GrantCase::kAdmittedOnly:
+                               return "admitted";
+                             case GrantCase::kSameNameOtherMachine:
+                               return "same_name_other_machine";
+                           }
+                           return "unknown";
+                         });
 
 }  // namespace
 }  // namespace kvbridge::internal

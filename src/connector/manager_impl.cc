@@ -4,11 +4,11 @@
 
 #include <random>
 
+#include "common/host_identity.h"
 #include "common/log.h"
 #include "common/process.h"
 #include "connector/layout_json.h"
 #include "control/auth.h"
-#include "transport/shm/shm.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace kvbridge::internal {
@@ -120,6 +120,7 @@ void ManagerImpl::SetIdentity() {
   self_.pp = p.pp_rank;
   self_.cp = p.cp_rank;
   self_.host = ThisHost().host;
+  self_.boot_id = hooks_.boot_id ? *hooks_.boot_id : ThisHost().boot_id;
   self_.pid = ThisHost().pid;
   incarnation_.store(NewIncarnation());
   self_.instance = opts_.instance_id;
@@ -246,6 +247,7 @@ RankRecord ManagerImpl::MakeRankRecord(uint64_t incarnation) const {
   rec.page_size = opts_.args.page_size;
   rec.kv_cache_dtype = opts_.args.dtype;
   rec.host = self_.host;
+  rec.boot_id = self_.boot_id;
   rec.pid = self_.pid;
   rec.incarnation = incarnation != 0 ? incarnation : incarnation_.load();
   rec.instance = self_.instance;

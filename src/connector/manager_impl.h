@@ -208,8 +208,7 @@ class ManagerImpl {
   static std::string PeerKey(const RankId& id);
   Peer* FindPeerLocked(const std::string& key) KVB_REQUIRES(mu_);
   Peer* PeerFromLocked(const RankId& from) KVB_REQUIRES(mu_);  // nullptr when unknown or stale
-  // The one same-host test of the connector: whether `id`'s process runs on
-  // this rank's host, so /proc speaks for it.
+  // The one same-host test of the connector (SameHost), so /proc speaks for it.
   bool OnThisHost(const RankId& id) const;
   // The one rule for a writer no revoke stops: it maps our pages (peers.cc).
   bool WritesByMapping(const RankId& id) const;

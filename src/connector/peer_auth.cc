@@ -37,8 +37,10 @@ Result<Nonce> NewNonce() {
   return n;
 }
 
+HostIdentity HostOf(const RankId& id) { return {id.host, id.boot_id, id.pid}; }
+
 bool SameProcess(const RankId& a, const RankId& b) {
-  return a.SameRank(b) && a.host == b.host && a.pid == b.pid && a.incarnation == b.incarnation;
+  return a.SameRank(b) && SameProcess(HostOf(a), HostOf(b)) && a.incarnation == b.incarnation;
 }
 
 HandshakeAuth::HandshakeAuth(std::string_view secret) : key_(DeriveKey(secret, kKeyLabel)) {}
@@ -51,6 +53,7 @@ std::string HandshakeAuth::Transcript(const Digest& hello_digest, const RankId& 
   w.U8(static_cast<uint8_t>(prefill.role));
   for (int v : {prefill.dp, prefill.tp, prefill.pp, prefill.cp, prefill.pid}) w.I64(v);
   w.Bytes(prefill.host);
+  w.Bytes(prefill.boot_id);
   w.U64(prefill.incarnation);
   w.Bytes(prefill.instance);
   w.Bytes(

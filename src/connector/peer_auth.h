@@ -36,6 +36,7 @@
 #include <string_view>
 
 #include "common/digest.h"
+#include "common/host_identity.h"
 #include "kvbridge/errors.h"
 #include "kvbridge/status.h"
 
@@ -47,7 +48,11 @@ using SessionKey = std::array<uint8_t, 32>;
 // A fresh nonce from the kernel CSPRNG; Internal when it cannot be read.
 Result<Nonce> NewNonce();
 
-// The same process: same position (RankId::SameRank), host, pid and
+// Where a rank says it runs (host, boot id, pid), for common/host_identity.h's
+// SameHost and SameProcess: the connector's only same-host test.
+HostIdentity HostOf(const RankId& id);
+
+// The same process: same position (RankId::SameRank), host, boot id, pid and
 // incarnation. A sealed message must name exactly the rank its session
 // proved.
 bool SameProcess(const RankId& a, const RankId& b);

@@ -31,7 +31,7 @@ std::pair<FailureCause, std::string> ManagerImpl::TransportErrorCause(const Rank
 }
 
 bool ManagerImpl::OnThisHost(const RankId& id) const {
-  return id.host == self_.host && !liveness_as_remote_;
+  return SameHost(HostOf(id), HostOf(self_)) && !liveness_as_remote_;
 }
 
 bool ManagerImpl::WritesByMapping(const RankId& id) const {
@@ -61,10 +61,17 @@ void ManagerImpl::FailSilentPeerLocked(Peer& peer, ProcessState ps, const std::s
 // A silent rank on another host: no /proc to look at, so a partition, a
 // host that went down and a stopped process look the same from here.
 std::string ManagerImpl::RemoteSilence(const RankId& id, const std::string& silence) const {
+  const std::string where =
+      id.host != self_.host
+          ? fmt::format("on host {} (this rank is on {})", id.host, self_.host)
+          : fmt::format(
+                "on host {} with boot id '{}' (this rank's boot id is '{}': another "
+                "machine of the same name)",
+                id.host, id.boot_id, self_.boot_id);
   return fmt::format(
-      "{} on host {} (this rank is on {}): partitioned, down or stopped; another host's "
-      "process state cannot be read from here",
-      silence, id.host, self_.host);
+      "{} {}: partitioned, down or stopped; another host's process state cannot be read from "
+      "here",
+      silence, where);
 }
 
 void ManagerImpl::FailPeerLocked(Peer& peer, FailureCause cause, std::string detail,

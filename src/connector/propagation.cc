@@ -22,6 +22,7 @@ RankId RankIdOf(const RankRecord& record) {
   id.pp = record.pp_rank;
   id.cp = record.attn_cp_rank;
   id.host = record.host;
+  id.boot_id = record.boot_id;
   id.pid = static_cast<int>(record.pid);
   id.incarnation = record.incarnation;
   id.instance = record.instance;

@@ -21,6 +21,7 @@ void PutRank(WireWriter& w, const RankId& r) {
   w.I64(r.pp);
   w.I64(r.cp);
   w.Bytes(r.host);
+  w.Bytes(r.boot_id);
   w.I64(r.pid);
   w.U64(r.incarnation);
   w.Bytes(r.instance);
@@ -35,6 +36,7 @@ bool GetRank(WireReader& rd, std::string_view what, RankId* r) {
   return rd.Int("rank dp", &r->dp, 0, kLast) && rd.Int("rank tp", &r->tp, 0, kLast) &&
          rd.Int("rank pp", &r->pp, 0, kLast) && rd.Int("rank cp", &r->cp, 0, kLast) &&
          rd.BoundedBytes("rank host", &r->host, kMaxNameBytes) &&
+         rd.BoundedBytes("rank boot id", &r->boot_id, kMaxNameBytes) &&
          rd.Int("rank pid", &r->pid, 0, INT_MAX) && rd.U64(&r->incarnation) &&
          rd.BoundedBytes("rank instance", &r->instance, kMaxNameBytes);
 }

@@ -16,6 +16,7 @@ RankId Rank(Role role, int tp) {
   r.tp = tp;
   r.pp = 1;
   r.host = "host-a";
+  r.boot_id = "0f3c1d2e-5a6b-4c7d-8e9f-0a1b2c3d4e5f";
   r.pid = 1234;
   r.incarnation = 0xfeedbeefcafeull;
   return r;
@@ -87,6 +88,7 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
     EXPECT_EQ(m->body.index(), body.index());
     EXPECT_EQ(m->from.ToString(), "decode[decode-b] tp3 pp1 (host host-a, pid 1234)");
     EXPECT_EQ(m->from.incarnation, 0xfeedbeefcafeull);
+    EXPECT_EQ(m->from.boot_id, "0f3c1d2e-5a6b-4c7d-8e9f-0a1b2c3d4e5f");
   }
   auto meta =
       std::get<MetaMsg>(DecodeMessage(EncodeMessage(Rank(Role::kDecode, 0), bodies[2]))->body);
@@ -178,11 +180,21 @@ void ExpectRejected(const std::string& bytes, const std::string& why) {
 TEST(ProtocolLimitsTest, MetaTpSizeOutsideTheRankLimitIsRejected) {
   MetaMsg meta{42, 7, 1 << 30, false, {1}, 0, {}, 0};
   ExpectRejected(EncodeMessage(Rank(Role::kDecode, 0), meta),
-                 "(Meta) of 121 bytes: decode_tp_size 1073741824 out of range [1, 1024]");
+                 "(Meta) of 161 bytes: decode_tp_size 1073741824 out of range [1, 1024]");
   meta.decode_tp_size = 0;
   ExpectRejected(EncodeMessage(Rank(Role::kDecode, 0), meta), "decode_tp_size 0 out of range");
   meta.decode_tp_size = kMaxParallelSize;
   EXPECT_TRUE(DecodeMessage(EncodeMessage(Rank(Role::kDecode, 0), meta)).ok());
+}
+
+// A boot id says which machine a rank runs on (common/host_identity.h); a
+// hostile one is bounded like the host name.
+TEST(ProtocolLimitsTest, BootIdIsBounded) {
+  RankId from = Rank(Role::kDecode, 0);
+  from.boot_id.assign(256, 'b');
+  EXPECT_TRUE(DecodeMessage(EncodeMessage(from, HeartbeatMsg{})).ok());
+  from.boot_id.assign(257, 'b');
+  ExpectRejected(EncodeMessage(from, HeartbeatMsg{}), "rank boot id of 257 bytes");
 }
 
 // Finding 7: GetInt truncated int64 to int, so 2^32 + 1 arrived as 1.

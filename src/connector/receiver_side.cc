@@ -294,8 +294,8 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
       // The same process rejoined. Writes decode can revoke wait for their
       // revoke (FenceRound); those it cannot (a same-host peer that maps our
       // pages) the rejoin waited for.
-      if (old->id.pid == peer->id.pid && old->id.host == peer->id.host &&
-          (old->grant == 0 || old->mapping) && OnThisHost(old->id))
+      if (SameProcess(HostOf(old->id), HostOf(peer->id)) && (old->grant == 0 || old->mapping) &&
+          OnThisHost(old->id))
         QuiesceRejoinedLocked(key, old->id.incarnation);
       stale = old->tpeer;
       by_tpeer_.erase(old->tpeer);

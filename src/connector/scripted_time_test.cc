@@ -28,14 +28,21 @@ struct ScriptedCluster {
   void Step() { clock->Advance(kInterval); }
 };
 
+// `decode_boot_id`: the boot id decode declares (empty: this host's).
 ScriptedCluster MakeScripted(std::vector<FaultTransport*>* faults = nullptr,
-                             std::function<ProcessState(int)> process_state = nullptr) {
+                             std::function<ProcessState(int)> process_state = nullptr,
+                             std::string decode_boot_id = "") {
   ScriptedCluster s;
   ClusterOptions o;
   if (faults != nullptr) o.wrap = WrapInFaults(faults);
   o.hooks.process_state = std::move(process_state);
   o.hooks.clock = s.clock;
   o.hooks.manual_ticks = true;
+  if (!decode_boot_id.empty()) {
+    o.tweak_hooks = [decode_boot_id](CoreHooks& h, Role role, int) {
+      if (role == Role::kDecode) h.boot_id = decode_boot_id;
+    };
+  }
   o.tweak = [](ManagerOptions& m) {
     m.heartbeat_interval = kInterval;
     m.heartbeat_misses = kMisses;
@@ -231,13 +238,19 @@ TEST(ScriptedTimeTest, WritesThatNeverCompleteFailTheSenderAtTheTransferDeadline
 // A silent peer on this host is judged by what /proc says of it (scripted
 // here: every rank of the cluster is this test's own process): one that
 // exited or is stopped is blamed at the silence limit, by name; one that
-// runs is busy, not failed, until ten limits passed.
+// runs is busy, not failed, until ten limits passed. A peer with this host's
+// name but another boot id is on another machine: this host's /proc says
+// nothing of it (here it would wrongly say "exited"), so it is never asked,
+// and the silence is named as one across the network.
 struct ProcCase {
   const char* name;
   ProcessState state;
   int blamed_after;  // silent intervals
   FailureCause cause;
-  const char* detail;  // part of the record's detail
+  const char* detail;          // part of the record's detail
+  const char* decode_boot_id;  // "": this host's
+  int proc_asked_min;          // how often /proc may have been asked, at least
+  int proc_asked_max;          // and at most
 };
 
 class ScriptedProcTest : public ::testing::TestWithParam<ProcCase> {};
@@ -245,14 +258,23 @@ class ScriptedProcTest : public ::testing::TestWithParam<ProcCase> {};
 TEST_P(ScriptedProcTest, ASilentPeerOnThisHostIsJudgedByWhatProcSaysOfIt) {
   const ProcCase& pc = GetParam();
   std::atomic<ProcessState> proc{ProcessState::kRunning};
-  ScriptedCluster s = MakeScripted(nullptr, [&proc](int) { return proc.load(); });
+  std::atomic<int> asked{0};
+  ScriptedCluster s = MakeScripted(
+      nullptr,
+      [&proc, &asked](int) {
+        ++asked;
+        return proc.load();
+      },
+      pc.decode_boot_id);
   ASSERT_TRUE(s.c);
+  ASSERT_EQ(s.decode().self().host, s.prefill().self().host);
   CompleteOneRequest(*s.c, 1);
   s.Step();
   BeatAndWait(s.decode(), s.prefill(), *s.clock);
   s.prefill().TickNow();
   const RankId decode = s.decode().self();
   proc = pc.state;  // decode falls silent, and this is what /proc shows
+  asked = 0;
   for (int i = 0; i < pc.blamed_after - 1; ++i) {
     s.Step();
     s.prefill().TickNow();
@@ -269,16 +291,21 @@ TEST_P(ScriptedProcTest, ASilentPeerOnThisHostIsJudgedByWhatProcSaysOfIt) {
   EXPECT_TRUE(f->origin.SameRank(decode)) << f->Message();
   EXPECT_EQ(f->cause, pc.cause) << f->Message();
   EXPECT_NE(f->detail.find(pc.detail), std::string::npos) << f->detail;
+  EXPECT_GE(asked.load(), pc.proc_asked_min);
+  EXPECT_LE(asked.load(), pc.proc_asked_max);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Proc, ScriptedProcTest,
     ::testing::Values(ProcCase{"exited", ProcessState::kExited, kMisses + 1,
-                               FailureCause::kPeerExited, "process exited"},
+                               FailureCause::kPeerExited, "process exited", "", 1, 1000},
                       ProcCase{"stopped", ProcessState::kStopped, kMisses + 1,
-                               FailureCause::kPeerUnresponsive, "stopped"},
+                               FailureCause::kPeerUnresponsive, "stopped", "", 1, 1000},
                       ProcCase{"running", ProcessState::kRunning, 10 * kMisses + 1,
-                               FailureCause::kPeerUnresponsive, "silent for 5.10 s"}),
+                               FailureCause::kPeerUnresponsive, "silent for 5.10 s", "", 1, 1000},
+                      ProcCase{"same_name_other_machine", ProcessState::kExited, kMisses + 1,
+                               FailureCause::kPeerUnreachable, "another machine of the same name",
+                               "00000000-0000-4000-8000-000000000001", 0, 0}),
     [](const ::testing::TestParamInfo<ProcCase>& i) { return std::string(i.param.name); });
 
 // The handshake's schedule: a Hello that gets no answer is sent again on a

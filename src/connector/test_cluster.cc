@@ -42,7 +42,9 @@ Result<std::unique_ptr<TestCluster>> TestCluster::Create(const ClusterOptions& o
     name += " tp" + std::to_string(tp_rank);
     KVB_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, CreateLoopbackTransport(c->fabric_, name));
     if (o.wrap) t = o.wrap(std::move(t), role, index);
-    KVB_ASSIGN_OR_RETURN(r.manager, CreateManager(mo, std::move(t), o.hooks));
+    CoreHooks hooks = o.hooks;
+    if (o.tweak_hooks) o.tweak_hooks(hooks, role, index);
+    KVB_ASSIGN_OR_RETURN(r.manager, CreateManager(mo, std::move(t), std::move(hooks)));
     out->push_back(std::move(r));
     return Status();
   };

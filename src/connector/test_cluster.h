@@ -47,6 +47,8 @@ struct ClusterOptions {
   std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>, Role, int)> wrap;
   // Every manager's clock and ticking (core_hooks.h); one clock may be shared.
   CoreHooks hooks;
+  // Adjusts `hooks` for one rank (same arguments as `wrap`).
+  std::function<void(CoreHooks&, Role, int)> tweak_hooks;
 };
 
 class TestCluster {

@@ -60,6 +60,7 @@ Result<RankId> RankIdFromJson(const JsonFields& parent, const char* name, const 
   KVB_RETURN_IF_ERROR(f.Int("pp", 0, kMaxRank, &r.pp));
   if (f.Has("cp")) KVB_RETURN_IF_ERROR(f.Int("cp", 0, kMaxRank, &r.cp));
   KVB_RETURN_IF_ERROR(Text(f, "host", &r.host));
+  if (f.Has("boot_id")) KVB_RETURN_IF_ERROR(Text(f, "boot_id", &r.boot_id));
   if (f.Has("pid")) KVB_RETURN_IF_ERROR(f.Int("pid", 0, std::numeric_limits<int>::max(), &r.pid));
   if (f.Has("incarnation")) KVB_RETURN_IF_ERROR(f.Uint64("incarnation", &r.incarnation));
   KVB_RETURN_IF_ERROR(Text(f, "instance", &r.instance));
@@ -86,6 +87,7 @@ json RankIdToJson(const RankId& r) {
           {"pp", r.pp},
           {"cp", r.cp},
           {"host", r.host},
+          {"boot_id", r.boot_id},
           {"pid", r.pid},
           {"incarnation", r.incarnation},
           {"instance", r.instance},

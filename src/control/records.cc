@@ -99,6 +99,10 @@ Status RankRecord::Validate() const {
   }
   KVB_RETURN_IF_ERROR(NonEmpty("kv_cache_dtype", kv_cache_dtype));
   KVB_RETURN_IF_ERROR(NonEmpty("host", host));
+  if (boot_id.size() > kMaxBootIdBytes) {
+    return InvalidArgumentError("rank record: boot_id of " + std::to_string(boot_id.size()) +
+                                " bytes, more than " + std::to_string(kMaxBootIdBytes));
+  }
   if (pid < 0) {
     return InvalidArgumentError("rank record: pid = " + std::to_string(pid) + " must be >= 0");
   }
@@ -133,6 +137,7 @@ json RankRecord::ToJson() const {
       {"page_size", page_size},
       {"kv_cache_dtype", kv_cache_dtype},
       {"host", host},
+      {"boot_id", boot_id},
       {"pid", pid},
       {"incarnation", incarnation},
       {"instance", instance},
@@ -189,6 +194,7 @@ Status KvbridgeExtras(const JsonFields& f, RankRecord* r) {
   } else {
     r->host = r->rank_ip;
   }
+  if (f.HasValue("boot_id")) KVB_RETURN_IF_ERROR(f.String("boot_id", &r->boot_id));
   if (f.HasValue("pid")) {
     KVB_RETURN_IF_ERROR(f.Int("pid", int64_t{0}, std::numeric_limits<int64_t>::max(), &r->pid));
   }

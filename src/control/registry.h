@@ -62,10 +62,12 @@ inline constexpr const char* kRankCredentialHeader = "X-Kvbridge-Rank-Credential
 
 // Upper bound on attn_tp * attn_cp * attn_dp * pp of one instance.
 inline constexpr int64_t kMaxRanksPerInstance = 65536;
+// A boot id is a 36-character UUID; a record may carry at most this many.
+inline constexpr size_t kMaxBootIdBytes = 64;
 
 // What a rank registers (PUT /route). Field names follow sglang, and
 // sglang's own registration body is a valid record: kvbridge's fields (role,
-// host, pid, incarnation, instance, transport_address, layout) are optional
+// host, boot_id, pid, incarnation, instance, transport_address, layout) are optional
 // extensions, given defaults when absent (see FromJson).
 struct RankRecord {
   RankRole role = RankRole::kPrefill;
@@ -82,6 +84,7 @@ struct RankRecord {
   int page_size = 0;                                 // tokens per page, >= 1
   std::string kv_cache_dtype;                        // e.g. "bfloat16", non-empty
   std::string host;                                  // host name of the process, non-empty
+  std::string boot_id;                               // its host's boot id; may be empty
   int64_t pid = 0;                                   // >= 0; 0 = not given (an sglang rank)
   uint64_t incarnation = 0;                          // non-zero, new for every process start
   std::string instance;                              // ManagerOptions::instance_id; may be empty

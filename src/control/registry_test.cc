@@ -22,6 +22,7 @@ TEST(RankRecordTest, JsonRoundTripKeepsEveryField) {
   r.pp_size = 3;
   r.pp_rank = 2;
   r.instance = "decode-b:8001";
+  r.boot_id = "0f3c1d2e-5a6b-4c7d-8e9f-0a1b2c3d4e5f";
   json j = r.ToJson();
   EXPECT_EQ(j["role"], "prefill");
   EXPECT_EQ(j["transport_address"], "AAF1Y3j/");
@@ -32,6 +33,7 @@ TEST(RankRecordTest, JsonRoundTripKeepsEveryField) {
   EXPECT_EQ(back->incarnation, 0xfedcba9876543210ull);
   EXPECT_EQ(back->key(), (RankKey{0, 1, 1, 2}));
   EXPECT_EQ(back->instance, "decode-b:8001");
+  EXPECT_EQ(back->boot_id, r.boot_id);
   EXPECT_EQ(back->Describe(),
             "prefill[decode-b:8001] dp0 cp1 tp1 pp2 (host node-a, pid 1001, "
             "incarnation 18364758544493064720)");
@@ -42,12 +44,14 @@ TEST(RankRecordTest, AcceptsSglangRoleSpellingAndOptionalFields) {
   j["role"] = "Prefill";
   j.erase("transport_address");
   j.erase("layout");
+  j.erase("boot_id");
   j["system_dp_rank"] = 0;  // unknown fields are ignored
   Result<RankRecord> r = RankRecord::FromJson(j);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->role, RankRole::kPrefill);
   EXPECT_TRUE(r->transport_address.empty());
   EXPECT_TRUE(r->layout.is_object());
+  EXPECT_TRUE(r->boot_id.empty()) << "a rank that does not say its boot id has none";
 }
 
 struct BadField {
@@ -83,6 +87,9 @@ INSTANTIATE_TEST_SUITE_P(
                       BadField{[](json& j) { j["kv_cache_dtype"] = ""; }, "kv_cache_dtype"},
                       BadField{[](json& j) { j["host"] = 5; }, "'host'"},
                       BadField{[](json& j) { j["pid"] = -1; }, "'pid'"},
+                      BadField{[](json& j) { j["boot_id"] = 5; }, "'boot_id'"},
+                      BadField{[](json& j) { j["boot_id"] = std::string(65, 'b'); },
+                               "boot_id of 65 bytes, more than 64"},
                       BadField{[](json& j) { j["page_size"] = -3; }, "'page_size'"},
                       BadField{[](json& j) { j["incarnation"] = 0; }, "incarnation"},
                       BadField{[](json& j) { j["incarnation"] = -5; }, "'incarnation'"},

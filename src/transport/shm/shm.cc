@@ -1,7 +1,6 @@
 #include "transport/shm/shm.h"
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -12,7 +11,6 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -87,25 +85,6 @@ size_t PageSize() {
   return page;
 }
 
-HostIdentity* MutableThisHost() {
-  static HostIdentity* id = [] {
-    auto* h = new HostIdentity();  // never destroyed: usable during exit
-    char buf[256] = {};
-    if (gethostname(buf, sizeof(buf) - 1) == 0) h->host = buf;
-    std::ifstream in("/proc/sys/kernel/random/boot_id");
-    std::getline(in, h->boot_id);
-    if (h->host.empty() || h->boot_id.empty()) {
-      KVB_LOG_WARN("cannot read host name or boot id; same-host paths will not be used");
-    }
-    h->pid = getpid();
-    // A forked child is another process: keep pid current without a syscall
-    // on every call. The child runs this before any other thread exists.
-    pthread_atfork(nullptr, nullptr, [] { MutableThisHost()->pid = getpid(); });
-    return h;
-  }();
-  return id;
-}
-
 // Maps errno from process_vm_readv/writev to a Status naming the target.
 Status CmaError(int err, std::string_view what, int pid, uint64_t remote_addr, size_t length) {
   std::string msg = std::string(what) + " pid " + std::to_string(pid) + " at " + Hex(remote_addr) +
@@ -128,16 +107,6 @@ Status CmaError(int err, std::string_view what, int pid, uint64_t remote_addr, s
 }
 
 }  // namespace
-
-const HostIdentity& ThisHost() { return *MutableThisHost(); }
-
-bool SameHost(const HostIdentity& a, const HostIdentity& b) {
-  return !a.boot_id.empty() && a.host == b.host && a.boot_id == b.boot_id;
-}
-
-bool SameProcess(const HostIdentity& a, const HostIdentity& b) {
-  return a.host == b.host && a.boot_id == b.boot_id && a.pid == b.pid;
-}
 
 std::optional<SharedSegmentRef> FindSharedSegment(const void* addr, size_t length) {
   if (addr == nullptr) return std::nullopt;

@@ -19,23 +19,10 @@
 #include <span>
 #include <string>
 
+#include "common/host_identity.h"
 #include "kvbridge/status.h"
 
 namespace kvbridge::internal {
-
-// Who and where this process is; two processes are on the same host when
-// host name and boot id are equal. SameHost is the one test for that in the
-// transport. What a peer declares is a hint for choosing a path, never a
-// permission: same_host.h checks who the peer is with the kernel.
-struct HostIdentity {
-  std::string host;     // gethostname()
-  std::string boot_id;  // /proc/sys/kernel/random/boot_id
-  int pid = 0;
-};
-const HostIdentity& ThisHost();
-bool SameHost(const HostIdentity& a, const HostIdentity& b);
-// Same declared process: host name, boot id (possibly both unknown) and pid.
-bool SameProcess(const HostIdentity& a, const HostIdentity& b);
 
 // Where a range of AllocateSharedBuffer memory of this process lives.
 struct SharedSegmentRef {

@@ -261,24 +261,5 @@ TEST(CrossMemoryTest, UnprivilegedPeerIsPermissionDenied) {
   ASSERT_TRUE(FreeSharedBuffer(*r).ok());
 }
 
-TEST(HostIdentityTest, NamesThisHostAndFollowsFork) {
-  const HostIdentity& me = ThisHost();
-  EXPECT_FALSE(me.host.empty());
-  EXPECT_EQ(me.boot_id.size(), 36u) << me.boot_id;
-  EXPECT_EQ(me.pid, getpid());
-  EXPECT_TRUE(SameHost(me, me));
-  HostIdentity other = me;
-  other.boot_id[0] = other.boot_id[0] == 'a' ? 'b' : 'a';  // same name, rebooted
-  EXPECT_FALSE(SameHost(me, other));
-  other = me;
-  other.host += "-x";
-  EXPECT_FALSE(SameHost(me, other));
-
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) _exit(ThisHost().pid == getpid() ? 0 : 1);
-  EXPECT_EQ(WaitExit(child), 0) << "ThisHost().pid is stale in a forked child";
-}
-
 }  // namespace
 }  // namespace kvbridge::internal

@@ -1,0 +1,30 @@
+// Who and where a process is, and the one rule for "same host": two
+// processes share a host when their host names are equal and their boot ids
+// are equal and known. A host name alone is not enough (two machines may
+// both be called "debian", two containers may share a name), and a boot id
+// alone is not either (network namespaces on one kernel are separate hosts
+// to kvbridge: each has its own name). The transport (choosing a path) and
+// the connector (asking /proc about a peer, choosing a grant's reach) both
+// ask SameHost; neither compares names by hand.
+#pragma once
+
+#include <string>
+
+namespace kvbridge::internal {
+
+struct HostIdentity {
+  std::string host;     // gethostname()
+  std::string boot_id;  // /proc/sys/kernel/random/boot_id; empty: unknown
+  int pid = 0;
+};
+
+// This process; pid stays current across fork().
+const HostIdentity& ThisHost();
+
+// Same host name and the same boot id, which must be known.
+bool SameHost(const HostIdentity& a, const HostIdentity& b);
+// The same declared process: host name, boot id (both may be unknown) and
+// pid equal. Not a same-host test: use SameHost for that.
+bool SameProcess(const HostIdentity& a, const HostIdentity& b);
+
+}  // namespace kvbridge::internal

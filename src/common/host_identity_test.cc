@@ -1,0 +1,63 @@
+#include "common/host_identity.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace kvbridge::internal {
+namespace {
+
+int ExitCodeOf(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+TEST(HostIdentityTest, NamesThisHostAndFollowsFork) {
+  const HostIdentity& me = ThisHost();
+  EXPECT_FALSE(me.host.empty());
+  EXPECT_EQ(me.boot_id.size(), 36u) << me.boot_id;
+  EXPECT_EQ(me.pid, getpid());
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(ThisHost().pid == getpid() ? 0 : 1);
+  EXPECT_EQ(ExitCodeOf(child), 0) << "ThisHost().pid is stale in a forked child";
+}
+
+TEST(HostIdentityTest, SameHostNeedsTheNameAndAKnownBootIdToMatch) {
+  const HostIdentity me = ThisHost();
+  EXPECT_TRUE(SameHost(me, me));
+  HostIdentity other = me;
+  other.pid += 1;
+  EXPECT_TRUE(SameHost(me, other)) << "another process on this host";
+  other = me;
+  other.boot_id[0] = other.boot_id[0] == 'a' ? 'b' : 'a';  // a machine with this one's name
+  EXPECT_FALSE(SameHost(me, other));
+  other = me;
+  other.host += "-x";  // a network namespace host: same kernel, its own name
+  EXPECT_FALSE(SameHost(me, other));
+  // A rank that did not say its boot id (registered through sglang's
+  // protocol) is never taken for this host, even by its name.
+  HostIdentity a{.host = "h", .boot_id = "", .pid = 1};
+  HostIdentity b = a;
+  b.pid = 2;
+  EXPECT_FALSE(SameHost(a, b));
+  EXPECT_FALSE(SameHost(me, HostIdentity{.host = me.host, .boot_id = "", .pid = me.pid}));
+}
+
+TEST(HostIdentityTest, SameProcessComparesHostBootIdAndPid) {
+  const HostIdentity me = ThisHost();
+  EXPECT_TRUE(SameProcess(me, me));
+  HostIdentity other = me;
+  other.pid += 1;
+  EXPECT_FALSE(SameProcess(me, other));
+  other = me;
+  other.boot_id[0] = other.boot_id[0] == 'a' ? 'b' : 'a';
+  EXPECT_FALSE(SameProcess(me, other)) << "the same pid on another machine of the same name";
+  // Both unknown: the declared process is the same.
+  HostIdentity a{.host = "h", .boot_id = "", .pid = 7};
+  EXPECT_TRUE(SameProcess(a, a));
+}
+
+}  // namespace
+}  // namespace kvbridge::internal
