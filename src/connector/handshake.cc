@@ -49,12 +49,21 @@ bool ManagerImpl::Admit(const Message& m, const RankId* proven) {
     return false;
   }
   if (const auto* failed = std::get_if<RankFailedMsg>(&m.body)) {
-    const RankId& origin = failed->record.origin;
-    if (!origin.SameRank(m.from) || origin.incarnation != m.from.incarnation) {
-      DropUnauthenticated(
-          fmt::format("RankFailed from {} about {}: a rank reports only its own "
-                      "failure to its peers (others come from the registry)",
-                      m.from.ToString(), origin.ToString()));
+    const FailureRecord& r = failed->record;
+    const bool own = r.origin.SameRank(m.from) && r.origin.incarnation == m.from.incarnation;
+    // With sglang's server (no registry that keeps records) a peer that
+    // failed this process tells it so (TellFailedPeerLocked): the record
+    // names this process and the sender as its detector. That is the power
+    // a peer has through kvbridge's registry (a record about a rank of the
+    // other role), where this word is not taken: the registry tells.
+    const bool about_me = sglang_registry_ && r.origin.SameRank(Self()) &&
+                          r.origin.incarnation == incarnation_.load() && IsRankFailure(r.cause) &&
+                          SameProcess(r.detected_by, m.from);
+    if (!own && !about_me) {
+      DropUnauthenticated(fmt::format(
+          "RankFailed from {} about {}: a rank reports only its own failure, or that it failed "
+          "the rank it tells (others come from the registry)",
+          m.from.ToString(), r.origin.ToString()));
       return false;
     }
   }

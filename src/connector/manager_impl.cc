@@ -495,6 +495,7 @@ void ManagerImpl::OnMessage(std::string_view bytes, const RankId* proven) {
       peer->heard_since_ready = peer->heard_since_ready || peer->ready;
       peer->last_heard = Now();
       peer->last_heard_wall = WallNow();
+      TellFailedPeerLocked(*peer, out);
     }
     std::visit(
         [&](auto& body) KVB_REQUIRES(mu_) {

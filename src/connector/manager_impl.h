@@ -186,12 +186,12 @@ class ManagerImpl {
   void EveryHeartbeat(const std::function<void()>& round, bool* wake = nullptr);
   // Runs the registry thread's round now (etcd's watch saw a change).
   void WakeRegistryRound();
-  // Bootstrap lookups, connects and handshake retries that the ticker asks
-  // for: they wait on the network, so they run on the resolver thread and
-  // never delay a heartbeat or a liveness check.
+  // Lookups, connects and handshake retries the ticker asks for: they wait on
+  // the network, so they run on the resolver thread, never delaying a beat.
   void ResolveRound();
   // Opens Peer::beat for every proven peer that lacks one (resolver thread).
   void OpenBeatEndpoints();
+  void ReconnectRetiredPrefill();  // decode, sglang's server: after a rejoin (peers.cc)
   // Opens `key`'s heartbeat endpoint and takes it if the peer still uses
   // `tpeer` and has none (blocks for the connect: no lock held).
   void OpenBeat(const std::string& key, const std::string& address, PeerId tpeer) KVB_EXCLUDES(mu_);
@@ -230,6 +230,7 @@ class ManagerImpl {
                       Outbox& out) KVB_REQUIRES(mu_);
   void FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base, Outbox& out)
       KVB_REQUIRES(mu_);
+  void TellFailedPeerLocked(Peer& peer, Outbox& out) KVB_REQUIRES(mu_);  // it spoke: peers.cc
   // Whether a failed peer can no longer write into this rank's pages, so
   // requests it fed are quiet without its Quiesced answer: only a process
   // that is gone (or a broken link to another host); not a stopped or silent
@@ -468,7 +469,7 @@ class ManagerImpl {
   std::unique_ptr<RegistryClient> registry_;  // the bootstrap server or etcd
   // sglang's own bootstrap server (no /heartbeat, /failure, /failures):
   // liveness comes from peers only and failure records travel between peers.
-  bool sglang_registry_ = false;
+  std::atomic<bool> sglang_registry_{false};
   std::unique_ptr<RankEndpoint> rank_endpoint_;  // prefill: its record at its rank_port
   std::unique_ptr<ManagerMetrics> metrics_;      // null when metrics are off
 

@@ -87,9 +87,12 @@ struct Peer {
   // replaces it, with a new session and (decode) a new grant.
   bool retired = false;
   // Decode side, with sglang's server: when this failed peer was last looked
-  // up again as a room's witness (EnsureWitnesses), so a witness that
-  // restarts is connected again, asking the registry once a round at most.
+  // up again as a room's witness (EnsureWitnesses), or this retired one to
+  // meet it again (ReconnectRetiredPrefill), asking once a round at most.
   SteadyTime witness_lookup_at{};
+  // When this rank last told the failed peer that it failed it
+  // (TellFailedPeerLocked): once a heartbeat interval at most.
+  SteadyTime told_failed_at{};
   // When something last came from the peer, on the manager's Clock (set
   // when the peer is made).
   SteadyTime last_heard{};

@@ -142,6 +142,27 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
   }
 }
 
+// A peer this rank failed that speaks again (it was stopped, or cut off
+// without its endpoint closing, and lives on) is told so, once a heartbeat
+// interval at most, with the record this rank made, when the registry is
+// sglang's server: nothing there tells it it was fenced, so without this
+// word the pair stays apart until one is restarted; told, it rejoins as a
+// new incarnation (rejoin.cc). kvbridge's registry and etcd tell it
+// themselves. Only the detector says it (Admit checks the same).
+void ManagerImpl::TellFailedPeerLocked(Peer& peer, Outbox& out) {
+  if (!sglang_registry_ || fatal_ || !peer.failed || !peer.failure || peer.tpeer == 0) return;
+  const FailureRecord& r = *peer.failure;
+  if (!IsRankFailure(r.cause) || !r.origin.SameRank(peer.id) ||
+      r.origin.incarnation != peer.id.incarnation || !SameProcess(r.detected_by, Self()))
+    return;
+  const SteadyTime now = Now();
+  if (peer.told_failed_at != SteadyTime{} && now - peer.told_failed_at < opts_.heartbeat_interval)
+    return;
+  peer.told_failed_at = now;
+  KVB_LOG_INFO("{} speaks again after this rank failed it: telling it so", peer.id.ToString());
+  Send(out, peer, RankFailedMsg{r}, Lane::kUrgent);
+}
+
 bool ManagerImpl::FailedPeerCannotWriteLocked(const Peer& peer) const {
   // Its grant is revoked and nothing under it lands (but through a mapping).
   if (peer.fenced && !peer.mapping) return true;
@@ -229,7 +250,37 @@ void ManagerImpl::ResolveRound() {
   for (const std::string& key : retry_hello) RetryHello(key);
   FenceRound();
   if (opts_.role == Role::kDecode) RetryUnresolved();
+  if (opts_.role == Role::kDecode && sglang_registry_) ReconnectRetiredPrefill();
   OpenBeatEndpoints();
+}
+
+// A decode rank that rejoined (rejoin.cc) is a new incarnation its prefill
+// peers hear of only through a handshake; until then each holds the old one
+// failed and fails this instance's new requests at once
+// (NewRoomBlockerLocked). kvbridge's registry lists the new incarnation, so
+// they forget the old one from there; sglang's server lists no decode rank,
+// so the handshake is made now rather than at the next request that needs
+// the peer. Each retired peer is tried once a round until it is met again.
+void ManagerImpl::ReconnectRetiredPrefill() {
+  std::vector<RankId> retired;
+  {
+    MutexLock lock(mu_);
+    if (fatal_) return;
+    for (auto& [key, peer] : peers_) {
+      if (!peer->retired || peer->id.role != Role::kPrefill ||
+          Now() - peer->witness_lookup_at < opts_.heartbeat_interval)
+        continue;
+      peer->witness_lookup_at = Now();
+      retired.push_back(peer->id);
+    }
+  }
+  for (const RankId& id : retired) {
+    RankId registered;
+    Result<std::string> key = EnsurePrefillPeer(id, &registered);
+    if (!key.ok())
+      KVB_LOG_INFO("meeting {} again after this rank rejoined: {}", id.ShortName(),
+                   key.status().ToString());
+  }
 }
 
 void ManagerImpl::OpenBeatEndpoints() {

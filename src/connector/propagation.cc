@@ -370,7 +370,10 @@ void ManagerImpl::BeatRound() {
 }
 
 void ManagerImpl::RegistryRound(uint64_t round) {
-  if (sglang_registry_) return;  // it keeps no liveness or records: peers tell
+  if (sglang_registry_) {  // it keeps no liveness or records: peers tell
+    MaybeRejoin();         // a peer that failed this rank said so
+    return;
+  }
   // When the registry had last answered before this round (as when the
   // heartbeat was part of the round): a heartbeat that ends a partition
   // must not make the blame gathered during it look fresh.

@@ -99,7 +99,9 @@ void ManagerImpl::MaybeRejoin() {
     rec = MakeRankRecord();
   }
   if (rank_endpoint_) rec.rank_port = rank_endpoint_->port();
-  Status registered = registry_->RegisterRank(rec);
+  // sglang's server lists no decode rank (RegisterSelf).
+  Status registered =
+      sglang_registry_ && opts_.role == Role::kDecode ? Status() : registry_->RegisterRank(rec);
   if (!registered.ok()) {
     KVB_LOG_WARN("not rejoining yet: registering incarnation {:#x}: {}", rec.incarnation,
                  registered.ToString());

@@ -4,10 +4,14 @@ namespace kvbridge::internal {
 
 Result<std::unique_ptr<TestCluster>> TestCluster::Create(const ClusterOptions& o) {
   auto c = std::make_unique<TestCluster>();
-  BootstrapServerOptions so;
-  so.host = "127.0.0.1";
-  so.port = 0;
-  KVB_ASSIGN_OR_RETURN(c->server, BootstrapServer::Start(so));
+  if (o.sglang_server) {
+    KVB_ASSIGN_OR_RETURN(c->sglang_server, SglangStandinServer::Start());
+  } else {
+    BootstrapServerOptions so;
+    so.host = "127.0.0.1";
+    so.port = 0;
+    KVB_ASSIGN_OR_RETURN(c->server, BootstrapServer::Start(so));
+  }
   if (o.prefill_pp < 1 || o.decode_pp < 1 || o.prefill_tp < 1 || o.decode_tp < 1)
     return InvalidArgumentError("cluster sizes must be >= 1");
   c->prefill_tp_ = o.prefill_tp;
@@ -34,7 +38,7 @@ Result<std::unique_ptr<TestCluster>> TestCluster::Create(const ClusterOptions& o
     mo.parallel.pp_size = pp_size;
     mo.parallel.pp_rank = pp_rank;
     mo.is_mla = o.shape.mla;
-    mo.bootstrap_addr = c->server->address();
+    mo.bootstrap_addr = c->bootstrap_address();
     mo.start_bootstrap_server = false;
     if (o.tweak) o.tweak(mo);
     std::string name = std::string(RoleName(role));

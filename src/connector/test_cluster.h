@@ -10,6 +10,7 @@
 
 #include "connector/api_internal.h"
 #include "connector/kv_pool.h"
+#include "connector/sglang_standin.h"
 #include "kvbridge/bootstrap.h"
 #include "kvbridge/manager.h"
 #include "kvbridge/receiver.h"
@@ -45,6 +46,9 @@ struct ClusterOptions {
   // Wraps each transport (e.g. in a FaultTransport); the int is the rank's
   // index in TestCluster::prefill or ::decode (its tp rank when pp is 1).
   std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>, Role, int)> wrap;
+  // The registry is a stand-in for sglang's own bootstrap server
+  // (sglang_standin.h: no liveness, no failure records) instead of kvbridge's.
+  bool sglang_server = false;
   // Every manager's clock and ticking (core_hooks.h); one clock may be shared.
   CoreHooks hooks;
   // Adjusts `hooks` for one rank (same arguments as `wrap`).
@@ -68,7 +72,11 @@ class TestCluster {
   }
   int prefill_pp() const { return static_cast<int>(prefill.size()) / prefill_tp_; }
   int decode_pp() const { return static_cast<int>(decode.size()) / decode_tp_; }
-  std::unique_ptr<BootstrapServer> server;
+  std::unique_ptr<BootstrapServer> server;  // null with ClusterOptions::sglang_server
+  std::unique_ptr<SglangStandinServer> sglang_server;
+  std::string bootstrap_address() const {
+    return server ? server->address() : sglang_server->address();
+  }
   const std::shared_ptr<LoopbackFabric>& fabric() const { return fabric_; }
 
  private:

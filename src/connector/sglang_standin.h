@@ -1,0 +1,53 @@
+// A stand-in for sglang's own bootstrap server, for the connector's tests:
+// written from its route table (docs/sglang.md, rows H1-H8 and B1-B4), as
+// python/tests/sglang_bootstrap_standin.py is. What matters is what it
+// lacks: no /heartbeat, /failure, /failures or /ranks (404), so a kvbridge
+// rank there gets liveness from its peers only and no failure record from a
+// registry; a registration keeps only rank_ip and rank_port, and a lookup
+// answers those two. Writes are not checked for a token.
+#pragma once
+
+#include <httplib.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "control/http_server.h"
+#include "kvbridge/status.h"
+
+namespace kvbridge::internal {
+
+class SglangStandinServer {
+ public:
+  // Serves on 127.0.0.1 at a free port.
+  static Result<std::unique_ptr<SglangStandinServer>> Start();
+  ~SglangStandinServer();
+
+  std::string address() const { return serving_.address(); }
+  int registrations() const;  // PUT /route answered 200
+
+ private:
+  SglangStandinServer() = default;
+  void Register(const httplib::Request& req, httplib::Response& res);
+  void Lookup(const httplib::Request& req, httplib::Response& res);
+
+  struct Shape {
+    int attn_tp_size = 1, attn_cp_size = 1, dp_size = 1, pp_size = 1, page_size = 1;
+    std::string kv_cache_dtype;
+    int expected = 1;
+  };
+  using Key = std::tuple<int, int, int, int>;  // dp, cp, tp, pp
+
+  httplib::Server http_;
+  HttpServerThread serving_;  // after `http_`: stops serving before it goes
+  mutable std::mutex mu_;
+  std::optional<Shape> shape_;        // guarded by mu_: the first registration's
+  std::map<Key, std::string> ranks_;  // guarded by mu_: {rank_ip, rank_port} as JSON
+  int registrations_ = 0;             // guarded by mu_
+};
+
+}  // namespace kvbridge::internal
