@@ -16,7 +16,7 @@ int ExitCodeOf(pid_t pid) {
 TEST(HostIdentityTest, NamesThisHostAndFollowsFork) {
   const HostIdentity& me = ThisHost();
   EXPECT_FALSE(me.host.empty());
-  EXPECT_EQ(me.boot_id.size(), 36u) << me.boot_id;
+  ASSERT_EQ(me.boot_id.size(), 36u) << me.boot_id;
   EXPECT_EQ(me.pid, getpid());
   pid_t child = fork();
   ASSERT_GE(child, 0);
@@ -26,6 +26,7 @@ TEST(HostIdentityTest, NamesThisHostAndFollowsFork) {
 
 TEST(HostIdentityTest, SameHostNeedsTheNameAndAKnownBootIdToMatch) {
   const HostIdentity me = ThisHost();
+  ASSERT_FALSE(me.boot_id.empty());
   EXPECT_TRUE(SameHost(me, me));
   HostIdentity other = me;
   other.pid += 1;
@@ -47,6 +48,7 @@ TEST(HostIdentityTest, SameHostNeedsTheNameAndAKnownBootIdToMatch) {
 
 TEST(HostIdentityTest, SameProcessComparesHostBootIdAndPid) {
   const HostIdentity me = ThisHost();
+  ASSERT_FALSE(me.boot_id.empty());
   EXPECT_TRUE(SameProcess(me, me));
   HostIdentity other = me;
   other.pid += 1;

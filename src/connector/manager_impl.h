@@ -504,8 +504,8 @@ class ManagerImpl {
   // The record of another rank naming this incarnation failed, while the
   // rank is fenced by it and not yet rejoined (MaybeRejoin).
   std::optional<FailureRecord> declared_failed_ KVB_GUARDED_BY(mu_);
-  // The incarnation a rejoin under way is leaving (0: none); registry thread.
-  uint64_t rejoin_from_ = 0;
+  // Registry thread: the incarnation a rejoin leaves (0: none), failed tries.
+  uint64_t rejoin_from_ = 0, rejoin_register_failures_ = 0;
   std::atomic<uint64_t> rejoins_{0};
   std::atomic<uint64_t> rejoin_waits_{0};
   uint64_t rejoin_waits_logged_ KVB_GUARDED_BY(mu_) = 0;                 // waits when last logged

@@ -88,8 +88,11 @@ struct Peer {
   bool retired = false;
   // Decode side, with sglang's server: when this failed peer was last looked
   // up again as a room's witness (EnsureWitnesses), or this retired one to
-  // meet it again (ReconnectRetiredPrefill), asking once a round at most.
+  // meet it again (ReconnectRetiredPrefill, at most kReconnectTries times,
+  // once a silence limit, and only if it was healthy until the rejoin).
   SteadyTime witness_lookup_at{};
+  static constexpr int kReconnectTries = 5;
+  int reconnect_tries = 0;
   // When this rank last told the failed peer that it failed it
   // (TellFailedPeerLocked): once a heartbeat interval at most.
   SteadyTime told_failed_at{};

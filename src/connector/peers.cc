@@ -61,13 +61,15 @@ void ManagerImpl::FailSilentPeerLocked(Peer& peer, ProcessState ps, const std::s
 // A silent rank on another host: no /proc to look at, so a partition, a
 // host that went down and a stopped process look the same from here.
 std::string ManagerImpl::RemoteSilence(const RankId& id, const std::string& silence) const {
-  const std::string where =
-      id.host != self_.host
-          ? fmt::format("on host {} (this rank is on {})", id.host, self_.host)
-          : fmt::format(
-                "on host {} with boot id '{}' (this rank's boot id is '{}': another "
-                "machine of the same name)",
-                id.host, id.boot_id, self_.boot_id);
+  std::string where = fmt::format("on host {} (this rank is on {})", id.host, self_.host);
+  if (id.host == self_.host && id.boot_id != self_.boot_id) {
+    where = id.boot_id.empty() || self_.boot_id.empty()
+                ? fmt::format("on host {}, whose boot id is not known here", id.host)
+                : fmt::format(
+                      "on host {} with boot id '{}' (this rank's is '{}': another machine "
+                      "of the same name)",
+                      id.host, id.boot_id, self_.boot_id);
+  }
   return fmt::format(
       "{} {}: partitioned, down or stopped; another host's process state cannot be read from "
       "here",
@@ -150,7 +152,9 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
 // new incarnation (rejoin.cc). kvbridge's registry and etcd tell it
 // themselves. Only the detector says it (Admit checks the same).
 void ManagerImpl::TellFailedPeerLocked(Peer& peer, Outbox& out) {
-  if (!sglang_registry_ || fatal_ || !peer.failed || !peer.failure || peer.tpeer == 0) return;
+  if (!sglang_registry_ || fatal_ || !peer.failed || !peer.failure || peer.tpeer == 0 ||
+      !peer.acked)
+    return;
   const FailureRecord& r = *peer.failure;
   if (!IsRankFailure(r.cause) || !r.origin.SameRank(peer.id) ||
       r.origin.incarnation != peer.id.incarnation || !SameProcess(r.detected_by, Self()))
@@ -158,8 +162,9 @@ void ManagerImpl::TellFailedPeerLocked(Peer& peer, Outbox& out) {
   const SteadyTime now = Now();
   if (peer.told_failed_at != SteadyTime{} && now - peer.told_failed_at < opts_.heartbeat_interval)
     return;
+  if (peer.told_failed_at == SteadyTime{})
+    KVB_LOG_INFO("{} speaks again after this rank failed it: telling it so", peer.id.ToString());
   peer.told_failed_at = now;
-  KVB_LOG_INFO("{} speaks again after this rank failed it: telling it so", peer.id.ToString());
   Send(out, peer, RankFailedMsg{r}, Lane::kUrgent);
 }
 
@@ -267,14 +272,23 @@ void ManagerImpl::ReconnectRetiredPrefill() {
     MutexLock lock(mu_);
     if (fatal_) return;
     for (auto& [key, peer] : peers_) {
-      if (!peer->retired || peer->id.role != Role::kPrefill ||
-          Now() - peer->witness_lookup_at < opts_.heartbeat_interval)
+      if (!peer->retired || peer->reconnect_tries <= 0 || peer->id.role != Role::kPrefill ||
+          Now() - peer->witness_lookup_at < opts_.heartbeat_interval * opts_.heartbeat_misses)
         continue;
       peer->witness_lookup_at = Now();
+      --peer->reconnect_tries;
       retired.push_back(peer->id);
     }
   }
   for (const RankId& id : retired) {
+    // As ResolveSources: one lookup and install at a time, and only while
+    // the peer is still the retired one (a request may have met it since).
+    std::lock_guard<std::mutex> resolve(resolve_mu_);
+    {
+      MutexLock lock(mu_);
+      Peer* p = FindPeerLocked(PeerKey(id));
+      if (p == nullptr || !p->retired) continue;
+    }
     RankId registered;
     Result<std::string> key = EnsurePrefillPeer(id, &registered);
     if (!key.ok())

@@ -12,7 +12,10 @@
 namespace kvbridge::internal {
 namespace {
 
-constexpr uint32_t kMagic = 0x4b56424d;  // "KVBM"
+// The magic names the message format: a rank of a build whose format differs
+// is told apart from garbage. "KVBN": RankId carries the boot id.
+constexpr uint32_t kMagic = 0x4b56424e;              // "KVBN"
+constexpr uint32_t kMagicBeforeBootId = 0x4b56424d;  // "KVBM"
 
 void PutRank(WireWriter& w, const RankId& r) {
   w.U8(static_cast<uint8_t>(r.role));
@@ -398,8 +401,14 @@ Result<Message> DecodeMessage(std::string_view bytes) {
   uint32_t magic = 0;
   uint8_t type = 0xff;
   Message m;
-  bool ok = r.U32(&magic) && (magic == kMagic || r.Fail(fmt::format("bad magic {:#x}", magic))) &&
-            r.U8(&type) && GetRank(r, "sender", &m.from) && DecodeBody(type, r, &m.body) &&
+  auto bad_magic = [&] {
+    return r.Fail(magic == kMagicBeforeBootId
+                      ? std::string("from a kvbridge build of an older message format (no boot id "
+                                    "in a rank): upgrade every rank of the deployment together")
+                      : fmt::format("bad magic {:#x}", magic));
+  };
+  bool ok = r.U32(&magic) && (magic == kMagic || bad_magic()) && r.U8(&type) &&
+            GetRank(r, "sender", &m.from) && DecodeBody(type, r, &m.body) &&
             HelloMatchesSender(m, r) &&
             (r.AtEnd() || r.Fail(fmt::format("{} bytes after the end", r.remaining())));
   if (!ok) {

@@ -197,6 +197,18 @@ TEST(ProtocolLimitsTest, BootIdIsBounded) {
   ExpectRejected(EncodeMessage(from, HeartbeatMsg{}), "rank boot id of 257 bytes");
 }
 
+// A rank of a build from before the boot id (another message format) is
+// told apart from garbage, with what to do.
+TEST(ProtocolLimitsTest, AMessageOfTheOlderFormatSaysUpgradeEveryRank) {
+  std::string bytes = EncodeMessage(Rank(Role::kDecode, 0), HeartbeatMsg{1});
+  const uint32_t before_boot_id = 0x4b56424d;
+  std::memcpy(bytes.data(), &before_boot_id, sizeof(before_boot_id));
+  ExpectRejected(bytes, "older message format (no boot id in a rank): upgrade every rank");
+  const uint32_t other = 0x12345678;
+  std::memcpy(bytes.data(), &other, sizeof(other));
+  ExpectRejected(bytes, "bad magic 0x12345678");
+}
+
 // Finding 7: GetInt truncated int64 to int, so 2^32 + 1 arrived as 1.
 TEST(ProtocolLimitsTest, Int64OutsideIntRangeIsRejectedNotTruncated) {
   const int64_t marker = 0x5a5a5a5a;  // the sender's pid

@@ -27,6 +27,9 @@ bool ManagerImpl::RetirePeersLocked(const FailureRecord& why, Outbox& out) {
       if (!peer->failed) {
         peer->failed = true;
         peer->failure = why;
+        // Healthy until this rank's own fence: met again after the rejoin
+        // (ReconnectRetiredPrefill); one that failed before is not chased.
+        peer->reconnect_tries = Peer::kReconnectTries;
       }
       peer->held.clear();
       DropBeatLocked(*peer, out);
@@ -103,10 +106,12 @@ void ManagerImpl::MaybeRejoin() {
   Status registered =
       sglang_registry_ && opts_.role == Role::kDecode ? Status() : registry_->RegisterRank(rec);
   if (!registered.ok()) {
-    KVB_LOG_WARN("not rejoining yet: registering incarnation {:#x}: {}", rec.incarnation,
-                 registered.ToString());
+    if (rejoin_register_failures_++ % 100 == 0)
+      KVB_LOG_WARN("not rejoining yet ({} tries): registering incarnation {:#x}: {}",
+                   rejoin_register_failures_, rec.incarnation, registered.ToString());
     return;
   }
+  rejoin_register_failures_ = 0;
   if (rank_endpoint_) rank_endpoint_->SetRecord(rec.ToJson().dump());
   {
     MutexLock lock(mu_);

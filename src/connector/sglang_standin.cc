@@ -48,6 +48,13 @@ void SglangStandinServer::Register(const httplib::Request& req, httplib::Respons
       s.pp_size = d.at("pp_size").get<int>();
       s.page_size = d.at("page_size").get<int>();
       s.kv_cache_dtype = d.at("kv_cache_dtype").get<std::string>();
+      for (int size : {s.attn_tp_size, s.attn_cp_size, s.dp_size, s.pp_size}) {
+        if (size < 1 || size > 1024) {
+          res.status = 500;
+          res.set_content("size out of range", "text/plain");
+          return;
+        }
+      }
       s.expected = s.attn_tp_size * s.attn_cp_size * s.dp_size * s.pp_size;
       shape_ = s;
     }

@@ -1,6 +1,7 @@
 // A stand-in for sglang's own bootstrap server, for the connector's tests:
-// written from its route table (docs/sglang.md, rows H1-H8 and B1-B4), as
-// python/tests/sglang_bootstrap_standin.py is. What matters is what it
+// the routes a kvbridge rank uses (docs/sglang.md: registration, parallel
+// info and rank lookup, rows H1-H3, and B1-B4; no dp-rank routes), from that
+// table as python/tests/sglang_bootstrap_standin.py is. What matters is what it
 // lacks: no /heartbeat, /failure, /failures or /ranks (404), so a kvbridge
 // rank there gets liveness from its peers only and no failure record from a
 // registry; a registration keeps only rank_ip and rank_port, and a lookup
