@@ -13,6 +13,12 @@ int ExitCodeOf(pid_t pid) {
   return WEXITSTATUS(status);
 }
 
+// `h` as a machine of the same name would be: another boot id.
+HostIdentity OnAnotherMachineOfTheSameName(HostIdentity h) {
+  h.boot_id[0] = h.boot_id[0] == 'a' ? 'b' : 'a';
+  return h;
+}
+
 TEST(HostIdentityTest, NamesThisHostAndFollowsFork) {
   const HostIdentity& me = ThisHost();
   EXPECT_FALSE(me.host.empty());
@@ -31,9 +37,7 @@ TEST(HostIdentityTest, SameHostNeedsTheNameAndAKnownBootIdToMatch) {
   HostIdentity other = me;
   other.pid += 1;
   EXPECT_TRUE(SameHost(me, other)) << "another process on this host";
-  other = me;
-  other.boot_id[0] = other.boot_id[0] == 'a' ? 'b' : 'a';  // a machine with this one's name
-  EXPECT_FALSE(SameHost(me, other));
+  EXPECT_FALSE(SameHost(me, OnAnotherMachineOfTheSameName(me)));
   other = me;
   other.host += "-x";  // a network namespace host: same kernel, its own name
   EXPECT_FALSE(SameHost(me, other));
@@ -53,9 +57,8 @@ TEST(HostIdentityTest, SameProcessComparesHostBootIdAndPid) {
   HostIdentity other = me;
   other.pid += 1;
   EXPECT_FALSE(SameProcess(me, other));
-  other = me;
-  other.boot_id[0] = other.boot_id[0] == 'a' ? 'b' : 'a';
-  EXPECT_FALSE(SameProcess(me, other)) << "the same pid on another machine of the same name";
+  EXPECT_FALSE(SameProcess(me, OnAnotherMachineOfTheSameName(me)))
+      << "the same pid on another machine of the same name";
   // Both unknown: the declared process is the same.
   HostIdentity a{.host = "h", .boot_id = "", .pid = 7};
   EXPECT_TRUE(SameProcess(a, a));

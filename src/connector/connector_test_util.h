@@ -52,6 +52,13 @@ inline PeerId ProvenEndpoint(KVManager& from, const RankId& to) {
   return 0;
 }
 
+// What `m` knows of the rank at `id`'s position.
+inline std::optional<PeerSnapshot> PeerAt(ManagerImpl& m, const RankId& id) {
+  for (const PeerSnapshot& p : m.Peers())
+    if (p.id.SameRank(id)) return p;
+  return std::nullopt;
+}
+
 struct Request {
   uint64_t room = 0;
   std::vector<int32_t> src = {}, dst = {};

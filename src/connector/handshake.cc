@@ -56,9 +56,7 @@ bool ManagerImpl::Admit(const Message& m, const RankId* proven) {
     // names this process and the sender as its detector. That is the power
     // a peer has through kvbridge's registry (a record about a rank of the
     // other role), where this word is not taken: the registry tells.
-    const bool about_me = sglang_registry_ && r.origin.SameRank(Self()) &&
-                          r.origin.incarnation == incarnation_.load() && IsRankFailure(r.cause) &&
-                          SameProcess(r.detected_by, m.from);
+    const bool about_me = sglang_registry_ && IsFailureNotice(r, Self(), m.from);
     if (!own && !about_me) {
       DropUnauthenticated(fmt::format(
           "RankFailed from {} about {}: a rank reports only its own failure, or that it failed "

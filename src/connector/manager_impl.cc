@@ -288,10 +288,7 @@ Status ManagerImpl::RegisterSelf() {
   RankRecord rec = MakeRankRecord();
   if (rank_port != 0) rec.rank_port = rank_port;
   if (rank_endpoint_) rank_endpoint_->SetRecord(rec.ToJson().dump());
-  // sglang's server would file a decode rank's registration as a prefill
-  // rank's: decode ranks are not listed there.
-  Status registered =
-      sglang_registry_ && opts_.role == Role::kDecode ? Status() : registry_->RegisterRank(rec);
+  Status registered = ListRank(rec);
   if (registered.ok()) return Status();
   // A wrong secret is a deployment error that no retry mends.
   if (opts_.role == Role::kPrefill || registered.code() == StatusCode::kUnauthenticated) {

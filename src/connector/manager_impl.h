@@ -139,10 +139,10 @@ class ManagerImpl {
   Status StartRegistry(const std::string& token);
   // This rank's registry record, under `incarnation` (0: its own).
   RankRecord MakeRankRecord(uint64_t incarnation = 0) const;
-  // Lists this rank (not a decode rank with sglang's own server) and, on
-  // prefill, serves its record at its rank_port (RankEndpoint).
+  // Lists this rank and, on prefill, serves its record at its rank_port.
   Status RegisterSelf();
-  void StartThreads();  // ticker, registry and resolver
+  Status ListRank(const RankRecord& rec);  // not a decode rank on sglang's server
+  void StartThreads();                     // ticker, registry and resolver
   void Flush(Outbox& out);
   // Queues `body` for `peer`; held until the handshake with it is answered.
   void Send(Outbox& out, Peer& peer, const MessageBody& body, Lane lane = Lane::kOrdered)

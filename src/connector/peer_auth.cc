@@ -43,6 +43,11 @@ bool SameProcess(const RankId& a, const RankId& b) {
   return a.SameRank(b) && SameProcess(HostOf(a), HostOf(b)) && a.incarnation == b.incarnation;
 }
 
+bool IsFailureNotice(const FailureRecord& r, const RankId& failed, const RankId& detector) {
+  return IsRankFailure(r.cause) && r.origin.SameRank(failed) &&
+         r.origin.incarnation == failed.incarnation && SameProcess(r.detected_by, detector);
+}
+
 HandshakeAuth::HandshakeAuth(std::string_view secret) : key_(DeriveKey(secret, kKeyLabel)) {}
 
 std::string HandshakeAuth::Transcript(const Digest& hello_digest, const RankId& prefill,

@@ -57,6 +57,13 @@ HostIdentity HostOf(const RankId& id);
 // proved.
 bool SameProcess(const RankId& a, const RankId& b);
 
+// Whether `r` is the notice a rank that failed a peer sends it (with
+// sglang's server, which keeps no records): a rank failure of exactly the
+// process `failed` (position and incarnation), found by `detector`
+// (SameProcess). The sender builds it and the receiver admits it by this
+// one rule.
+bool IsFailureNotice(const FailureRecord& r, const RankId& failed, const RankId& detector);
+
 struct SessionKeys {
   SessionKey decode_to_prefill{};
   SessionKey prefill_to_decode{};

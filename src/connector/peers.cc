@@ -156,9 +156,7 @@ void ManagerImpl::TellFailedPeerLocked(Peer& peer, Outbox& out) {
       !peer.acked)
     return;
   const FailureRecord& r = *peer.failure;
-  if (!IsRankFailure(r.cause) || !r.origin.SameRank(peer.id) ||
-      r.origin.incarnation != peer.id.incarnation || !SameProcess(r.detected_by, Self()))
-    return;
+  if (!IsFailureNotice(r, peer.id, Self())) return;
   const SteadyTime now = Now();
   if (peer.told_failed_at != SteadyTime{} && now - peer.told_failed_at < opts_.heartbeat_interval)
     return;

@@ -50,6 +50,13 @@ bool ManagerImpl::RetirePeersLocked(const FailureRecord& why, Outbox& out) {
   return all_fenced;
 }
 
+// sglang's server would file a decode rank's registration as a prefill
+// rank's: decode ranks are not listed there (at start or at a rejoin).
+Status ManagerImpl::ListRank(const RankRecord& rec) {
+  if (sglang_registry_ && opts_.role == Role::kDecode) return Status();
+  return registry_->RegisterRank(rec);
+}
+
 void ManagerImpl::MaybeRejoin() {
   FailureRecord why;
   bool fenced = false;
@@ -102,9 +109,7 @@ void ManagerImpl::MaybeRejoin() {
     rec = MakeRankRecord();
   }
   if (rank_endpoint_) rec.rank_port = rank_endpoint_->port();
-  // sglang's server lists no decode rank (RegisterSelf).
-  Status registered =
-      sglang_registry_ && opts_.role == Role::kDecode ? Status() : registry_->RegisterRank(rec);
+  Status registered = ListRank(rec);
   if (!registered.ok()) {
     if (rejoin_register_failures_++ % 100 == 0)
       KVB_LOG_WARN("not rejoining yet ({} tries): registering incarnation {:#x}: {}",

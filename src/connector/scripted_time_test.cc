@@ -55,13 +55,6 @@ ScriptedCluster MakeScripted(std::vector<FaultTransport*>* faults = nullptr,
   return s;
 }
 
-// What `m` knows of the rank at `id`'s position.
-std::optional<PeerSnapshot> PeerAt(ManagerImpl& m, const RankId& id) {
-  for (const PeerSnapshot& p : m.Peers())
-    if (p.id.SameRank(id)) return p;
-  return std::nullopt;
-}
-
 // One request end to end, so that each side has met the other and heard
 // from it since their handshake.
 void CompleteOneRequest(TestCluster& c, uint64_t room) {

@@ -22,12 +22,6 @@ using std::chrono::seconds;
 constexpr milliseconds kInterval{100};
 constexpr int kMisses = 5;
 
-std::optional<PeerSnapshot> PeerAt(ManagerImpl& m, const RankId& id) {
-  for (const PeerSnapshot& p : m.Peers())
-    if (p.id.SameRank(id)) return p;
-  return std::nullopt;
-}
-
 // The stopped rank is prefill or decode (the parameter); the other fails it.
 class SglangServerRejoinTest : public ::testing::TestWithParam<Role> {};
 
