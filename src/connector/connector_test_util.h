@@ -17,6 +17,7 @@
 #include "connector/manager_impl.h"
 #include "connector/test_cluster.h"
 #include "transport/fault/fault_transport.h"
+#include "transport/test_util.h"
 
 namespace kvbridge::internal {
 
@@ -41,6 +42,28 @@ WrapInFaults(std::vector<FaultTransport*>* faults) {
     faults->push_back(f.get());
     return f;
   };
+}
+
+// Everything prefill's worker ran before `done`'s write: the loopback
+// transport runs one endpoint's batches in order, so a write posted through
+// prefill's transport after the released batches completes after them.
+inline void BarrierBehindPrefillWrites(FaultTransport& prefill, FaultTransport& decode) {
+  std::vector<uint8_t> src(64, 1), dst(64, 0);
+  auto s = prefill.inner().RegisterMemory(src.data(), src.size(), MemoryKind::kDram);
+  auto d = decode.inner().RegisterMemory(dst.data(), dst.size(), MemoryKind::kDram);
+  ASSERT_TRUE(s.ok() && d.ok());
+  auto peer = prefill.inner().Connect(decode.Address());
+  ASSERT_TRUE(peer.ok());
+  auto remote = prefill.inner().ImportRegion(*peer, d->remote_key);
+  ASSERT_TRUE(remote.ok());
+  testing::Completions done;
+  ASSERT_TRUE(
+      prefill.inner().PostWrites(*peer, {WriteOp{s->id, 0, *remote, 0, 64}}, done.Callback()).ok());
+  ASSERT_TRUE(done.Wait(1)[0].ok());
+  EXPECT_EQ(dst[0], 1);
+  prefill.inner().Disconnect(*peer);
+  ASSERT_TRUE(prefill.inner().DeregisterMemory(s->id).ok());
+  ASSERT_TRUE(decode.inner().DeregisterMemory(d->id).ok());
 }
 
 // The endpoint `from` talks to `to` on, once their handshake proved both:

@@ -1,9 +1,11 @@
 // The authenticated handshake between a decode and a prefill rank
-// (peer_auth.h; docs/protocol.md, "The handshake"), and the rule every
-// control message passes before it is applied (Admit).
+// (peer_auth.h; docs/protocol.md, "The handshake"), from decode's connect
+// (EnsurePrefillPeer) to prefill's answer, and the rule every control
+// message passes before it is applied (Admit).
 #include <fmt/format.h>
 
 #include "common/log.h"
+#include "connector/layout_json.h"
 #include "connector/manager_impl.h"
 #include "transport/region_token.h"
 
@@ -110,6 +112,7 @@ Status ManagerImpl::GrantKeysFor(const std::string& key, HelloMsg& hello) {
     MutexLock lock(mu_);
     Peer* p = FindPeerLocked(key);
     if (p == nullptr) return UnavailableError(key + ": peer gone before its Hello left");
+    if (p->notice) return Status();  // met only to be told: it writes nothing here
     if (p->grant == 0) {
       grant = next_grant_++;
       mapping = WritesByMapping(p->id);
@@ -214,7 +217,7 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
   {
     MutexLock lock(mu_);
     Peer* p = FindPeerLocked(PeerKey(from));
-    if (p == nullptr || p->acked || p->failed || p->hello_session == 0 ||
+    if (p == nullptr || p->acked || (p->failed && !p->notice) || p->hello_session == 0 ||
         p->hello_session != c.decode_session || p->id.incarnation != from.incarnation) {
       // An answer to a Hello this rank no longer waits for (sent again on a
       // new endpoint, or answered already), or a replay.
@@ -273,15 +276,34 @@ void ManagerImpl::OnHelloProof(const RankId& from, const HelloProofMsg& p) {
 }
 
 bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Binding& b,
-                                    Outbox& out, PeerId* stale) {
+                                    Outbox& out, PeerId* fresh, PeerId* stale) {
   Peer* old = FindPeerLocked(PeerKey(from));
   if (old == nullptr) return false;
   // A peer this rank retired when it rejoined is replaced like a restarted
   // one: the new session is this incarnation's.
   if (old->id.incarnation == from.incarnation && old->ready && !old->retired) {
     // The same process again: it did not hear our answer. A failed peer
-    // stays failed (it learns so from the RankFailed it gets).
-    if (old->failed) return true;
+    // stays failed (it learns so from the RankFailed it gets). With
+    // sglang's server one this rank failed may have been cut off, its
+    // session closed at the failure (FailPeerWithRecordLocked), and make a
+    // new one to tell this rank what it found, or to be told: it gets the
+    // session, and nothing to write into (no region is imported).
+    if (old->failed) {
+      if (!sglang_registry_ || !old->failure || !IsFailureNotice(*old->failure, from, Self()))
+        return true;
+      if (old->tpeer != *fresh) {
+        by_tpeer_.erase(old->tpeer);
+        out.disconnect.push_back(old->tpeer);
+      }
+      DropBeatLocked(*old, out);
+      old->tpeer = std::exchange(*fresh, 0);
+      by_tpeer_[old->tpeer] = old;
+      auth_->Bind(old->tpeer, b);
+      Send(out, *old, HelloAckMsg{StatusCode::kOk, "", transport_->Address(), ""});
+      KVB_LOG_INFO("{}, which this rank failed, made a new handshake: answered, still failed",
+                   from.ToString());
+      return true;
+    }
     bool in_use = false;
     for (auto& [id, room] : senders_)
       for (auto& [rank, flow] : room->flows) in_use = in_use || flow.peer_key == old->key;
@@ -317,11 +339,11 @@ void ManagerImpl::AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer,
   bool keep_old = false;
   {
     MutexLock lock(mu_);
-    keep_old = KeepOldPeerLocked(from, b, out, &stale);
+    keep_old = KeepOldPeerLocked(from, b, out, &tpeer, &stale);
   }
   Flush(out);
   if (keep_old) {
-    transport_->Disconnect(tpeer);
+    if (tpeer != 0) transport_->Disconnect(tpeer);
     return;
   }
   if (stale != 0) transport_->Disconnect(stale);
@@ -388,6 +410,169 @@ void ManagerImpl::AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer,
   // resolver thread, where it waited behind the first requests' writes
   // (0.6 s in `kvbridge demo --hosts 2`), and so did the heartbeats.
   OpenBeat(key, address, tpeer_now);
+}
+
+namespace {
+
+// A prefill rank as its registry record describes it, not yet connected.
+std::unique_ptr<Peer> PrefillPeerOf(const std::string& key, const RankRecord& rec,
+                                    RankLayout layout) {
+  auto peer = std::make_unique<Peer>();
+  peer->key = key;
+  peer->shared_key = SharedKey(std::make_shared<const std::string>(key));
+  peer->id = RankIdOf(rec);
+  peer->address = rec.transport_address;
+  peer->layout = std::move(layout);
+  peer->tp_size = rec.attn_tp_size;
+  return peer;
+}
+
+}  // namespace
+
+Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* registered,
+                                                   const FailureRecord* notice) {
+  const std::string key = PeerKey(pos);
+  uint64_t failed_incarnation = 0;
+  {
+    MutexLock lock(mu_);
+    Peer* p = FindPeerLocked(key);
+    if (p != nullptr && p->ready && !p->failed) return key;
+    // One retired by this rank's rejoin is connected again, whatever it is now.
+    if (p != nullptr && p->failed && !p->retired) failed_incarnation = p->id.incarnation;
+  }
+  Result<RankRecord> rec = registry_->GetRank(pos.dp, pos.cp, pos.tp, pos.pp);
+  if (!rec.ok()) return rec.status().WithContext(key);
+  *registered = RankIdOf(*rec);
+  const bool same = failed_incarnation != 0 && rec->incarnation == failed_incarnation;
+  if (same && notice == nullptr) return UnavailableError(key + " failed and has not restarted");
+  KVB_ASSIGN_OR_RETURN(RankLayout layout, LayoutFromJson(rec->layout));
+  KVB_RETURN_IF_ERROR(CheckCompatible(layout, layout_));
+  std::unique_ptr<Peer> peer = PrefillPeerOf(key, *rec, std::move(layout));
+  KVB_ASSIGN_OR_RETURN(peer->tpeer, transport_->Connect(rec->transport_address));
+  const PeerId tpeer = peer->tpeer;
+  Peer* const mine = peer.get();
+  PeerId stale = 0;
+  Outbox out;
+  {
+    // In the table before the Hello leaves: its answer can come at once.
+    MutexLock lock(mu_);
+    Peer* old = FindPeerLocked(key);
+    if (old != nullptr) {
+      if (same) peer->remeet = {old->remeet.at, old->remeet.waits, old->remeet.count + 1};
+      if (!old->failed)
+        FailPeerLocked(*old, FailureCause::kPeerExited,
+                       fmt::format("restarted as pid {}", peer->id.pid), "new incarnation", out);
+      // The same process rejoined. Writes decode can revoke wait for their
+      // revoke (FenceRound); those it cannot (a same-host peer that maps our
+      // pages) the rejoin waited for.
+      if (SameProcess(HostOf(old->id), HostOf(peer->id)) && (old->grant == 0 || old->mapping) &&
+          OnThisHost(old->id))
+        QuiesceRejoinedLocked(key, old->id.incarnation);
+      stale = old->tpeer;
+      by_tpeer_.erase(old->tpeer);
+      DropBeatLocked(*old, out);
+      if (old->grant != 0 && !old->fenced)
+        retired_grants_.push_back({key, old->id.incarnation, old->grant, old->mapping});
+    }
+    // Met again only to be told: failed from the start (its record keeps
+    // blocking its rooms).
+    peer->failed = peer->notice = same;
+    if (same) peer->failure = *notice;
+    if (!same) dead_ranks_.erase(key);
+    peer->ready = true;
+    peer->acked = false;
+    peer->hello_attempts = 1;
+    peer->hello_at = Now();
+    peer->last_heard = Now();
+    peer->last_heard_wall = WallNow();
+    by_tpeer_[peer->tpeer] = peer.get();
+    peers_[key] = std::move(peer);
+  }
+  Flush(out);
+  if (stale != 0) transport_->Disconnect(stale);
+  Status sent = SendHello(key, tpeer);
+  if (!sent.ok()) {
+    {
+      MutexLock lock(mu_);
+      auto it = peers_.find(key);
+      if (it != peers_.end() && it->second.get() == mine) {
+        by_tpeer_.erase(tpeer);
+        if (mine->notice) {  // stays, failed: MeetPrefillAgain tries again
+          mine->notice = false;
+          mine->tpeer = 0;
+        } else {
+          peers_.erase(it);
+        }
+      }
+    }
+    transport_->Disconnect(tpeer);
+    return sent.WithContext(key);
+  }
+  // "connected to ... via PATH" follows with the peer's HelloAck.
+  KVB_LOG_DEBUG("handshake sent to {}", key);
+  return key;
+}
+
+HelloMsg ManagerImpl::MakeHello() const {
+  return HelloMsg{layout_,  layout_.tp_size, transport_->Address(),
+                  kv_keys_, aux_keys_,       state_keys_};
+}
+
+void ManagerImpl::RetryHello(const std::string& key) {
+  std::lock_guard<std::mutex> resolve(resolve_mu_);
+  std::string address;
+  PeerId old_tpeer = 0;
+  {
+    MutexLock lock(mu_);
+    Peer* p = FindPeerLocked(key);
+    if (p == nullptr || p->acked || p->failed) return;
+    address = p->address;
+    old_tpeer = p->tpeer;
+  }
+  // Not through shared memory: the peer's queue may be blocked (transport.h).
+  Result<PeerId> conn = transport_->ConnectOverNetwork(address);
+  bool swapped = false;
+  int attempt = 0;
+  int late = 0;
+  {
+    MutexLock lock(mu_);
+    Peer* p = FindPeerLocked(key);
+    if (p != nullptr && !p->acked && !p->failed && p->tpeer == old_tpeer) {
+      // Counted even when no new endpoint could be opened: the next try
+      // waits longer, and the rank is blamed once the budget is spent.
+      attempt = ++p->hello_attempts;
+      late = p->late_challenges;
+      p->hello_at = Now();
+      if (conn.ok()) {
+        // Swapped before the Hello leaves: its answer flushes what is held
+        // onto the new endpoint, never the stuck one.
+        by_tpeer_.erase(old_tpeer);
+        p->tpeer = *conn;
+        p->over_network = true;
+        by_tpeer_[p->tpeer] = p;
+        swapped = true;
+      }
+    }
+  }
+  if (!conn.ok()) {
+    KVB_LOG_WARN("handshake with {}: cannot open a new endpoint: {}", key,
+                 conn.status().ToString());
+    return;
+  }
+  if (!swapped) {  // answered (or failed) meanwhile
+    transport_->Disconnect(*conn);
+    return;
+  }
+  transport_->Disconnect(old_tpeer);
+  Status sent = SendHello(key, *conn);
+  if (!sent.ok()) {
+    KVB_LOG_WARN("handshake with {}: cannot send it again: {}", key, sent.ToString());
+    return;
+  }
+  KVB_LOG_WARN(
+      "no answer from {} to the handshake; sent it again on a new endpoint (attempt {}; "
+      "challenges that came for earlier attempts: {})",
+      key, attempt, late);
 }
 
 }  // namespace kvbridge::internal

@@ -307,8 +307,7 @@ void ManagerImpl::WakeRegistryRound() {
 }
 
 void ManagerImpl::StartThreads() {
-  // A registry that pushes changes wakes the registry thread (etcd's watch):
-  // records and membership changes are applied as they arrive.
+  // A registry that pushes changes (etcd's watch) wakes the registry thread.
   registry_->SetChangeCallback([this] { WakeRegistryRound(); });
   if (!hooks_.manual_ticks) ticker_ = std::thread([this] { EveryHeartbeat([this] { Tick(); }); });
   registry_thread_ = std::thread([this] {
@@ -331,9 +330,9 @@ ManagerImpl::~ManagerImpl() {
   if (beat_thread_.joinable()) beat_thread_.join();
   if (resolver_.joinable()) resolver_.join();
   if (registry_) registry_->SetChangeCallback(nullptr);
-  // Transport threads may still deliver messages and completions, which
-  // flush more work: from here on nothing reaches the engine or the
-  // transport, and the engine goes only once no flush is under way.
+  // Transport threads may still deliver messages and completions, which flush
+  // more work: now nothing reaches the engine or the transport, and the engine
+  // goes only once no flush is under way.
   closing_.store(true);
   while (flushing_.load() != 0) std::this_thread::yield();
   engine_.reset();  // queued chunks complete Aborted (OnChunkDone: metrics still up)
@@ -438,9 +437,9 @@ template <typename Room>
 bool ManagerImpl::MarkRoomFailedLocked(Room& room, FailureRecord& record) {
   if (room.failure || room.poll() == KVPoll::kSuccess) return false;
   record.room = room.room;
-  // A rank's failure fails this request in the phase it was in here (the
-  // record as detected carries the detector's, or none: a request waiting
-  // for metadata was said to fail "during transferring").
+  // A rank's failure fails this request in the phase it was in here (the record
+  // as detected carries the detector's: a request waiting for metadata was
+  // said to fail "during transferring").
   if (IsRankFailure(record.cause)) record.phase = room.phase;
   record.is_from_another_rank = IsFromAnotherRank(record.origin);
   room.failure = record;
@@ -451,8 +450,8 @@ bool ManagerImpl::MarkRoomFailedLocked(Room& room, FailureRecord& record) {
     metrics_->Finished(false, std::chrono::duration<double>(Now() - room.created).count());
   }
   KVB_LOG_WARN("{}", record.Message());
-  // A request's own failure detected here travels to its other ranks (a
-  // rank failure is published once, by whoever detected it).
+  // A request's own failure detected here travels to its other ranks (a rank
+  // failure is published once, by whoever detected it).
   if (!IsRankFailure(record.cause) && record.detected_by.SameRank(Self()) &&
       record.detected_by.pid == self_.pid)
     PublishLocked(record);
@@ -492,7 +491,6 @@ void ManagerImpl::OnMessage(std::string_view bytes, const RankId* proven) {
       peer->heard_since_ready = peer->heard_since_ready || peer->ready;
       peer->last_heard = Now();
       peer->last_heard_wall = WallNow();
-      TellFailedPeerLocked(*peer, out);
     }
     std::visit(
         [&](auto& body) KVB_REQUIRES(mu_) {
@@ -516,11 +514,18 @@ void ManagerImpl::OnMessage(std::string_view bytes, const RankId* proven) {
           }
         },
         m.body);
+    // After it: a notice it carried fenced this rank, which tells nobody.
+    if (Peer* again = PeerFromLocked(m.from)) TellFailedPeerLocked(*again, out);
   }
   Flush(out);
 }
 
 void ManagerImpl::OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& out) {
+  if (peer.notice) {  // met again only to be told (MeetPrefillAgain); OnMessage tells it
+    peer.notice = false;
+    peer.acked = true;
+    return;
+  }
   if (peer.failed) return;
   if (ack.code != StatusCode::kOk) {
     FailPeerLocked(peer, FailureCause::kLayoutMismatch, ack.message, "handshake", out);

@@ -115,9 +115,8 @@ class ManagerImpl {
   // knows of: what a request that did not fail here should blame.
   std::optional<FailureRecord> RecentRankFailure() const;
   std::vector<PeerSnapshot> Peers() const;
-  // Tests: judge every peer's liveness as if it ran on another host, with
-  // no /proc to read (a same-host peer that is running is otherwise given
-  // ten silence limits), as between machines.
+  // Tests: judge every peer's liveness as across machines, with no /proc (a
+  // running same-host peer is otherwise given ten silence limits).
   void JudgeLivenessAsRemoteForTest() { liveness_as_remote_ = true; }
   // Best effort from a dying process (fatal signal, std::terminate): tell
   // peers and the registry who died and why. Never blocks for long.
@@ -154,6 +153,15 @@ class ManagerImpl {
   void OnPeerFailure(PeerId peer, const Status& why);
 
   // The authenticated handshake (handshake.cc, peer_auth.h).
+  // Connects to the prefill rank at `position` unless already connected;
+  // `registered` gets its registry record once read. With `notice`, a failed
+  // rank found at the same incarnation is met again to be told (Peer::notice).
+  Result<std::string> EnsurePrefillPeer(const RankId& position, RankId* registered,
+                                        const FailureRecord* notice = nullptr);
+  HelloMsg MakeHello() const;
+  // Sends the Hello to the prefill rank at `key` again on a new endpoint and
+  // drops the old one (the Hello on it got no answer).
+  void RetryHello(const std::string& key);
   // Whether a decoded message may be applied: a plain one only when it is a
   // handshake message this role takes; a sealed one only when it names the
   // rank its session proved (and a RankFailed only about that rank).
@@ -171,11 +179,12 @@ class ManagerImpl {
   // Prefill: a proven Hello: replaces an old incarnation, imports the
   // regions and answers (sealed) on `tpeer`, bound to `b`.
   void AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer, AuthTransport::Binding b);
-  // What a proven Hello does to the peer at its position: true when that
-  // peer stays (the same process, answered again on its endpoint, or failed);
-  // else it is gone and `stale` names its endpoint.
+  // What a proven Hello on `*fresh` does to the peer at its position: true
+  // when that peer stays (the same process, answered again on its endpoint,
+  // or failed: with sglang's server it takes `*fresh`, set to 0, to be told
+  // or to tell); else it is gone and `stale` names its endpoint.
   bool KeepOldPeerLocked(const RankId& from, const AuthTransport::Binding& b, Outbox& out,
-                         PeerId* stale) KVB_REQUIRES(mu_);
+                         PeerId* fresh, PeerId* stale) KVB_REQUIRES(mu_);
   void Tick();
   // Ticker: says once per step that the transport's delivery thread is stuck
   // in it (Transport::DeliveryBusy) when it has lasted half the silence limit.
@@ -191,7 +200,7 @@ class ManagerImpl {
   void ResolveRound();
   // Opens Peer::beat for every proven peer that lacks one (resolver thread).
   void OpenBeatEndpoints();
-  void ReconnectRetiredPrefill();  // decode, sglang's server: after a rejoin (peers.cc)
+  void MeetPrefillAgain();  // decode, sglang's server: retired, or failed across hosts
   // Opens `key`'s heartbeat endpoint and takes it if the peer still uses
   // `tpeer` and has none (blocks for the connect: no lock held).
   void OpenBeat(const std::string& key, const std::string& address, PeerId tpeer) KVB_EXCLUDES(mu_);
@@ -230,7 +239,8 @@ class ManagerImpl {
                       Outbox& out) KVB_REQUIRES(mu_);
   void FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base, Outbox& out)
       KVB_REQUIRES(mu_);
-  void TellFailedPeerLocked(Peer& peer, Outbox& out) KVB_REQUIRES(mu_);  // it spoke: peers.cc
+  void TellFailedPeerLocked(Peer& peer, Outbox& out) KVB_REQUIRES(mu_);     // it spoke: peers.cc
+  bool FailedItFirstLocked(const FailureRecord& notice) KVB_REQUIRES(mu_);  // propagation.cc
   // Whether a failed peer can no longer write into this rank's pages, so
   // requests it fed are quiet without its Quiesced answer: only a process
   // that is gone (or a broken link to another host); not a stopped or silent
@@ -248,8 +258,7 @@ class ManagerImpl {
   bool RetirePeersLocked(const FailureRecord& why, Outbox& out) KVB_REQUIRES(mu_);
   // Lifts the fence and forgets what incarnation `from` gathered.
   void FinishRejoinLocked(uint64_t from) KVB_REQUIRES(mu_);
-  // One heartbeat to the registry, on a thread of its own: the reads of a
-  // RegistryRound (slow on a lossy link) must not delay it.
+  // One heartbeat to the registry, on its own thread (RegistryRound's reads may be slow).
   void BeatRound();
   // Applies a failure of another rank learned from the registry or a peer:
   // fails the peer, sibling requests, or requests of the failed instance.
@@ -262,9 +271,8 @@ class ManagerImpl {
   // at its position (by `live`, or by the peer this rank talks to there).
   bool ReplacedLocked(const RankId& origin, const std::map<std::string, uint64_t>* live)
       KVB_REQUIRES(mu_);
-  // Queues a record for the registry: a rank failure, or a request's
-  // failure this rank detected (a room record, for the request's other
-  // ranks).
+  // Queues a record for the registry: a rank failure, or a request's failure
+  // this rank detected (a room record, for the request's other ranks).
   void PublishLocked(const FailureRecord& record) KVB_REQUIRES(mu_);
   // Room records (a request failed on another rank for a reason of its own:
   // bad input, abort, deadline, layout): kept for GroupFailure and applied to
@@ -305,8 +313,7 @@ class ManagerImpl {
   // request made after a restarted rank registered is never failed with its
   // previous process's record. Takes mu_ itself.
   void ForgetRestartedRanks();
-  // Forgets dead ranks whose position `ranks` shows held by a live new
-  // incarnation.
+  // Forgets dead ranks whose position `ranks` shows held by a new live one.
   void ForgetRestartedLocked(const std::vector<RankStatus>& ranks) KVB_REQUIRES(mu_);
   // Publishes the failure records queued for the registry (RegistryRound);
   // `answered_before` is when the registry answered the round before this.
@@ -398,13 +405,6 @@ class ManagerImpl {
   void AdoptSources(ReceiverRoom& room, std::vector<ReceiverSource> sources);
   void FailUnresolved(ReceiverRoom& room, const Status& s,
                       const std::optional<RankId>& incompatible);
-  // Connects to the prefill rank at `position` unless already connected;
-  // `registered` gets the registry's record of it (host, pid) once read.
-  Result<std::string> EnsurePrefillPeer(const RankId& position, RankId* registered);
-  HelloMsg MakeHello() const;
-  // Sends the Hello to the prefill rank at `key` again on a new endpoint and
-  // drops the old one (the Hello on it got no answer).
-  void RetryHello(const std::string& key);
   void OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& out) KVB_REQUIRES(mu_);
   void SendMetaLocked(ReceiverRoom& room, Outbox& out) KVB_REQUIRES(mu_);
   void OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out) KVB_REQUIRES(mu_);

@@ -88,7 +88,7 @@ struct Peer {
   bool retired = false;
   // Decode side, with sglang's server: when this failed peer was last looked
   // up again as a room's witness (EnsureWitnesses), or this retired one to
-  // meet it again (ReconnectRetiredPrefill, at most kReconnectTries times,
+  // meet it again (MeetPrefillAgain, at most kReconnectTries times,
   // once a silence limit, and only if it was healthy until the rejoin).
   SteadyTime witness_lookup_at{};
   static constexpr int kReconnectTries = 5;
@@ -96,6 +96,22 @@ struct Peer {
   // When this rank last told the failed peer that it failed it
   // (TellFailedPeerLocked): once a heartbeat interval at most.
   SteadyTime told_failed_at{};
+  // Decode side, with sglang's server: a prefill rank this rank failed as
+  // unreachable on another host (its session closed) is met again at the
+  // same incarnation only to tell it so (MeetPrefillAgain). That peer is
+  // failed from the start, with the same record; `notice` while its
+  // handshake runs (it gets no write grant). Tried when its rank endpoint
+  // answers, at most once per `remeet.waits` silence limits (doubling to
+  // kMaxRemeetWaits) and kMaxRemeets times, carried over from the failed
+  // peer it replaces.
+  bool notice = false;
+  struct Remeet {
+    SteadyTime at{};
+    int waits = 1;  // silence limits
+    int count = 0;  // handshakes made
+  } remeet;
+  static constexpr int kMaxRemeetWaits = 4;
+  static constexpr int kMaxRemeets = 8;
   // When something last came from the peer, on the manager's Clock (set
   // when the peer is made).
   SteadyTime last_heard{};

@@ -253,44 +253,74 @@ void ManagerImpl::ResolveRound() {
   for (const std::string& key : retry_hello) RetryHello(key);
   FenceRound();
   if (opts_.role == Role::kDecode) RetryUnresolved();
-  if (opts_.role == Role::kDecode && sglang_registry_) ReconnectRetiredPrefill();
+  if (opts_.role == Role::kDecode && sglang_registry_) MeetPrefillAgain();
   OpenBeatEndpoints();
 }
 
-// A decode rank that rejoined (rejoin.cc) is a new incarnation its prefill
-// peers hear of only through a handshake; until then each holds the old one
-// failed and fails this instance's new requests at once
-// (NewRoomBlockerLocked). kvbridge's registry lists the new incarnation, so
-// they forget the old one from there; sglang's server lists no decode rank,
-// so the handshake is made now rather than at the next request that needs
-// the peer. Each retired peer is tried once a round until it is met again.
-void ManagerImpl::ReconnectRetiredPrefill() {
-  std::vector<RankId> retired;
+// Decode, with sglang's server, which tells no rank it was fenced and lists
+// no decode rank. Two kinds of prefill peer are met again here:
+// - those retired when this rank rejoined (rejoin.cc): each holds the old
+//   incarnation failed and fails this instance's new requests
+//   (NewRoomBlockerLocked) until a handshake shows it the new one. Only
+//   peers healthy until the rejoin, kReconnectTries times, once a silence
+//   limit.
+// - one this rank failed as unreachable on another host: its session was
+//   closed then, so nothing it says reaches this rank, nothing tells it it
+//   was fenced, and the pair would stay apart until one restarted. Once its
+//   rank endpoint answers again at the same incarnation (the lookup reaches
+//   its host), a handshake is made only to tell it (Peer::notice): it
+//   fences itself and rejoins as a new incarnation, which a later lookup
+//   finds. Backing off while its host stays out of reach (Peer::remeet).
+void ManagerImpl::MeetPrefillAgain() {
+  const auto limit = opts_.heartbeat_interval * opts_.heartbeat_misses;
+  auto cut_off = [this](const Peer& p) {
+    return !p.retired && p.failed && p.remeet.count < Peer::kMaxRemeets && p.failure &&
+           p.failure->cause == FailureCause::kPeerUnreachable && !OnThisHost(p.id) &&
+           IsFailureNotice(*p.failure, p.id, Self());
+  };
+  std::vector<std::pair<RankId, std::optional<FailureRecord>>> todo;  // notice: cut off
   {
     MutexLock lock(mu_);
     if (fatal_) return;
+    const SteadyTime now = Now();
     for (auto& [key, peer] : peers_) {
-      if (!peer->retired || peer->reconnect_tries <= 0 || peer->id.role != Role::kPrefill ||
-          Now() - peer->witness_lookup_at < opts_.heartbeat_interval * opts_.heartbeat_misses)
-        continue;
-      peer->witness_lookup_at = Now();
-      --peer->reconnect_tries;
-      retired.push_back(peer->id);
+      if (peer->id.role != Role::kPrefill) continue;
+      if (peer->retired && peer->reconnect_tries > 0 && now - peer->witness_lookup_at >= limit) {
+        peer->witness_lookup_at = now;
+        --peer->reconnect_tries;
+        todo.emplace_back(peer->id, std::nullopt);
+      } else if (cut_off(*peer) && now >= peer->remeet.at) {
+        const bool first = peer->remeet.at == SteadyTime{};  // not in the round it failed
+        peer->remeet.at = now + limit * peer->remeet.waits;
+        peer->remeet.waits = std::min(peer->remeet.waits * 2, Peer::kMaxRemeetWaits);
+        if (!first) todo.emplace_back(peer->id, peer->failure);
+      }
     }
   }
-  for (const RankId& id : retired) {
+  std::set<std::string> unreached;  // hosts: one lookup that waits each round
+  for (const auto& [id, notice] : todo) {
+    // Its host first, without the resolver lock: behind a partition this
+    // lookup of its rank endpoint waits for the client's timeout.
+    if (notice &&
+        (unreached.count(id.host) > 0 || !registry_->GetRank(id.dp, id.cp, id.tp, id.pp).ok())) {
+      unreached.insert(id.host);
+      continue;
+    }
     // As ResolveSources: one lookup and install at a time, and only while
-    // the peer is still the retired one (a request may have met it since).
+    // the peer is still the one chosen (a request may have met it since).
     std::lock_guard<std::mutex> resolve(resolve_mu_);
     {
       MutexLock lock(mu_);
       Peer* p = FindPeerLocked(PeerKey(id));
-      if (p == nullptr || !p->retired) continue;
+      if (p == nullptr || p->id.incarnation != id.incarnation ||
+          !(notice ? cut_off(*p) : p->retired))
+        continue;
     }
     RankId registered;
-    Result<std::string> key = EnsurePrefillPeer(id, &registered);
+    Result<std::string> key = EnsurePrefillPeer(id, &registered, notice ? &*notice : nullptr);
     if (!key.ok())
-      KVB_LOG_INFO("meeting {} again after this rank rejoined: {}", id.ShortName(),
+      KVB_LOG_INFO("meeting {} again ({}): {}", id.ShortName(),
+                   notice ? "to tell it this rank failed it" : "after this rank rejoined",
                    key.status().ToString());
   }
 }

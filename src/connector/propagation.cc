@@ -293,6 +293,7 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
   }
   if (r.origin.SameRank(Self())) {
     if (r.origin.incarnation != incarnation_.load() || fatal_) return;
+    if (FailedItFirstLocked(r)) return;
     // Others declared this process failed (e.g. it was stopped): it is fenced
     // until restarted, so nothing it does now can land on stale pages.
     KVB_LOG_ERROR("this rank was declared failed by {}: {}", r.detected_by.ShortName(),
@@ -323,6 +324,24 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
                                room->prefill_dp_rank == r.origin.dp);
     if (touches) FailReceiverLocked(*room, r, out);
   }
+}
+
+// With sglang's server, of two ranks that failed each other the one failed
+// first is fenced, as a registry would have it: a peer this rank failed
+// before it failed this one (stopped, it found its session closed when it
+// resumed and failed this rank) is told so in turn (OnMessage:
+// TellFailedPeerLocked) and its word is not taken.
+bool ManagerImpl::FailedItFirstLocked(const FailureRecord& notice) {
+  if (!sglang_registry_) return false;
+  const Peer* p = FindPeerLocked(PeerKey(notice.detected_by));
+  if (p == nullptr || !p->failed || !p->failure ||
+      !IsFailureNotice(*p->failure, notice.detected_by, Self()) ||
+      p->failure->detected_at >= notice.detected_at)
+    return false;
+  ++stale_dropped_;
+  KVB_LOG_WARN("not fenced by {}, which this rank failed first ({}); telling it so",
+               notice.detected_by.ShortName(), p->failure->Message());
+  return true;
 }
 
 void ManagerImpl::BeatRound() {

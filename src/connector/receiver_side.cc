@@ -132,18 +132,35 @@ Result<ParallelInfo> ManagerImpl::PrefillParallelInfo() {
 }
 
 Status ManagerImpl::FailIfSourceInstanceDead(const std::shared_ptr<ReceiverRoom>& room) {
-  std::vector<std::pair<std::string, FailureRecord>> dead;
+  struct Dead {
+    std::string key;
+    FailureRecord record;
+    bool look_up = true;  // whether it may have restarted
+  };
+  std::vector<Dead> dead;
   {
     MutexLock lock(mu_);
-    for (const auto& [key, r] : dead_ranks_)
-      if (r.origin.role == Role::kPrefill && r.origin.dp == room->prefill_dp_rank)
-        dead.emplace_back(key, r);
+    for (const auto& [key, r] : dead_ranks_) {
+      if (r.origin.role != Role::kPrefill || r.origin.dp != room->prefill_dp_rank) continue;
+      // With sglang's server the lookup reads the rank's own endpoint: for
+      // a rank cut off on another host it would wait for the client's
+      // timeout on every request. Until its host answered the resolver
+      // (MeetPrefillAgain, which told it), it is taken as not restarted.
+      const Peer* p = FindPeerLocked(key);
+      const bool unreached = sglang_registry_ && p != nullptr && p->failure &&
+                             p->failure->cause == FailureCause::kPeerUnreachable &&
+                             !OnThisHost(p->id) && p->told_failed_at == SteadyTime{};
+      dead.push_back({key, r, !unreached});
+    }
   }
-  for (const auto& [key, r] : dead) {
-    Result<RankRecord> now = registry_->GetRank(r.origin.dp, r.origin.cp, r.origin.tp, r.origin.pp);
+  for (const Dead& d : dead) {
+    const FailureRecord& r = d.record;
+    Result<RankRecord> now =
+        d.look_up ? registry_->GetRank(r.origin.dp, r.origin.cp, r.origin.tp, r.origin.pp)
+                  : Result<RankRecord>(UnavailableError("not reached"));
     if (now.ok() && now->incarnation != r.origin.incarnation) {
       MutexLock lock(mu_);
-      dead_ranks_.erase(key);  // restarted
+      dead_ranks_.erase(d.key);  // restarted
       continue;
     }
     Outbox out;
@@ -251,148 +268,6 @@ void ManagerImpl::FailUnresolved(ReceiverRoom& room, const Status& s,
     }
   }
   Flush(out);
-}
-
-Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* registered) {
-  const std::string key = PeerKey(pos);
-  uint64_t failed_incarnation = 0;
-  {
-    MutexLock lock(mu_);
-    Peer* p = FindPeerLocked(key);
-    if (p != nullptr && p->ready && !p->failed) return key;
-    // A peer retired by this rank's rejoin failed for this rank's own
-    // isolation, not its own: it is connected again, whatever it is now.
-    if (p != nullptr && p->failed && !p->retired) failed_incarnation = p->id.incarnation;
-  }
-  Result<RankRecord> rec = registry_->GetRank(pos.dp, pos.cp, pos.tp, pos.pp);
-  if (!rec.ok()) return rec.status().WithContext(key);
-  *registered = RankIdOf(*rec);
-  if (failed_incarnation != 0 && rec->incarnation == failed_incarnation)
-    return UnavailableError(key + " failed and has not restarted");
-  KVB_ASSIGN_OR_RETURN(RankLayout layout, LayoutFromJson(rec->layout));
-  KVB_RETURN_IF_ERROR(CheckCompatible(layout, layout_));
-  auto peer = std::make_unique<Peer>();
-  peer->key = key;
-  peer->shared_key = SharedKey(std::make_shared<const std::string>(key));
-  peer->id = RankIdOf(*rec);
-  peer->address = rec->transport_address;
-  peer->layout = std::move(layout);
-  peer->tp_size = rec->attn_tp_size;
-  KVB_ASSIGN_OR_RETURN(peer->tpeer, transport_->Connect(rec->transport_address));
-  const PeerId tpeer = peer->tpeer;
-  Peer* const mine = peer.get();
-  PeerId stale = 0;
-  Outbox out;
-  {
-    // In the table before the Hello leaves: its answer can come at once.
-    MutexLock lock(mu_);
-    Peer* old = FindPeerLocked(key);
-    if (old != nullptr) {
-      if (!old->failed)
-        FailPeerLocked(*old, FailureCause::kPeerExited,
-                       fmt::format("restarted as pid {}", peer->id.pid), "new incarnation", out);
-      // The same process rejoined. Writes decode can revoke wait for their
-      // revoke (FenceRound); those it cannot (a same-host peer that maps our
-      // pages) the rejoin waited for.
-      if (SameProcess(HostOf(old->id), HostOf(peer->id)) && (old->grant == 0 || old->mapping) &&
-          OnThisHost(old->id))
-        QuiesceRejoinedLocked(key, old->id.incarnation);
-      stale = old->tpeer;
-      by_tpeer_.erase(old->tpeer);
-      DropBeatLocked(*old, out);
-      if (old->grant != 0 && !old->fenced)
-        retired_grants_.push_back({key, old->id.incarnation, old->grant, old->mapping});
-    }
-    dead_ranks_.erase(key);
-    peer->ready = true;
-    peer->acked = false;
-    peer->hello_attempts = 1;
-    peer->hello_at = Now();
-    peer->last_heard = Now();
-    peer->last_heard_wall = WallNow();
-    by_tpeer_[peer->tpeer] = peer.get();
-    peers_[key] = std::move(peer);
-  }
-  Flush(out);
-  if (stale != 0) transport_->Disconnect(stale);
-  Status sent = SendHello(key, tpeer);
-  if (!sent.ok()) {
-    {
-      MutexLock lock(mu_);
-      auto it = peers_.find(key);
-      if (it != peers_.end() && it->second.get() == mine) {
-        by_tpeer_.erase(tpeer);
-        peers_.erase(it);
-      }
-    }
-    transport_->Disconnect(tpeer);
-    return sent.WithContext(key);
-  }
-  // "connected to ... via PATH" follows with the peer's HelloAck.
-  KVB_LOG_DEBUG("handshake sent to {}", key);
-  return key;
-}
-
-HelloMsg ManagerImpl::MakeHello() const {
-  return HelloMsg{layout_,  layout_.tp_size, transport_->Address(),
-                  kv_keys_, aux_keys_,       state_keys_};
-}
-
-void ManagerImpl::RetryHello(const std::string& key) {
-  std::lock_guard<std::mutex> resolve(resolve_mu_);
-  std::string address;
-  PeerId old_tpeer = 0;
-  {
-    MutexLock lock(mu_);
-    Peer* p = FindPeerLocked(key);
-    if (p == nullptr || p->acked || p->failed) return;
-    address = p->address;
-    old_tpeer = p->tpeer;
-  }
-  // Not through shared memory: the peer's queue may be blocked (transport.h).
-  Result<PeerId> conn = transport_->ConnectOverNetwork(address);
-  bool swapped = false;
-  int attempt = 0;
-  int late = 0;
-  {
-    MutexLock lock(mu_);
-    Peer* p = FindPeerLocked(key);
-    if (p != nullptr && !p->acked && !p->failed && p->tpeer == old_tpeer) {
-      // Counted even when no new endpoint could be opened: the next try
-      // waits longer, and the rank is blamed once the budget is spent.
-      attempt = ++p->hello_attempts;
-      late = p->late_challenges;
-      p->hello_at = Now();
-      if (conn.ok()) {
-        // Swapped before the Hello leaves: its answer flushes what is held
-        // onto the new endpoint, never the stuck one.
-        by_tpeer_.erase(old_tpeer);
-        p->tpeer = *conn;
-        p->over_network = true;
-        by_tpeer_[p->tpeer] = p;
-        swapped = true;
-      }
-    }
-  }
-  if (!conn.ok()) {
-    KVB_LOG_WARN("handshake with {}: cannot open a new endpoint: {}", key,
-                 conn.status().ToString());
-    return;
-  }
-  if (!swapped) {  // answered (or failed) meanwhile
-    transport_->Disconnect(*conn);
-    return;
-  }
-  transport_->Disconnect(old_tpeer);
-  Status sent = SendHello(key, *conn);
-  if (!sent.ok()) {
-    KVB_LOG_WARN("handshake with {}: cannot send it again: {}", key, sent.ToString());
-    return;
-  }
-  KVB_LOG_WARN(
-      "no answer from {} to the handshake; sent it again on a new endpoint (attempt {}; "
-      "challenges that came for earlier attempts: {})",
-      key, attempt, late);
 }
 
 Status ManagerImpl::ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& room,

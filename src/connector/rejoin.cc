@@ -24,12 +24,15 @@ bool ManagerImpl::RetirePeersLocked(const FailureRecord& why, Outbox& out) {
   for (auto& [key, peer] : peers_) {
     if (!peer->retired) {
       peer->retired = true;
+      // Healthy until this rank's own fence, or cut off on another host (it
+      // may live on, holding this incarnation failed): met again after the
+      // rejoin (MeetPrefillAgain). One that exited is not chased.
+      if (!peer->failed || (peer->failure && !OnThisHost(peer->id) &&
+                            peer->failure->cause == FailureCause::kPeerUnreachable))
+        peer->reconnect_tries = Peer::kReconnectTries;
       if (!peer->failed) {
         peer->failed = true;
         peer->failure = why;
-        // Healthy until this rank's own fence: met again after the rejoin
-        // (ReconnectRetiredPrefill); one that failed before is not chased.
-        peer->reconnect_tries = Peer::kReconnectTries;
       }
       peer->held.clear();
       DropBeatLocked(*peer, out);

@@ -102,6 +102,125 @@ INSTANTIATE_TEST_SUITE_P(Victim, SglangServerRejoinTest,
                          ::testing::Values(Role::kPrefill, Role::kDecode),
                          [](const auto& info) { return std::string(RoleName(info.param)); });
 
+// Across hosts (another boot id: no /proc, no shared memory between them), a
+// partition makes each side fail the other as unreachable and close the
+// session at once, so that nothing queued lands after it heals. With
+// sglang's server nothing then told either rank: decode refused every
+// later request naming the prefill rank ("failed and has not restarted")
+// until one was restarted. Now, once the prefill rank's endpoint answers
+// again, decode makes a handshake only to tell it. Of the two, the one the
+// other failed first is fenced and rejoins (as a registry would have it),
+// and the other keeps its incarnation. The parameter is the side that goes
+// silent first; the other follows once it has been failed. The writes
+// prefill's old session had queued land nowhere.
+class SglangServerPartitionTest : public ::testing::TestWithParam<Role> {};
+
+// `first` (a rank's transport) goes silent until `victim` is failed by the
+// other side, then `second` too until the other side is failed by `victim`.
+void CutApart(FaultTransport& first, FaultTransport& second, ManagerImpl& victim,
+              ManagerImpl& other) {
+  const RankId v = victim.self(), o = other.self();
+  first.DropUrgentMessages(true);
+  first.DropMessages(true);
+  ASSERT_TRUE(WaitFor([&] {
+    auto p = PeerAt(other, v);
+    return p && p->failed;
+  })) << v.ShortName()
+      << " was not failed";
+  second.DropUrgentMessages(true);
+  second.DropMessages(true);
+  ASSERT_TRUE(WaitFor([&] {
+    auto p = PeerAt(victim, o);
+    return p && p->failed;
+  })) << "the two sides did not fail each other";
+}
+
+TEST_P(SglangServerPartitionTest, TheRankFailedFirstIsToldOnceItsHostAnswersAndServesAgain) {
+  std::vector<FaultTransport*> faults;  // prefill, decode
+  ClusterOptions o;
+  o.sglang_server = true;
+  o.wrap = WrapInFaults(&faults);
+  o.tweak = [](ManagerOptions& m) {
+    m.heartbeat_interval = milliseconds(50);
+    m.heartbeat_misses = 8;
+  };
+  o.tweak_hooks = [](CoreHooks& h, Role role, int) {
+    if (role == Role::kDecode) h.boot_id = "00000000-0000-4000-8000-00000000000d";
+  };
+  auto made = TestCluster::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  TestCluster& c = **made;
+  ASSERT_EQ(faults.size(), 2u);
+  ManagerImpl& prefill = ManagerAccess::Of(*c.prefill[0].manager);
+  ManagerImpl& decode = ManagerAccess::Of(*c.decode[0].manager);
+  const bool prefill_first = GetParam() == Role::kPrefill;
+  ManagerImpl& fenced = prefill_first ? prefill : decode;
+  ManagerImpl& kept = prefill_first ? decode : prefill;
+  const RankId fenced_old = fenced.self(), kept_old = kept.self();
+
+  // A request whose writes queue behind the partition.
+  Request cut{.room = 1, .src = {1, 2, 3, 4}, .dst = {30, 31, 32, 33}};
+  ASSERT_NO_FATAL_FAILURE(Start(c, cut, false));
+  c.decode[0].pool->Scrub(cut.dst, 0x5a);
+  faults[0]->HoldWrites();
+  ASSERT_TRUE(cut.senders[0]->Send(std::span(cut.src).first(2)).ok());
+  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldBatches() > 0; }));
+  ASSERT_NO_FATAL_FAILURE(
+      CutApart(*faults[prefill_first ? 0 : 1], *faults[prefill_first ? 1 : 0], fenced, kept));
+  ASSERT_TRUE(WaitFor([&] { return cut.receivers[0]->Poll() == KVPoll::kFailed; }));
+  ASSERT_TRUE(WaitFor([&] { return cut.senders[0]->Poll() == KVPoll::kFailed; }));
+  // Each side names a rank of the pair as unreachable (prefill may hold
+  // decode's finding about itself, which came before its own).
+  for (const auto& failure : {cut.receivers[0]->Failure(), cut.senders[0]->Failure()}) {
+    ASSERT_TRUE(failure.has_value());
+    EXPECT_EQ(failure->cause, FailureCause::kPeerUnreachable) << failure->Message();
+    EXPECT_TRUE(failure->origin.SameRank(fenced_old) || failure->origin.SameRank(kept_old))
+        << failure->Message();
+  }
+  EXPECT_EQ(cut.receivers[0]->Failure()->origin.ShortName(), "prefill tp0");
+  ASSERT_TRUE(WaitFor([&] { return cut.receivers[0]->Quiesced(); }));
+
+  // The partition heals. The rank failed first is told, fences itself and
+  // rejoins; the other keeps its incarnation.
+  for (FaultTransport* f : faults) {
+    f->DropUrgentMessages(false);
+    f->DropMessages(false);
+  }
+  ASSERT_TRUE(WaitFor([&] { return fenced.Stats().rejoins == 1; }))
+      << fenced_old.ShortName() << " was never told it was failed";
+  EXPECT_TRUE(fenced.self().SameRank(fenced_old));
+  EXPECT_NE(fenced.self().incarnation, fenced_old.incarnation);
+  // A decode rank that rejoined meets prefill again itself (sglang's server
+  // does not list it); until then prefill fails its instance's requests.
+  if (!prefill_first) {
+    ASSERT_TRUE(WaitFor([&] {
+      auto p = PeerAt(prefill, fenced_old);
+      return p && p->ready && !p->failed && p->id.incarnation == decode.self().incarnation;
+    })) << "prefill never met decode's new incarnation";
+  }
+
+  // What prefill's old session queued lands nowhere.
+  faults[0]->ReleaseHeldWrites();
+  ASSERT_NO_FATAL_FAILURE(BarrierBehindPrefillWrites(*faults[0], *faults[1]));
+  EXPECT_TRUE(c.decode[0].pool->PagesHold(cut.dst, 0x5a))
+      << "a write of prefill's fenced session landed after its room failed";
+
+  // A new request through the same two processes succeeds.
+  Request next{.room = 2, .src = {5, 6}, .dst = {7, 8}};
+  ASSERT_NO_FATAL_FAILURE(Start(c, next, false));
+  ASSERT_NO_FATAL_FAILURE(SendChunks(next, {2}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(c, next));
+  EXPECT_EQ(fenced.Stats().rejoins, 1u);
+  EXPECT_EQ(kept.Stats().rejoins, 0u);
+  EXPECT_EQ(kept.self().incarnation, kept_old.incarnation);
+  // Prefill registers again only when it is the one that rejoined.
+  EXPECT_EQ(c.sglang_server->registrations(), prefill_first ? 2 : 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(SilentFirst, SglangServerPartitionTest,
+                         ::testing::Values(Role::kPrefill, Role::kDecode),
+                         [](const auto& info) { return std::string(RoleName(info.param)); });
+
 // The notice is a power a peer already has through kvbridge's registry (a
 // record about a rank of the other role), and no more: a proven decode rank
 // fences a prefill rank only with a rank failure that names that process
