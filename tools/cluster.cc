@@ -112,8 +112,9 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o) {
     c->bootstrap_index_ = static_cast<int>(c->procs_.size());
     c->procs_.push_back(p);
     c->pipes_.emplace_back();
-    KVB_RETURN_IF_ERROR(
-        c->Spawn(c->bootstrap_index_, {"demo-bootstrap", "--host", o.bootstrap_host}, o));
+    std::vector<std::string> args = {"demo-bootstrap", "--host", o.bootstrap_host};
+    if (o.sglang_server) args.push_back("--sglang-standin");
+    KVB_RETURN_IF_ERROR(c->Spawn(c->bootstrap_index_, args, o));
     KVB_RETURN_IF_ERROR(c->WaitReady({c->bootstrap_index_}, left()));
     c->bootstrap_addr_ = c->procs_[c->bootstrap_index_].ready.value("address", std::string());
   } else {

@@ -50,6 +50,10 @@ struct ClusterOptions {
   int prefill_pp = 1;
   int decode_pp = 1;
   BootstrapMode bootstrap = BootstrapMode::kEmbedded;
+  // Standalone only: the server is a stand-in for sglang's own
+  // (demo-bootstrap --sglang-standin): ranks get no liveness and no failure
+  // records from it.
+  bool sglang_server = false;
   // Flags for every worker, then per role, then per rank index (e.g.
   // {"--layers", "2"}). The launcher adds --role, --tp-size, --tp-rank,
   // --pp-size, --pp-rank (pp > 1 only) and --bootstrap itself.

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "connector/sglang_standin.h"
 #include "kvbridge/bootstrap.h"
 #include "tools/cluster.h"
 #include "tools/demo_hosts.h"
@@ -33,17 +34,30 @@ int64_t WallMicros() {
       .count();
 }
 
-int RunBootstrap(const std::string& host) {
+// kvbridge's bootstrap server, or with `sglang` a stand-in for sglang's own
+// (internal::SglangStandinServer: no liveness, no failure records), so that
+// the process tests run the ranks against what sglang deployments have.
+int RunBootstrap(const std::string& host, bool sglang) {
   BootstrapServerOptions o;
   o.host = host;
   o.port = 0;
-  auto server = BootstrapServer::Start(o);
-  if (!server.ok()) {
-    std::cout << "ERROR " << nlohmann::json{{"error", server.status().ToString()}}.dump()
-              << std::endl;
+  std::unique_ptr<BootstrapServer> kvbridge;
+  std::unique_ptr<internal::SglangStandinServer> standin;
+  Status started;
+  if (sglang) {
+    auto s = internal::SglangStandinServer::Start(host);
+    started = s.status();
+    if (s.ok()) standin = std::move(*s);
+  } else {
+    auto s = BootstrapServer::Start(o);
+    started = s.status();
+    if (s.ok()) kvbridge = std::move(*s);
+  }
+  if (!started.ok()) {
+    std::cout << "ERROR " << nlohmann::json{{"error", started.ToString()}}.dump() << std::endl;
     return 3;
   }
-  int port = (*server)->port();
+  const int port = standin ? standin->port() : kvbridge->port();
   std::cout << "READY "
             << nlohmann::json{{"role", "bootstrap"},
                               {"pid", getpid()},
@@ -54,7 +68,7 @@ int RunBootstrap(const std::string& host) {
   std::string line;
   while (std::getline(std::cin, line) && line != "quit") {
   }
-  (*server)->Stop();
+  if (kvbridge) kvbridge->Stop();
   return 0;
 }
 
@@ -599,7 +613,12 @@ void AddDemoCommands(CLI::App& app, std::function<int()>& run) {
   boot->group("");  // internal: started by the demo's launcher
   auto boot_host = std::make_shared<std::string>("127.0.0.1");
   boot->add_option("--host", *boot_host, "Address to listen on (an IPv4 address of this host)");
-  boot->callback([&run, boot_host] { run = [boot_host] { return RunBootstrap(*boot_host); }; });
+  auto sglang = std::make_shared<bool>(false);
+  boot->add_flag("--sglang-standin", *sglang,
+                 "Serve as sglang's own bootstrap server does (no liveness, no records)");
+  boot->callback([&run, boot_host, sglang] {
+    run = [boot_host, sglang] { return RunBootstrap(*boot_host, *sglang); };
+  });
 }
 
 }  // namespace kvbridge::tools

@@ -46,6 +46,7 @@ struct WorkerFlags {
   // Pipeline stage: the pool holds only this stage's layers.
   int pp_size = 1, pp_rank = 0;
   std::string bootstrap = "127.0.0.1:8998";
+  std::string advertise_host = "127.0.0.1";
   bool embedded_bootstrap = false;
   std::string registry;  // ManagerOptions::registry
   int requests = 50, concurrency = 8;
@@ -177,6 +178,7 @@ int RunWorker(const WorkerFlags& f) {
   mo.parallel.pp_rank = f.pp_rank;
   mo.is_mla = f.shape.mla;
   mo.bootstrap_addr = f.bootstrap;
+  mo.advertise_host = f.advertise_host;
   mo.start_bootstrap_server = f.embedded_bootstrap;
   mo.registry = f.registry;
   mo.ucx_tls = f.ucx_tls;
@@ -547,6 +549,8 @@ void AddWorkerCommand(CLI::App& app, std::function<int()>& run) {
                   "This rank's stage; its pool holds only that stage's layers")
       ->check(CLI::Range(0, 63));
   cmd->add_option("--bootstrap", f->bootstrap);
+  cmd->add_option("--advertise-host", f->advertise_host,
+                  "This host's address as other hosts reach it (sglang's rank_ip)");
   cmd->add_flag("--embedded-bootstrap", f->embedded_bootstrap);
   cmd->add_option("--registry", f->registry,
                   "\"\" (the bootstrap server) or etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE]");

@@ -6,7 +6,7 @@ namespace kvbridge::internal {
 
 using nlohmann::json;
 
-Result<std::unique_ptr<SglangStandinServer>> SglangStandinServer::Start() {
+Result<std::unique_ptr<SglangStandinServer>> SglangStandinServer::Start(const std::string& host) {
   std::unique_ptr<SglangStandinServer> s(new SglangStandinServer());
   SglangStandinServer* self = s.get();
   s->http_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
@@ -18,7 +18,7 @@ Result<std::unique_ptr<SglangStandinServer>> SglangStandinServer::Start() {
   s->http_.Get("/route", [self](const httplib::Request& req, httplib::Response& res) {
     self->Lookup(req, res);
   });
-  KVB_RETURN_IF_ERROR(s->serving_.Start(s->http_, "127.0.0.1", 0, "sglang stand-in"));
+  KVB_RETURN_IF_ERROR(s->serving_.Start(s->http_, host, 0, "sglang stand-in"));
   return s;
 }
 

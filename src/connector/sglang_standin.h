@@ -24,8 +24,9 @@ namespace kvbridge::internal {
 
 class SglangStandinServer {
  public:
-  // Serves on 127.0.0.1 at a free port.
-  static Result<std::unique_ptr<SglangStandinServer>> Start();
+  // Serves on `host` (an IPv4 address of this host) at a free port.
+  static Result<std::unique_ptr<SglangStandinServer>> Start(const std::string& host = "127.0.0.1");
+  int port() const { return serving_.port(); }
   ~SglangStandinServer();
 
   std::string address() const { return serving_.address(); }

@@ -80,7 +80,12 @@ Result<std::unique_ptr<Cluster>> StartCluster(const HostNet& net, const HostsLay
   o.bootstrap = BootstrapMode::kStandalone;
   o.bootstrap_host = net.address(bootstrap_host);
   o.bootstrap_wrap = net.Command(bootstrap_host);
-  for (int h : layout.rank_hosts) o.rank_wrap.push_back(net.Command(h));
+  o.sglang_server = layout.sglang_server;
+  for (int h : layout.rank_hosts) {
+    o.rank_wrap.push_back(net.Command(h));
+    // Where its rank endpoint serves it (sglang's server lists only that).
+    o.rank_args.push_back({"--advertise-host", net.address(h)});
+  }
   o.worker_args = std::move(worker_args);
   o.env = HostNet::Env();
   o.env.push_back(getenv("KVB_HOSTS_DEBUG") ? "KVBRIDGE_LOG_LEVEL=debug"

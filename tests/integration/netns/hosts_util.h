@@ -26,6 +26,8 @@ struct HostsLayout {
   // The host of every rank (indexed like Cluster ranks); host 0 is the
   // registry's, so ranks go on 1, 2, ...
   std::vector<int> rank_hosts;
+  // The bootstrap server is a stand-in for sglang's own (ClusterOptions).
+  bool sglang_server = false;
 };
 
 struct HostsCluster {

@@ -11,6 +11,13 @@
 // for its own isolation) and rejoins under a new incarnation: new requests
 // through the same two processes succeed within 5 s of the heal, and no
 // write of the fenced side lands in pages the survivor reuses.
+//
+// The sglang_ cases run the same against a stand-in for sglang's own
+// bootstrap server, which keeps no failure records: there the decode rank
+// makes a new handshake once the prefill host answers again, and of two
+// ranks that failed each other the one failed first is told and rejoins
+// (docs/protocol.md, "Across hosts"). Cut both ways, either may be; a
+// stopped rank always is.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -70,6 +77,7 @@ struct PartitionCase {
   // Instead of a partition: the host goes silent (link down and every
   // process on it SIGSTOPped) and comes back (link up, SIGCONT).
   bool silent = false;
+  bool sglang = false;  // the bootstrap servers are stand-ins for sglang's
 };
 
 class PartitionTest : public ::testing::TestWithParam<PartitionCase> {};
@@ -87,11 +95,13 @@ TEST_P(PartitionTest, SurvivorsNameTheUnreachableRankAndTheOtherPairGoesOn) {
   // scheduler's request would.
   std::vector<std::string> args_a = HostWorkload(kRequests, 8);
   args_a.insert(args_a.end(), {"--waiting-timeout-ms", "2000"});
-  auto a = StartCluster(net, {.prefill_tp = 1, .decode_tp = 1, .rank_hosts = {1, 2}}, 0,
-                        std::move(args_a), logs + "/a");
+  auto a = StartCluster(
+      net, {.prefill_tp = 1, .decode_tp = 1, .rank_hosts = {1, 2}, .sglang_server = pc.sglang}, 0,
+      std::move(args_a), logs + "/a");
   ASSERT_TRUE(a.ok()) << a.status().ToString();
-  auto b = StartCluster(net, {.prefill_tp = 1, .decode_tp = 1, .rank_hosts = {3, 4}}, 0,
-                        HostWorkload(kRequests, 8), logs + "/b");
+  auto b = StartCluster(
+      net, {.prefill_tp = 1, .decode_tp = 1, .rank_hosts = {3, 4}, .sglang_server = pc.sglang}, 0,
+      HostWorkload(kRequests, 8), logs + "/b");
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   Cluster& ca = **a;
   Cluster& cb = **b;
@@ -99,6 +109,14 @@ TEST_P(PartitionTest, SurvivorsNameTheUnreachableRankAndTheOtherPairGoesOn) {
   const int survivor =
       ca.RankIndex(pc.victim == Role::kPrefill ? Role::kDecode : Role::kPrefill, 0);
   const int victim_host = pc.victim == Role::kPrefill ? 1 : 2;
+  // The rank that is fenced and rejoins: the cut-off one, which reads the
+  // record about it from the registry; with sglang's server the one its
+  // partner failed first (a stopped one; either, when cut both ways).
+  auto rejoins = [&](int i) {
+    const auto& p = ca.process(i).progress;
+    return p ? p->value("rejoins", 0) : 0;
+  };
+  int rejoiner = victim;
   const int decode_b = cb.RankIndex(Role::kDecode, 0);
   ASSERT_TRUE(PumpBoth(
       ca, cb,
@@ -139,13 +157,13 @@ TEST_P(PartitionTest, SurvivorsNameTheUnreachableRankAndTheOtherPairGoesOn) {
   ASSERT_TRUE(PumpBoth(
       ca, cb,
       [&] {
-        // Until the cut-off rank has read the record about it and rejoined,
-        // it still takes its partner for dead and fails new rooms at once.
-        const auto& vp = ca.process(victim).progress;
-        return held.count(victim) && held.count(survivor) && vp && vp->value("rejoins", 0) > 0;
+        // Until the fenced rank has been told and rejoined, the pair still
+        // takes each other for dead and fails new rooms at once.
+        if (pc.sglang && rejoins(survivor) > 0) rejoiner = survivor;
+        return held.count(victim) && held.count(survivor) && rejoins(rejoiner) > 0;
       },
       milliseconds(20000)))
-      << "pair A did not drain or the cut-off rank did not rejoin after the heal: victim "
+      << "pair A did not drain or no rank rejoined after the heal: victim "
       << ca.process(victim).progress.value_or(json()).dump() << ", survivor "
       << ca.process(survivor).progress.value_or(json()).dump() << " (logs in " << logs << ")";
   uint64_t k = 0;
@@ -237,14 +255,23 @@ TEST_P(PartitionTest, SurvivorsNameTheUnreachableRankAndTheOtherPairGoesOn) {
     }
   }
   // After the heal the same two processes serve requests again, every page
-  // verified (decode counts a corrupt page; none may be): the cut-off rank
-  // rejoined once, under a new incarnation.
+  // verified (decode counts a corrupt page; none may be): the fenced rank
+  // rejoined once, under a new incarnation; its partner kept its own.
   {
     const ProcessInfo& s = ca.process(survivor);
     ASSERT_TRUE(s.report.has_value());
-    EXPECT_EQ((*v.report)["stats"]["rejoins"].get<int>(), 1);
-    EXPECT_NE((*v.report)["rank"]["incarnation"].get<uint64_t>(),
-              v.ready["incarnation"].get<uint64_t>());
+    // A stopped rank is always the one failed first.
+    if (pc.silent) {
+      EXPECT_EQ(rejoiner, victim);
+    }
+    const ProcessInfo& rj = ca.process(rejoiner);
+    const ProcessInfo& kept = ca.process(rejoiner == victim ? survivor : victim);
+    EXPECT_EQ((*rj.report)["stats"]["rejoins"].get<int>(), 1) << rj.name;
+    EXPECT_NE((*rj.report)["rank"]["incarnation"].get<uint64_t>(),
+              rj.ready["incarnation"].get<uint64_t>());
+    EXPECT_EQ((*kept.report)["stats"]["rejoins"].get<int>(), 0) << kept.name;
+    EXPECT_EQ((*kept.report)["rank"]["incarnation"].get<uint64_t>(),
+              kept.ready["incarnation"].get<uint64_t>());
     const ProcessInfo& d = ca.process(ca.RankIndex(Role::kDecode, 0));
     EXPECT_GT((*d.report)["verified_pages"].get<int>(), 0);
     const int64_t first =
@@ -253,8 +280,8 @@ TEST_P(PartitionTest, SurvivorsNameTheUnreachableRankAndTheOtherPairGoesOn) {
     const double rejoin_ms = (first - healed_at) / 1000.0;
     // ms: from the heal (what the issue bounds); resumed_ms: from when the
     // test let pair A admit again (the rest is its stale rooms draining).
-    std::printf("REJOIN partition=%s ms=%.0f resumed_ms=%.0f\n", pc.name.c_str(), rejoin_ms,
-                (first - resumed_at) / 1000.0);
+    std::printf("REJOIN partition=%s ms=%.0f resumed_ms=%.0f rejoined=\"%s\"\n", pc.name.c_str(),
+                rejoin_ms, (first - resumed_at) / 1000.0, rj.name.c_str());
     EXPECT_LE(rejoin_ms, 5000.0);
     // Every request after the first success of the new incarnation
     // succeeded on both sides of the pair.
@@ -285,7 +312,13 @@ INSTANTIATE_TEST_SUITE_P(
                       PartitionCase{"silent_prefill_host", Role::kPrefill, Direction::kBoth,
                                     /*silent=*/true},
                       PartitionCase{"silent_decode_host", Role::kDecode, Direction::kBoth,
-                                    /*silent=*/true}),
+                                    /*silent=*/true},
+                      PartitionCase{"sglang_prefill_host", Role::kPrefill, Direction::kBoth,
+                                    /*silent=*/false, /*sglang=*/true},
+                      PartitionCase{"sglang_decode_host", Role::kDecode, Direction::kBoth,
+                                    /*silent=*/false, /*sglang=*/true},
+                      PartitionCase{"sglang_silent_prefill_host", Role::kPrefill, Direction::kBoth,
+                                    /*silent=*/true, /*sglang=*/true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace
