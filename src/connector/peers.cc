@@ -262,8 +262,8 @@ void ManagerImpl::ResolveRound() {
 // - those retired when this rank rejoined (rejoin.cc): each holds the old
 //   incarnation failed and fails this instance's new requests
 //   (NewRoomBlockerLocked) until a handshake shows it the new one. Only
-//   peers healthy until the rejoin, kReconnectTries times, once a silence
-//   limit.
+//   peers healthy until the rejoin or cut off on another host (rejoin.cc),
+//   kReconnectTries times, once a silence limit.
 // - one this rank failed as unreachable on another host: its session was
 //   closed then, so nothing it says reaches this rank, nothing tells it it
 //   was fenced, and the pair would stay apart until one restarted. Once its
