@@ -291,7 +291,7 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
     if (old->failed) {
       if (!sglang_registry_ || !old->failure || !IsFailureNotice(*old->failure, from, Self()))
         return true;
-      if (old->tpeer != *fresh) {
+      if (old->tpeer != 0) {  // closed at the failure, or the old session's
         by_tpeer_.erase(old->tpeer);
         out.disconnect.push_back(old->tpeer);
       }

@@ -244,9 +244,9 @@ class ManagerImpl {
   // Whether a failed peer can no longer write into this rank's pages, so
   // requests it fed are quiet without its Quiesced answer: only a process
   // that is gone (or a broken link to another host); not a stopped or silent
-  // one, nor one unreachable on this host where /proc says it lives.
-  // `peer.failure` says why it failed; without one it counts as exited.
+  // one, nor one unreachable on this host. Without `peer.failure`: exited.
   bool FailedPeerCannotWriteLocked(const Peer& peer) const KVB_REQUIRES(mu_);
+  bool CutOffLocked(const Peer& peer) const KVB_REQUIRES(mu_);  // unreachable, another host
 
   // Failure propagation (propagation.cc).
   void RegistryRound(uint64_t round);

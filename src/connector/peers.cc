@@ -175,7 +175,12 @@ bool ManagerImpl::FailedPeerCannotWriteLocked(const Peer& peer) const {
   // writes queued: only the revoked grant says none lands. Without grants
   // (a transport that has none) the older rule stands: its connection is
   // closed, taken to carry nothing more.
-  return c == FailureCause::kPeerUnreachable && !OnThisHost(peer.id) && peer.grant == 0;
+  return CutOffLocked(peer) && peer.grant == 0;
+}
+
+bool ManagerImpl::CutOffLocked(const Peer& peer) const {
+  return peer.failed && peer.failure && peer.failure->cause == FailureCause::kPeerUnreachable &&
+         !OnThisHost(peer.id);
 }
 
 void ManagerImpl::FenceRound() {
@@ -273,9 +278,8 @@ void ManagerImpl::ResolveRound() {
 //   finds. Backing off while its host stays out of reach (Peer::remeet).
 void ManagerImpl::MeetPrefillAgain() {
   const auto limit = opts_.heartbeat_interval * opts_.heartbeat_misses;
-  auto cut_off = [this](const Peer& p) {
-    return !p.retired && p.failed && p.remeet.count < Peer::kMaxRemeets && p.failure &&
-           p.failure->cause == FailureCause::kPeerUnreachable && !OnThisHost(p.id) &&
+  auto cut_off = [this](const Peer& p) KVB_REQUIRES(mu_) {
+    return !p.retired && p.remeet.count < Peer::kMaxRemeets && CutOffLocked(p) &&
            IsFailureNotice(*p.failure, p.id, Self());
   };
   std::vector<std::pair<RankId, std::optional<FailureRecord>>> todo;  // notice: cut off

@@ -147,9 +147,8 @@ Status ManagerImpl::FailIfSourceInstanceDead(const std::shared_ptr<ReceiverRoom>
       // timeout on every request. Until its host answered the resolver
       // (MeetPrefillAgain, which told it), it is taken as not restarted.
       const Peer* p = FindPeerLocked(key);
-      const bool unreached = sglang_registry_ && p != nullptr && p->failure &&
-                             p->failure->cause == FailureCause::kPeerUnreachable &&
-                             !OnThisHost(p->id) && p->told_failed_at == SteadyTime{};
+      const bool unreached =
+          sglang_registry_ && p != nullptr && CutOffLocked(*p) && p->told_failed_at == SteadyTime{};
       dead.push_back({key, r, !unreached});
     }
   }

@@ -27,9 +27,7 @@ bool ManagerImpl::RetirePeersLocked(const FailureRecord& why, Outbox& out) {
       // Healthy until this rank's own fence, or cut off on another host (it
       // may live on, holding this incarnation failed): met again after the
       // rejoin (MeetPrefillAgain). One that exited is not chased.
-      if (!peer->failed || (peer->failure && !OnThisHost(peer->id) &&
-                            peer->failure->cause == FailureCause::kPeerUnreachable))
-        peer->reconnect_tries = Peer::kReconnectTries;
+      if (!peer->failed || CutOffLocked(*peer)) peer->reconnect_tries = Peer::kReconnectTries;
       if (!peer->failed) {
         peer->failed = true;
         peer->failure = why;
