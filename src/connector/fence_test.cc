@@ -4,11 +4,13 @@
 // nowhere.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "connector/connector_test_util.h"
@@ -305,6 +307,115 @@ INSTANTIATE_TEST_SUITE_P(Reach, GrantPerPeerTest,
                            }
                            return "unknown";
                          });
+
+// Prefill's transport, whose next PostWrites waits at a gate until opened:
+// a chunk the engine took is not yet handed to the transport, so nothing
+// sent meanwhile queues behind it.
+class GatedWrites final : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (closed_) {
+        ++waiting_;
+        cv_.wait(lock, [&] { return !closed_; });
+        --waiting_;
+      }
+    }
+    return ForwardingTransport::PostWrites(peer, std::move(ops), std::move(done));
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = false;
+    }
+    cv_.notify_all();
+  }
+  int Waiting() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return waiting_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool closed_ = false;
+  int waiting_ = 0;
+};
+
+// sglang (and the worker) releases a failed sender at once. A chunk of it
+// may still be on its way: taken by the engine, behind another request's
+// write. Decode's own notice of the room's failure, sent before, may reach
+// prefill only after the release; prefill must answer it "quiesced" only
+// once that chunk finished. Before, it found no sender, answered at once,
+// and decode gave the pages back while the chunk was still to land (CI,
+// KillPrefillTest/4 under ASan: "page N was written after room 48 failed
+// and quiesced").
+TEST(FenceTest, AReleasedSenderAnswersQuiescedOnlyOnceItsChunksFinished) {
+  std::vector<FaultTransport*> faults;  // prefill, decode
+  GatedWrites* gate = nullptr;
+  ClusterOptions o;
+  o.wrap = [&faults, &gate](std::unique_ptr<Transport> t, Role role,
+                            int) -> std::unique_ptr<Transport> {
+    auto f = std::make_unique<FaultTransport>(std::move(t));
+    faults.push_back(f.get());
+    if (role != Role::kPrefill) return f;
+    auto g = std::make_unique<GatedWrites>(std::move(f));
+    gate = g.get();
+    return g;
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(faults.size(), 2u);
+  ASSERT_NE(gate, nullptr);
+  Request ahead{.room = 40, .src = {1, 2}, .dst = {20, 21}};
+  Request r{.room = 41, .src = {3, 4, 5, 6}, .dst = {30, 31, 32, 33}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, ahead, /*senders_first=*/false));
+  ASSERT_NO_FATAL_FAILURE(Start(**c, r, /*senders_first=*/false));
+  KVReceiver& rx = *r.receivers[0];
+  // Room 40's chunk waits at the gate, inline on this thread of its own;
+  // room 41's chunk then queues in the engine behind it.
+  gate->Close();
+  std::thread blocked([&] {
+    ahead.senders[0]->Send(std::span(ahead.src), std::span(ahead.src_state)).IgnoreError();
+  });
+  struct Join {
+    GatedWrites& gate;
+    std::thread& thread;
+    ~Join() {
+      gate.Open();
+      thread.join();
+    }
+  } join{*gate, blocked};
+  ASSERT_TRUE(WaitFor([&] { return gate->Waiting() == 1; }));
+  ASSERT_TRUE(r.senders[0]->Send(std::span(r.src).first(2)).ok());
+  // Decode aborts the room; its notice waits until prefill released its
+  // sender (which fails the room there too).
+  faults[1]->HoldMessages();
+  rx.Abort();
+  ASSERT_TRUE(WaitFor([&] { return faults[1]->HeldMessages() > 0; }));
+  r.senders.clear();
+  faults[1]->ReleaseHeldMessages();
+  // Barrier, both ways: prefill read decode's notice before the next
+  // request's metadata, and decode reads any answer before prefill's
+  // notice of that request's abort.
+  Request next{.room = 42, .src = {7}, .dst = {40}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, next, /*senders_first=*/false));
+  next.senders[0]->Abort();
+  ASSERT_TRUE(WaitFor([&] { return next.receivers[0]->Poll() == KVPoll::kFailed; }));
+  EXPECT_FALSE(rx.Quiesced()) << "quiesced while a chunk of the room was still to be written";
+  gate->Open();
+  ASSERT_TRUE(WaitFor([&] { return rx.Quiesced(); })) << "the room never quiesced";
+  // Nothing of the room lands after that.
+  (*c)->decode[0].pool->Scrub(r.dst, 0x77);
+  ASSERT_NO_FATAL_FAILURE(BarrierBehindPrefillWrites(*faults[0], *faults[1]));
+  EXPECT_TRUE((*c)->decode[0].pool->PagesHold(r.dst, 0x77));
+}
 
 }  // namespace
 }  // namespace kvbridge::internal

@@ -299,19 +299,15 @@ class ManagerImpl {
  private:
   // Why a new request on this rank cannot succeed, if it cannot.
   std::optional<FailureRecord> NewRoomBlockerLocked() const KVB_REQUIRES(mu_);
-  // Same role, dp and instance, another position: a rank whose failure fails
-  // this rank's requests.
+  // Same role, dp and instance, another position (its failure fails ours).
   bool IsSibling(const RankId& id) const;
   // Prefill: whether every decode rank met (live or dead) is of `instance`.
   bool OnlyDecodeInstanceLocked(const std::string& instance) const KVB_REQUIRES(mu_);
-  // Prefill: a dead rank of `decode`'s instance (same dp), if any: a request
-  // from that instance cannot complete.
+  // Prefill: a dead rank of `decode`'s instance (same dp), if any.
   const FailureRecord* DeadRankOfInstanceLocked(const RankId& decode) const KVB_REQUIRES(mu_);
-  // Called before a new request is admitted: when a dead rank's record would
-  // block it, asks the registry (one round trip, only then) whether a new
-  // incarnation holds that position now and forgets the dead one if so. A
-  // request made after a restarted rank registered is never failed with its
-  // previous process's record. Takes mu_ itself.
+  // Before a new request is admitted: when a dead rank's record would block
+  // it, asks the registry (one round trip) whether a new incarnation holds
+  // that position now and forgets the dead one if so. Takes mu_ itself.
   void ForgetRestartedRanks();
   // Forgets dead ranks whose position `ranks` shows held by a new live one.
   void ForgetRestartedLocked(const std::vector<RankStatus>& ranks) KVB_REQUIRES(mu_);
@@ -378,6 +374,12 @@ class ManagerImpl {
   void OnChunkDone(const std::shared_ptr<SenderRoom>& room, int decode_rank, const Status& s,
                    uint64_t bytes, uint64_t ops);
   void DrainFlowLocked(SenderRoom& room, SenderFlow& flow, Outbox& out) KVB_REQUIRES(mu_);
+  // The room's flow to `decode_tp` of `generation`, live or released with
+  // writes left (released_writing_), and its *owner; null if none.
+  SenderFlow* FlowOfLocked(uint64_t room, int decode_tp, uint64_t generation, SenderRoom** owner)
+      KVB_REQUIRES(mu_);
+  // Keeps a released room in released_writing_ while it has chunks posted.
+  void KeepReleasedWritingLocked(const std::shared_ptr<SenderRoom>& room) KVB_REQUIRES(mu_);
   // Sends the flow's last notice once its writes completed, unless the
   // request failed first (SenderFlow::final_note).
   void SendFinalNoteLocked(SenderRoom& room, SenderFlow& flow, Outbox& out) KVB_REQUIRES(mu_);
@@ -421,12 +423,10 @@ class ManagerImpl {
       KVB_REQUIRES(mu_);
   void RelayRoomFailureLocked(const RankId& from, const RoomFailedMsg& m, Outbox& out)
       KVB_REQUIRES(mu_);
-  // A room that failed before its sources were resolved (at Init, while
-  // resolving, or by a group failure meanwhile) still tells the prefill
-  // ranks it would have read from: the connected ones among its positions
-  // (KnownSourcesLocked, no I/O), or those a resolve in flight found
-  // (AdoptSources). Their senders would otherwise wait for metadata until
-  // their deadline.
+  // A room that failed before its sources were resolved still tells the
+  // prefill ranks it would have read from: the connected ones among its
+  // positions (KnownSourcesLocked, no I/O), or those a resolve in flight
+  // found (AdoptSources), else their senders wait for their deadline.
   std::vector<ReceiverSource> KnownSourcesLocked(const ReceiverRoom& room) KVB_REQUIRES(mu_);
   void AddFailedSourcesLocked(ReceiverRoom& room, std::vector<ReceiverSource> sources, Outbox& out)
       KVB_REQUIRES(mu_);
@@ -477,6 +477,9 @@ class ManagerImpl {
   std::map<std::string, std::unique_ptr<Peer>> peers_ KVB_GUARDED_BY(mu_);
   std::unordered_map<PeerId, Peer*> by_tpeer_ KVB_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<SenderRoom>> senders_ KVB_GUARDED_BY(mu_);
+  // Released senders with chunks still posted (sender_settle.cc).
+  std::unordered_multimap<uint64_t, std::shared_ptr<SenderRoom>> released_writing_
+      KVB_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<ReceiverRoom>> receivers_ KVB_GUARDED_BY(mu_);
   std::map<std::pair<uint64_t, int>, PendingMeta> pending_meta_ KVB_GUARDED_BY(mu_);
   // Decode failed/aborted a request before prefill created its sender: the
@@ -583,10 +586,7 @@ class ManagerImpl {
   std::set<std::string> fence_pending_ KVB_GUARDED_BY(mu_);
   // The unrevoked grants of peers replaced at their position (a failed rank
   // that rejoined or restarted) before FenceRound got to them: revoked
-  // there, and then that incarnation's sources count as quiesced. Before,
-  // the round looked only at the peer now at the position: the old grant
-  // stayed valid and the old rooms never quiesced (TSan CI run,
-  // DemoFault/stop_prefill: "has not confirmed that no write is in flight").
+  // there, and then that incarnation's sources count as quiesced.
   struct RetiredGrant {
     std::string key;
     uint64_t incarnation = 0;

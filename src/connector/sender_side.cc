@@ -62,6 +62,7 @@ void ManagerImpl::ReleaseSender(const std::shared_ptr<SenderRoom>& room) {
   if (p != KVPoll::kSuccess && p != KVPoll::kFailed) SenderAbort(room);
   MutexLock lock(mu_);
   room->live = false;
+  KeepReleasedWritingLocked(room);
   if (room->failure && room->flows.empty())
     orphan_failures_[room->room] = {*room->failure, room->aborted_generations, Now()};
   auto it = senders_.find(room->room);
@@ -258,6 +259,7 @@ void ManagerImpl::OnChunkDone(const std::shared_ptr<SenderRoom>& sp, int decode_
     SenderFlow& flow = it->second;
     --flow.inflight;
     --room.inflight;
+    KeepReleasedWritingLocked(sp);
     if (flow.unrevocable) --unrevocable_chunks_;
     room.phase_since = Now();
     if (s.ok()) {
@@ -289,24 +291,6 @@ void ManagerImpl::OnChunkDone(const std::shared_ptr<SenderRoom>& sp, int decode_
     UpdateSenderStateLocked(room);
   }
   Flush(out);
-}
-
-void ManagerImpl::SendFinalNoteLocked(SenderRoom& room, SenderFlow& flow, Outbox& out) {
-  if (flow.inflight > 0 || !flow.final_note || room.failure) return;
-  Peer* peer = FindPeerLocked(flow.peer_key);
-  // Its writes completed: it waits for none posted since (other requests').
-  if (peer != nullptr && !peer->failed) Send(out, *peer, *flow.final_note, Lane::kUnfenced);
-  flow.final_note.reset();
-  flow.closed = true;  // decode has all it needs; a later failure here is not its concern
-}
-
-void ManagerImpl::DrainFlowLocked(SenderRoom& room, SenderFlow& flow, Outbox& out) {
-  if (flow.inflight > 0 || !flow.quiesce_reply) return;
-  flow.quiesce_reply = false;
-  flow.closed = true;
-  Peer* peer = FindPeerLocked(flow.peer_key);
-  if (peer != nullptr && !peer->failed)
-    Send(out, *peer, QuiescedMsg{room.room, flow.meta.generation});
 }
 
 void ManagerImpl::FailSenderLocked(SenderRoom& room, FailureRecord record, Outbox& out) {
@@ -546,48 +530,6 @@ Status ManagerImpl::CheckFlowMeta(const SenderRoom& room, const Peer& peer, cons
         fmt::format("decode tp{} sent {} destination pages, prefill has {} to send", from.tp,
                     flow.meta.pages.size(), room.num_pages - flow.meta.prefix_pages));
   return Status();
-}
-
-void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out) {
-  Peer* peer = PeerFromLocked(from);
-  if (peer == nullptr) return;
-  auto it = senders_.find(msg.room);
-  SenderFlow* flow = nullptr;
-  if (it != senders_.end()) {
-    auto f = it->second->flows.find(from.tp);
-    if (f != it->second->flows.end() && f->second.meta.generation == msg.generation)
-      flow = &f->second;
-  }
-  if (flow == nullptr) {
-    auto pm = pending_meta_.find({msg.room, from.tp});
-    if (pm != pending_meta_.end() && pm->second.meta.generation == msg.generation)
-      pending_meta_.erase(pm);
-    // Remembered even with a live sender: the notice may have overtaken its
-    // request's metadata (sent by another decode thread just before), which
-    // must then not be adopted.
-    // Bounded as pending metadata: past the limit a notice is not kept (the
-    // sender, if it comes, then waits for its deadline as before notices).
-    if (pending_abort_.size() < opts_.max_pending_requests ||
-        pending_abort_.count({msg.room, from.tp}))
-      pending_abort_[{msg.room, from.tp}] = PendingAbort{msg.record, msg.generation, Now()};
-    // A live sender that has no metadata from that rank yet is this
-    // request's: decode failed it before (or without) sending metadata, so
-    // none will come. It fails now with decode's reason instead of waiting
-    // for its deadline.
-    if (it != senders_.end() && it->second->live && !it->second->flows.count(from.tp)) {
-      SenderRoom& room = *it->second;
-      room.aborted_generations[from.tp] = msg.generation;
-      FailSenderLocked(room, msg.record, out);
-    }
-    if (sglang_registry_) RelayRoomFailureLocked(from, msg, out);
-    if (!msg.quiesced) Send(out, *peer, QuiescedMsg{msg.room, msg.generation});
-    return;
-  }
-  SenderRoom& room = *it->second;
-  flow->told = true;
-  flow->quiesce_reply = true;
-  FailSenderLocked(room, msg.record, out);
-  DrainFlowLocked(room, *flow, out);
 }
 
 }  // namespace kvbridge::internal
