@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/host_identity.h"
 #include "connector/api_internal.h"
 #include "connector/kv_pool.h"
 #include "connector/manager_impl.h"
@@ -550,7 +551,11 @@ void AddWorkerCommand(CLI::App& app, std::function<int()>& run) {
       ->check(CLI::Range(0, 63));
   cmd->add_option("--bootstrap", f->bootstrap);
   cmd->add_option("--advertise-host", f->advertise_host,
-                  "This host's address as other hosts reach it (sglang's rank_ip)");
+                  "This host's address as other hosts reach it (sglang's rank_ip)")
+      ->check([](const std::string& v) {
+        Status st = internal::CheckHostAddress("--advertise-host", v);
+        return st.ok() ? std::string() : st.message();
+      });
   cmd->add_flag("--embedded-bootstrap", f->embedded_bootstrap);
   cmd->add_option("--registry", f->registry,
                   "\"\" (the bootstrap server) or etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE]");

@@ -1,9 +1,12 @@
 #include "common/host_identity.h"
 
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <fstream>
+#include <string>
 
 #include "common/log.h"
 
@@ -39,6 +42,39 @@ bool SameHost(const HostIdentity& a, const HostIdentity& b) {
 
 bool SameProcess(const HostIdentity& a, const HostIdentity& b) {
   return a.host == b.host && a.boot_id == b.boot_id && a.pid == b.pid;
+}
+
+Status CheckHostAddress(std::string_view field, std::string_view value) {
+  const std::string v(value);
+  auto bad = [&](std::string_view why) {
+    std::string shown = v.size() > 64 ? v.substr(0, 64) + "..." : v;
+    for (char& c : shown)
+      if (!std::isprint(static_cast<unsigned char>(c))) c = '?';
+    return InvalidArgumentError(std::string(field) + " '" + shown + "' " + std::string(why) +
+                                ": give an IPv4 or IPv6 address or a host name");
+  };
+  if (v.empty()) return bad("is empty");
+  in6_addr addr;
+  if (inet_pton(AF_INET, v.c_str(), &addr) == 1 || inet_pton(AF_INET6, v.c_str(), &addr) == 1)
+    return Status();
+  if (v.find(':') != std::string::npos || v.front() == '[')
+    return bad("is not an IP address (IPv6 without brackets, no port)");
+  if (v.size() > 253) return bad("is longer than 253 characters");
+  size_t label = 0;
+  for (size_t i = 0; i <= v.size(); ++i) {
+    const char c = i < v.size() ? v[i] : '.';
+    if (c == '.') {
+      if (label == 0 || label > 63) return bad("has an empty label or one over 63 characters");
+      if (v[i - 1] == '-' || v[i - label] == '-')
+        return bad("has a label that starts or ends with '-'");
+      label = 0;
+    } else if (std::isalnum(static_cast<unsigned char>(c)) || c == '-') {
+      ++label;
+    } else {
+      return bad("holds a character other than letters, digits, '-' and '.'");
+    }
+  }
+  return Status();
 }
 
 }  // namespace kvbridge::internal

@@ -9,6 +9,9 @@
 #pragma once
 
 #include <string>
+#include <string_view>
+
+#include "kvbridge/status.h"
 
 namespace kvbridge::internal {
 
@@ -26,5 +29,14 @@ bool SameHost(const HostIdentity& a, const HostIdentity& b);
 // The same declared process: host name, boot id (both may be unknown) and
 // pid equal. Not a same-host test: use SameHost for that.
 bool SameProcess(const HostIdentity& a, const HostIdentity& b);
+
+// Where other hosts reach a process, as it advertises itself (a prefill
+// rank's rank_ip, ManagerOptions::advertise_host) and as peers read it: an
+// IPv4 or IPv6 literal (IPv6 bare, without brackets) or a DNS host name
+// (letters, digits and '-' in dot-separated labels of 1-63 characters, at
+// most 253 in all). InvalidArgument naming `field` otherwise: the value ends
+// up in URLs and connect calls, where a space, '/', '@' or a port would make
+// it name something else.
+Status CheckHostAddress(std::string_view field, std::string_view value);
 
 }  // namespace kvbridge::internal

@@ -64,5 +64,26 @@ TEST(HostIdentityTest, SameProcessComparesHostBootIdAndPid) {
   EXPECT_TRUE(SameProcess(a, a));
 }
 
+// What a rank advertises and what peers read back (rank_ip): addresses and
+// host names pass; what would make a URL or a connect name something else
+// fails with the field and the value in the message.
+TEST(HostAddressTest, TakesAddressesAndHostNamesAndRefusesTheRest) {
+  for (const char* good : {"127.0.0.1", "10.9.9.9", "::1", "fe80::1", "2001:db8::42", "node-a",
+                           "prefill-0.cluster.local", "h1"})
+    EXPECT_TRUE(CheckHostAddress("rank_ip", good).ok()) << good;
+  const std::string long_label(64, 'a');
+  const std::string too_long =
+      std::string(250, 'a').insert(60, ".").insert(120, ".").insert(180, ".");
+  for (const std::string& bad :
+       {std::string(), std::string("a b"), std::string("evil.example/x"), std::string("user@host"),
+        std::string("10.0.0.1:8998"), std::string("[::1]"), std::string("host\nX-Injected: 1"),
+        std::string("a..b"), std::string(".a"), std::string("-a.b"), std::string("a-.b"),
+        long_label, too_long, std::string("a\0b", 3), std::string("h\xc3\xa9")}) {
+    Status st = CheckHostAddress("rank_ip", bad);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("rank_ip"), std::string::npos) << st.message();
+  }
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

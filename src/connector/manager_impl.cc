@@ -65,6 +65,7 @@ Status ValidateOptions(const ManagerOptions& o) {
   if (o.max_pending_requests < 1)
     return InvalidArgumentError("max_pending_requests must be at least 1");
   KVB_RETURN_IF_ERROR(ValidateInstanceId("instance_id", o.instance_id));
+  KVB_RETURN_IF_ERROR(CheckHostAddress("advertise_host", o.advertise_host));
   if (o.role == Role::kPrefill && !o.instance_id.empty())
     return InvalidArgumentError("instance_id '" + o.instance_id +
                                 "' on a prefill rank: prefill instances are told apart by their "
@@ -270,10 +271,8 @@ Status ManagerImpl::RegisterSelf() {
   }
   int rank_port = 0;
   if (opts_.role == Role::kPrefill) {
-    // sglang's server keeps only rank_ip and rank_port: the rest of the
-    // record is served there (RankEndpoint); kvbridge's own server does not
-    // need it, so an advertised address that cannot be bound here only
-    // costs that.
+    // sglang's server keeps only rank_ip and rank_port: the rest of the record
+    // is served there (RankEndpoint); kvbridge's own server does not need it.
     auto endpoint = RankEndpoint::Start(opts_.advertise_host);
     if (endpoint.ok()) {
       rank_endpoint_ = std::move(endpoint).value();

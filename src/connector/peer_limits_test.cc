@@ -161,5 +161,28 @@ TEST(PeerLimitsOptionsTest, ParallelSizeAboveTheWireLimitIsRefused) {
   }
 }
 
+// An advertised address peers could not use (it goes into their URLs) is
+// refused when the manager is made, not when the first peer tries it.
+TEST(PeerLimitsOptionsTest, AnAdvertisedHostThatIsNotAnAddressIsRefused) {
+  PoolOptions po;
+  po.num_pages = 8;
+  auto pool = KvPool::Create(po);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto fabric = std::make_shared<LoopbackFabric>();
+  for (const char* host : {"", "10.0.0.1:80", "evil@10.0.0.1"}) {
+    ManagerOptions mo;
+    mo.role = Role::kPrefill;
+    mo.args = (*pool)->Args();
+    mo.advertise_host = host;
+    mo.start_bootstrap_server = false;
+    auto m = CreateManager(mo, std::move(CreateLoopbackTransport(fabric, "prefill")).value());
+    ASSERT_FALSE(m.ok()) << host;
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument) << m.status().ToString();
+    EXPECT_NE(m.status().message().find("advertise_host '" + std::string(host) + "'"),
+              std::string::npos)
+        << m.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "common/host_identity.h"
 #include "common/log.h"
 #include "control/auth.h"
 #include "control/http_server.h"
@@ -265,6 +266,7 @@ Result<RankRecord> BootstrapClient::RecordFromRank(const json& where, const Rank
   std::string ip;
   int port = 0;
   Status s = f.String("rank_ip", &ip);
+  if (s.ok()) s = CheckHostAddress("rank_ip", ip);
   if (s.ok()) s = f.Int("rank_port", 1, 65535, &port);
   if (!s.ok()) return Malformed("GET /route for rank " + key.ToString(), s);
   const std::string at = JoinHostPort(ip, port);

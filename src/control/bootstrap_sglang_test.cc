@@ -183,5 +183,29 @@ TEST_F(BootstrapSglangTest, HostileDpRankBodiesAreRefusedByName) {
   }
 }
 
+// A registration whose rank_ip would make decode's URL name something else
+// (another host behind '@', a path, a port, a header) is refused by name and
+// leaves nothing listed.
+TEST_F(BootstrapSglangTest, ARankIpThatIsNotAnAddressIsRefusedByName) {
+  for (const char* ip : {"", "attacker.example@10.0.0.7", "10.0.0.7/x", "10.0.0.7:80",
+                         "10.0.0.7\r\nX-Injected: 1", "a b"}) {
+    json body = SglangRegistration(0);
+    body["rank_ip"] = ip;
+    httplib::Result res = Put("/route", body);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << ip << ": " << res->body;
+    EXPECT_NE(res->body.find("rank_ip"), std::string::npos) << res->body;
+  }
+  // Barrier: good registrations of the instance go through, and the rank's
+  // route answers the good address.
+  ASSERT_EQ(Put("/route", SglangRegistration(0))->status, 200);
+  ASSERT_EQ(Put("/route", SglangRegistration(1))->status, 200);
+  httplib::Result rank =
+      Get("/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0");
+  ASSERT_TRUE(rank);
+  ASSERT_EQ(rank->status, 200) << rank->body;
+  EXPECT_EQ(json::parse(rank->body, nullptr, false).value("rank_ip", ""), "10.0.0.7") << rank->body;
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

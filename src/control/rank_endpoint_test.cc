@@ -40,9 +40,9 @@ RankRecord Prefill(int tp, int port) {
 // answers where it is; every other route is 404.
 class SglangLikeServer {
  public:
-  explicit SglangLikeServer(int rank_port) {
-    http_.Get("/route", [rank_port](const httplib::Request&, httplib::Response& res) {
-      res.set_content(json{{"rank_ip", "127.0.0.1"}, {"rank_port", rank_port}}.dump(),
+  explicit SglangLikeServer(int rank_port, std::string rank_ip = "127.0.0.1") {
+    http_.Get("/route", [rank_port, rank_ip](const httplib::Request&, httplib::Response& res) {
+      res.set_content(json{{"rank_ip", rank_ip}, {"rank_port", rank_port}}.dump(),
                       "application/json");
     });
     Status s = serving_.Start(http_, "127.0.0.1", 0, "sglang-like server");
@@ -112,6 +112,24 @@ TEST(RankEndpointTest, SglangsServerIsToldFromKvbridgesByItsRoutes) {
   speaks = (*client)->SpeaksKvbridge();
   ASSERT_TRUE(speaks.ok()) << speaks.status().ToString();
   EXPECT_TRUE(*speaks);
+}
+
+// A server that lists a rank at something other than an address (another
+// host behind '@', a path, a port of its own) is malformed, named as such:
+// the client builds no URL of it.
+TEST(RankEndpointTest, ARankIpThatIsNotAnAddressIsMalformedByName) {
+  auto endpoint = RankEndpoint::Start("127.0.0.1");
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status().ToString();
+  (*endpoint)->SetRecord(Prefill(0, (*endpoint)->port()).ToJson().dump());
+  for (const char* ip : {"user@127.0.0.1", "127.0.0.1/route", "127.0.0.1:1", ""}) {
+    SglangLikeServer sglang((*endpoint)->port(), ip);
+    Result<RankRecord> got = sglang.Client()->GetRank(0, 0, 0, 0);
+    EXPECT_EQ(got.status().code(), StatusCode::kInternal) << ip << ": " << got.status().ToString();
+    EXPECT_NE(got.status().message().find("rank_ip"), std::string::npos) << got.status().message();
+  }
+  // The same server with the rank's address: the record is read.
+  SglangLikeServer good((*endpoint)->port());
+  EXPECT_TRUE(good.Client()->GetRank(0, 0, 0, 0).ok());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "common/base64.h"
+#include "common/host_identity.h"
 #include "control/json_fields.h"
 #include "control/registry.h"
 
@@ -88,7 +89,7 @@ Status RankRecord::Validate() const {
         " exceeds " +
         std::to_string(kMaxRanksPerInstance) + " ranks");
   }
-  KVB_RETURN_IF_ERROR(NonEmpty("rank_ip", rank_ip));
+  KVB_RETURN_IF_ERROR(CheckHostAddress("rank record: rank_ip", rank_ip));
   if (rank_port < 0 || rank_port > 65535) {
     return InvalidArgumentError("rank record: rank_port = " + std::to_string(rank_port) +
                                 " out of range [0, 65535]");

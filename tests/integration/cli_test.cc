@@ -327,6 +327,10 @@ TEST(CliFlags, BadFlagsAreUsageErrors) {
       {"worker --role prefill --pp-size 2 --pp-rank 2", "--pp-rank: 2 is not below --pp-size 2"},
       {"worker --role decode --pp-rank 1", "--pp-rank: 1 is not below --pp-size 1"},
       {"worker --role prefill --layers 2 --pp-size 3", "--pp-size: 3 stages for 2 layers"},
+      {"worker --role prefill --advertise-host ''", "--advertise-host '' is empty"},
+      {"worker --role prefill --advertise-host 'a b'", "--advertise-host 'a b' holds a character"},
+      {"worker --role prefill --advertise-host 10.0.0.1:8998", "is not an IP address"},
+      {"worker --role prefill --advertise-host '[::1]'", "IPv6 without brackets"},
   };
   for (const Case& c : cases) {
     CommandOutput r = Cli(c.args);
