@@ -3,6 +3,8 @@
 // handshake, is dropped and counted, and the requests around it carry on.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "connector/connector_test_util.h"
 #include "connector/manager_impl.h"
 #include "connector/protocol.h"
@@ -140,47 +142,41 @@ TEST(PendingLimitTest, MetadataBeyondTheLimitFailsItsRequestAndTheHeldOnesGoThro
   }
 }
 
-// What the wire refuses is refused locally too, naming the limit.
-TEST(PeerLimitsOptionsTest, ParallelSizeAboveTheWireLimitIsRefused) {
+// Makes a manager of `role` over a small pool with `set` applied to its
+// options: the status of that attempt.
+Status CreateWith(Role role, const std::function<void(ManagerOptions&)>& set) {
   PoolOptions po;
   po.num_pages = 8;
   auto pool = KvPool::Create(po);
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  if (!pool.ok()) return pool.status();
+  ManagerOptions mo;
+  mo.role = role;
+  mo.args = (*pool)->Args();
+  mo.start_bootstrap_server = false;
+  set(mo);
   auto fabric = std::make_shared<LoopbackFabric>();
+  auto transport = CreateLoopbackTransport(fabric, std::string(RoleName(role)));
+  if (!transport.ok()) return transport.status();
+  return CreateManager(mo, std::move(transport).value()).status();
+}
+
+// What the wire refuses is refused locally too, naming the limit.
+TEST(PeerLimitsOptionsTest, ParallelSizeAboveTheWireLimitIsRefused) {
   for (int size : {kMaxParallelSize + 1, 1 << 30}) {
-    ManagerOptions mo;
-    mo.role = Role::kDecode;
-    mo.args = (*pool)->Args();
-    mo.parallel.tp_size = size;
-    mo.start_bootstrap_server = false;
-    auto m = CreateManager(mo, std::move(CreateLoopbackTransport(fabric, "decode")).value());
-    ASSERT_FALSE(m.ok());
-    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_EQ(m.status().message(),
-              "tp size " + std::to_string(size) + " exceeds the limit of 1024");
+    Status st = CreateWith(Role::kDecode, [&](ManagerOptions& mo) { mo.parallel.tp_size = size; });
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_EQ(st.message(), "tp size " + std::to_string(size) + " exceeds the limit of 1024");
   }
 }
 
 // An advertised address peers could not use (it goes into their URLs) is
 // refused when the manager is made, not when the first peer tries it.
 TEST(PeerLimitsOptionsTest, AnAdvertisedHostThatIsNotAnAddressIsRefused) {
-  PoolOptions po;
-  po.num_pages = 8;
-  auto pool = KvPool::Create(po);
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  auto fabric = std::make_shared<LoopbackFabric>();
   for (const char* host : {"", "10.0.0.1:80", "evil@10.0.0.1"}) {
-    ManagerOptions mo;
-    mo.role = Role::kPrefill;
-    mo.args = (*pool)->Args();
-    mo.advertise_host = host;
-    mo.start_bootstrap_server = false;
-    auto m = CreateManager(mo, std::move(CreateLoopbackTransport(fabric, "prefill")).value());
-    ASSERT_FALSE(m.ok()) << host;
-    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument) << m.status().ToString();
-    EXPECT_NE(m.status().message().find("advertise_host '" + std::string(host) + "'"),
-              std::string::npos)
-        << m.status().message();
+    Status st = CreateWith(Role::kPrefill, [&](ManagerOptions& mo) { mo.advertise_host = host; });
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << host << ": " << st.ToString();
+    EXPECT_NE(st.message().find("advertise_host '" + std::string(host) + "'"), std::string::npos)
+        << st.message();
   }
 }
 

@@ -28,10 +28,10 @@ void ManagerImpl::DrainFlowLocked(SenderRoom& room, SenderFlow& flow, Outbox& ou
 void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out) {
   Peer* peer = PeerFromLocked(from);
   if (peer == nullptr) return;
-  auto it = senders_.find(msg.room);
   SenderRoom* owner = nullptr;
   SenderFlow* flow = FlowOfLocked(msg.room, from.tp, msg.generation, &owner);
   if (flow == nullptr) {
+    auto it = senders_.find(msg.room);
     auto pm = pending_meta_.find({msg.room, from.tp});
     if (pm != pending_meta_.end() && pm->second.meta.generation == msg.generation)
       pending_meta_.erase(pm);
