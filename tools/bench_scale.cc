@@ -26,6 +26,9 @@ struct ScaleFlags {
   int layers = 2, heads = 4, head_dim = 64, page_size = 16;
   int deadline_ms = 10000;
   int step_us = 100;
+  // "changed": each worker step polls the rooms KVManager::TakeChangedRooms
+  // lists; "all": every room in flight, as sglang's scheduler does.
+  std::string poll = "changed";
   int timeout_s = 300;
   bool json = false;
   std::string binary = "/proc/self/exe";
@@ -76,6 +79,7 @@ ScalePoint RunPoint(const ScaleFlags& f, int rooms) {
                     "--deadline-s",   std::to_string(std::max(5, f.timeout_s - 10)),
                     "--step-us",      std::to_string(f.step_us),
                     "--shm"};
+  if (f.poll == "changed") co.worker_args.push_back("--poll-changed");
   auto started = Cluster::Start(co);
   if (!started.ok()) {
     p.error = started.status().ToString() + " (logs in " + log_dir + ")";
@@ -127,8 +131,11 @@ int RunBenchScale(const ScaleFlags& f) {
   std::fprintf(note,
                "[bench] scale over shm: prefill tp%d -> decode tp%d, %d layers x %d kv heads x %d "
                "x 2 B, 1-page requests of %d tokens, every byte verified; %d x rooms requests per "
-               "point, the stream keeping that many rooms in flight; load average %.2f\n",
+               "point, the stream keeping that many rooms in flight; each worker step polls %s; "
+               "load average %.2f\n",
                f.prefill_tp, f.decode_tp, f.layers, f.heads, f.head_dim, f.page_size, f.rounds,
+               f.poll == "changed" ? "the rooms whose answer changed (KVManager::TakeChangedRooms)"
+                                   : "every room in flight",
                LoadAverage());
   std::fflush(note);
   std::vector<ScalePoint> points;
@@ -166,15 +173,11 @@ int RunBenchScale(const ScaleFlags& f) {
       if (!p.error.empty()) e["error"] = p.error;
       results.push_back(e);
     }
-    std::cout << nlohmann::json{{"bench", "scale"},
-                                {"prefill_tp", f.prefill_tp},
-                                {"decode_tp", f.decode_tp},
-                                {"deadline_ms", f.deadline_ms},
-                                {"loadavg", LoadAverage()},
-                                {"results", results},
-                                {"deadline_met", deadline_met},
-                                {"memory_met", memory_met},
-                                {"ok", ok}}
+    std::cout << nlohmann::json{{"bench", "scale"},         {"prefill_tp", f.prefill_tp},
+                                {"decode_tp", f.decode_tp}, {"deadline_ms", f.deadline_ms},
+                                {"poll", f.poll},           {"loadavg", LoadAverage()},
+                                {"results", results},       {"deadline_met", deadline_met},
+                                {"memory_met", memory_met}, {"ok", ok}}
                      .dump()
               << std::endl;
     return ok ? 0 : 1;
@@ -225,6 +228,11 @@ void AddBenchScaleCommand(CLI::App& bench, std::function<int()>& run) {
       ->capture_default_str();
   cmd->add_option("--step-us", f->step_us, "Workers' scheduler step")
       ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  cmd->add_option("--poll", f->poll,
+                  "What a worker step polls: the rooms whose answer changed "
+                  "(KVManager::TakeChangedRooms), or all rooms in flight (as sglang does)")
+      ->check(CLI::IsMember({"changed", "all"}))
       ->capture_default_str();
   cmd->add_option("--timeout", f->timeout_s, "Give up on a point after this many seconds")
       ->check(CLI::Range(10, 86400))

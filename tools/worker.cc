@@ -15,6 +15,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "common/host_identity.h"
@@ -74,6 +75,9 @@ struct WorkerFlags {
   int first_request = 0;
   // Scheduler step pacing; 0 = yield the CPU only.
   int step_us = 200;
+  // Each step polls only the rooms KVManager::TakeChangedRooms lists (and
+  // those with chunks left to send), not every room in flight.
+  bool poll_changed = false;
   // The first N rooms are not in the figures (bytes, latency).
   int warmup = 0;
   // Fill and check the pattern in 1 page of this many.
@@ -146,6 +150,7 @@ struct Live {
   bool failed = false;
   bool warmup = false;  // not in the figures
   Clock::time_point failed_at;
+  uint64_t visited_step = 0;  // --poll-changed: visited once per step
 };
 
 int RunWorker(const WorkerFlags& f) {
@@ -189,6 +194,7 @@ int RunWorker(const WorkerFlags& f) {
   mo.bootstrap_timeout = std::chrono::milliseconds(f.bootstrap_timeout_ms);
   mo.waiting_timeout = std::chrono::milliseconds(f.waiting_timeout_ms);
   mo.transfer_timeout = std::chrono::milliseconds(f.transfer_timeout_ms);
+  mo.list_room_changes = f.poll_changed;
   // --stall-after: the transport is wrapped so writes can be held (a stalled
   // transfer, for the fault tests and the demo).
   internal::FaultTransport* fault = nullptr;
@@ -250,6 +256,11 @@ int RunWorker(const WorkerFlags& f) {
         if (l->plan.room == room) return true;
     return false;
   };
+  // --poll-changed: where each live room is in `live`, the rooms to visit in
+  // the next step besides the changed ones, and the step count.
+  std::unordered_map<uint64_t, size_t> index_of;
+  std::vector<uint64_t> revisit;
+  uint64_t step = 0;
   auto last_progress = Clock::now();
   const auto started = Clock::now();
   // The measured window (after --warmup rooms): first admission to last
@@ -326,6 +337,65 @@ int RunWorker(const WorkerFlags& f) {
                           {"succeeded", ok},
                           {"failed", report.outcomes.size() - ok}};
   };
+  // One scheduler step: poll every room, or (--poll-changed) the rooms
+  // whose answer changed, those admitted this step and those with chunks
+  // left to send. `visit` polls one room and acts on its answer; true when
+  // it finished (and left `slot`).
+  auto visit = [&](std::unique_ptr<Live>& slot) -> bool {
+    Live& l = *slot;
+    KVPoll p = prefill ? l.sender->Poll() : l.receiver->Poll();
+    if (prefill && p == KVPoll::kWaitingForInput && !l.started) {
+      l.started = l.sender->Init(l.plan.pages, l.aux).ok();
+    }
+    if (prefill && l.started && l.pages_sent < l.plan.pages + (l.plan.pages == 0) &&
+        (p == KVPoll::kWaitingForInput || p == KVPoll::kTransferring)) {
+      int n = std::min(chunk_pages, l.plan.pages - l.pages_sent);
+      bool last = l.pages_sent + n == l.plan.pages;
+      std::span<const int32_t> chunk(l.pages.data() + l.pages_sent, n);
+      l.sender->Send(chunk, last ? std::span<const int32_t>(l.state) : std::span<const int32_t>())
+          .IgnoreError();
+      l.pages_sent += std::max(n, 1);
+      p = l.sender->Poll();
+    }
+    if (p != KVPoll::kSuccess && p != KVPoll::kFailed) return false;
+    ++finished;
+    RoomOutcome o;
+    o.room = l.plan.room;
+    o.success = p == KVPoll::kSuccess;
+    o.latency_us = std::chrono::duration<double, std::micro>(Clock::now() - l.t0).count();
+    o.finished_at_us = WallMicros();
+    if (o.success && !prefill) {
+      const auto verify_t0 = Clock::now();
+      uint64_t bad = (*pool)->CountCorruptPages(l.plan.room, l.pages, 0, f.check_stride);
+      report.corrupt_pages += bad;
+      if (bad > 0)
+        std::cerr << "worker: room " << l.plan.room << " succeeded with " << bad
+                  << " corrupt page buffers\n";
+      const uint64_t checked = (l.pages.size() + f.check_stride - 1) / f.check_stride;
+      report.verified_pages += checked * (*pool)->num_kv_buffers();
+      if (checks_aux && (!(*pool)->AuxMatches(l.plan.room, l.aux) ||
+                         !(*pool)->StateMatches(l.plan.room, l.state)))
+        ++report.corrupt_pages;
+      if (!l.warmup)
+        report.bytes += l.pages.size() * (*pool)->num_kv_buffers() * (*pool)->page_bytes();
+      verify_s += seconds_since(verify_t0);
+    }
+    o.failure = prefill ? l.sender->Failure() : l.receiver->Failure();
+    if (l.warmup) {
+      ++(o.success ? warmup_ok : warmup_failed);
+    } else {
+      report.outcomes.push_back(o);
+      window_end = Clock::now();
+    }
+    if (!prefill && !o.success) {
+      l.failed_at = Clock::now();
+      draining.push_back(std::move(slot));  // pages go back only once quiesced
+    } else {
+      release(l);
+      slot.reset();
+    }
+    return true;
+  };
   while ((next < limit || !live.empty() || !draining.empty()) && Clock::now() < deadline) {
     if (f.progress_ms > 0) read_commands();
     // Admit new rooms.
@@ -371,6 +441,10 @@ int RunWorker(const WorkerFlags& f) {
           l->receiver->Abort();
         }
       }
+      if (f.poll_changed) {
+        index_of[l->plan.room] = live.size();
+        revisit.push_back(l->plan.room);  // a handle's first answer is not a change
+      }
       live.push_back(std::move(l));
       ++next;
     }
@@ -388,77 +462,54 @@ int RunWorker(const WorkerFlags& f) {
       report.fatal_reported = true;
       fatal_pending = false;
     }
-    // One scheduler step: poll every room. Finished rooms leave `live` in one
-    // compaction pass per step (an erase per finished room made a step
-    // O(rooms^2) at 10,000 rooms); the rooms ahead are prefetched, since
-    // each poll is a chain of cache misses (Live, then its sender or
-    // receiver) that the loop would otherwise wait on one room at a time.
-    size_t kept = 0;
-    for (size_t i = 0; i < live.size(); ++i) {
-      if (i + 8 < live.size()) __builtin_prefetch(live[i + 8].get());
-      if (i + 4 < live.size()) {
-        const Live& ahead = *live[i + 4];
-        __builtin_prefetch(prefill ? static_cast<const void*>(ahead.sender.get())
-                                   : static_cast<const void*>(ahead.receiver.get()));
+    // One scheduler step (visit, above).
+    if (f.poll_changed) {
+      auto changed = m.TakeChangedRooms();
+      if (!changed.ok()) {
+        std::cerr << "worker: " << changed.status().ToString() << "\n";
+        return 5;
       }
-      Live& l = *live[i];
-      KVPoll p = prefill ? l.sender->Poll() : l.receiver->Poll();
-      if (prefill && p == KVPoll::kWaitingForInput && !l.started) {
-        l.started = l.sender->Init(l.plan.pages, l.aux).ok();
+      ++step;
+      std::vector<uint64_t> due = std::exchange(revisit, {});
+      due.insert(due.end(), changed->begin(), changed->end());
+      for (uint64_t room : due) {
+        auto it = index_of.find(room);
+        if (it == index_of.end() || live[it->second]->visited_step == step) continue;
+        const size_t i = it->second;
+        live[i]->visited_step = step;
+        if (!visit(live[i])) {
+          const Live& l = *live[i];
+          if (prefill && l.started && l.pages_sent < l.plan.pages + (l.plan.pages == 0))
+            revisit.push_back(room);  // chunks left: no change may come before they go
+          continue;
+        }
+        index_of.erase(it);
+        if (i + 1 != live.size()) {
+          live[i] = std::move(live.back());
+          index_of[live[i]->plan.room] = i;
+        }
+        live.pop_back();
       }
-      if (prefill && l.started && l.pages_sent < l.plan.pages + (l.plan.pages == 0) &&
-          (p == KVPoll::kWaitingForInput || p == KVPoll::kTransferring)) {
-        int n = std::min(chunk_pages, l.plan.pages - l.pages_sent);
-        bool last = l.pages_sent + n == l.plan.pages;
-        std::span<const int32_t> chunk(l.pages.data() + l.pages_sent, n);
-        l.sender->Send(chunk, last ? std::span<const int32_t>(l.state) : std::span<const int32_t>())
-            .IgnoreError();
-        l.pages_sent += std::max(n, 1);
-        p = l.sender->Poll();
-      }
-      if (p != KVPoll::kSuccess && p != KVPoll::kFailed) {
+    } else {
+      // Finished rooms leave `live` in one compaction pass per step (an
+      // erase per finished room made a step O(rooms^2) at 10,000 rooms);
+      // the rooms ahead are prefetched, since each poll is a chain of cache
+      // misses (Live, then its sender or receiver) that the loop would
+      // otherwise wait on one room at a time.
+      size_t kept = 0;
+      for (size_t i = 0; i < live.size(); ++i) {
+        if (i + 8 < live.size()) __builtin_prefetch(live[i + 8].get());
+        if (i + 4 < live.size()) {
+          const Live& ahead = *live[i + 4];
+          __builtin_prefetch(prefill ? static_cast<const void*>(ahead.sender.get())
+                                     : static_cast<const void*>(ahead.receiver.get()));
+        }
+        if (visit(live[i])) continue;
         if (kept != i) live[kept] = std::move(live[i]);
         ++kept;
-        continue;
       }
-      ++finished;
-      RoomOutcome o;
-      o.room = l.plan.room;
-      o.success = p == KVPoll::kSuccess;
-      o.latency_us = std::chrono::duration<double, std::micro>(Clock::now() - l.t0).count();
-      o.finished_at_us = WallMicros();
-      if (o.success && !prefill) {
-        const auto verify_t0 = Clock::now();
-        uint64_t bad = (*pool)->CountCorruptPages(l.plan.room, l.pages, 0, f.check_stride);
-        report.corrupt_pages += bad;
-        if (bad > 0)
-          std::cerr << "worker: room " << l.plan.room << " succeeded with " << bad
-                    << " corrupt page buffers\n";
-        const uint64_t checked = (l.pages.size() + f.check_stride - 1) / f.check_stride;
-        report.verified_pages += checked * (*pool)->num_kv_buffers();
-        if (checks_aux && (!(*pool)->AuxMatches(l.plan.room, l.aux) ||
-                           !(*pool)->StateMatches(l.plan.room, l.state)))
-          ++report.corrupt_pages;
-        if (!l.warmup)
-          report.bytes += l.pages.size() * (*pool)->num_kv_buffers() * (*pool)->page_bytes();
-        verify_s += seconds_since(verify_t0);
-      }
-      o.failure = prefill ? l.sender->Failure() : l.receiver->Failure();
-      if (l.warmup) {
-        ++(o.success ? warmup_ok : warmup_failed);
-      } else {
-        report.outcomes.push_back(o);
-        window_end = Clock::now();
-      }
-      if (!prefill && !o.success) {
-        l.failed_at = Clock::now();
-        draining.push_back(std::move(live[i]));  // pages go back only once quiesced
-      } else {
-        release(l);
-        live[i].reset();
-      }
+      live.resize(kept);
     }
-    live.resize(kept);
     for (auto it = draining.begin(); it != draining.end();) {
       Live& l = **it;
       bool timed_out = Clock::now() - l.failed_at > std::chrono::milliseconds(f.quiesce_timeout_ms);
@@ -596,6 +647,8 @@ void AddWorkerCommand(CLI::App& app, std::function<int()>& run) {
                   "Decode: abort every Nth room right after SendMetadata, reuse its pages once "
                   "Quiesced()")
       ->check(CLI::Range(0, 1 << 30));
+  cmd->add_flag("--poll-changed", f->poll_changed,
+                "Poll only the rooms whose answer changed (KVManager::TakeChangedRooms)");
   cmd->add_option("--step-us", f->step_us,
                   "Scheduler step: sleep this long between polls of every room (0 = only yield)")
       ->check(CLI::Range(0, 1000000));

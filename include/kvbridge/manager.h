@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kvbridge/errors.h"
 #include "kvbridge/export.h"
@@ -100,6 +101,15 @@ class KVB_EXPORT KVManager {
   // did not fail here (sglang's "exception from another rank"): this names
   // the rank and the cause instead of a generic error.
   std::optional<FailureRecord> RecentRankFailure() const;
+
+  // The rooms of this rank's live KVSenders or KVReceivers whose Poll()
+  // answer changed since the last call, each once, in the order they
+  // changed (needs ManagerOptions::list_room_changes, else
+  // FailedPrecondition). With thousands of requests in flight, a scheduler
+  // step polls these instead of every request. A handle's first answer is
+  // not a change: poll a new handle once. A room whose handle was replaced
+  // may be listed for its new handle without a change; poll it and see.
+  Result<std::vector<uint64_t>> TakeChangedRooms();
 
  private:
   friend class internal::ManagerAccess;

@@ -146,6 +146,9 @@ struct ManagerOptions {
   // request at once (invalid_request naming this option), instead of
   // growing this rank's memory without bound.
   size_t max_pending_requests = 65536;
+  // Keep the list of rooms whose Poll() answer changed, for
+  // KVManager::TakeChangedRooms (one entry per changed room until taken).
+  bool list_room_changes = false;
 
   // Prometheus metrics over HTTP (GET /metrics) on this port: 0 = off, -1 =
   // any free port (KVManager::metrics_port() tells which). docs/metrics.md.

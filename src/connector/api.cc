@@ -23,6 +23,7 @@ const std::string& KVManager::bootstrap_addr() const { return impl_->bootstrap_a
 void KVManager::ReportFatal(const std::string& reason) { impl_->ReportFatal(reason); }
 ManagerStats KVManager::Stats() const { return impl_->Stats(); }
 int KVManager::metrics_port() const { return impl_->metrics_port(); }
+Result<std::vector<uint64_t>> KVManager::TakeChangedRooms() { return impl_->TakeChangedRooms(); }
 std::optional<FailureRecord> KVManager::RecentRankFailure() const {
   return impl_->RecentRankFailure();
 }

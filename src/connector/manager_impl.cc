@@ -442,7 +442,7 @@ bool ManagerImpl::MarkRoomFailedLocked(Room& room, FailureRecord& record) {
   if (IsRankFailure(record.cause)) record.phase = room.phase;
   record.is_from_another_rank = IsFromAnotherRank(record.origin);
   room.failure = record;
-  room.state.store(static_cast<int>(KVPoll::kFailed), std::memory_order_release);
+  changes_.Set(room, KVPoll::kFailed);
   ++failed_;
   if (metrics_) {
     metrics_->Failed(record.cause);

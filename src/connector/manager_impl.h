@@ -115,6 +115,8 @@ class ManagerImpl {
   // knows of: what a request that did not fail here should blame.
   std::optional<FailureRecord> RecentRankFailure() const;
   std::vector<PeerSnapshot> Peers() const;
+  // KVManager::TakeChangedRooms (FailedPrecondition unless list_room_changes).
+  Result<std::vector<uint64_t>> TakeChangedRooms();
   // Tests: judge every peer's liveness as across machines, with no /proc (a
   // running same-host peer is otherwise given ten silence limits).
   void JudgeLivenessAsRemoteForTest() { liveness_as_remote_ = true; }
@@ -481,6 +483,7 @@ class ManagerImpl {
   std::unordered_multimap<uint64_t, std::shared_ptr<SenderRoom>> released_writing_
       KVB_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<ReceiverRoom>> receivers_ KVB_GUARDED_BY(mu_);
+  RoomChanges changes_ KVB_GUARDED_BY(mu_){opts_.list_room_changes};  // every poll() change
   std::map<std::pair<uint64_t, int>, PendingMeta> pending_meta_ KVB_GUARDED_BY(mu_);
   // Decode failed/aborted a request before prefill created its sender: the
   // sender, when it comes, fails with decode's record instead of waiting.
@@ -513,13 +516,11 @@ class ManagerImpl {
   std::atomic<uint64_t> rejoin_waits_{0};
   uint64_t rejoin_waits_logged_ KVB_GUARDED_BY(mu_) = 0;                 // waits when last logged
   std::map<std::string, FailureRecord> dead_ranks_ KVB_GUARDED_BY(mu_);  // by peer key
-  std::set<std::pair<std::string, uint64_t>> applied_
-      KVB_GUARDED_BY(mu_);  // (key, incarnation) handled
+  std::set<std::pair<std::string, uint64_t>> applied_ KVB_GUARDED_BY(mu_);  // (key, incarnation)
   std::optional<FailureRecord> registry_lost_ KVB_GUARDED_BY(mu_);
   std::optional<FailureRecord> recent_rank_failure_ KVB_GUARDED_BY(mu_);
   std::vector<FailureRecord> publish_queue_ KVB_GUARDED_BY(mu_);
-  std::deque<FailureRecord> room_records_
-      KVB_GUARDED_BY(mu_);                       // latest first-seen room records of other ranks
+  std::deque<FailureRecord> room_records_ KVB_GUARDED_BY(mu_);  // other ranks', latest first
   std::condition_variable_any room_records_cv_;  // a room record came or a room failed
   uint64_t failure_seq_ = 0;                     // registry thread only
   SteadyTime last_tick_ KVB_GUARDED_BY(mu_) = Now();
@@ -542,10 +543,8 @@ class ManagerImpl {
   std::atomic<bool> closing_{false};
   std::atomic<bool> liveness_as_remote_{false};
   std::atomic<int> flushing_{0};
-  // Runs `f`, a transport callback, unless the manager is closing. Such a
-  // callback may call the transport directly (a handshake answer), and
-  // once ran while the destructor took the transport down under it (a
-  // null inner transport, SIGSEGV: PpTest.LayoutMismatch*).
+  // Runs `f`, a transport callback, unless the manager is closing (one once ran while the
+  // destructor took the transport down under it: SIGSEGV, PpTest.LayoutMismatch*).
   template <class F>
   void IfOpen(F&& f) {
     flushing_.fetch_add(1);

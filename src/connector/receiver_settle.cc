@@ -22,7 +22,7 @@ void ManagerImpl::MaybeHandshakeDoneLocked(ReceiverRoom& room) {
   // The deadline for SendMetadata runs from here (TickReceiversLocked).
   room.phase = Phase::kWaitingForMetadata;
   room.phase_since = Now();
-  room.state.store(static_cast<int>(KVPoll::kWaitingForInput), std::memory_order_release);
+  changes_.Set(room, KVPoll::kWaitingForInput);
 }
 
 void ManagerImpl::OnPeerAckedLocked(const Peer& peer) {

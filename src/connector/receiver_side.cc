@@ -350,7 +350,7 @@ void ManagerImpl::SendMetaLocked(ReceiverRoom& room, Outbox& out) {
   room.phase = Phase::kWaitingForInput;
   room.phase_since = Now();
   room.meta_sent_at = room.phase_since;
-  room.state.store(static_cast<int>(KVPoll::kWaitingForInput), std::memory_order_release);
+  changes_.Set(room, KVPoll::kWaitingForInput);
 }
 
 void ManagerImpl::OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out) {
@@ -393,9 +393,9 @@ void ManagerImpl::OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out
     ++succeeded_;
     if (metrics_)
       metrics_->Finished(true, std::chrono::duration<double>(Now() - room.created).count());
-    room.state.store(static_cast<int>(KVPoll::kSuccess), std::memory_order_release);
+    changes_.Set(room, KVPoll::kSuccess);
   } else {
-    room.state.store(static_cast<int>(KVPoll::kTransferring), std::memory_order_release);
+    changes_.Set(room, KVPoll::kTransferring);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -113,7 +114,8 @@ struct SenderRoom {
   std::atomic<int64_t> first_write_ns{0};
   std::atomic<int64_t> writes_done_ns{0};
   // Guarded by ManagerImpl::mu_.
-  bool live = true;  // KVSender not destroyed
+  bool live = true;            // KVSender not destroyed
+  bool change_listed = false;  // in RoomChanges' list, not yet taken
   bool initialized = false;
   int64_t num_pages = -1;
   int64_t aux_index = -1;
@@ -167,6 +169,7 @@ struct ReceiverRoom {
   std::atomic<int64_t> failed_at_ns{0};
   // Guarded by ManagerImpl::mu_.
   bool live = true;
+  bool change_listed = false;  // in RoomChanges' list, not yet taken
   bool initialized = false;
   bool unsettled_warned = false;  // logged that quiesce_timeout passed unquiesced
   bool resolved = false;          // sources known and connected
@@ -184,6 +187,34 @@ struct ReceiverRoom {
   BoxedOptional<Status> last_resolve_error;  // none while resolving went well
 
   KVPoll poll() const { return static_cast<KVPoll>(state.load(std::memory_order_acquire)); }
+};
+
+// The one way a room's Poll() answer changes, and the list of rooms whose
+// answer changed (KVManager::TakeChangedRooms, with
+// ManagerOptions::list_room_changes): an application with thousands of
+// requests in flight polls those instead of every request each step. A room
+// is listed once until taken, so the list holds at most one entry per room
+// that changed, plus rooms released or replaced since (dropped or harmless
+// when taken). Guarded by ManagerImpl::mu_, like the rooms.
+class RoomChanges {
+ public:
+  explicit RoomChanges(bool listing) : listing_(listing) {}
+  bool listing() const { return listing_; }
+  template <typename Room>
+  void Set(Room& room, KVPoll next) {
+    if (room.poll() == next) return;
+    room.state.store(static_cast<int>(next), std::memory_order_release);
+    if (!listing_ || room.change_listed) return;
+    room.change_listed = true;
+    rooms_.push_back(room.room);
+  }
+  // The rooms listed since the last call, in the order they changed; the
+  // caller clears each live room's change_listed.
+  std::vector<uint64_t> Take() { return std::exchange(rooms_, {}); }
+
+ private:
+  const bool listing_;
+  std::vector<uint64_t> rooms_;
 };
 
 }  // namespace kvbridge::internal

@@ -342,7 +342,7 @@ void ManagerImpl::UpdateSenderStateLocked(SenderRoom& room) {
     if (metrics_)
       metrics_->Finished(true, std::chrono::duration<double>(Now() - room.created).count());
   }
-  room.state.store(static_cast<int>(next), std::memory_order_release);
+  changes_.Set(room, next);
 }
 
 void ManagerImpl::OnMeta(const RankId& from, MetaMsg meta, Outbox& out) {

@@ -77,6 +77,30 @@ TEST(BenchRequests, JsonGivesTheRunSizeAndMemcpyInRunsOfIt) {
   }
 }
 
+// `bench scale` finishes every request both ways a worker step can poll:
+// every room in flight, or only those KVManager::TakeChangedRooms lists (a
+// room it failed to list would never finish, and the point would time out).
+TEST(BenchScale, EveryRequestSucceedsPollingAllOrOnlyChangedRooms) {
+  for (const std::string poll : {"changed", "all"}) {
+    SCOPED_TRACE(poll);
+    const std::string cmd = std::string(KVB_BIN_DIR) +
+                            "/kvbridge bench scale --json --rooms 20,300 --rounds 2 --decode-tp 2 "
+                            "--timeout 60 --poll " +
+                            poll + " 2>/dev/null";
+    CommandOutput r = RunCommand(cmd);
+    ASSERT_EQ(r.exit_status, 0) << cmd << "\n" << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(j.is_discarded()) << "stdout is not one JSON object:\n" << r.out;
+    EXPECT_EQ(j["poll"], poll);
+    ASSERT_EQ(j["results"].size(), 2u) << j.dump(2);
+    for (const auto& point : j["results"]) {
+      EXPECT_EQ(point["succeeded"], 2 * point["rooms"].get<int>()) << point.dump();
+      EXPECT_EQ(point["failed"], 0) << point.dump();
+      EXPECT_FALSE(point.contains("error")) << point.dump();
+    }
+  }
+}
+
 TEST(BenchTransport, UnknownPathIsRejected) {
   CommandOutput r =
       RunCommand(std::string(KVB_BIN_DIR) + "/kvbridge bench transport --paths nosuch 2>/dev/null");
