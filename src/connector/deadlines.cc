@@ -3,6 +3,9 @@
 // bookkeeping of notices for senders that never came expires.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "common/log.h"
 #include "connector/manager_impl.h"
 
@@ -135,9 +138,20 @@ void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
 void ManagerImpl::RetryUnresolved() {
   std::vector<std::shared_ptr<ReceiverRoom>> todo;
   {
+    // Only the rooms initialized since they were last seen resolved (not
+    // every room in flight: with 10,000 that held the mutex for ms a round).
     MutexLock lock(mu_);
-    for (auto& [id, room] : receivers_)
-      if (room->initialized && !room->resolved && !room->failure) todo.push_back(room);
+    std::vector<uint64_t> ids = std::exchange(unresolved_, {});
+    std::sort(ids.begin(), ids.end());  // a room id reused is listed once
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    for (uint64_t id : ids) {
+      auto it = receivers_.find(id);
+      if (it == receivers_.end()) continue;
+      const auto& room = it->second;
+      if (!room->initialized || room->resolved || room->failure) continue;
+      todo.push_back(room);
+      unresolved_.push_back(id);
+    }
   }
   for (auto& room : todo) ResolveSources(room).IgnoreError();
 }

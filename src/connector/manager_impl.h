@@ -484,6 +484,7 @@ class ManagerImpl {
       KVB_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<ReceiverRoom>> receivers_ KVB_GUARDED_BY(mu_);
   RoomChanges changes_ KVB_GUARDED_BY(mu_){opts_.list_room_changes};  // every poll() change
+  std::vector<uint64_t> unresolved_ KVB_GUARDED_BY(mu_);  // initialized, maybe not resolved
   std::map<std::pair<uint64_t, int>, PendingMeta> pending_meta_ KVB_GUARDED_BY(mu_);
   // Decode failed/aborted a request before prefill created its sender: the
   // sender, when it comes, fails with decode's record instead of waiting.

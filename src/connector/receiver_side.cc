@@ -77,6 +77,7 @@ Status ManagerImpl::ReceiverInit(const std::shared_ptr<ReceiverRoom>& room, int 
     room->initialized = true;
     room->prefill_dp_rank = prefill_dp_rank;
     room->phase_since = Now();
+    unresolved_.push_back(room->room);  // RetryUnresolved until resolved
     return Status();
   }();
   Flush(out);
