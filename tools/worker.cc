@@ -15,7 +15,6 @@
 #include <random>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "common/host_identity.h"
@@ -256,9 +255,13 @@ int RunWorker(const WorkerFlags& f) {
         if (l->plan.room == room) return true;
     return false;
   };
-  // --poll-changed: where each live room is in `live`, the rooms to visit in
-  // the next step besides the changed ones, and the step count.
-  std::unordered_map<uint64_t, size_t> index_of;
+  // --poll-changed: where each live room is in `live` (by room id: the
+  // plan's ids are 1..N; kNotLive when it is not), the rooms to visit in the
+  // next step besides the changed ones, and the step count.
+  constexpr int32_t kNotLive = -1;
+  uint64_t max_room = 0;
+  for (const RoomPlan& rp : plan) max_room = std::max(max_room, rp.room);
+  std::vector<int32_t> index_of(f.poll_changed ? max_room + 1 : 0, kNotLive);
   std::vector<uint64_t> revisit;
   uint64_t step = 0;
   auto last_progress = Clock::now();
@@ -442,7 +445,7 @@ int RunWorker(const WorkerFlags& f) {
         }
       }
       if (f.poll_changed) {
-        index_of[l->plan.room] = live.size();
+        index_of[l->plan.room] = static_cast<int32_t>(live.size());
         revisit.push_back(l->plan.room);  // a handle's first answer is not a change
       }
       live.push_back(std::move(l));
@@ -473,9 +476,9 @@ int RunWorker(const WorkerFlags& f) {
       std::vector<uint64_t> due = std::exchange(revisit, {});
       due.insert(due.end(), changed->begin(), changed->end());
       for (uint64_t room : due) {
-        auto it = index_of.find(room);
-        if (it == index_of.end() || live[it->second]->visited_step == step) continue;
-        const size_t i = it->second;
+        if (room >= index_of.size() || index_of[room] == kNotLive) continue;
+        const size_t i = static_cast<size_t>(index_of[room]);
+        if (live[i]->visited_step == step) continue;
         live[i]->visited_step = step;
         if (!visit(live[i])) {
           const Live& l = *live[i];
@@ -483,10 +486,10 @@ int RunWorker(const WorkerFlags& f) {
             revisit.push_back(room);  // chunks left: no change may come before they go
           continue;
         }
-        index_of.erase(it);
+        index_of[room] = kNotLive;
         if (i + 1 != live.size()) {
           live[i] = std::move(live.back());
-          index_of[live[i]->plan.room] = i;
+          index_of[live[i]->plan.room] = static_cast<int32_t>(i);
         }
         live.pop_back();
       }

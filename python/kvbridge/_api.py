@@ -84,6 +84,16 @@ class KVManager:
     def stats(self) -> dict:
         return self._impl.stats()
 
+    def take_changed_rooms(self) -> list:
+        """Rooms whose poll() answer changed since the last call, each once.
+
+        Needs ``KVConfig(list_room_changes=True)``, else FailedPreconditionError.
+        With thousands of requests in flight, a scheduler step polls these
+        instead of every request; a new sender or receiver is polled once
+        (its first answer is not a change).
+        """
+        return self._impl.take_changed_rooms()
+
     def report_fatal(self, reason: str) -> None:
         """Fails every live request of this rank with `reason`, on every rank it touches."""
         self._impl.report_fatal(reason)

@@ -143,6 +143,9 @@ class KVConfig:
     # The cluster registry: "" (the bootstrap server at bootstrap_addr) or
     # "etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE]" (docs/registry.md).
     registry: str = ""
+    # Keep the list of rooms whose poll() answer changed, for
+    # KVManager.take_changed_rooms() (many requests in flight).
+    list_room_changes: bool = False
 
     def to_dict(self) -> dict:
         # "http://host:port/..." as sglang writes URLs: the host:port part.
@@ -160,7 +163,8 @@ class KVConfig:
                     instance_id=str(self.instance_id),
                     follow_bootstrap_room=bool(self.follow_bootstrap_room),
                     prefill_http_port=int(self.prefill_http_port or 0),
-                    registry=str(self.registry))
+                    registry=str(self.registry),
+                    list_room_changes=bool(self.list_room_changes))
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)

@@ -171,6 +171,7 @@ ManagerOptions ManagerOptionsFromDict(const py::dict& d) {
   o.waiting_timeout = Ms(d, "waiting_timeout_ms", o.waiting_timeout, &seen);
   o.transfer_timeout = Ms(d, "transfer_timeout_ms", o.transfer_timeout, &seen);
   o.metrics_port = Field<int>(d, "metrics_port", o.metrics_port, &seen);
+  o.list_room_changes = Field<bool>(d, "list_room_changes", o.list_room_changes, &seen);
   RejectUnknown(d, seen, "KVManager config");
   return o;
 }

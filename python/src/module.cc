@@ -63,6 +63,11 @@ class PyManager {
   std::string BootstrapAddr() { return handle_->get().bootstrap_addr(); }
   py::dict Stats() { return StatsToDict(handle_->get().Stats()); }
   void ReportFatal(const std::string& reason) { handle_->get().ReportFatal(reason); }
+  std::vector<uint64_t> TakeChangedRooms() {
+    auto rooms = handle_->get().TakeChangedRooms();
+    if (!rooms.ok()) throw StatusError(rooms.status());
+    return std::move(rooms).value();
+  }
   // Drops this handle's reference; the C++ manager goes when the last room
   // made from it is closed.
   void Close() {
@@ -250,6 +255,7 @@ PYBIND11_MODULE(_kvbridge, m) {
       .def("self_rank", &PyManager::Self)
       .def("bootstrap_addr", &PyManager::BootstrapAddr)
       .def("stats", &PyManager::Stats)
+      .def("take_changed_rooms", &PyManager::TakeChangedRooms)
       .def("report_fatal", &PyManager::ReportFatal, py::arg("reason"), Release())
       .def("close", &PyManager::Close, Release());
 

@@ -195,6 +195,35 @@ def test_in_process_transfer_and_poll_rate(bootstrap, make_rank):
     r.clear()
 
 
+def test_take_changed_rooms_lists_each_changed_room_once_and_needs_the_option(bootstrap,
+                                                                              make_rank):
+    p = make_rank("prefill", bootstrap, list_room_changes=True)
+    d = make_rank("decode", bootstrap, list_room_changes=True)
+    assert p.mgr.take_changed_rooms() == [] and d.mgr.take_changed_rooms() == []
+    r = kvbridge.KVReceiver(d.mgr, bootstrap, 11)
+    r.init(0)
+    r.send_metadata(np.array([1, 2], np.int32), aux_index=0)
+    s = kvbridge.KVSender(p.mgr, bootstrap, 11)
+    deadline = time.monotonic() + 20
+    while (s.poll(), r.poll()) != (KVPoll.WaitingForInput, KVPoll.WaitingForInput):
+        assert time.monotonic() < deadline, (s.poll(), r.poll())
+        time.sleep(0.002)
+    # Each side changed at least once since it was created: listed once.
+    assert p.mgr.take_changed_rooms() == [11] and d.mgr.take_changed_rooms() == [11]
+    assert p.mgr.take_changed_rooms() == [] and d.mgr.take_changed_rooms() == []
+    s.init(2, aux_index=0)
+    s.send(np.array([3, 4], np.int32))
+    while (s.poll(), r.poll()) != (KVPoll.Success, KVPoll.Success):
+        assert time.monotonic() < deadline, (s.poll(), r.poll())
+        time.sleep(0.002)
+    assert p.mgr.take_changed_rooms() == [11] and d.mgr.take_changed_rooms() == [11]
+    s.clear()
+    r.clear()
+    other = make_rank("decode", bootstrap, instance_id="other")  # the option left off
+    with pytest.raises(kvbridge.FailedPreconditionError, match="list_room_changes"):
+        other.mgr.take_changed_rooms()
+
+
 def test_a_sibling_names_why_its_group_failed_without_waiting_in_python(bootstrap, make_rank):
     """decode tp1 aborts; decode tp0 (no record of its own) raises tp1's record."""
     p = make_rank("prefill", bootstrap)
