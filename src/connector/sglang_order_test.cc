@@ -252,5 +252,44 @@ TEST(SglangOrderTest, ARegistryNeverReachedIsNotCalledLost) {
       << rx->Failure()->Message();
 }
 
+// A receiver whose first lookup finds prefill not fully registered (sglang's
+// server answers 503) stays Bootstrapping, and the resolver's rounds look it
+// up again until one succeeds: then it reaches WaitingForInput and the
+// request completes. Rounds are run by the test (manual ticks).
+TEST(SglangOrderTest, AReceiverWhoseLookupFailedIsLookedUpAgainEachRoundUntilResolved) {
+  ClusterOptions o;
+  o.sglang_server = true;
+  o.hooks.clock = std::make_shared<ManualClock>();
+  o.hooks.manual_ticks = true;
+  auto made = TestCluster::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  TestCluster& c = **made;
+  ManagerImpl& decode = ManagerAccess::Of(*c.decode[0].manager);
+  c.sglang_server->HoldLookups(true);
+  Request r{.room = 9, .src = {1, 2}, .dst = {30, 31}};
+  r.receivers.push_back(std::move(KVReceiver::Create(*c.decode[0].manager, r.room)).value());
+  KVReceiver& rx = *r.receivers[0];
+  ASSERT_TRUE(rx.Init(0).ok());  // Unavailable: retried, not an error
+  const int refused = c.sglang_server->held_lookups();
+  ASSERT_GE(refused, 1) << "Init made no lookup";
+  EXPECT_EQ(rx.Poll(), KVPoll::kBootstrapping);
+  decode.TickNow();
+  EXPECT_GT(c.sglang_server->held_lookups(), refused) << "a round did not look the room up again";
+  EXPECT_EQ(rx.Poll(), KVPoll::kBootstrapping);
+
+  c.sglang_server->HoldLookups(false);
+  decode.TickNow();
+  ASSERT_TRUE(WaitFor([&] { return rx.Poll() == KVPoll::kWaitingForInput; }))
+      << "receiver still " << KVPollName(rx.Poll())
+      << (rx.Failure() ? ": " + rx.Failure()->Message() : "");
+  r.senders.push_back(std::move(KVSender::Create(*c.prefill[0].manager, r.room)).value());
+  c.prefill[0].pool->Fill(r.room, r.src, r.src_aux, r.src_state);
+  ASSERT_TRUE(rx.SendMetadata(r.dst, r.dst_aux, r.dst_state).ok());
+  ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kWaitingForInput; }));
+  ASSERT_TRUE(r.senders[0]->Init(r.src.size(), r.src_aux).ok());
+  ASSERT_NO_FATAL_FAILURE(SendChunks(r, {2}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(c, r));
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

@@ -29,6 +29,16 @@ int SglangStandinServer::registrations() const {
   return registrations_;
 }
 
+void SglangStandinServer::HoldLookups(bool hold) {
+  std::lock_guard<std::mutex> lock(mu_);
+  hold_lookups_ = hold;
+}
+
+int SglangStandinServer::held_lookups() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_lookups_;
+}
+
 void SglangStandinServer::Register(const httplib::Request& req, httplib::Response& res) {
   try {
     const json d = json::parse(req.body);
@@ -85,7 +95,8 @@ void SglangStandinServer::Lookup(const httplib::Request& req, httplib::Response&
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (!shape_ || static_cast<int>(ranks_.size()) < shape_->expected) {
+  held_lookups_ += hold_lookups_;
+  if (hold_lookups_ || !shape_ || static_cast<int>(ranks_.size()) < shape_->expected) {
     res.status = 503;
     res.set_content("Prefill server not fully registered", "text/plain");
     return;

@@ -31,6 +31,10 @@ class SglangStandinServer {
 
   std::string address() const { return serving_.address(); }
   int registrations() const;  // PUT /route answered 200
+  // Tests: while held, every lookup is answered 503, as before every prefill
+  // rank registered; held_lookups() counts those answers.
+  void HoldLookups(bool hold);
+  int held_lookups() const;
 
  private:
   SglangStandinServer() = default;
@@ -50,6 +54,8 @@ class SglangStandinServer {
   std::optional<Shape> shape_;        // guarded by mu_: the first registration's
   std::map<Key, std::string> ranks_;  // guarded by mu_: {rank_ip, rank_port} as JSON
   int registrations_ = 0;             // guarded by mu_
+  bool hold_lookups_ = false;         // guarded by mu_
+  int held_lookups_ = 0;              // guarded by mu_
 };
 
 }  // namespace kvbridge::internal
