@@ -344,13 +344,17 @@ int RunWorker(const WorkerFlags& f) {
   // whose answer changed, those admitted this step and those with chunks
   // left to send. `visit` polls one room and acts on its answer; true when
   // it finished (and left `slot`).
+  // Prefill: chunks still to send (a request of no pages sends one, empty).
+  auto chunks_left = [](const Live& l) {
+    return l.pages_sent < l.plan.pages + (l.plan.pages == 0);
+  };
   auto visit = [&](std::unique_ptr<Live>& slot) -> bool {
     Live& l = *slot;
     KVPoll p = prefill ? l.sender->Poll() : l.receiver->Poll();
     if (prefill && p == KVPoll::kWaitingForInput && !l.started) {
       l.started = l.sender->Init(l.plan.pages, l.aux).ok();
     }
-    if (prefill && l.started && l.pages_sent < l.plan.pages + (l.plan.pages == 0) &&
+    if (prefill && l.started && chunks_left(l) &&
         (p == KVPoll::kWaitingForInput || p == KVPoll::kTransferring)) {
       int n = std::min(chunk_pages, l.plan.pages - l.pages_sent);
       bool last = l.pages_sent + n == l.plan.pages;
@@ -482,7 +486,7 @@ int RunWorker(const WorkerFlags& f) {
         live[i]->visited_step = step;
         if (!visit(live[i])) {
           const Live& l = *live[i];
-          if (prefill && l.started && l.pages_sent < l.plan.pages + (l.plan.pages == 0))
+          if (prefill && l.started && chunks_left(l))
             revisit.push_back(room);  // chunks left: no change may come before they go
           continue;
         }
