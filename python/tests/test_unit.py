@@ -222,6 +222,10 @@ def test_take_changed_rooms_lists_each_changed_room_once_and_needs_the_option(bo
     other = make_rank("decode", bootstrap, instance_id="other")  # the option left off
     with pytest.raises(kvbridge.FailedPreconditionError, match="list_room_changes"):
         other.mgr.take_changed_rooms()
+    # A value of another type is refused by name, not taken as true.
+    with pytest.raises(kvbridge.InvalidArgumentError, match="list_room_changes"):
+        kvbridge._kvbridge.Manager({"role": "decode", "bootstrap_addr": bootstrap,
+                                    "list_room_changes": "yes"})
 
 
 def test_a_sibling_names_why_its_group_failed_without_waiting_in_python(bootstrap, make_rank):

@@ -101,6 +101,13 @@ TEST(BenchScale, EveryRequestSucceedsPollingAllOrOnlyChangedRooms) {
   }
 }
 
+TEST(BenchScale, AnUnknownPollModeIsRefusedByName) {
+  CommandOutput r = RunCommand(std::string(KVB_BIN_DIR) +
+                               "/kvbridge bench scale --poll everything --rooms 1 2>&1");
+  EXPECT_NE(r.exit_status, 0) << r.out;
+  EXPECT_NE(r.out.find("--poll"), std::string::npos) << r.out;
+}
+
 TEST(BenchTransport, UnknownPathIsRejected) {
   CommandOutput r =
       RunCommand(std::string(KVB_BIN_DIR) + "/kvbridge bench transport --paths nosuch 2>/dev/null");
