@@ -387,7 +387,8 @@ int RunWorker(const WorkerFlags& f) {
         report.bytes += l.pages.size() * (*pool)->num_kv_buffers() * (*pool)->page_bytes();
       verify_s += seconds_since(verify_t0);
     }
-    o.failure = prefill ? l.sender->Failure() : l.receiver->Failure();
+    if (auto why = prefill ? l.sender->Failure() : l.receiver->Failure())
+      o.failure = std::make_shared<const FailureRecord>(std::move(*why));
     if (l.warmup) {
       ++(o.success ? warmup_ok : warmup_failed);
     } else {

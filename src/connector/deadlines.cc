@@ -62,7 +62,7 @@ void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
         missing += fmt::format(" tp{}", d);
         // Name the silent decode rank when this rank has met it.
         for (auto& [key, peer] : peers_)
-          if (peer->id.role == Role::kDecode && peer->id.tp == d && origin.SameRank(Self()))
+          if (peer->id->role == Role::kDecode && peer->id->tp == d && origin.SameRank(Self()))
             origin = peer->id;
       }
       what = missing.empty() ? "no decode rank sent metadata" : "no metadata from decode" + missing;
@@ -126,7 +126,7 @@ void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
       FailReceiverLocked(
           room,
           MakeRecord(src.prefill, FailureCause::kDeadlineExceeded,
-                     fmt::format("no chunk from {} for {:.1f} s", src.prefill.ShortName(),
+                     fmt::format("no chunk from {} for {:.1f} s", src.prefill->ShortName(),
                                  std::chrono::duration<double>(elapsed).count()),
                      room.phase, "phase deadline"),
           out);

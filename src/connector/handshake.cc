@@ -218,7 +218,7 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
     MutexLock lock(mu_);
     Peer* p = FindPeerLocked(PeerKey(from));
     if (p == nullptr || p->acked || (p->failed && !p->notice) || p->hello_session == 0 ||
-        p->hello_session != c.decode_session || p->id.incarnation != from.incarnation) {
+        p->hello_session != c.decode_session || p->id->incarnation != from.incarnation) {
       // An answer to a Hello this rank no longer waits for (sent again on a
       // new endpoint, or answered already), or a replay.
       ++stale_dropped_;
@@ -281,7 +281,7 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
   if (old == nullptr) return false;
   // A peer this rank retired when it rejoined is replaced like a restarted
   // one: the new session is this incarnation's.
-  if (old->id.incarnation == from.incarnation && old->ready && !old->retired) {
+  if (old->id->incarnation == from.incarnation && old->ready && !old->retired) {
     // The same process again: it did not hear our answer. A failed peer
     // stays failed (it learns so from the RankFailed it gets). With
     // sglang's server one this rank failed may have been cut off, its
@@ -352,8 +352,8 @@ void ManagerImpl::AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer,
   peer->last_heard = Now();
   peer->last_heard_wall = WallNow();
   peer->key = PeerKey(from);
-  peer->shared_key = SharedKey(std::make_shared<const std::string>(peer->key));
-  peer->id = from;
+  peer->shared_key = SharedKey(peer->key);
+  peer->id = Shared<RankId>(from);
   peer->address = hello.address;
   peer->layout = hello.layout;
   peer->tp_size = hello.tp_size;
@@ -419,8 +419,8 @@ std::unique_ptr<Peer> PrefillPeerOf(const std::string& key, const RankRecord& re
                                     RankLayout layout) {
   auto peer = std::make_unique<Peer>();
   peer->key = key;
-  peer->shared_key = SharedKey(std::make_shared<const std::string>(key));
-  peer->id = RankIdOf(rec);
+  peer->shared_key = SharedKey(key);
+  peer->id = Shared<RankId>(RankIdOf(rec));
   peer->address = rec.transport_address;
   peer->layout = std::move(layout);
   peer->tp_size = rec.attn_tp_size;
@@ -438,7 +438,7 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
     Peer* p = FindPeerLocked(key);
     if (p != nullptr && p->ready && !p->failed) return key;
     // One retired by this rank's rejoin is connected again, whatever it is now.
-    if (p != nullptr && p->failed && !p->retired) failed_incarnation = p->id.incarnation;
+    if (p != nullptr && p->failed && !p->retired) failed_incarnation = p->id->incarnation;
   }
   Result<RankRecord> rec = registry_->GetRank(pos.dp, pos.cp, pos.tp, pos.pp);
   if (!rec.ok()) return rec.status().WithContext(key);
@@ -461,18 +461,18 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
       if (same) peer->remeet = {old->remeet.at, old->remeet.waits, old->remeet.count + 1};
       if (!old->failed)
         FailPeerLocked(*old, FailureCause::kPeerExited,
-                       fmt::format("restarted as pid {}", peer->id.pid), "new incarnation", out);
+                       fmt::format("restarted as pid {}", peer->id->pid), "new incarnation", out);
       // The same process rejoined. Writes decode can revoke wait for their
       // revoke (FenceRound); those it cannot (a same-host peer that maps our
       // pages) the rejoin waited for.
       if (SameProcess(HostOf(old->id), HostOf(peer->id)) && (old->grant == 0 || old->mapping) &&
           OnThisHost(old->id))
-        QuiesceRejoinedLocked(key, old->id.incarnation);
+        QuiesceRejoinedLocked(key, old->id->incarnation);
       stale = old->tpeer;
       by_tpeer_.erase(old->tpeer);
       DropBeatLocked(*old, out);
       if (old->grant != 0 && !old->fenced)
-        retired_grants_.push_back({key, old->id.incarnation, old->grant, old->mapping});
+        retired_grants_.push_back({key, old->id->incarnation, old->grant, old->mapping});
     }
     // Met again only to be told: failed from the start (its record keeps
     // blocking its rooms).

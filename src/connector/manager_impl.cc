@@ -366,7 +366,7 @@ std::vector<PeerSnapshot> ManagerImpl::Peers() const {
 
 Peer* ManagerImpl::PeerFromLocked(const RankId& from) {
   Peer* p = FindPeerLocked(PeerKey(from));
-  if (p == nullptr || p->id.incarnation != from.incarnation) return nullptr;
+  if (p == nullptr || p->id->incarnation != from.incarnation) return nullptr;
   return p;
 }
 

@@ -21,7 +21,7 @@ namespace kvbridge::internal {
 struct Peer {
   std::string key;
   SharedKey shared_key;  // `key`, for the rooms that read from this peer
-  RankId id;
+  Shared<RankId> id;     // set once; the rooms that read from it share it
   PeerId tpeer = 0;
   // A second endpoint to the peer that carries only heartbeats (0 until the
   // resolver opened it, ResolveRound): over TCP between hosts, tpeer's

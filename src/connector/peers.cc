@@ -99,7 +99,7 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
   }
   if (base.cause != FailureCause::kLayoutMismatch) {
     dead_ranks_[peer.key] = base;
-    applied_.insert({peer.key, peer.id.incarnation});
+    applied_.insert({peer.key, peer.id->incarnation});
   }
   recent_rank_failure_ = base;
   KVB_LOG_WARN("peer failed: {}", base.Message());
@@ -161,7 +161,7 @@ void ManagerImpl::TellFailedPeerLocked(Peer& peer, Outbox& out) {
   if (peer.told_failed_at != SteadyTime{} && now - peer.told_failed_at < opts_.heartbeat_interval)
     return;
   if (peer.told_failed_at == SteadyTime{})
-    KVB_LOG_INFO("{} speaks again after this rank failed it: telling it so", peer.id.ToString());
+    KVB_LOG_INFO("{} speaks again after this rank failed it: telling it so", peer.id->ToString());
   peer.told_failed_at = now;
   Send(out, peer, RankFailedMsg{r}, Lane::kUrgent);
 }
@@ -226,7 +226,7 @@ void ManagerImpl::FenceRound() {
     for (auto& [id, room] : receivers_) {
       bool touches = false;
       for (ReceiverSource& src : room->sources) {
-        if (src.peer_key != t.key || (!current && src.prefill.incarnation != t.incarnation))
+        if (src.peer_key != t.key || (!current && src.prefill->incarnation != t.incarnation))
           continue;
         touches = true;
         src.quiesced = true;
@@ -288,7 +288,7 @@ void ManagerImpl::MeetPrefillAgain() {
     if (fatal_) return;
     const SteadyTime now = Now();
     for (auto& [key, peer] : peers_) {
-      if (peer->id.role != Role::kPrefill) continue;
+      if (peer->id->role != Role::kPrefill) continue;
       if (peer->retired && peer->reconnect_tries > 0 && now - peer->witness_lookup_at >= limit) {
         peer->witness_lookup_at = now;
         --peer->reconnect_tries;
@@ -316,7 +316,7 @@ void ManagerImpl::MeetPrefillAgain() {
     {
       MutexLock lock(mu_);
       Peer* p = FindPeerLocked(PeerKey(id));
-      if (p == nullptr || p->id.incarnation != id.incarnation ||
+      if (p == nullptr || p->id->incarnation != id.incarnation ||
           !(notice ? cut_off(*p) : p->retired))
         continue;
     }

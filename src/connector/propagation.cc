@@ -225,7 +225,7 @@ bool ManagerImpl::IsSibling(const RankId& id) const {
 
 bool ManagerImpl::OnlyDecodeInstanceLocked(const std::string& instance) const {
   for (const auto& [key, peer] : peers_)
-    if (peer->id.role == Role::kDecode && peer->id.instance != instance) return false;
+    if (peer->id->role == Role::kDecode && peer->id->instance != instance) return false;
   for (const auto& [key, record] : dead_ranks_)
     if (record.origin.role == Role::kDecode && record.origin.instance != instance) return false;
   return true;
@@ -273,7 +273,7 @@ bool ManagerImpl::ReplacedLocked(const RankId& origin,
   }
   const Peer* p = FindPeerLocked(key);
   return p != nullptr && p->ready && p->acked && !p->failed &&
-         p->id.incarnation != origin.incarnation;
+         p->id->incarnation != origin.incarnation;
 }
 
 void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
@@ -309,7 +309,7 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
   recent_rank_failure_ = r;
   KVB_LOG_WARN("learned of a failed rank: {}", r.Message());
   Peer* peer = FindPeerLocked(key);
-  if (peer != nullptr && peer->id.incarnation == r.origin.incarnation && !peer->failed)
+  if (peer != nullptr && peer->id->incarnation == r.origin.incarnation && !peer->failed)
     FailPeerWithRecordLocked(*peer, r, out);
   const bool sibling = IsSibling(r.origin);
   for (auto& [id, room] : senders_) {

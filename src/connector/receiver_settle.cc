@@ -42,7 +42,7 @@ void ManagerImpl::WarnUnsettledLocked(ReceiverRoom& room, SteadyTime now) {
   room.unsettled_warned = true;
   std::string waiting;
   for (const ReceiverSource& src : room.sources)
-    if (!src.quiesced) waiting += (waiting.empty() ? "" : ", ") + src.prefill.ShortName();
+    if (!src.quiesced) waiting += (waiting.empty() ? "" : ", ") + src.prefill->ShortName();
   KVB_LOG_WARN(
       "room {}: failed {:.1f} s ago and {} has not confirmed that no write is in flight; "
       "reporting Failed now, its pages may still be written",
@@ -99,7 +99,7 @@ void ManagerImpl::TellWitnessesLocked(const ReceiverRoom& room, const FailureRec
     if (peer->failed || !peer->ready || id.role != Role::kPrefill || id.dp != room.prefill_dp_rank)
       continue;
     bool source = false;
-    for (const ReceiverSource& s : room.sources) source = source || s.prefill.SameRank(id);
+    for (const ReceiverSource& s : room.sources) source = source || s.prefill->SameRank(id);
     if (!source) Send(out, *peer, RoomFailedMsg{room.room, room.generation, true, record});
   }
 }
@@ -150,7 +150,7 @@ void ManagerImpl::QuiesceRejoinedLocked(const std::string& key, uint64_t old_inc
   for (auto& [id, room] : receivers_) {
     bool touched = false;
     for (ReceiverSource& src : room->sources) {
-      if (src.peer_key != key || src.prefill.incarnation != old_incarnation || src.quiesced)
+      if (src.peer_key != key || src.prefill->incarnation != old_incarnation || src.quiesced)
         continue;
       src.quiesced = true;
       touched = true;

@@ -368,7 +368,7 @@ void ManagerImpl::OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out
   const std::string key = PeerKey(from);
   auto src = std::find_if(room.sources.begin(), room.sources.end(),
                           [&](const ReceiverSource& s) { return s.peer_key == key; });
-  if (src == room.sources.end() || src->prefill.incarnation != from.incarnation || src->dummy) {
+  if (src == room.sources.end() || src->prefill->incarnation != from.incarnation || src->dummy) {
     ++stale_dropped_;
     return;
   }

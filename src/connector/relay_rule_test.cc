@@ -35,7 +35,7 @@ std::unique_ptr<ReceiverRoom> HeldRoom() {
   auto room = std::make_unique<ReceiverRoom>(7, 42, SteadyTime{}, WallTime{});
   room->prefill_dp_rank = 1;
   ReceiverSource s;
-  s.prefill = Prefill(1, 0, "a");
+  s.prefill = Shared<RankId>(Prefill(1, 0, "a"));
   room->sources.push_back(s);
   return room;
 }

@@ -53,23 +53,33 @@ class BoxedOptional {
   std::unique_ptr<T> value_;
 };
 
-// A peer's key as a room holds it: one copy per peer (Peer::shared_key)
-// that every room shares, not a string per room (with 10,000 rooms in
-// flight, 64 bytes each). Reads as the string it holds.
-class SharedKey {
+// A value of a peer's that every room reading from the peer holds: one
+// immutable copy per peer, shared, instead of one per room (with 10,000 rooms
+// in flight, a key is 64 bytes and a RankId 136 plus its boot id on the heap
+// per room). Reads as the value it holds; a default one as T's default.
+template <typename T>
+class Shared {
  public:
-  SharedKey() = default;
-  explicit SharedKey(std::shared_ptr<const std::string> key) : key_(std::move(key)) {}
-  const std::string& str() const {
-    static const std::string kNone;
-    return key_ ? *key_ : kNone;
+  Shared() = default;
+  explicit Shared(T value) : value_(std::make_shared<const T>(std::move(value))) {}
+  const T& get() const {
+    static const T kNone{};
+    return value_ ? *value_ : kNone;
   }
-  operator const std::string&() const { return str(); }  // NOLINT: reads as the key
-  friend bool operator==(const SharedKey& a, const std::string& b) { return a.str() == b; }
-  friend bool operator==(const SharedKey& a, const SharedKey& b) { return a.str() == b.str(); }
+  operator const T&() const { return get(); }  // NOLINT: reads as the value
+  const T* operator->() const { return &get(); }
 
  private:
-  std::shared_ptr<const std::string> key_;
+  std::shared_ptr<const T> value_;
+};
+
+// A peer's key (Peer::shared_key).
+class SharedKey : public Shared<std::string> {
+ public:
+  using Shared::Shared;
+  const std::string& str() const { return get(); }
+  friend bool operator==(const SharedKey& a, const std::string& b) { return a.str() == b; }
+  friend bool operator==(const SharedKey& a, const SharedKey& b) { return a.str() == b.str(); }
 };
 
 // Prefill: one decode rank this request writes to (or only reports to).
@@ -143,7 +153,7 @@ struct SenderRoom {
 // Decode: one prefill rank this request reads from.
 struct ReceiverSource {
   SharedKey peer_key;
-  RankId prefill;  // position; process filled when resolved
+  Shared<RankId> prefill;  // the connected rank (Peer::shared_id)
   bool dummy = false;
   bool carries_aux = false;
   bool meta_sent = false;
