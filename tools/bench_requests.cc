@@ -47,6 +47,9 @@ struct RequestsFlags {
   int big_tokens = 4096;
   int big_requests = 8, big_concurrency = 2;
   int check_stride = 1;
+  // The bandwidth sweep's pattern filled before and checked after its
+  // measured window (worker --check-outside-window), every page still.
+  bool check_outside_window = false;
   int small_requests = 200;
   int small_step_us = 0;
   std::string raw_bytes = "1G";
@@ -61,6 +64,7 @@ struct SweepResult {
   std::string name;
   int tokens = 0;
   int requests = 0;
+  int warmup = 0;  // unmeasured requests before them (Warmup)
   uint64_t succeeded = 0;
   uint64_t failed = 0;
   uint64_t bytes = 0;
@@ -81,11 +85,16 @@ int Warmup(int pages, int pool_pages, int concurrency) {
   return std::max(concurrency, (pool_pages + std::max(pages, 1) - 1) / std::max(pages, 1));
 }
 
+// `*warmup`: the warm-up requests added before the measured ones.
 std::vector<std::string> WorkerArgs(const RequestsFlags& f, int tokens, int requests,
-                                    int concurrency) {
+                                    int concurrency, int* warmup_out) {
   int pages = (tokens + f.page_size - 1) / f.page_size;
-  int pool_pages = concurrency * (pages + 1) + 16;
+  // Checking outside the window keeps every measured request's pages to the
+  // end (decode) or from the start (prefill): the pool holds them all.
+  const bool outside = f.check_outside_window && concurrency > 1;
+  int pool_pages = (concurrency + (outside ? requests : 0)) * (pages + 1) + 16;
   const int warmup = Warmup(pages, pool_pages, concurrency);
+  *warmup_out = warmup;
   requests += warmup;
   std::vector<std::string> a = {"--requests",     std::to_string(requests),
                                 "--concurrency",  std::to_string(concurrency),
@@ -101,6 +110,9 @@ std::vector<std::string> WorkerArgs(const RequestsFlags& f, int tokens, int requ
                                 "--progress-ms",  "0",
                                 "--warmup",       std::to_string(warmup),
                                 "--check-stride", std::to_string(f.check_stride)};
+  // Such pools take tens of seconds to create (ready_timeout below), and
+  // prefill's warm-up requests wait for decode's metadata meanwhile.
+  if (outside) a.insert(a.end(), {"--check-outside-window", "--waiting-timeout-ms", "300000"});
   // 1 request in flight: poll as fast as a busy scheduler can (latency);
   // more: poll every 100 us and leave the cores to the copy, as a scheduler
   // running forward passes does.
@@ -134,7 +146,10 @@ SweepResult RunSweep(const RequestsFlags& f, const HostNet* net, const std::stri
   co.prefill_tp = f.prefill_tp;
   co.decode_tp = f.decode_tp;
   co.bootstrap = BootstrapMode::kEmbedded;
-  co.worker_args = WorkerArgs(f, tokens, requests, concurrency);
+  co.worker_args = WorkerArgs(f, tokens, requests, concurrency, &r.warmup);
+  // Pools that hold every measured request (--check-outside-window) take
+  // ~3 s per GiB to create and touch on this box.
+  if (f.check_outside_window) co.ready_timeout = std::chrono::seconds(300);
   co.log_dir = log_dir;
   if (net != nullptr) PlaceRanks(*net, /*prefill_hosts=*/1, /*decode_hosts=*/1, co);
   auto started = Cluster::Start(co);
@@ -435,6 +450,7 @@ void PrintJson(const RequestsFlags& f, const Figures& m) {
     nlohmann::json e = {{"sweep", s->name},
                         {"tokens", s->tokens},
                         {"requests", s->requests},
+                        {"warmup_requests", s->warmup},
                         {"succeeded", s->succeeded},
                         {"failed", s->failed},
                         {"bytes", s->bytes},
@@ -463,6 +479,7 @@ void PrintJson(const RequestsFlags& f, const Figures& m) {
                           {"dtype_bytes", 2},
                           {"page_size", f.page_size}}},
                         {"check_stride", f.check_stride},
+                        {"check_outside_window", f.check_outside_window},
                         {"raw_transport_gbps", m.raw},
                         {"ratio_to_raw", m.ratio},
                         {"targets",
@@ -518,8 +535,11 @@ void PrintText(const RequestsFlags& f, const Figures& m) {
         "memcpy of the same runs at the same offsets in the pages, after the sweep: %.2f GB/s; "
         "requests reach %.2f x that\n",
         m.run_bytes, m.memcpy_runs_gbps, m.memcpy_runs_ratio);
-  std::printf("pattern checked in 1 page of %d%s\n", f.check_stride,
-              f.check_stride == 1 ? " (every byte of every page)" : "");
+  std::printf("pattern checked in 1 page of %d%s%s\n", f.check_stride,
+              f.check_stride == 1 ? " (every byte of every page)" : "",
+              f.check_outside_window
+                  ? "; the bandwidth sweep filled it before and checked it after its window"
+                  : "");
   std::printf("target >= 0.8 x raw for %s requests: %s\n", m.big.name.c_str(),
               m.raw <= 0 ? "unknown"
               : m.bw_met ? "met"
@@ -623,6 +643,11 @@ void AddBenchRequestsCommand(CLI::App& bench, std::function<int()>& run) {
   cmd->add_option("--raw-region", f->raw_region, "Region size of the raw transport measurement")
       ->capture_default_str();
   cmd->add_flag("--no-raw", f->no_raw, "Skip the raw transport measurement");
+  cmd->add_flag("--check-outside-window", f->check_outside_window,
+                "Bandwidth sweep: prefill fills every measured request's pattern before the first "
+                "one and decode checks every page after the last, outside the measured window "
+                "(on a 2-core box the fill and check otherwise take the copy's cores); the pools "
+                "then hold every measured request at once");
   cmd->add_option("--check-stride", f->check_stride,
                   "Workers fill and check the pattern in 1 page of N (every page still moves); "
                   "1 = every byte, as the tests and the demo do")

@@ -70,6 +70,10 @@ struct WorkerFlags {
   int progress_ms = 0;  // > 0: a PROGRESS line on stdout this often
   int room_mod = 0;     // > 0: room ids wrap to 1..room_mod (reuse)
   int abort_every = 0;  // decode, > 0: abort every Nth room after SendMetadata
+  // The measured rooms' pattern is filled before the first admission
+  // (prefill) and checked after the last room finished (decode), every page
+  // still: fill and check take no core inside the measured window.
+  bool check_outside_window = false;
   // Start at this request of the plan (a restarted rank rejoins there).
   int first_request = 0;
   // Scheduler step pacing; 0 = yield the CPU only.
@@ -147,7 +151,8 @@ struct Live {
   int pages_sent = 0;
   Clock::time_point t0;
   bool failed = false;
-  bool warmup = false;  // not in the figures
+  bool warmup = false;     // not in the figures
+  bool prefilled = false;  // --check-outside-window: pages taken and filled already
   Clock::time_point failed_at;
   uint64_t visited_step = 0;  // --poll-changed: visited once per step
 };
@@ -166,7 +171,8 @@ int RunWorker(const WorkerFlags& f) {
   po.first_layer = layers.first;
   po.num_layers = layers.count;
   po.num_pages = f.pool_pages;
-  po.aux_rows = std::max(64, f.concurrency * 2);
+  // --check-outside-window holds a row for every measured room to the end.
+  po.aux_rows = std::max(64, f.concurrency * 2 + (f.check_outside_window ? f.requests : 0));
   po.state_slots = po.aux_rows;
   po.shared_memory = f.shm;
   auto pool = internal::KvPool::Create(po);
@@ -244,6 +250,52 @@ int RunWorker(const WorkerFlags& f) {
     alloc.Give(l.pages);
     aux_free.push_back(l.aux);
   };
+  // Where this rank's thread spends the run: filling (prefill's forward
+  // pass) and verifying (decode), for the demo's account of its time.
+  double fill_s = 0, verify_s = 0;
+  auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  // A room's pages, aux row and state slot (false when the pool is short).
+  auto take = [&](Live& l) {
+    if (!alloc.Take(l.plan.pages, &l.pages) || aux_free.empty()) return false;
+    l.aux = aux_free.front();
+    aux_free.pop_front();
+    if (f.shape.state_item_len > 0) l.state = {static_cast<int32_t>(l.aux)};
+    return true;
+  };
+  // --check-outside-window, prefill: the measured rooms, filled up front.
+  std::vector<std::unique_ptr<Live>> prepared(f.check_outside_window && prefill ? plan.size() : 0);
+  for (size_t i = std::max<size_t>(first, f.warmup); i < prepared.size(); ++i) {
+    auto l = std::make_unique<Live>();
+    l->plan = plan[i];
+    if (!take(*l)) {
+      std::cerr << "worker: --check-outside-window needs pool pages and rows for every measured "
+                   "request at once (--pool-pages)\n";
+      return 2;
+    }
+    const auto fill_t0 = Clock::now();
+    (*pool)->Fill(l->plan.room, l->pages, l->aux, l->state, f.check_stride);
+    fill_s += seconds_since(fill_t0);
+    l->prefilled = true;
+    prepared[i] = std::move(l);
+  }
+  // Decode: a finished room's pages checked, counted in `report`.
+  auto check = [&](const Live& l) {
+    const auto verify_t0 = Clock::now();
+    uint64_t bad = (*pool)->CountCorruptPages(l.plan.room, l.pages, 0, f.check_stride);
+    report.corrupt_pages += bad;
+    if (bad > 0)
+      std::cerr << "worker: room " << l.plan.room << " succeeded with " << bad
+                << " corrupt page buffers\n";
+    const uint64_t checked = (l.pages.size() + f.check_stride - 1) / f.check_stride;
+    report.verified_pages += checked * (*pool)->num_kv_buffers();
+    if (checks_aux &&
+        (!(*pool)->AuxMatches(l.plan.room, l.aux) || !(*pool)->StateMatches(l.plan.room, l.state)))
+      ++report.corrupt_pages;
+    verify_s += seconds_since(verify_t0);
+  };
+  std::vector<std::unique_ptr<Live>> check_later;  // decode, --check-outside-window
   // Pages scrubbed after a quiesced failure must still hold the filler when
   // handed out again: a byte that landed later is a late write. Per page:
   // the failed room whose scrub it holds, or kNotScrubbed.
@@ -271,9 +323,6 @@ int RunWorker(const WorkerFlags& f) {
   std::optional<Clock::time_point> window_start;
   Clock::time_point window_end{};
   uint64_t warmup_ok = 0, warmup_failed = 0;
-  // Where this rank's thread spends the run: filling (prefill's forward
-  // pass) and verifying (decode), for the demo's account of its time.
-  double fill_s = 0, verify_s = 0;
   // Memory per room in flight (bench scale): RssAnon before the first
   // admission and at the most rooms live, sampled when a new most is reached
   // (at most every 10 ms).
@@ -281,9 +330,6 @@ int RunWorker(const WorkerFlags& f) {
   uint64_t rss_peak_kb = rss_base_kb;
   size_t peak_live = 0;
   auto last_rss = Clock::now() - std::chrono::seconds(1);
-  auto seconds_since = [](Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-  };
   // Stdin commands while running, read only with --progress-ms (the demo's
   // --duration): "pause" stops admitting and answers "PAUSED {admitted}";
   // "limit M" then admits up to M rooms in all, the same M on every rank, so
@@ -371,21 +417,11 @@ int RunWorker(const WorkerFlags& f) {
     o.success = p == KVPoll::kSuccess;
     o.latency_us = std::chrono::duration<double, std::micro>(Clock::now() - l.t0).count();
     o.finished_at_us = WallMicros();
+    const bool check_later_too = f.check_outside_window && !l.warmup && !prefill && o.success;
     if (o.success && !prefill) {
-      const auto verify_t0 = Clock::now();
-      uint64_t bad = (*pool)->CountCorruptPages(l.plan.room, l.pages, 0, f.check_stride);
-      report.corrupt_pages += bad;
-      if (bad > 0)
-        std::cerr << "worker: room " << l.plan.room << " succeeded with " << bad
-                  << " corrupt page buffers\n";
-      const uint64_t checked = (l.pages.size() + f.check_stride - 1) / f.check_stride;
-      report.verified_pages += checked * (*pool)->num_kv_buffers();
-      if (checks_aux && (!(*pool)->AuxMatches(l.plan.room, l.aux) ||
-                         !(*pool)->StateMatches(l.plan.room, l.state)))
-        ++report.corrupt_pages;
+      if (!check_later_too) check(l);
       if (!l.warmup)
         report.bytes += l.pages.size() * (*pool)->num_kv_buffers() * (*pool)->page_bytes();
-      verify_s += seconds_since(verify_t0);
     }
     if (auto why = prefill ? l.sender->Failure() : l.receiver->Failure())
       o.failure = std::make_shared<const FailureRecord>(std::move(*why));
@@ -398,6 +434,8 @@ int RunWorker(const WorkerFlags& f) {
     if (!prefill && !o.success) {
       l.failed_at = Clock::now();
       draining.push_back(std::move(slot));  // pages go back only once quiesced
+    } else if (check_later_too) {
+      check_later.push_back(std::move(slot));  // its pages stay as they landed
     } else {
       release(l);
       slot.reset();
@@ -411,10 +449,15 @@ int RunWorker(const WorkerFlags& f) {
     while (next < limit && !paused && (!hold_at || next < *hold_at) &&
            static_cast<int>(live.size()) < f.concurrency &&
            (f.rate <= 0 || next - first < since_start * f.rate)) {
-      auto l = std::make_unique<Live>();
-      l->plan = plan[next];
-      if (f.room_mod > 0 && room_busy(l->plan.room)) break;  // wait for the old generation
-      if (!alloc.Take(l->plan.pages, &l->pages) || aux_free.empty()) break;
+      std::unique_ptr<Live> l;
+      if (next < prepared.size() && prepared[next]) {
+        l = std::move(prepared[next]);
+      } else {
+        l = std::make_unique<Live>();
+        l->plan = plan[next];
+        if (f.room_mod > 0 && room_busy(l->plan.room)) break;  // wait for the old generation
+        if (!take(*l)) break;
+      }
       for (int32_t page : l->pages) {
         const uint64_t failed_room = std::exchange(scrubbed_by[page], kNotScrubbed);
         if (failed_room == kNotScrubbed) continue;
@@ -424,9 +467,6 @@ int RunWorker(const WorkerFlags& f) {
                     << " failed and quiesced\n";
         }
       }
-      l->aux = aux_free.front();
-      aux_free.pop_front();
-      if (f.shape.state_item_len > 0) l->state = {static_cast<int32_t>(l->aux)};
       l->t0 = Clock::now();
       l->warmup = static_cast<int>(next) < f.warmup;
       if (!l->warmup && !window_start) window_start = l->t0;
@@ -436,9 +476,11 @@ int RunWorker(const WorkerFlags& f) {
         l->sender = std::move(s).value();
         // The forward pass: it runs while decode bootstraps and sends its
         // metadata, as in sglang, so it is not part of the transfer.
-        const auto fill_t0 = Clock::now();
-        (*pool)->Fill(l->plan.room, l->pages, l->aux, l->state, f.check_stride);
-        fill_s += seconds_since(fill_t0);
+        if (!l->prefilled) {
+          const auto fill_t0 = Clock::now();
+          (*pool)->Fill(l->plan.room, l->pages, l->aux, l->state, f.check_stride);
+          fill_s += seconds_since(fill_t0);
+        }
       } else {
         auto r = KVReceiver::Create(m, l->plan.room);
         if (!r.ok()) return 4;
@@ -555,6 +597,7 @@ int RunWorker(const WorkerFlags& f) {
       std::this_thread::yield();
     }
   }
+  for (const auto& l : check_later) check(*l);  // --check-outside-window: now
   report.nonterminal = live.size() + (limit - next);
   report.requests = static_cast<int>(limit - first);
   report.stats = m.Stats();
@@ -667,6 +710,10 @@ void AddWorkerCommand(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--first-request", f->first_request,
                   "Start at this request of the plan (a restarted rank rejoining the stream)")
       ->check(CLI::Range(0, 1000000));
+  cmd->add_flag("--check-outside-window", f->check_outside_window,
+                "Fill the measured rooms' pattern before the first admission (prefill) and check "
+                "it once every room finished (decode), every page still: no fill or check inside "
+                "the measured window. The pool must hold every measured room at once");
   cmd->add_option("--check-stride", f->check_stride,
                   "Fill and check the pattern in 1 page of N (positions 0, N, 2N...; the others "
                   "still move): a benchmark's sample, so pattern work does not compete with the "

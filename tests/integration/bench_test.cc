@@ -77,6 +77,37 @@ TEST(BenchRequests, JsonGivesTheRunSizeAndMemcpyInRunsOfIt) {
   }
 }
 
+// `bench requests --check-outside-window`: the bandwidth sweep's pattern is
+// filled before and checked after its measured window, and still on every
+// page of every request: the warm-up ones checked as they finish, the
+// measured ones held and checked at the end. A measured request whose
+// pages were never checked would leave verified_pages short.
+TEST(BenchRequests, CheckingOutsideTheWindowStillChecksEveryPageOfEveryRequest) {
+  constexpr int kLayers = 2, kTokens = 64, kPageSize = 4, kRequests = 3;
+  const std::string cmd =
+      std::string(KVB_BIN_DIR) +
+      "/kvbridge bench requests --json --no-raw --check-outside-window --layers " +
+      std::to_string(kLayers) + " --heads 4 --head-dim 16 --page-size " +
+      std::to_string(kPageSize) + " --tokens " + std::to_string(kTokens) + " --requests " +
+      std::to_string(kRequests) + " --small-requests 4 2>/dev/null";
+  CommandOutput r = RunCommand(cmd);
+  ASSERT_EQ(r.exit_status, 0) << cmd << "\n" << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << "stdout is not one JSON object:\n" << r.out;
+  EXPECT_TRUE(j.value("ok", false)) << j.dump(2);
+  EXPECT_EQ(j["check_outside_window"], true);
+  const nlohmann::json& big = j["results"][0];
+  EXPECT_EQ(big["succeeded"], kRequests) << big.dump();
+  EXPECT_EQ(big["corrupt_pages"], 0) << big.dump();
+  const int warmup = big["warmup_requests"].get<int>();
+  EXPECT_GE(warmup, 2) << big.dump();  // at least the requests in flight
+  // Every page of every request, in each of the 2 x layers (K and V) buffers.
+  const int pages_per_request = kTokens / kPageSize;
+  EXPECT_EQ(big["verified_pages"], (kRequests + warmup) * pages_per_request * 2 * kLayers)
+      << big.dump();
+  EXPECT_GT(big["gbps"].get<double>(), 0) << big.dump();
+}
+
 // `bench scale` finishes every request both ways a worker step can poll:
 // every room in flight, or only those KVManager::TakeChangedRooms lists (a
 // room it failed to list would never finish, and the point would time out).
