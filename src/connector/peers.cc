@@ -5,8 +5,8 @@
 
 #include "common/log.h"
 #include "common/process.h"
+#include "connector/liveness_rule.h"
 #include "connector/manager_impl.h"
-#include "control/auth.h"
 
 namespace kvbridge::internal {
 
@@ -379,26 +379,6 @@ void ManagerImpl::DropBeatLocked(Peer& peer, Outbox& out) {
   out.disconnect.push_back(std::exchange(peer.beat, 0));
 }
 
-namespace {
-
-// Why a handshake is given up: the attempts, and what came that did not do.
-std::string UnansweredHandshake(const Peer& peer, SteadyTime now) {
-  std::string detail =
-      fmt::format("no answer to {} handshake attempts in {:.2f} s", peer.hello_attempts,
-                  std::chrono::duration<double>(now - peer.last_heard).count());
-  if (peer.late_challenges > 0)
-    detail += fmt::format("; challenges that came too late for the attempt they answered: {}",
-                          peer.late_challenges);
-  if (peer.auth_refusals > 0)
-    detail += fmt::format(
-        "; {} answers claiming to be it did not prove the shared secret (set {} to the same secret "
-        "on every rank)",
-        peer.auth_refusals, kAuthTokenEnv);
-  return detail;
-}
-
-}  // namespace
-
 void ManagerImpl::Tick() {
   const SteadyTime now = Now();
   const auto silence_limit = opts_.heartbeat_interval * opts_.heartbeat_misses;
@@ -415,54 +395,21 @@ void ManagerImpl::Tick() {
     }
     last_tick_ = now;
     for (auto& [key, peer] : peers_) {
-      if (peer->tpeer == 0) continue;
-      // A peer failed for its own reported error is still alive: keep
-      // beating so it does not take our silence for a failure of ours.
-      // Nothing goes to a rank before its handshake proved it (peer_auth.h).
+      const LivenessVerdict v =
+          JudgeLiveness(*peer, now, silence_limit, fatal_.has_value(),
+                        [this, id = peer->id] { return LocalProcessState(id); });
       // Each beat goes on both endpoints, which are separate connections:
       // across hosts a lost segment stalls one TCP stream for its
       // retransmission timeout (0.2, 0.4, 0.8 s...), and two streams seldom
       // stall at once (5% loss with 20 ms delay failed healthy peers at a
       // 1 s limit when beats had one stream). Either arrival is life.
-      if (peer->acked &&
-          (!peer->failed || (peer->failure && peer->failure->cause == FailureCause::kLocalError))) {
+      if (v.beat) {
         beats.push_back(peer->tpeer);
         if (peer->beat != 0) beats.push_back(peer->beat);
       }
-      // A rank that failed itself (fatal error, fenced) blames nobody else.
-      if (peer->failed || !peer->ready || fatal_) continue;
-      if (!peer->acked) {
-        // The handshake is not answered: a lost Hello is sent again on a new
-        // endpoint, after two silence limits and then four (across hosts a
-        // lost SYN alone costs 1 s: a retry at one limit raced the first
-        // answer), before the rank is blamed.
-        const auto wait = silence_limit * (peer->hello_attempts <= 1 ? 2 : 4);
-        if (now - peer->hello_at <= wait) continue;
-        const ProcessState ps = LocalProcessState(peer->id);
-        if (ps == ProcessState::kExited ||
-            now - peer->last_heard > silence_limit * Peer::kHandshakeBudget) {
-          FailSilentPeerLocked(*peer, ps, UnansweredHandshake(*peer, now), "handshake", out);
-        } else {
-          hello_retries_.insert(key);  // by the resolver thread
-        }
-        continue;
-      }
-      // Silent since our answer: the peer may not have it yet (it sends its
-      // Hello again), and gets the handshake's budget (Peer::heard_since_ready).
-      const auto limit =
-          peer->heard_since_ready ? silence_limit : silence_limit * Peer::kHandshakeBudget;
-      if (now - peer->last_heard <= limit) continue;
-      const ProcessState ps = LocalProcessState(peer->id);
-      // On this host /proc tells the truth: a running peer whose heartbeats
-      // queue behind bulk data is busy, not failed. Only a much longer
-      // silence (a deadlock) makes it unresponsive.
-      if (ps == ProcessState::kRunning && now - peer->last_heard <= silence_limit * 10) continue;
-      FailSilentPeerLocked(
-          *peer, ps,
-          fmt::format("silent for {:.2f} s{}",
-                      std::chrono::duration<double>(now - peer->last_heard).count(),
-                      peer->heard_since_ready ? "" : " since the handshake"),
-          peer->heard_since_ready ? "heartbeat" : "handshake", out);
+      if (v.kind == LivenessVerdict::Kind::kRetryHello) hello_retries_.insert(key);  // resolver
+      if (v.kind == LivenessVerdict::Kind::kBlame)
+        FailSilentPeerLocked(*peer, v.process, v.silence, v.mechanism, out);
     }
     TickSendersLocked(now, out);
     TickReceiversLocked(now, out);
