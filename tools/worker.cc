@@ -604,6 +604,7 @@ int RunWorker(const WorkerFlags& f) {
   // Destroy rooms before the manager.
   live.clear();
   draining.clear();
+  check_later.clear();
   report.stats_after = m.Stats();
   nlohmann::json out = ReportToJson(m.self(), report);
   out["at_us"] = WallMicros();

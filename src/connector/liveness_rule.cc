@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 
-#include "kvbridge/errors.h"
 #include "control/auth.h"
+#include "kvbridge/errors.h"
 
 namespace kvbridge::internal {
 
@@ -46,8 +46,7 @@ LivenessVerdict JudgeHandshake(const Peer& peer, SteadyTime now,
   const auto wait = silence_limit * (peer.hello_attempts <= 1 ? 2 : 4);
   if (now - peer.hello_at <= wait) return {};
   const ProcessState ps = process_state();
-  if (ps == ProcessState::kExited ||
-      now - peer.last_heard > silence_limit * Peer::kHandshakeBudget)
+  if (ps == ProcessState::kExited || now - peer.last_heard > silence_limit * Peer::kHandshakeBudget)
     return Blame(UnansweredHandshake(peer, now), "handshake", ps);
   LivenessVerdict v;
   v.kind = LivenessVerdict::Kind::kRetryHello;
@@ -61,8 +60,9 @@ LivenessVerdict JudgeLiveness(const Peer& peer, SteadyTime now,
                               const std::function<ProcessState()>& process_state) {
   if (peer.tpeer == 0) return {};  // no endpoint yet: nothing to send, nothing heard
   // Nothing goes to a rank before its handshake proved it (peer_auth.h).
-  const bool beat = peer.acked && (!peer.failed || (peer.failure && peer.failure->cause ==
-                                                                        FailureCause::kLocalError));
+  const bool beat =
+      peer.acked &&
+      (!peer.failed || (peer.failure && peer.failure->cause == FailureCause::kLocalError));
   LivenessVerdict v;
   if (peer.failed || !peer.ready || this_rank_failed) {
     v.beat = beat;

@@ -100,7 +100,8 @@ TEST(LivenessRuleTest, APeerNotHeardSinceItsHandshakeGetsTheHandshakeBudget) {
   Proc proc;
   EXPECT_EQ(Judge(p, kT0 + Peer::kHandshakeBudget * kLimit, proc).kind, Kind::kQuiet);
   EXPECT_EQ(proc.asked, 0);
-  const LivenessVerdict v = Judge(p, kT0 + Peer::kHandshakeBudget * kLimit + milliseconds(10), proc);
+  const LivenessVerdict v =
+      Judge(p, kT0 + Peer::kHandshakeBudget * kLimit + milliseconds(10), proc);
   EXPECT_EQ(v.kind, Kind::kBlame);
   EXPECT_EQ(v.silence, "silent for 10.01 s since the handshake");
   EXPECT_STREQ(v.mechanism, "handshake");

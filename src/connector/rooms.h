@@ -153,7 +153,7 @@ struct SenderRoom {
 // Decode: one prefill rank this request reads from.
 struct ReceiverSource {
   SharedKey peer_key;
-  Shared<RankId> prefill;  // the connected rank (Peer::shared_id)
+  Shared<RankId> prefill;  // the connected rank (Peer::id, shared)
   bool dummy = false;
   bool carries_aux = false;
   bool meta_sent = false;
