@@ -4,12 +4,22 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "common/log.h"
+#include "connector/deadline_rule.h"
 #include "connector/manager_impl.h"
 
 namespace kvbridge::internal {
+
+namespace {
+
+PhaseTimeouts TimeoutsOf(const ManagerOptions& o) {
+  return {o.bootstrap_timeout, o.waiting_timeout, o.transfer_timeout};
+}
+
+}  // namespace
 
 void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
   for (auto pm = pending_meta_.begin(); pm != pending_meta_.end();) {
@@ -21,6 +31,11 @@ void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
   for (auto pa = pending_abort_.begin(); pa != pending_abort_.end();) {
     pa = now - pa->second.at > opts_.waiting_timeout ? pending_abort_.erase(pa) : std::next(pa);
   }
+  // The decode ranks this rank met, by tp (the first at each): a request
+  // whose metadata never came names the silent one when it was met.
+  std::map<int, RankId> met_decode;
+  for (auto& [key, peer] : peers_)
+    if (peer->id->role == Role::kDecode) met_decode.emplace(peer->id->tp, peer->id);
   for (auto& [id, sp] : senders_) {
     SenderRoom& room = *sp;
     if (room.failure) continue;
@@ -34,48 +49,15 @@ void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
         continue;
       }
     }
-    auto elapsed = now - room.phase_since;
-    if (room.inflight > 0) {
-      if (elapsed <= opts_.transfer_timeout) continue;
-      for (auto& [rank, flow] : room.flows) {
-        if (flow.inflight == 0) continue;
-        FailureRecord r = MakeRecord(
-            flow.decode, FailureCause::kDeadlineExceeded,
-            fmt::format("writes to {} not completed within {:.1f} s", flow.decode.ShortName(),
-                        std::chrono::duration<double>(opts_.transfer_timeout).count()),
-            Phase::kTransferring, "transfer deadline");
-        r.generation = flow.meta.generation;
-        FailSenderLocked(room, r, out);
-        break;
-      }
-      continue;
-    }
-    if (elapsed <= opts_.waiting_timeout) continue;
-    std::string what;
-    Phase phase = room.phase;
-    RankId origin = Self();
-    if (p == KVPoll::kBootstrapping) {
-      phase = Phase::kWaitingForMetadata;
-      std::string missing;
-      for (int d : room.expected_decode) {
-        if (room.flows.count(d)) continue;
-        missing += fmt::format(" tp{}", d);
-        // Name the silent decode rank when this rank has met it.
-        for (auto& [key, peer] : peers_)
-          if (peer->id->role == Role::kDecode && peer->id->tp == d && origin.SameRank(Self()))
-            origin = peer->id;
-      }
-      what = missing.empty() ? "no decode rank sent metadata" : "no metadata from decode" + missing;
-    } else {
-      what = "the application sent no chunk";
-    }
-    FailSenderLocked(
-        room,
-        MakeRecord(origin, FailureCause::kDeadlineExceeded,
-                   fmt::format("{} within {:.1f} s", what,
-                               std::chrono::duration<double>(opts_.waiting_timeout).count()),
-                   phase, "phase deadline"),
-        out);
+    auto breach = SenderDeadline(room, now, TimeoutsOf(opts_), [&](int tp) {
+      auto it = met_decode.find(tp);
+      return it == met_decode.end() ? std::nullopt : std::optional<RankId>(it->second);
+    });
+    if (!breach) continue;
+    FailureRecord r = MakeRecord(breach->origin.value_or(Self()), FailureCause::kDeadlineExceeded,
+                                 std::move(breach->detail), breach->phase, breach->mechanism);
+    r.generation = breach->generation;
+    FailSenderLocked(room, r, out);
   }
 }
 
@@ -111,27 +93,11 @@ void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
           out);
       continue;
     }
-    if (!room.meta_given) {
-      if (elapsed <= opts_.waiting_timeout) continue;
+    if (auto b = ReceiverDeadline(room, now, TimeoutsOf(opts_)))
       FailReceiverLocked(room,
-                         MakeRecord(Self(), FailureCause::kDeadlineExceeded,
-                                    "the application did not call SendMetadata",
-                                    Phase::kWaitingForMetadata, "phase deadline"),
+                         MakeRecord(b->origin.value_or(Self()), FailureCause::kDeadlineExceeded,
+                                    std::move(b->detail), b->phase, b->mechanism),
                          out);
-      continue;
-    }
-    if (elapsed <= opts_.waiting_timeout) continue;
-    for (const ReceiverSource& src : room.sources) {
-      if (src.dummy || src.last_received) continue;
-      FailReceiverLocked(
-          room,
-          MakeRecord(src.prefill, FailureCause::kDeadlineExceeded,
-                     fmt::format("no chunk from {} for {:.1f} s", src.prefill->ShortName(),
-                                 std::chrono::duration<double>(elapsed).count()),
-                     room.phase, "phase deadline"),
-          out);
-      break;
-    }
   }
 }
 

@@ -1,0 +1,74 @@
+#include "connector/deadline_rule.h"
+
+#include <fmt/format.h>
+
+namespace kvbridge::internal {
+
+namespace {
+
+double Seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
+
+DeadlineBreach Breach(std::optional<RankId> origin, std::string detail, Phase phase) {
+  DeadlineBreach b;
+  b.origin = std::move(origin);
+  b.detail = std::move(detail);
+  b.phase = phase;
+  return b;
+}
+
+}  // namespace
+
+std::optional<DeadlineBreach> SenderDeadline(
+    const SenderRoom& room, SteadyTime now, const PhaseTimeouts& timeouts,
+    const std::function<std::optional<RankId>(int decode_tp)>& met_decode) {
+  const auto elapsed = now - room.phase_since;
+  if (room.inflight > 0) {
+    if (elapsed <= timeouts.transfer) return std::nullopt;
+    for (const auto& [rank, flow] : room.flows) {
+      if (flow.inflight == 0) continue;
+      DeadlineBreach b = Breach(flow.decode,
+                                fmt::format("writes to {} not completed within {:.1f} s",
+                                            flow.decode.ShortName(), Seconds(timeouts.transfer)),
+                                Phase::kTransferring);
+      b.mechanism = "transfer deadline";
+      b.generation = flow.meta.generation;
+      return b;
+    }
+    return std::nullopt;
+  }
+  if (elapsed <= timeouts.waiting) return std::nullopt;
+  std::string what = "the application sent no chunk";
+  Phase phase = room.phase;
+  std::optional<RankId> origin;
+  if (room.poll() == KVPoll::kBootstrapping) {
+    phase = Phase::kWaitingForMetadata;
+    std::string missing;
+    for (int d : room.expected_decode) {
+      if (room.flows.count(d)) continue;
+      missing += fmt::format(" tp{}", d);
+      if (!origin) origin = met_decode(d);  // the first silent decode rank met
+    }
+    what = missing.empty() ? "no decode rank sent metadata" : "no metadata from decode" + missing;
+  }
+  return Breach(std::move(origin),
+                fmt::format("{} within {:.1f} s", what, Seconds(timeouts.waiting)), phase);
+}
+
+std::optional<DeadlineBreach> ReceiverDeadline(const ReceiverRoom& room, SteadyTime now,
+                                               const PhaseTimeouts& timeouts) {
+  const auto elapsed = now - room.phase_since;
+  if (elapsed <= timeouts.waiting) return std::nullopt;
+  if (!room.meta_given)
+    return Breach(std::nullopt, "the application did not call SendMetadata",
+                  Phase::kWaitingForMetadata);
+  for (const ReceiverSource& src : room.sources) {
+    if (src.dummy || src.last_received) continue;
+    return Breach(
+        src.prefill.get(),
+        fmt::format("no chunk from {} for {:.1f} s", src.prefill->ShortName(), Seconds(elapsed)),
+        room.phase);
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvbridge::internal

@@ -1,0 +1,52 @@
+// Phase deadlines: whether a request has sat too long in its phase at a
+// liveness round, and what its failure says (whom it names, the phase, the
+// words). One rule per side, kept apart from the manager so that it is
+// tested alone with scripted times: it reads the room, the round's time,
+// the timeouts and (prefill) which decode ranks this rank met, and does
+// nothing itself. ManagerImpl::TickSendersLocked / TickReceiversLocked turn
+// a breach into a failure record and fail the room.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "common/clock.h"
+#include "connector/rooms.h"
+#include "kvbridge/errors.h"
+
+namespace kvbridge::internal {
+
+struct PhaseTimeouts {
+  std::chrono::milliseconds bootstrap{30000};
+  std::chrono::milliseconds waiting{30000};   // for metadata, input, chunks
+  std::chrono::milliseconds transfer{10000};  // a posted chunk
+};
+
+struct DeadlineBreach {
+  // The rank the failure names; none: this rank.
+  std::optional<RankId> origin;
+  std::string detail;
+  Phase phase = Phase::kBootstrapping;
+  const char* mechanism = "phase deadline";  // or "transfer deadline"
+  uint64_t generation = 0;  // a transfer deadline: the decode generation it was for
+};
+
+// Prefill: a room that has not failed or succeeded. Its posted writes past
+// `transfer` name the first decode rank with writes in flight; otherwise,
+// past `waiting`: still bootstrapping, the decode ranks whose metadata never
+// came (naming the first one this rank met, `met_decode(tp)`, else itself);
+// waiting for input, the application that sent no chunk.
+std::optional<DeadlineBreach> SenderDeadline(
+    const SenderRoom& room, SteadyTime now, const PhaseTimeouts& timeouts,
+    const std::function<std::optional<RankId>(int decode_tp)>& met_decode);
+
+// Decode: an initialized room that has not failed or succeeded, with its
+// sources resolved. Past `waiting`: without metadata, the application that
+// did not call SendMetadata; with it, the first source (not a dummy) whose
+// last chunk never came.
+std::optional<DeadlineBreach> ReceiverDeadline(const ReceiverRoom& room, SteadyTime now,
+                                               const PhaseTimeouts& timeouts);
+
+}  // namespace kvbridge::internal

@@ -1,0 +1,135 @@
+// The phase-deadline rule alone (connector/deadline_rule.h): rooms built by
+// hand, scripted times, no manager, clock or thread.
+#include "connector/deadline_rule.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+
+namespace kvbridge::internal {
+namespace {
+
+using std::chrono::milliseconds;
+
+const SteadyTime kT0 = SteadyTime{} + std::chrono::hours(1);
+const PhaseTimeouts kTimeouts{milliseconds(5000), milliseconds(30000), milliseconds(10000)};
+
+RankId Rank(Role role, int tp) {
+  RankId r;
+  r.role = role;
+  r.tp = tp;
+  r.host = "h";
+  r.pid = 100 + tp;
+  return r;
+}
+
+// A prefill request that expects metadata from decode tp0..tp3 and got it
+// from those in `arrived`.
+std::unique_ptr<SenderRoom> Sender(std::initializer_list<int> arrived) {
+  auto room = std::make_unique<SenderRoom>(9, kT0, WallTime{});
+  room->expected_decode = {0, 1, 2, 3};
+  for (int d : arrived) room->flows[d].decode = Rank(Role::kDecode, d);
+  return room;
+}
+
+// Decode tp ranks this prefill rank met (the others it never heard from).
+auto Met(std::map<int, RankId> met) {
+  return [met](int tp) -> std::optional<RankId> {
+    auto it = met.find(tp);
+    if (it == met.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+TEST(DeadlineRuleTest, MissingMetadataNamesTheFirstSilentDecodeRankThisRankMet) {
+  auto held = Sender({0, 2});
+  const SenderRoom& room = *held;
+  const auto met = Met({{3, Rank(Role::kDecode, 3)}});  // tp1 never met
+  EXPECT_FALSE(SenderDeadline(room, kT0 + kTimeouts.waiting, kTimeouts, met));
+  auto b = SenderDeadline(room, kT0 + kTimeouts.waiting + milliseconds(1), kTimeouts, met);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->detail, "no metadata from decode tp1 tp3 within 30.0 s");
+  ASSERT_TRUE(b->origin);
+  EXPECT_EQ(b->origin->tp, 3);
+  EXPECT_EQ(b->phase, Phase::kWaitingForMetadata);
+  EXPECT_STREQ(b->mechanism, "phase deadline");
+  // Met none of them: the rank names itself (the caller's origin).
+  b = SenderDeadline(room, kT0 + kTimeouts.waiting + milliseconds(1), kTimeouts, Met({}));
+  ASSERT_TRUE(b);
+  EXPECT_FALSE(b->origin);
+}
+
+TEST(DeadlineRuleTest, NoDecodeRankKnownYetSaysNoneSentMetadata) {
+  SenderRoom room(9, kT0, WallTime{});  // expected_decode learned from the first metadata
+  auto b = SenderDeadline(room, kT0 + milliseconds(30001), kTimeouts, Met({}));
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->detail, "no decode rank sent metadata within 30.0 s");
+}
+
+TEST(DeadlineRuleTest, ASenderWaitingForInputBlamesTheApplicationInItsPhase) {
+  auto held = Sender({0, 1, 2, 3});
+  SenderRoom& room = *held;
+  room.state.store(static_cast<int>(KVPoll::kWaitingForInput));
+  room.phase = Phase::kWaitingForInput;
+  auto b = SenderDeadline(room, kT0 + milliseconds(30001), kTimeouts, Met({}));
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->detail, "the application sent no chunk within 30.0 s");
+  EXPECT_FALSE(b->origin);
+  EXPECT_EQ(b->phase, Phase::kWaitingForInput);
+}
+
+TEST(DeadlineRuleTest, WritesInFlightAreJudgedByTheTransferTimeoutNamingTheirDecodeRank) {
+  auto held = Sender({0, 1, 2, 3});
+  SenderRoom& room = *held;
+  room.state.store(static_cast<int>(KVPoll::kTransferring));
+  room.phase = Phase::kTransferring;
+  room.inflight = 1;
+  room.flows[2].inflight = 1;  // tp0 and tp1 have nothing in flight
+  room.flows[2].meta.generation = 77;
+  EXPECT_FALSE(SenderDeadline(room, kT0 + kTimeouts.transfer, kTimeouts, Met({})));
+  auto b = SenderDeadline(room, kT0 + kTimeouts.transfer + milliseconds(1), kTimeouts, Met({}));
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(b->origin);
+  EXPECT_EQ(b->origin->tp, 2);
+  EXPECT_EQ(b->detail, "writes to decode tp2 not completed within 10.0 s");
+  EXPECT_STREQ(b->mechanism, "transfer deadline");
+  EXPECT_EQ(b->generation, 77u);
+  EXPECT_EQ(b->phase, Phase::kTransferring);
+}
+
+TEST(DeadlineRuleTest, AReceiverWithoutMetadataBlamesTheApplication) {
+  ReceiverRoom room(9, 5, kT0, WallTime{});
+  room.initialized = room.resolved = true;
+  room.phase = Phase::kWaitingForMetadata;
+  EXPECT_FALSE(ReceiverDeadline(room, kT0 + kTimeouts.waiting, kTimeouts));
+  auto b = ReceiverDeadline(room, kT0 + kTimeouts.waiting + milliseconds(1), kTimeouts);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->detail, "the application did not call SendMetadata");
+  EXPECT_FALSE(b->origin);
+  EXPECT_EQ(b->phase, Phase::kWaitingForMetadata);
+}
+
+TEST(DeadlineRuleTest, AReceiverNamesTheFirstSourceWhoseLastChunkNeverCame) {
+  ReceiverRoom room(9, 5, kT0, WallTime{});
+  room.initialized = room.resolved = room.meta_given = true;
+  room.phase = Phase::kTransferring;
+  for (int tp : {0, 1, 2}) {
+    ReceiverSource s;
+    s.prefill = Shared<RankId>(Rank(Role::kPrefill, tp));
+    room.sources.push_back(s);
+  }
+  room.sources[0].dummy = true;          // sends nothing to this rank
+  room.sources[1].last_received = true;  // done
+  auto b = ReceiverDeadline(room, kT0 + milliseconds(31500), kTimeouts);
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(b->origin);
+  EXPECT_EQ(b->origin->tp, 2);
+  EXPECT_EQ(b->detail, "no chunk from prefill tp2 for 31.5 s");
+  EXPECT_EQ(b->phase, Phase::kTransferring);
+  room.sources[2].last_received = true;  // every source finished: nothing to blame
+  EXPECT_FALSE(ReceiverDeadline(room, kT0 + milliseconds(31500), kTimeouts));
+}
+
+}  // namespace
+}  // namespace kvbridge::internal
