@@ -42,6 +42,21 @@ struct KVArgs {
   // types, state indices hold one section per type separated by -1, each
   // addressing only its type's buffers.
   std::vector<int32_t> state_buffer_types;
+  // How each state buffer's slots are sharded across tp ranks, so that
+  // prefill and decode of different tp sizes exchange the right slices
+  // (sglang's state_dim_per_tensor and state_conv_shard_groups). Empty, or
+  // one entry per state buffer:
+  //  - state_slice_dims: this rank's elements of the sliced axis (0: the
+  //    buffer is not sharded; every rank holds whole slots);
+  //  - state_slice_outer: blocks of that axis per slot (empty: 1 each);
+  //  - state_slice_groups: the full sizes of the sub-blocks the axis
+  //    concatenates, each sharded on its own, e.g. GDN's conv [q | k | v]
+  //    (empty, or an empty entry: one sub-block).
+  // A slot is `outer` blocks of `dim` equal elements, each element
+  // item_len / (outer * dim) bytes.
+  std::vector<uint32_t> state_slice_dims;
+  std::vector<uint32_t> state_slice_outer;
+  std::vector<std::vector<uint32_t>> state_slice_groups;
   int page_size = 1;            // tokens per page
   int kv_head_num = 1;          // kv heads held by this rank (MLA: 1)
   int total_kv_head_num = 1;    // kv heads of the model

@@ -60,12 +60,16 @@ class KVArgs:
 
     _LIST_FIELDS = ("kv_data_ptrs", "kv_data_lens", "kv_item_lens", "aux_data_ptrs",
                     "aux_data_lens", "aux_item_lens", "state_data_ptrs", "state_data_lens",
-                    "state_item_lens", "state_buffer_types")
+                    "state_item_lens", "state_buffer_types", "state_slice_dims",
+                    "state_slice_outer")
 
     def __init__(self, **kwargs: Any):
         self.engine_rank = 0
         for name in self._LIST_FIELDS:
             setattr(self, name, [])
+        # Per state buffer: the full sizes of its sliced axis's sub-blocks
+        # (C++ KVArgs::state_slice_groups); empty: none.
+        self.state_slice_groups: List[List[int]] = []
         self.page_size = 1
         self.kv_head_num = 1
         self.total_kv_head_num = 1
@@ -105,6 +109,8 @@ class KVArgs:
 
     def to_dict(self) -> dict:
         d = {name: [int(v) for v in getattr(self, name)] for name in self._LIST_FIELDS}
+        d["state_slice_groups"] = [[int(g) for g in groups or []]
+                                   for groups in self.state_slice_groups]
         end = self.prefill_end_layer
         d.update(engine_rank=int(self.engine_rank), page_size=int(self.page_size),
                  kv_head_num=int(self.kv_head_num), total_kv_head_num=int(self.total_kv_head_num),

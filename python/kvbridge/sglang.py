@@ -39,6 +39,7 @@ from kvbridge._api import KVManager as _Manager, KVPoll, KVReceiver as _Receiver
 from kvbridge._api import KVSender as _Sender
 from kvbridge._args import KVArgs, KVConfig, ParallelLayout
 from kvbridge._errors import from_record
+from kvbridge._sglang_state import state_sharding
 
 log = logging.getLogger("kvbridge.sglang")
 
@@ -272,6 +273,8 @@ def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVAr
     ours.memory_kind = "vram" if str(getattr(server_args, "device", "cuda")) == "cuda" else "dram"
     ours.parallel = placement(args, server_args, mode)
     _check_layouts_it_cannot_place(args, ours.parallel, mode)
+    ours.state_slice_dims, ours.state_slice_outer, ours.state_slice_groups = state_sharding(
+        args, ours.parallel.tp_size)
     return ours
 
 

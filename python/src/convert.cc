@@ -57,6 +57,10 @@ KVArgs ArgsFromDict(const py::dict& d) {
   a.state_data_lens = Field<U64s>(d, "state_data_lens", {}, &seen);
   a.state_item_lens = Field<U64s>(d, "state_item_lens", {}, &seen);
   a.state_buffer_types = Field<std::vector<int32_t>>(d, "state_buffer_types", {}, &seen);
+  using U32s = std::vector<uint32_t>;
+  a.state_slice_dims = Field<U32s>(d, "state_slice_dims", {}, &seen);
+  a.state_slice_outer = Field<U32s>(d, "state_slice_outer", {}, &seen);
+  a.state_slice_groups = Field<std::vector<U32s>>(d, "state_slice_groups", {}, &seen);
   a.page_size = Field<int>(d, "page_size", a.page_size, &seen);
   a.kv_head_num = Field<int>(d, "kv_head_num", a.kv_head_num, &seen);
   a.total_kv_head_num = Field<int>(d, "total_kv_head_num", a.total_kv_head_num, &seen);

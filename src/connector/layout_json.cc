@@ -1,5 +1,9 @@
 #include "connector/layout_json.h"
 
+#include <fmt/format.h>
+
+#include "connector/protocol.h"
+
 namespace kvbridge::internal {
 namespace {
 
@@ -21,15 +25,50 @@ bool SpansFromJson(const nlohmann::json& j, std::vector<BufferSpan>* out) {
   return true;
 }
 
+nlohmann::json ShardingToJson(const std::vector<StateSharding>& sharding) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& s : sharding) a.push_back({s.dim, s.outer, s.groups});
+  return a;
+}
+
+// [[dim, outer, [groups...]], ...]; bounds only (CheckLayout judges the rest).
+bool ShardingFromJson(const nlohmann::json& j, std::vector<StateSharding>* out) {
+  if (!j.is_array() || j.size() > kMaxBuffers) return false;
+  out->clear();
+  for (const auto& e : j) {
+    if (!e.is_array() || e.size() != 3 || !e[0].is_number_unsigned() ||
+        !e[1].is_number_unsigned() || !e[2].is_array() || e[2].size() > kMaxStateGroups)
+      return false;
+    StateSharding s;
+    for (const auto& v : {e[0], e[1]})
+      if (v.get<uint64_t>() > UINT32_MAX) return false;
+    s.dim = e[0].get<uint32_t>();
+    s.outer = e[1].get<uint32_t>();
+    for (const auto& g : e[2]) {
+      if (!g.is_number_unsigned() || g.get<uint64_t>() > UINT32_MAX) return false;
+      s.groups.push_back(g.get<uint32_t>());
+    }
+    out->push_back(std::move(s));
+  }
+  return true;
+}
+
 }  // namespace
 
 nlohmann::json LayoutToJson(const RankLayout& l) {
-  return {{"is_mla", l.is_mla},        {"page_size", l.page_size},
-          {"dtype", l.dtype},          {"tp_size", l.tp_size},
-          {"tp_rank", l.tp_rank},      {"total_kv_heads", l.total_kv_heads},
-          {"kv_heads", l.kv_heads},    {"start_layer", l.start_layer},
-          {"end_layer", l.end_layer},  {"kv", SpansToJson(l.kv)},
-          {"aux", SpansToJson(l.aux)}, {"state", SpansToJson(l.state)}};
+  return {{"is_mla", l.is_mla},
+          {"page_size", l.page_size},
+          {"dtype", l.dtype},
+          {"tp_size", l.tp_size},
+          {"tp_rank", l.tp_rank},
+          {"total_kv_heads", l.total_kv_heads},
+          {"kv_heads", l.kv_heads},
+          {"start_layer", l.start_layer},
+          {"end_layer", l.end_layer},
+          {"kv", SpansToJson(l.kv)},
+          {"aux", SpansToJson(l.aux)},
+          {"state", SpansToJson(l.state)},
+          {"state_sharding", ShardingToJson(l.state_sharding)}};
 }
 
 Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
@@ -62,7 +101,44 @@ Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
     if (it == j.end() || !SpansFromJson(*it, out))
       return InvalidArgumentError(std::string("layout field '") + name + "' malformed");
   }
+  // Optional: layouts published before state sharding have none.
+  if (auto it = j.find("state_sharding");
+      it != j.end() && !ShardingFromJson(*it, &l.state_sharding))
+    return InvalidArgumentError("layout field 'state_sharding' malformed");
   return l;
+}
+
+Status StateLayoutFromArgs(const KVArgs& a, RankLayout& layout) {
+  const size_t n = layout.state.size();
+  if (!a.state_buffer_types.empty() && a.state_buffer_types.size() != n)
+    return InvalidArgumentError(
+        fmt::format("KVArgs: state_buffer_types has {} entries, state_data_ptrs {}",
+                    a.state_buffer_types.size(), n));
+  for (int32_t t : a.state_buffer_types)
+    if (t < 0 || t >= static_cast<int32_t>(n))
+      return InvalidArgumentError(
+          fmt::format("KVArgs: state_buffer_types entry {} out of range [0, {})", t, n));
+  layout.state_types = a.state_buffer_types;
+  for (auto [name, size] : {std::pair{"state_slice_dims", a.state_slice_dims.size()},
+                            {"state_slice_outer", a.state_slice_outer.size()},
+                            {"state_slice_groups", a.state_slice_groups.size()}})
+    if (size != 0 && size != n)
+      return InvalidArgumentError(
+          fmt::format("KVArgs: {} has {} entries, state_data_ptrs {}", name, size, n));
+  if (a.state_slice_dims.empty()) {
+    if (!a.state_slice_outer.empty() || !a.state_slice_groups.empty())
+      return InvalidArgumentError(
+          "KVArgs: state_slice_outer or state_slice_groups without state_slice_dims");
+    return Status();
+  }
+  layout.state_sharding.resize(n);
+  for (size_t b = 0; b < n; ++b) {
+    StateSharding& s = layout.state_sharding[b];
+    s.dim = a.state_slice_dims[b];
+    s.outer = a.state_slice_outer.empty() ? 1 : a.state_slice_outer[b];
+    if (!a.state_slice_groups.empty()) s.groups = a.state_slice_groups[b];
+  }
+  return Status();
 }
 
 }  // namespace kvbridge::internal

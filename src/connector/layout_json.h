@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/plan.h"
+#include "kvbridge/options.h"
 #include "kvbridge/status.h"
 
 namespace kvbridge::internal {
@@ -12,5 +13,9 @@ namespace kvbridge::internal {
 nlohmann::json LayoutToJson(const RankLayout& layout);
 // InvalidArgument naming the missing or mistyped field.
 Result<RankLayout> LayoutFromJson(const nlohmann::json& j);
+
+// The state part of a rank's layout from its KVArgs, with `layout.state`
+// already set: state types and sharding. InvalidArgument naming the field.
+Status StateLayoutFromArgs(const KVArgs& args, RankLayout& layout);
 
 }  // namespace kvbridge::internal

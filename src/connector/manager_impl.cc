@@ -147,15 +147,7 @@ Status ManagerImpl::SetLayout() {
   layout_.kv = Spans(a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens);
   layout_.aux = Spans(a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens);
   layout_.state = Spans(a.state_data_ptrs, a.state_data_lens, a.state_item_lens);
-  if (!a.state_buffer_types.empty() && a.state_buffer_types.size() != layout_.state.size())
-    return InvalidArgumentError(
-        fmt::format("KVArgs: state_buffer_types has {} entries, state_data_ptrs {}",
-                    a.state_buffer_types.size(), layout_.state.size()));
-  for (int32_t t : a.state_buffer_types)
-    if (t < 0 || t >= static_cast<int32_t>(layout_.state.size()))
-      return InvalidArgumentError(fmt::format(
-          "KVArgs: state_buffer_types entry {} out of range [0, {})", t, layout_.state.size()));
-  layout_.state_types = a.state_buffer_types;
+  KVB_RETURN_IF_ERROR(StateLayoutFromArgs(a, layout_));
   return CheckLayout(layout_).WithContext("KVArgs");
 }
 

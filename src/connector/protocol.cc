@@ -122,6 +122,34 @@ void PutLayout(WireWriter& w, const RankLayout& l) {
   PutSpans(w, l.kv);
   PutSpans(w, l.aux);
   PutSpans(w, l.state);
+  w.U32(static_cast<uint32_t>(l.state_sharding.size()));
+  for (const StateSharding& s : l.state_sharding) {
+    w.U32(s.dim);
+    w.U32(s.outer);
+    w.U32(static_cast<uint32_t>(s.groups.size()));
+    for (uint32_t g : s.groups) w.U32(g);
+  }
+}
+// State sharding: none, or one entry per state buffer (CheckLayout judges
+// the values).
+bool GetSharding(WireReader& r, RankLayout* l) {
+  uint32_t n;
+  if (!r.Count("state sharding count", &n, 12, kMaxBuffers)) return false;
+  if (n != 0 && n != l->state.size())
+    return r.Fail(fmt::format("state sharding for {} buffers, the layout has {} state buffers", n,
+                              l->state.size()));
+  l->state_sharding.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    StateSharding& s = l->state_sharding[i];
+    uint32_t groups;
+    if (!r.U32(&s.dim) || !r.U32(&s.outer) ||
+        !r.Count(fmt::format("state[{}] sub-block count", i), &groups, 4, kMaxStateGroups))
+      return r.Fail(fmt::format("state sharding [{}] truncated", i));
+    s.groups.resize(groups);
+    for (uint32_t& g : s.groups)
+      if (!r.U32(&g)) return r.Fail(fmt::format("state sharding [{}] truncated", i));
+  }
+  return true;
 }
 // Only bounds here: whether the layout is consistent and fits ours is
 // CheckCompatible's verdict, which the HelloAck carries back to the peer.
@@ -137,7 +165,7 @@ bool GetLayout(WireReader& r, RankLayout* l) {
          r.Int("kv_heads", &l->kv_heads, 0, INT_MAX) &&
          r.Int("start_layer", &l->start_layer, 0, INT_MAX) &&
          r.Int("end_layer", &l->end_layer, 0, INT_MAX) && GetSpans(r, "kv", &l->kv) &&
-         GetSpans(r, "aux", &l->aux) && GetSpans(r, "state", &l->state);
+         GetSpans(r, "aux", &l->aux) && GetSpans(r, "state", &l->state) && GetSharding(r, l);
 }
 int64_t Micros(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();

@@ -66,8 +66,10 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
   layout.tp_rank = 3;  // the sender's tp
   layout.kv = {{0x1000, 4096, 256}};
   layout.aux = {{0x9000, 640, 64}};
+  layout.state = {{0xa000, 4096, 64}, {0xb000, 4096, 64}};
+  layout.state_sharding = {{16, 1, {4, 4, 8}}, {}};
   std::vector<MessageBody> bodies = {
-      HelloMsg{layout, 4, "addr", {"k1"}, {"a"}, {}},
+      HelloMsg{layout, 4, "addr", {"k1"}, {"a"}, {"s0", "s1"}},
       HelloAckMsg{StatusCode::kFailedPrecondition, "page size mismatch", "addr2", "shm"},
       MetaMsg{42, 7, 2, true, {1, 5, 9}, 3, {4}, 2},
       NotifyMsg{42, 7, 3, true, 12},
@@ -103,6 +105,7 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
   auto hello =
       std::get<HelloMsg>(DecodeMessage(EncodeMessage(Rank(Role::kDecode, 3), bodies[0]))->body);
   EXPECT_TRUE(hello.layout.is_mla);
+  EXPECT_EQ(hello.layout.state_sharding, layout.state_sharding);
   EXPECT_EQ(hello.layout.kv[0].item_len, 256u);
   EXPECT_EQ(hello.kv_keys, (std::vector<std::string>{"k1"}));
   EXPECT_EQ(hello.tp_size, 4);
@@ -347,6 +350,21 @@ TEST(ProtocolLimitsTest, EveryCountAndLengthIsBounded) {
   f = Record();
   f.hint.assign(kMaxTextBytes + 1, 'h');
   ExpectRejected(EncodeMessage(from, RoomFailedMsg{1, 2, true, f}), "record hint of 16385 bytes");
+}
+
+// A Hello's state sharding: one entry per state buffer, bounded sub-blocks.
+TEST(ProtocolLimitsTest, StateShardingInAHelloIsBounded) {
+  const RankId from = Rank(Role::kDecode, 0);
+  HelloMsg h = GoodHello();
+  h.layout.state_sharding = {{4, 1, {}}};
+  ExpectRejected(EncodeMessage(from, h),
+                 "state sharding for 1 buffers, the layout has 0 state buffers");
+  h.layout.state = {{0x9000, 4096, 64}};
+  h.state_keys = {"s0"};
+  h.layout.state_sharding = {{4, 1, std::vector<uint32_t>(kMaxStateGroups, 2)}};
+  EXPECT_TRUE(DecodeMessage(EncodeMessage(from, h)).ok());
+  h.layout.state_sharding[0].groups.push_back(2);
+  ExpectRejected(EncodeMessage(from, h), "state[0] sub-block count 65 exceeds the limit of 64");
 }
 
 // The handshake's fixed-size fields are exactly their size: a proof one

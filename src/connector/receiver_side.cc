@@ -179,9 +179,9 @@ Result<std::vector<ManagerImpl::SourcePosition>> ManagerImpl::SourcePositions(
   if (room.prefill_dp_rank >= info.attn_dp_size)
     return InvalidArgumentError(fmt::format("prefill dp rank {} out of range [0, {})",
                                             room.prefill_dp_rank, info.attn_dp_size));
-  KVB_ASSIGN_OR_RETURN(
-      std::vector<HeadSlice> flows,
-      ComputeFlows(info.attn_tp_size, layout_.tp_size, layout_.total_kv_heads, layout_.is_mla));
+  KVB_ASSIGN_OR_RETURN(std::vector<HeadSlice> flows,
+                       ComputeFlows(info.attn_tp_size, layout_.tp_size, layout_.total_kv_heads,
+                                    layout_.is_mla, StateSlicedFor(layout_, info.attn_tp_size)));
   std::vector<std::pair<int, bool>> ranks;  // prefill tp rank, dummy
   for (const HeadSlice& f : FlowsToDecode(flows, self_.tp)) {
     if (std::find(ranks.begin(), ranks.end(), std::pair{f.prefill_rank, false}) == ranks.end())

@@ -185,19 +185,25 @@ Result<Outbox::Post> ManagerImpl::PlanFlowChunkLocked(const std::shared_ptr<Send
     src.push_back(pages[i]);
     dst.push_back(flow.meta.pages[pos - flow.meta.prefix_pages]);
   }
-  KVB_ASSIGN_OR_RETURN(std::vector<CopyRun> runs,
-                       PlanKvPages(layout_, peer->layout, *flow.slice, src, dst));
-  if (last && flow.carries_aux) {
-    if (room.aux_index >= 0 && flow.meta.aux_index >= 0 && !layout_.aux.empty()) {
-      KVB_ASSIGN_OR_RETURN(std::vector<CopyRun> aux,
-                           PlanAux(layout_, peer->layout, room.aux_index, flow.meta.aux_index));
-      runs.insert(runs.end(), aux.begin(), aux.end());
-    }
-    if (!state.empty() || !flow.meta.state.empty()) {
-      KVB_ASSIGN_OR_RETURN(std::vector<CopyRun> st,
-                           PlanState(layout_, peer->layout, state, flow.meta.state));
-      runs.insert(runs.end(), st.begin(), st.end());
-    }
+  // A flow of no heads carries state slices only (ComputeFlows).
+  std::vector<CopyRun> runs;
+  if (flow.slice->num_heads > 0) {
+    KVB_ASSIGN_OR_RETURN(runs, PlanKvPages(layout_, peer->layout, *flow.slice, src, dst));
+  }
+  if (last && flow.carries_aux && room.aux_index >= 0 && flow.meta.aux_index >= 0 &&
+      !layout_.aux.empty()) {
+    KVB_ASSIGN_OR_RETURN(std::vector<CopyRun> aux,
+                         PlanAux(layout_, peer->layout, room.aux_index, flow.meta.aux_index));
+    runs.insert(runs.end(), aux.begin(), aux.end());
+  }
+  // Whole state buffers from the flow that carries aux; slices of sharded
+  // ones from every flow on the last stage (each its share).
+  const bool last_stage = self_.pp == opts_.parallel.pp_size - 1;
+  if (last && last_stage && (!state.empty() || !flow.meta.state.empty())) {
+    KVB_ASSIGN_OR_RETURN(std::vector<CopyRun> st,
+                         PlanState(layout_, peer->layout, state, flow.meta.state,
+                                   StateShare{.whole = flow.carries_aux, .slices = true}));
+    runs.insert(runs.end(), st.begin(), st.end());
   }
   NotifyMsg note{room.room, flow.meta.generation, flow.next_chunk, last,
                  static_cast<uint32_t>(src.size())};
@@ -475,10 +481,14 @@ bool ManagerImpl::RefuseMetaLocked(SenderRoom& room, const RankId& from, Peer& p
 }
 
 Status ManagerImpl::ShapeFlowLocked(SenderRoom& room, const RankId& from, SenderFlow& flow) {
+  // Whether state moves as slices is decided on decode's layout, as decode
+  // decides it (StateSlicedFor).
+  const Peer* peer = FindPeerLocked(flow.peer_key);
+  const bool sliced = peer != nullptr && StateSlicedFor(peer->layout, layout_.tp_size);
   if (room.decode_tp_size == 0) {
     KVB_ASSIGN_OR_RETURN(std::vector<HeadSlice> flows,
                          ComputeFlows(layout_.tp_size, flow.meta.decode_tp_size,
-                                      layout_.total_kv_heads, layout_.is_mla));
+                                      layout_.total_kv_heads, layout_.is_mla, sliced));
     room.decode_tp_size = flow.meta.decode_tp_size;
     for (const HeadSlice& s : FlowsFromPrefill(flows, self_.tp))
       if (std::find(room.expected_decode.begin(), room.expected_decode.end(), s.decode_rank) ==
@@ -490,9 +500,9 @@ Status ManagerImpl::ShapeFlowLocked(SenderRoom& room, const RankId& from, Sender
     return InvalidArgumentError(fmt::format("decode tp size {} disagrees with {} seen earlier",
                                             flow.meta.decode_tp_size, room.decode_tp_size));
   }
-  KVB_ASSIGN_OR_RETURN(
-      std::vector<HeadSlice> flows,
-      ComputeFlows(layout_.tp_size, room.decode_tp_size, layout_.total_kv_heads, layout_.is_mla));
+  KVB_ASSIGN_OR_RETURN(std::vector<HeadSlice> flows,
+                       ComputeFlows(layout_.tp_size, room.decode_tp_size, layout_.total_kv_heads,
+                                    layout_.is_mla, sliced));
   for (const HeadSlice& s : FlowsFromPrefill(flows, self_.tp)) {
     if (s.decode_rank != from.tp) continue;
     flow.slice = s;

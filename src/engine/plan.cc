@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "engine/plan_util.h"
+
 namespace kvbridge::internal {
 namespace {
 
@@ -91,7 +93,7 @@ Status CheckLayout(const RankLayout& l) {
   }
   KVB_RETURN_IF_ERROR(CheckBuffers(l.aux, "aux"));
   KVB_RETURN_IF_ERROR(CheckBuffers(l.state, "state"));
-  return Status::Ok();
+  return planning::CheckStateSharding(l);
 }
 
 Status CheckCompatible(const RankLayout& prefill, const RankLayout& decode) {
@@ -135,7 +137,7 @@ Status CheckCompatible(const RankLayout& prefill, const RankLayout& decode) {
     }
   }
   KVB_RETURN_IF_ERROR(CheckSameItems(prefill.aux, decode.aux, "aux"));
-  KVB_RETURN_IF_ERROR(CheckSameItems(prefill.state, decode.state, "state"));
+  KVB_RETURN_IF_ERROR(planning::CheckStateCompatible(prefill, decode));
   return Status::Ok();
 }
 
@@ -151,8 +153,29 @@ HeadRange HeadsOfRank(int total_heads, int tp_size, int rank) {
   return {first, end - first};
 }
 
-Result<std::vector<HeadSlice>> ComputeFlows(int prefill_tp, int decode_tp, int total_heads,
-                                            bool is_mla) {
+namespace {
+
+// State slices (num_heads 0) for the pairs whose shares of a sliced axis
+// overlap and that have no head flow: flows stay ordered by decode rank.
+void AddStateFlows(std::vector<HeadSlice>& flows, int prefill_tp, int decode_tp) {
+  std::vector<HeadSlice> all;
+  for (int d = 0; d < decode_tp; ++d) {
+    for (const HeadSlice& f : flows)
+      if (f.decode_rank == d) all.push_back(f);
+    for (int p = 0; p < prefill_tp; ++p) {
+      const int64_t pt = prefill_tp, dt = decode_tp;
+      const bool overlap = p * dt < (d + 1) * pt && d * pt < (p + 1) * dt;
+      const bool has = std::any_of(flows.begin(), flows.end(), [&](const HeadSlice& f) {
+        return f.prefill_rank == p && f.decode_rank == d;
+      });
+      if (overlap && !has) all.push_back({p, d, 0, 0, 0});
+    }
+  }
+  flows = std::move(all);
+}
+
+Result<std::vector<HeadSlice>> HeadFlows(int prefill_tp, int decode_tp, int total_heads,
+                                         bool is_mla) {
   if (prefill_tp < 1 || decode_tp < 1 || total_heads < 1) {
     return InvalidArgumentError(
         fmt::format("bad flow shape: prefill_tp {}, decode_tp {}, total_heads {} (each must be "
@@ -189,6 +212,16 @@ Result<std::vector<HeadSlice>> ComputeFlows(int prefill_tp, int decode_tp, int t
       }
     }
   }
+  return flows;
+}
+
+}  // namespace
+
+Result<std::vector<HeadSlice>> ComputeFlows(int prefill_tp, int decode_tp, int total_heads,
+                                            bool is_mla, bool state_sliced) {
+  KVB_ASSIGN_OR_RETURN(std::vector<HeadSlice> flows,
+                       HeadFlows(prefill_tp, decode_tp, total_heads, is_mla));
+  if (state_sliced) AddStateFlows(flows, prefill_tp, decode_tp);
   return flows;
 }
 

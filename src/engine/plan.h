@@ -28,6 +28,26 @@ struct BufferSpan {
   uint64_t item_len = 0;
 };
 
+// How one state buffer's slots split across the ranks of a tp group
+// (sglang's state_dim_per_tensor and state_conv_shard_groups: mamba conv
+// and temporal state are sharded by tp along one axis). A slot holds `outer`
+// blocks; each block is this rank's `dim` elements of the sliced axis, all
+// elements the same size (item_len / (outer * dim) bytes, the axes after the
+// sliced one included). The full axis concatenates sub-blocks of `groups`
+// elements each (GDN's conv [q | k | v]), and every sub-block is split
+// across the ranks on its own: rank r of tp T holds elements
+// [r * g / T, (r + 1) * g / T) of each, in sub-block order. No groups: one
+// sub-block of dim * T elements. dim 0: the buffer is not sliced (every
+// rank holds the whole slot).
+inline constexpr uint32_t kMaxStateGroups = 64;
+struct StateSharding {
+  uint32_t dim = 0;
+  uint32_t outer = 1;
+  std::vector<uint32_t> groups;
+
+  friend bool operator==(const StateSharding&, const StateSharding&) = default;
+};
+
 // One rank's KV memory and shape, as exchanged in the handshake.
 struct RankLayout {
   bool is_mla = false;
@@ -47,7 +67,17 @@ struct RankLayout {
   // the handshake): prefill's buffer b and decode's buffer b are the same
   // buffer, so prefill's types say which indices address decode's too.
   std::vector<int32_t> state_types;
+  // Per state buffer (or empty: none is sliced); exchanged in the handshake.
+  std::vector<StateSharding> state_sharding;
 };
+
+// Whether state buffer `b` moves as slices between these two layouts: their
+// tp sizes differ and both shard it (dim > 0). Otherwise it moves whole.
+bool SlicedStateBuffer(const RankLayout& prefill, const RankLayout& decode, size_t b);
+// Whether any state buffer moves as slices between a prefill group of
+// `prefill_tp` ranks and `decode` (decided on decode's layout, which both
+// sides know: decode's own, prefill's from the Hello).
+bool StateSlicedFor(const RankLayout& decode, int prefill_tp);
 
 // Internal consistency of one layout: sizes positive, kv.size() equals
 // num_layers (MLA) or 2 * num_layers (MHA), every kv item_len divisible by
@@ -58,7 +88,9 @@ Status CheckLayout(const RankLayout& layout);
 
 // Whether prefill can write into decode: same is_mla, page_size, dtype,
 // total_kv_heads, bytes per head per token, aux and state counts and item
-// lengths; overlapping layer ranges where decode holds every prefill layer.
+// lengths (a sliced state buffer: the same full axis, outer blocks, element
+// size and sub-blocks instead); overlapping layer ranges where decode holds
+// every prefill layer.
 // FailedPrecondition naming both values, e.g.
 // "page size mismatch: prefill 16, decode 32".
 Status CheckCompatible(const RankLayout& prefill, const RankLayout& decode);
@@ -94,9 +126,13 @@ struct HeadSlice {
 // exactly one prefill rank (with replication, decode rank d picks among the
 // candidates by d % candidates; MLA: decode rank d reads prefill rank
 // d % prefill_tp). Adjacent heads from the same prefill rank form one slice.
+// With `state_sliced` (StateSlicedFor), every pair of ranks whose shares of
+// a sliced axis overlap ([p / prefill_tp, (p + 1) / prefill_tp) against
+// [d / decode_tp, (d + 1) / decode_tp)) has a flow too: a pair with no head
+// in common gets one of num_heads 0, which carries state slices only.
 // InvalidArgument for sizes < 1 or total_heads < 1.
 Result<std::vector<HeadSlice>> ComputeFlows(int prefill_tp, int decode_tp, int total_heads,
-                                            bool is_mla);
+                                            bool is_mla, bool state_sliced = false);
 // The flows into decode rank `decode_rank` / out of prefill rank
 // `prefill_rank` (a prefill rank with none is a "dummy": it sends nothing and
 // still concludes with Success).
@@ -166,13 +202,22 @@ Result<std::vector<std::span<const int32_t>>> StateSections(const std::vector<in
 Status CheckStateSlots(const char* what, const std::vector<BufferSpan>& bufs,
                        const std::vector<int32_t>& types, std::span<const int32_t> slots);
 
+// Which state a flow carries: the buffers that move whole (the flow that
+// carries aux), and this pair's slices of the sliced ones (every flow).
+struct StateShare {
+  bool whole = true;
+  bool slices = true;
+};
+
 // State: slot src_slots[i] of every state buffer (of its section's type) to
-// dst_slots[i], consecutive slots coalesced. InvalidArgument for lists or
-// sections of different lengths or a slot outside either side's slots; no
-// runs when the model has no state buffers.
+// dst_slots[i], consecutive slots coalesced. A sliced buffer
+// (SlicedStateBuffer) moves only the elements both ranks hold, of each outer
+// block and sub-block, placed where the decode rank keeps them.
+// InvalidArgument for lists or sections of different lengths or a slot
+// outside either side's slots; no runs when the model has no state buffers.
 Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayout& decode,
                                        std::span<const int32_t> src_slots,
-                                       std::span<const int32_t> dst_slots);
+                                       std::span<const int32_t> dst_slots, StateShare share = {});
 
 // Validates page indices against a layout's kv buffers: each in
 // [0, min over kv buffers of length / item_len), and (when `unique`) no

@@ -10,41 +10,15 @@
 #include <algorithm>
 
 #include "engine/plan.h"
+#include "engine/plan_util.h"
 
 namespace kvbridge::internal {
 namespace {
 
-// Appends `run`, extending the previous run instead when `run` continues it
-// on both sides.
-void Append(std::vector<CopyRun>& runs, const CopyRun& run) {
-  if (!runs.empty()) {
-    CopyRun& last = runs.back();
-    if (last.cls == run.cls && last.src_buffer == run.src_buffer &&
-        last.dst_buffer == run.dst_buffer && last.src_offset + last.length == run.src_offset &&
-        last.dst_offset + last.length == run.dst_offset) {
-      last.length += run.length;
-      return;
-    }
-  }
-  runs.push_back(run);
-}
-
-// Items every buffer of `buffers` can hold (0 when there are none).
-uint64_t ItemCapacity(const std::vector<BufferSpan>& buffers) {
-  uint64_t bound = buffers.empty() ? 0 : UINT64_MAX;
-  for (const BufferSpan& b : buffers) bound = std::min(bound, b.length / b.item_len);
-  return bound;
-}
-
-// `position` < 0: a single index, not an element of a list.
-Status CheckIndex(int64_t index, uint64_t bound, const char* what, int64_t position = -1) {
-  if (index >= 0 && static_cast<uint64_t>(index) < bound) return Status::Ok();
-  if (position < 0) {
-    return InvalidArgumentError(fmt::format("{} {} out of range [0, {})", what, index, bound));
-  }
-  return InvalidArgumentError(
-      fmt::format("{} {} at position {} out of range [0, {})", what, index, position, bound));
-}
+using planning::Append;
+using planning::CheckIndex;
+using planning::CheckSameLength;
+using planning::ItemCapacity;
 
 Status CheckSlice(const RankLayout& prefill, const RankLayout& decode, const HeadSlice& s) {
   if (s.prefill_rank != prefill.tp_rank || s.decode_rank != decode.tp_rank) {
@@ -77,12 +51,6 @@ Status CheckSlice(const RankLayout& prefill, const RankLayout& decode, const Hea
         "slice maps model head {} of prefill to model head {} of decode", src_global, dst_global));
   }
   return Status::Ok();
-}
-
-Status CheckSameLength(size_t src, size_t dst, const char* what) {
-  if (src == dst) return Status::Ok();
-  return InvalidArgumentError(
-      fmt::format("{} list length mismatch: source {}, destination {}", what, src, dst));
 }
 
 }  // namespace
@@ -148,74 +116,6 @@ Result<std::vector<CopyRun>> PlanAux(const RankLayout& prefill, const RankLayout
     runs.push_back({BufferClass::kAux, static_cast<uint32_t>(b),
                     static_cast<uint64_t>(src_index) * item, static_cast<uint32_t>(b),
                     static_cast<uint64_t>(dst_index) * item, item});
-  }
-  return runs;
-}
-
-Result<std::vector<std::span<const int32_t>>> StateSections(const std::vector<int32_t>& types,
-                                                            std::span<const int32_t> slots) {
-  const int num_types = types.empty() ? 1 : *std::max_element(types.begin(), types.end()) + 1;
-  std::vector<std::span<const int32_t>> sections;
-  size_t begin = 0;
-  for (size_t i = 0; i <= slots.size(); ++i) {
-    if (i < slots.size() && slots[i] != kStateSectionEnd) continue;
-    sections.push_back(slots.subspan(begin, i - begin));
-    begin = i + 1;
-  }
-  if (sections.size() == 1) return sections;  // no separator: every buffer
-  if (num_types < 2 || static_cast<int>(sections.size()) != num_types) {
-    return InvalidArgumentError(fmt::format(
-        "state indices hold {} sections (separated by {}), the layout has {} state type(s)",
-        sections.size(), kStateSectionEnd, num_types));
-  }
-  return sections;
-}
-
-Status CheckStateSlots(const char* what, const std::vector<BufferSpan>& bufs,
-                       const std::vector<int32_t>& types, std::span<const int32_t> slots) {
-  KVB_ASSIGN_OR_RETURN(auto sections, StateSections(types, slots));
-  for (size_t t = 0; t < sections.size(); ++t) {
-    std::vector<BufferSpan> own;  // the buffers this section addresses
-    for (size_t b = 0; b < bufs.size(); ++b)
-      if (sections.size() == 1 || (b < types.size() && types[b] == static_cast<int32_t>(t)))
-        own.push_back(bufs[b]);
-    const uint64_t bound = ItemCapacity(own);
-    for (size_t i = 0; i < sections[t].size(); ++i) {
-      Status s = CheckIndex(sections[t][i], bound, what, static_cast<int64_t>(i));
-      if (!s.ok()) return sections.size() == 1 ? s : s.WithContext(fmt::format("state type {}", t));
-    }
-  }
-  return Status::Ok();
-}
-
-Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayout& decode,
-                                       std::span<const int32_t> src_slots,
-                                       std::span<const int32_t> dst_slots) {
-  KVB_RETURN_IF_ERROR(CheckCompatible(prefill, decode));
-  KVB_RETURN_IF_ERROR(CheckSameLength(src_slots.size(), dst_slots.size(), "state slot"));
-  std::vector<CopyRun> runs;
-  // A model without state buffers (not hybrid) has nothing to send.
-  if (prefill.state.empty()) return runs;
-  KVB_RETURN_IF_ERROR(
-      CheckStateSlots("source state slot", prefill.state, prefill.state_types, src_slots));
-  KVB_RETURN_IF_ERROR(
-      CheckStateSlots("destination state slot", decode.state, prefill.state_types, dst_slots));
-  KVB_ASSIGN_OR_RETURN(auto src, StateSections(prefill.state_types, src_slots));
-  KVB_ASSIGN_OR_RETURN(auto dst, StateSections(prefill.state_types, dst_slots));
-  if (src.size() != dst.size())
-    return InvalidArgumentError(
-        fmt::format("state sections: source {}, destination {}", src.size(), dst.size()));
-  for (size_t t = 0; t < src.size(); ++t)
-    KVB_RETURN_IF_ERROR(CheckSameLength(src[t].size(), dst[t].size(), "state slot")
-                            .WithContext(fmt::format("state type {}", t)));
-  for (size_t b = 0; b < prefill.state.size(); ++b) {
-    const size_t t = src.size() == 1 ? 0 : static_cast<size_t>(prefill.state_types.at(b));
-    const uint64_t item = prefill.state[b].item_len;
-    for (size_t i = 0; i < src[t].size(); ++i) {
-      Append(runs, {BufferClass::kState, static_cast<uint32_t>(b),
-                    static_cast<uint64_t>(src[t][i]) * item, static_cast<uint32_t>(b),
-                    static_cast<uint64_t>(dst[t][i]) * item, item});
-    }
   }
   return runs;
 }

@@ -1,0 +1,71 @@
+// The layout as the registry carries it: state sharding round-trips, a
+// layout published without it still reads, and a malformed one is refused
+// by name (it comes from the network).
+#include "connector/layout_json.h"
+
+#include <gtest/gtest.h>
+
+namespace kvbridge::internal {
+namespace {
+
+RankLayout Sharded() {
+  RankLayout l;
+  l.page_size = 16;
+  l.dtype = "bfloat16";
+  l.tp_size = 2;
+  l.kv = {{0x1000, 4096, 256}, {0x2000, 4096, 256}};
+  l.state = {{0x9000, 4096, 64}, {0xa000, 4096, 32}};
+  l.state_sharding = {{16, 1, {8, 8, 16}}, {0, 1, {}}};
+  return l;
+}
+
+TEST(LayoutJsonTest, StateShardingRoundTrips) {
+  const RankLayout l = Sharded();
+  auto back = LayoutFromJson(LayoutToJson(l));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->state_sharding, l.state_sharding);
+  EXPECT_EQ(back->state.size(), 2u);
+}
+
+TEST(LayoutJsonTest, ALayoutWithoutShardingReadsAsUnsharded) {
+  nlohmann::json j = LayoutToJson(Sharded());
+  j.erase("state_sharding");
+  auto back = LayoutFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->state_sharding.empty());
+}
+
+TEST(LayoutJsonTest, MalformedShardingIsRefusedByName) {
+  for (const char* bad : {R"("x")", R"([[1, 1]])", R"([[-1, 1, []]])", R"([[1, 1, [2, -2]]])",
+                          R"([[4294967296, 1, []]])", R"([[1, 1, 3]])"}) {
+    nlohmann::json j = LayoutToJson(Sharded());
+    j["state_sharding"] = nlohmann::json::parse(bad);
+    auto back = LayoutFromJson(j);
+    ASSERT_FALSE(back.ok()) << bad;
+    EXPECT_EQ(back.status().message(), "layout field 'state_sharding' malformed") << bad;
+  }
+  nlohmann::json j = LayoutToJson(Sharded());
+  j["state_sharding"][0][2] = nlohmann::json::array();
+  for (int i = 0; i < 65; ++i) j["state_sharding"][0][2].push_back(2);
+  EXPECT_FALSE(LayoutFromJson(j).ok()) << "65 sub-blocks";
+}
+
+TEST(LayoutJsonTest, StateLayoutFromArgsNamesEveryMisfit) {
+  KVArgs a;
+  RankLayout l = Sharded();
+  l.state_sharding.clear();
+  a.state_slice_dims = {16};
+  EXPECT_EQ(StateLayoutFromArgs(a, l).message(),
+            "KVArgs: state_slice_dims has 1 entries, state_data_ptrs 2");
+  a.state_slice_dims = {};
+  a.state_slice_outer = {1, 1};
+  EXPECT_EQ(StateLayoutFromArgs(a, l).message(),
+            "KVArgs: state_slice_outer or state_slice_groups without state_slice_dims");
+  a.state_slice_dims = {16, 0};
+  a.state_slice_groups = {{8, 8, 16}, {}};
+  ASSERT_TRUE(StateLayoutFromArgs(a, l).ok());
+  EXPECT_EQ(l.state_sharding, Sharded().state_sharding);
+}
+
+}  // namespace
+}  // namespace kvbridge::internal

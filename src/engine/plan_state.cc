@@ -1,0 +1,221 @@
+// State planning: which bytes of which state slot go where, whole or as the
+// slices of a tp-sharded axis (plan.h, StateSharding).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "engine/plan.h"
+#include "engine/plan_util.h"
+
+namespace kvbridge::internal {
+namespace {
+
+using planning::Append;
+using planning::CheckIndex;
+using planning::CheckSameLength;
+using planning::ItemCapacity;
+
+const StateSharding* ShardingOf(const RankLayout& l, size_t b) {
+  if (b >= l.state_sharding.size() || l.state_sharding[b].dim == 0) return nullptr;
+  return &l.state_sharding[b];
+}
+
+// The full (all ranks) sizes of the sub-blocks of a sharded axis.
+std::vector<uint64_t> FullGroups(const StateSharding& s, int tp_size) {
+  if (s.groups.empty()) return {uint64_t{s.dim} * static_cast<uint64_t>(tp_size)};
+  return {s.groups.begin(), s.groups.end()};
+}
+
+// Bytes of one element of the sliced axis (the axes after it included).
+uint64_t ElementBytes(const BufferSpan& b, const StateSharding& s) {
+  return b.item_len / (uint64_t{s.outer} * s.dim);
+}
+
+// Appends the runs that move, for each outer block and each sub-block, the
+// elements that prefill rank p of tp Tp and decode rank d of tp Td both
+// hold: sub-block g is [r * g / T, (r + 1) * g / T) on rank r of T, and a
+// rank keeps its shares of the sub-blocks one after another.
+void AppendSlices(std::vector<CopyRun>& runs, uint32_t b, const RankLayout& prefill,
+                  const RankLayout& decode, uint64_t src_slot, uint64_t dst_slot) {
+  const StateSharding& ps = *ShardingOf(prefill, b);
+  const StateSharding& ds = *ShardingOf(decode, b);
+  const uint64_t e = ElementBytes(prefill.state[b], ps);
+  const uint64_t tp = static_cast<uint64_t>(prefill.tp_size);
+  const uint64_t td = static_cast<uint64_t>(decode.tp_size);
+  const uint64_t p = static_cast<uint64_t>(prefill.tp_rank);
+  const uint64_t d = static_cast<uint64_t>(decode.tp_rank);
+  const std::vector<uint64_t> groups = FullGroups(ps, prefill.tp_size);
+  for (uint64_t o = 0; o < ps.outer; ++o) {
+    uint64_t src_at = src_slot * prefill.state[b].item_len + o * ps.dim * e;
+    uint64_t dst_at = dst_slot * decode.state[b].item_len + o * ds.dim * e;
+    for (uint64_t g : groups) {
+      const uint64_t src_first = p * g / tp, src_end = (p + 1) * g / tp;
+      const uint64_t dst_first = d * g / td, dst_end = (d + 1) * g / td;
+      const uint64_t lo = std::max(src_first, dst_first), hi = std::min(src_end, dst_end);
+      if (lo < hi) {
+        Append(runs, {BufferClass::kState, b, src_at + (lo - src_first) * e, b,
+                      dst_at + (lo - dst_first) * e, (hi - lo) * e});
+      }
+      src_at += (src_end - src_first) * e;
+      dst_at += (dst_end - dst_first) * e;
+    }
+  }
+}
+
+}  // namespace
+
+bool SlicedStateBuffer(const RankLayout& prefill, const RankLayout& decode, size_t b) {
+  return prefill.tp_size != decode.tp_size && ShardingOf(prefill, b) != nullptr &&
+         ShardingOf(decode, b) != nullptr;
+}
+
+bool StateSlicedFor(const RankLayout& decode, int prefill_tp) {
+  if (prefill_tp == decode.tp_size) return false;
+  for (size_t b = 0; b < decode.state.size(); ++b)
+    if (ShardingOf(decode, b) != nullptr) return true;
+  return false;
+}
+
+namespace planning {
+
+Status CheckStateSharding(const RankLayout& l) {
+  if (l.state_sharding.empty()) return Status::Ok();
+  if (l.state_sharding.size() != l.state.size())
+    return FailedPreconditionError(fmt::format("state sharding for {} buffers, the layout has {}",
+                                               l.state_sharding.size(), l.state.size()));
+  for (size_t b = 0; b < l.state.size(); ++b) {
+    const StateSharding& s = l.state_sharding[b];
+    if (s.dim == 0) continue;
+    if (s.outer == 0 || l.state[b].item_len % (uint64_t{s.outer} * s.dim) != 0)
+      return FailedPreconditionError(
+          fmt::format("state[{}] item_len {} is not {} outer block(s) of {} elements", b,
+                      l.state[b].item_len, s.outer, s.dim));
+    if (s.groups.size() > kMaxStateGroups)
+      return FailedPreconditionError(fmt::format("state[{}] has {} sub-blocks, at most {}", b,
+                                                 s.groups.size(), kMaxStateGroups));
+    uint64_t share = 0;
+    for (uint32_t g : s.groups) {
+      if (g == 0 || g % static_cast<uint64_t>(l.tp_size) != 0)
+        return FailedPreconditionError(fmt::format(
+            "state[{}] sub-block of {} elements does not split across {} ranks", b, g, l.tp_size));
+      share += g / static_cast<uint64_t>(l.tp_size);
+    }
+    if (!s.groups.empty() && share != s.dim)
+      return FailedPreconditionError(fmt::format(
+          "state[{}] sub-blocks give this rank {} elements, its dim is {}", b, share, s.dim));
+  }
+  return Status::Ok();
+}
+
+Status CheckStateCompatible(const RankLayout& prefill, const RankLayout& decode) {
+  if (prefill.state.size() != decode.state.size())
+    return FailedPreconditionError(fmt::format("state buffer count mismatch: prefill {}, decode {}",
+                                               prefill.state.size(), decode.state.size()));
+  for (size_t b = 0; b < prefill.state.size(); ++b) {
+    const StateSharding* ps = ShardingOf(prefill, b);
+    const StateSharding* ds = ShardingOf(decode, b);
+    const bool tp_differs = prefill.tp_size != decode.tp_size;
+    if (tp_differs && (ps == nullptr) != (ds == nullptr))
+      return FailedPreconditionError(fmt::format(
+          "state[{}] is sharded across tp ranks on {} only (prefill tp {}, decode tp {})", b,
+          ps != nullptr ? "prefill" : "decode", prefill.tp_size, decode.tp_size));
+    if (!SlicedStateBuffer(prefill, decode, b)) {
+      if (prefill.state[b].item_len != decode.state[b].item_len)
+        return FailedPreconditionError(
+            fmt::format("state[{}] item_len mismatch: prefill {}, decode {}", b,
+                        prefill.state[b].item_len, decode.state[b].item_len));
+      continue;
+    }
+    const uint64_t p_full = uint64_t{ps->dim} * static_cast<uint64_t>(prefill.tp_size);
+    const uint64_t d_full = uint64_t{ds->dim} * static_cast<uint64_t>(decode.tp_size);
+    if (p_full != d_full || ps->outer != ds->outer || ps->groups != ds->groups ||
+        ElementBytes(prefill.state[b], *ps) != ElementBytes(decode.state[b], *ds))
+      return FailedPreconditionError(fmt::format(
+          "state[{}] sharding mismatch: prefill {} of {} elements x {} outer x {} B (sub-blocks "
+          "{}), decode {} of {} x {} x {} B (sub-blocks {})",
+          b, ps->dim, p_full, ps->outer, ElementBytes(prefill.state[b], *ps),
+          fmt::join(ps->groups, ","), ds->dim, d_full, ds->outer,
+          ElementBytes(decode.state[b], *ds), fmt::join(ds->groups, ",")));
+  }
+  return Status::Ok();
+}
+
+}  // namespace planning
+
+Result<std::vector<std::span<const int32_t>>> StateSections(const std::vector<int32_t>& types,
+                                                            std::span<const int32_t> slots) {
+  const int num_types = types.empty() ? 1 : *std::max_element(types.begin(), types.end()) + 1;
+  std::vector<std::span<const int32_t>> sections;
+  size_t begin = 0;
+  for (size_t i = 0; i <= slots.size(); ++i) {
+    if (i < slots.size() && slots[i] != kStateSectionEnd) continue;
+    sections.push_back(slots.subspan(begin, i - begin));
+    begin = i + 1;
+  }
+  if (sections.size() == 1) return sections;  // no separator: every buffer
+  if (num_types < 2 || static_cast<int>(sections.size()) != num_types) {
+    return InvalidArgumentError(fmt::format(
+        "state indices hold {} sections (separated by {}), the layout has {} state type(s)",
+        sections.size(), kStateSectionEnd, num_types));
+  }
+  return sections;
+}
+
+Status CheckStateSlots(const char* what, const std::vector<BufferSpan>& bufs,
+                       const std::vector<int32_t>& types, std::span<const int32_t> slots) {
+  KVB_ASSIGN_OR_RETURN(auto sections, StateSections(types, slots));
+  for (size_t t = 0; t < sections.size(); ++t) {
+    std::vector<BufferSpan> own;  // the buffers this section addresses
+    for (size_t b = 0; b < bufs.size(); ++b)
+      if (sections.size() == 1 || (b < types.size() && types[b] == static_cast<int32_t>(t)))
+        own.push_back(bufs[b]);
+    const uint64_t bound = ItemCapacity(own);
+    for (size_t i = 0; i < sections[t].size(); ++i) {
+      Status s = CheckIndex(sections[t][i], bound, what, static_cast<int64_t>(i));
+      if (!s.ok()) return sections.size() == 1 ? s : s.WithContext(fmt::format("state type {}", t));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayout& decode,
+                                       std::span<const int32_t> src_slots,
+                                       std::span<const int32_t> dst_slots, StateShare share) {
+  KVB_RETURN_IF_ERROR(CheckCompatible(prefill, decode));
+  KVB_RETURN_IF_ERROR(CheckSameLength(src_slots.size(), dst_slots.size(), "state slot"));
+  std::vector<CopyRun> runs;
+  // A model without state buffers (not hybrid) has nothing to send.
+  if (prefill.state.empty()) return runs;
+  KVB_RETURN_IF_ERROR(
+      CheckStateSlots("source state slot", prefill.state, prefill.state_types, src_slots));
+  KVB_RETURN_IF_ERROR(
+      CheckStateSlots("destination state slot", decode.state, prefill.state_types, dst_slots));
+  KVB_ASSIGN_OR_RETURN(auto src, StateSections(prefill.state_types, src_slots));
+  KVB_ASSIGN_OR_RETURN(auto dst, StateSections(prefill.state_types, dst_slots));
+  if (src.size() != dst.size())
+    return InvalidArgumentError(
+        fmt::format("state sections: source {}, destination {}", src.size(), dst.size()));
+  for (size_t t = 0; t < src.size(); ++t)
+    KVB_RETURN_IF_ERROR(CheckSameLength(src[t].size(), dst[t].size(), "state slot")
+                            .WithContext(fmt::format("state type {}", t)));
+  for (size_t b = 0; b < prefill.state.size(); ++b) {
+    const size_t t = src.size() == 1 ? 0 : static_cast<size_t>(prefill.state_types.at(b));
+    const bool sliced = SlicedStateBuffer(prefill, decode, b);
+    if (sliced ? !share.slices : !share.whole) continue;
+    const uint64_t item = prefill.state[b].item_len;
+    for (size_t i = 0; i < src[t].size(); ++i) {
+      const auto src_slot = static_cast<uint64_t>(src[t][i]);
+      const auto dst_slot = static_cast<uint64_t>(dst[t][i]);
+      if (sliced) {
+        AppendSlices(runs, static_cast<uint32_t>(b), prefill, decode, src_slot, dst_slot);
+        continue;
+      }
+      Append(runs, {BufferClass::kState, static_cast<uint32_t>(b), src_slot * item,
+                    static_cast<uint32_t>(b), dst_slot * item, item});
+    }
+  }
+  return runs;
+}
+
+}  // namespace kvbridge::internal
