@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/process.h"
 #include "connector/manager_impl.h"
+#include "connector/rank_failure_rule.h"
 #include "connector/relay_rule.h"
 #include "control/record_json.h"
 
@@ -278,33 +279,42 @@ bool ManagerImpl::ReplacedLocked(const RankId& origin,
 
 void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
                                          const std::map<std::string, uint64_t>* live) {
-  if (r.origin.role == Role::kBootstrap || !IsRankFailure(r.cause)) return;
   const std::string key = PeerKey(r.origin);
-  if (!r.origin.SameRank(Self()) && !applied_.count({key, r.origin.incarnation}) &&
-      ReplacedLocked(r.origin, live)) {
-    // Late news of a process that has already been replaced (a slow
-    // detector, a record read after the restart): the requests running now
-    // belong to its successor, so nothing fails. Rooms that involved the
-    // old process failed when it was replaced.
-    applied_.insert({key, r.origin.incarnation});
-    ++stale_dropped_;
-    KVB_LOG_INFO("ignoring a late failure record about a replaced process: {}", r.Message());
-    return;
+  RankFailureFacts facts;
+  facts.about_self = r.origin.SameRank(Self());
+  facts.current_incarnation = r.origin.incarnation == incarnation_.load();
+  facts.this_rank_failed = fatal_.has_value();
+  facts.applied = applied_.count({key, r.origin.incarnation}) > 0;
+  // Asked by JudgeRankFailure before it returns, so under mu_ (which the
+  // analysis cannot see through std::function).
+  facts.replaced = [&]() KVB_NO_THREAD_SAFETY_ANALYSIS { return ReplacedLocked(r.origin, live); };
+  facts.failed_it_first = [&]() KVB_NO_THREAD_SAFETY_ANALYSIS { return FailedItFirstLocked(r); };
+  switch (JudgeRankFailure(r, facts)) {
+    case RankFailureAction::kIgnore:
+      return;
+    case RankFailureAction::kDropStale:
+      // Late news of a process that has already been replaced (a slow
+      // detector, a record read after the restart): the requests running now
+      // belong to its successor, so nothing fails. Rooms that involved the
+      // old process failed when it was replaced.
+      applied_.insert({key, r.origin.incarnation});
+      ++stale_dropped_;
+      KVB_LOG_INFO("ignoring a late failure record about a replaced process: {}", r.Message());
+      return;
+    case RankFailureAction::kFenceSelf:
+      // Others declared this process failed (e.g. it was stopped): it is
+      // fenced until restarted, so nothing it does now can land on stale pages.
+      KVB_LOG_ERROR("this rank was declared failed by {}: {}", r.detected_by.ShortName(),
+                    r.Message());
+      fatal_ = r;
+      declared_failed_ = r;  // it rejoins once it can (MaybeRejoin)
+      for (auto& [id, room] : senders_) FailSenderLocked(*room, r, out);
+      for (auto& [id, room] : receivers_) FailReceiverLocked(*room, r, out);
+      return;
+    case RankFailureAction::kApply:
+      break;
   }
-  if (r.origin.SameRank(Self())) {
-    if (r.origin.incarnation != incarnation_.load() || fatal_) return;
-    if (FailedItFirstLocked(r)) return;
-    // Others declared this process failed (e.g. it was stopped): it is fenced
-    // until restarted, so nothing it does now can land on stale pages.
-    KVB_LOG_ERROR("this rank was declared failed by {}: {}", r.detected_by.ShortName(),
-                  r.Message());
-    fatal_ = r;
-    declared_failed_ = r;  // it rejoins once it can (MaybeRejoin)
-    for (auto& [id, room] : senders_) FailSenderLocked(*room, r, out);
-    for (auto& [id, room] : receivers_) FailReceiverLocked(*room, r, out);
-    return;
-  }
-  if (!applied_.insert({key, r.origin.incarnation}).second) return;
+  applied_.insert({key, r.origin.incarnation});
   dead_ranks_[key] = r;
   recent_rank_failure_ = r;
   KVB_LOG_WARN("learned of a failed rank: {}", r.Message());
@@ -312,18 +322,10 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
   if (peer != nullptr && peer->id->incarnation == r.origin.incarnation && !peer->failed)
     FailPeerWithRecordLocked(*peer, r, out);
   const bool sibling = IsSibling(r.origin);
-  for (auto& [id, room] : senders_) {
-    bool touches = sibling;
-    for (auto& [rank, flow] : room->flows)
-      touches = touches || (r.origin.role == Role::kDecode && flow.decode.dp == r.origin.dp &&
-                            flow.decode.instance == r.origin.instance);
-    if (touches) FailSenderLocked(*room, r, out);
-  }
-  for (auto& [id, room] : receivers_) {
-    bool touches = sibling || (r.origin.role == Role::kPrefill && room->initialized &&
-                               room->prefill_dp_rank == r.origin.dp);
-    if (touches) FailReceiverLocked(*room, r, out);
-  }
+  for (auto& [id, room] : senders_)
+    if (RankFailureTouches(r.origin, sibling, *room)) FailSenderLocked(*room, r, out);
+  for (auto& [id, room] : receivers_)
+    if (RankFailureTouches(r.origin, sibling, *room)) FailReceiverLocked(*room, r, out);
 }
 
 // With sglang's server, of two ranks that failed each other the one failed
