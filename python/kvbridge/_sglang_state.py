@@ -19,6 +19,8 @@ Some versions also pass a flat per-tensor list instead of one per type.
 
 from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 import kvbridge
 
 _DIMS = ("state_dim_per_tensor",)
@@ -85,7 +87,7 @@ def _per_buffer(name: str, value: Any, counts: List[int], per_tensor_is_list: bo
 
 
 def _uint(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= 1 << 32:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0 or v >= 1 << 32:
         raise kvbridge.InvalidArgumentError(None, f"{name}: {v!r:.40} is not a size")
     return int(v)
 

@@ -97,7 +97,7 @@ def test_sglang_sharding_forms_become_kvbridge_fields():  # A9
 
     class Flat:  # a version that passes one per-tensor list, and outer counts
         state_data_ptrs = [1, 2]
-        state_dim_per_tensor = [6, 6]
+        state_dim_per_tensor = [np.int64(6), 6]  # sizes from tensor shapes or numpy
         state_conv_shard_groups = [[4, 4, 4], None]
         state_slice_outer_counts = [1, 3]
 
