@@ -88,6 +88,7 @@ TEST_P(StateSliceTransferTest, EveryDecodeRankGetsItsShardOfTheState) {
   for (int d = 0; d < tp.decode_tp; ++d) {
     ClusterRank& rank = (*c)->decode[d];
     EXPECT_EQ(rank.pool->CountCorruptPages(r.room, r.dst), 0u) << "decode rank " << d;
+    EXPECT_TRUE(rank.pool->AuxMatches(r.room, r.dst_aux)) << "decode rank " << d;
     const std::vector<uint8_t> want = Shard(d, tp.decode_tp);
     const uint8_t* base = StateBase(rank);
     EXPECT_EQ(std::vector<uint8_t>(base + want.size(), base + 2 * want.size()), want)
