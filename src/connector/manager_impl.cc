@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/process.h"
 #include "connector/layout_json.h"
+#include "connector/room_failure_rule.h"
 #include "control/auth.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -426,12 +427,10 @@ bool ManagerImpl::IsFromAnotherRank(const RankId& origin) const {
 
 template <typename Room>
 bool ManagerImpl::MarkRoomFailedLocked(Room& room, FailureRecord& record) {
-  if (room.failure || room.poll() == KVPoll::kSuccess) return false;
-  record.room = room.room;
-  // A rank's failure fails this request in the phase it was in here (the record
-  // as detected carries the detector's: a request waiting for metadata was
-  // said to fail "during transferring").
-  if (IsRankFailure(record.cause)) record.phase = room.phase;
+  std::optional<FailureRecord> kept =
+      RoomFailure(room.poll(), room.failure.has_value(), room.room, room.phase, record);
+  if (!kept) return false;
+  record = std::move(*kept);
   record.is_from_another_rank = IsFromAnotherRank(record.origin);
   room.failure = record;
   changes_.Set(room, KVPoll::kFailed);
@@ -441,10 +440,8 @@ bool ManagerImpl::MarkRoomFailedLocked(Room& room, FailureRecord& record) {
     metrics_->Finished(false, std::chrono::duration<double>(Now() - room.created).count());
   }
   KVB_LOG_WARN("{}", record.Message());
-  // A request's own failure detected here travels to its other ranks (a rank
-  // failure is published once, by whoever detected it).
-  if (!IsRankFailure(record.cause) && record.detected_by.SameRank(Self()) &&
-      record.detected_by.pid == self_.pid)
+  if (PublishesRoomRecord(
+          record, record.detected_by.SameRank(Self()) && record.detected_by.pid == self_.pid))
     PublishLocked(record);
   room_records_cv_.notify_all();
   return true;
