@@ -156,19 +156,23 @@ HeadRange HeadsOfRank(int total_heads, int tp_size, int rank) {
 namespace {
 
 // State slices (num_heads 0) for the pairs whose shares of a sliced axis
-// overlap and that have no head flow: flows stay ordered by decode rank.
+// overlap and that have no head flow; `flows` (ordered by decode rank) keep
+// their order. Decode rank d's overlapping prefill ranks are the range
+// [d * Tp / Td, ceil((d + 1) * Tp / Td)), so the work is linear in the flows.
 void AddStateFlows(std::vector<HeadSlice>& flows, int prefill_tp, int decode_tp) {
+  const int64_t pt = prefill_tp, dt = decode_tp;
   std::vector<HeadSlice> all;
+  size_t next = 0;
   for (int d = 0; d < decode_tp; ++d) {
-    for (const HeadSlice& f : flows)
-      if (f.decode_rank == d) all.push_back(f);
-    for (int p = 0; p < prefill_tp; ++p) {
-      const int64_t pt = prefill_tp, dt = decode_tp;
+    const size_t first = next;
+    while (next < flows.size() && flows[next].decode_rank == d) all.push_back(flows[next++]);
+    const int64_t p_end = ((d + 1) * pt + dt - 1) / dt;
+    for (int64_t p = d * pt / dt; p < p_end; ++p) {
       const bool overlap = p * dt < (d + 1) * pt && d * pt < (p + 1) * dt;
-      const bool has = std::any_of(flows.begin(), flows.end(), [&](const HeadSlice& f) {
-        return f.prefill_rank == p && f.decode_rank == d;
-      });
-      if (overlap && !has) all.push_back({p, d, 0, 0, 0});
+      const bool has = std::any_of(flows.begin() + static_cast<std::ptrdiff_t>(first),
+                                   flows.begin() + static_cast<std::ptrdiff_t>(next),
+                                   [&](const HeadSlice& f) { return f.prefill_rank == p; });
+      if (overlap && !has) all.push_back({static_cast<int>(p), d, 0, 0, 0});
     }
   }
   flows = std::move(all);

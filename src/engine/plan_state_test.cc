@@ -188,6 +188,40 @@ TEST(StateSliceTest, FlowsCoverEveryPairWhoseSharesOverlap) {
   for (int p = 0; p < 4; ++p) EXPECT_FALSE(FlowsFromPrefill(*mla, p).empty()) << p;
 }
 
+// Every size pair up to 8 ranks a side: a pair has a flow exactly when it
+// has a head flow or its shares overlap, once, and head flows are kept.
+TEST(StateSliceTest, FlowsAreTheHeadFlowsPlusEveryOverlappingPair) {
+  for (int tp = 1; tp <= 8; ++tp) {
+    for (int td = 1; td <= 8; ++td) {
+      for (auto [heads, mla] : {std::pair{1, true}, {2, false}, {4, false}, {8, false}}) {
+        auto head = ComputeFlows(tp, td, heads, mla);
+        auto all = ComputeFlows(tp, td, heads, mla, true);
+        ASSERT_TRUE(head.ok() && all.ok());
+        for (int p = 0; p < tp; ++p) {
+          for (int d = 0; d < td; ++d) {
+            // Shares [p/tp, (p+1)/tp) and [d/td, (d+1)/td) overlap.
+            const bool overlap =
+                double(p) / tp < double(d + 1) / td && double(d) / td < double(p + 1) / tp;
+            int head_flows = 0, flows = 0, state_only = 0;
+            for (const HeadSlice& f : *head)
+              head_flows += f.prefill_rank == p && f.decode_rank == d;
+            for (const HeadSlice& f : *all) {
+              if (f.prefill_rank != p || f.decode_rank != d) continue;
+              ++flows;
+              state_only += f.num_heads == 0;
+            }
+            const std::string at = "tp " + std::to_string(tp) + " -> " + std::to_string(td) +
+                                   ", heads " + std::to_string(heads) + ", p" + std::to_string(p) +
+                                   " d" + std::to_string(d);
+            EXPECT_EQ(flows - state_only, head_flows) << at;
+            EXPECT_EQ(state_only, head_flows == 0 && overlap ? 1 : 0) << at;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(StateSliceTest, LayoutsThatCannotBeSlicedAreRefusedByName) {
   const Axis a{.groups = {8, 8}};
   RankLayout p = Layout(a, 2, 0), d = Layout(a, 1, 0);
