@@ -153,6 +153,13 @@ Status ManagerImpl::FailIfSourceInstanceDead(const std::shared_ptr<ReceiverRoom>
       dead.push_back({key, r, !unreached});
     }
   }
+  // A restart the registry holds may not be in this client's copy of it
+  // yet (etcd's watch lags by milliseconds): a request that follows the
+  // restart must not fail on the old incarnation's record. Every failed
+  // peer but one whose layout did not fit is in dead_ranks_, so the
+  // EnsurePrefillPeer that follows reads the caught-up copy too.
+  if (std::any_of(dead.begin(), dead.end(), [](const Dead& d) { return d.look_up; }))
+    registry_->CatchUp().IgnoreError();  // else: the copy as it is
   for (const Dead& d : dead) {
     const FailureRecord& r = d.record;
     Result<RankRecord> now =

@@ -305,6 +305,13 @@ Status EtcdGateway::RangePrefix(const std::string& prefix, std::vector<EtcdKv>* 
   return Status::Ok();
 }
 
+Result<int64_t> EtcdGateway::Revision(const std::string& key) const {
+  KVB_ASSIGN_OR_RETURN(json a, Call("/v3/kv/range", json{{"key", B64(key)}, {"count_only", true}}));
+  int64_t revision = 0;
+  KVB_RETURN_IF_ERROR(HeaderRevision(a, &revision).WithContext(name_ + " range"));
+  return revision;
+}
+
 Status EtcdGateway::Get(const std::string& key, EtcdKv* kv, bool* found) const {
   KVB_ASSIGN_OR_RETURN(json a, Call("/v3/kv/range", json{{"key", B64(key)}}));
   *found = false;

@@ -96,6 +96,8 @@ class EtcdGateway {
 
   // Every pair with a key starting with `prefix`, and the store's revision.
   Status RangePrefix(const std::string& prefix, std::vector<EtcdKv>* kvs, int64_t* revision) const;
+  // The store's revision now (a count-only range of `key`).
+  Result<int64_t> Revision(const std::string& key) const;
   // One key; found false when absent.
   Status Get(const std::string& key, EtcdKv* kv, bool* found) const;
   // A lease of `ttl_s` seconds; the granted TTL (etcd may raise it to its

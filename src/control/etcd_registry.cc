@@ -120,10 +120,11 @@ void EtcdRegistryClient::State::WatchLoop() {
   changed.notify_all();
 }
 
-void EtcdRegistryClient::State::AwaitRevision(int64_t rev) {
+bool EtcdRegistryClient::State::AwaitRevision(int64_t rev) {
   MutexLock lock(mu);
   lock.WaitFor(changed, options.gateway.timeout,
                [&]() KVB_REQUIRES(mu) { return revision >= rev || stopping; });
+  return revision >= rev;
 }
 
 Result<std::unique_ptr<EtcdRegistryClient>> EtcdRegistryClient::Create(
@@ -183,6 +184,14 @@ const std::string& EtcdRegistryClient::prefix() const { return s_->prefix; }
 Result<RankRecord> EtcdRegistryClient::GetRank(int dp, int cp, int tp, int pp) const {
   MutexLock lock(s_->mu);
   return s_->view.GetRank(dp, cp, tp, pp);
+}
+
+Status EtcdRegistryClient::CatchUp() const {
+  KVB_ASSIGN_OR_RETURN(const int64_t rev, s_->gateway->Revision(s_->prefix));
+  if (s_->AwaitRevision(rev)) return Status();
+  return UnavailableError(
+      fmt::format("etcd registry: the watch did not reach revision {} within {} ms", rev,
+                  s_->options.gateway.timeout.count()));
 }
 
 Result<ParallelInfo> EtcdRegistryClient::GetParallelInfo() const {

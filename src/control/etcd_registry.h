@@ -78,6 +78,7 @@ class EtcdRegistryClient final : public RegistryClient {
   Result<uint64_t> PublishFailure(const nlohmann::json& record) const override;
   Result<FailureBatch> FailuresSince(uint64_t since) const override;
   void SetChangeCallback(std::function<void()> on_change) const override;
+  Status CatchUp() const override;
 
   // "/kvbridge/<ns>/".
   const std::string& prefix() const;

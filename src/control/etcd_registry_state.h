@@ -61,7 +61,8 @@ struct EtcdRegistryClient::State {
   Status Resync();
   void WatchLoop();
   // Waits (bounded by the call timeout) until the view holds `revision`.
-  void AwaitRevision(int64_t revision);
+  // True when it does.
+  bool AwaitRevision(int64_t revision);
   // A transaction of puts/deletes without compares; the answer's revision.
   Result<int64_t> Txn(const nlohmann::json& compare, const nlohmann::json& success,
                       bool* succeeded) const;

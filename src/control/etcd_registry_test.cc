@@ -147,6 +147,26 @@ TEST_F(EtcdRegistryTest, DecodeFindsEveryPrefillRankOnceAllRegistered) {
   EXPECT_EQ(decode->RegisterRank(Prefill(0, 4, 33)).code(), StatusCode::kFailedPrecondition);
 }
 
+// A reader of the watched copy can take a rank that has just restarted for
+// its old incarnation: the watch lags the store by milliseconds. CatchUp
+// waits until the copy holds what the store held when called; a decode rank
+// calls it before it fails a request on a dead prefill rank's record.
+TEST_F(EtcdRegistryTest, CatchUpShowsARestartTheStoreAlreadyHolds) {
+  auto a = Client(), decode = Client();
+  ASSERT_TRUE(a && decode);
+  ASSERT_TRUE(a->RegisterRank(Prefill(0, 1, 11)).ok());
+  ASSERT_TRUE(decode->CatchUp().ok());
+  ASSERT_EQ(decode->GetRank(0, 0, 0, 0).value().incarnation, 11u);
+  for (uint64_t restart = 100; restart < 120; ++restart) {
+    ASSERT_TRUE(a->RegisterRank(Prefill(0, 1, restart)).ok());
+    Status caught = decode->CatchUp();
+    ASSERT_TRUE(caught.ok()) << caught.ToString();
+    Result<RankRecord> now = decode->GetRank(0, 0, 0, 0);
+    ASSERT_TRUE(now.ok()) << now.status().ToString();
+    ASSERT_EQ(now->incarnation, restart);
+  }
+}
+
 TEST_F(EtcdRegistryTest, SilentRankTurnsUnresponsiveThenDeadByLease) {
   auto watcher = Client();
   ASSERT_TRUE(watcher);

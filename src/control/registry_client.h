@@ -55,6 +55,15 @@ class RegistryClient {
   // Records with seq > `since`, oldest first.
   virtual Result<FailureBatch> FailuresSince(uint64_t since) const = 0;
 
+  // Waits (bounded by the call timeout) until this client's reads show
+  // every write the registry had taken when the call began: a client that
+  // reads from a watched copy (etcd) may lag the store by a few
+  // milliseconds, enough to take a rank that has just restarted for its
+  // dead incarnation. Unavailable when the registry did not answer or the
+  // copy did not catch up in time (reads then stay as they were). A client
+  // that reads from the registry itself has nothing to wait for.
+  virtual Status CatchUp() const { return Status(); }
+
   // A registry that pushes changes (etcd's watch) calls `on_change` from its
   // own thread after new failure records or membership changes arrived, so
   // the caller reads them at once instead of at its next round. The default
