@@ -140,11 +140,9 @@ inline void SendChunks(Request& r, const std::vector<int>& chunk_sizes) {
   }
 }
 
-// Waits for Success on every sender and receiver, then checks every byte of
-// every destination page on every decode rank, and the aux row and state
-// slots on the decode ranks that receive them: all of them with decode pp 1,
-// else those of the last decode stage (which the last prefill stage feeds).
-inline void ExpectDelivered(TestCluster& c, Request& r) {
+// Waits for Success on every sender and receiver of `r`; the failure
+// otherwise names the first sender's and receiver's state and record.
+inline void WaitForSuccess(Request& r) {
   ASSERT_TRUE(WaitFor([&] {
     for (auto& s : r.senders)
       if (s->Poll() != KVPoll::kSuccess) return false;
@@ -155,6 +153,14 @@ inline void ExpectDelivered(TestCluster& c, Request& r) {
       << KVPollName(r.senders[0]->Poll()) << ", receiver " << KVPollName(r.receivers[0]->Poll())
       << (r.receivers[0]->Failure() ? ": " + r.receivers[0]->Failure()->Message() : "")
       << (r.senders[0]->Failure() ? ": " + r.senders[0]->Failure()->Message() : "");
+}
+
+// Waits for Success on every sender and receiver, then checks every byte of
+// every destination page on every decode rank, and the aux row and state
+// slots on the decode ranks that receive them: all of them with decode pp 1,
+// else those of the last decode stage (which the last prefill stage feeds).
+inline void ExpectDelivered(TestCluster& c, Request& r) {
+  ASSERT_NO_FATAL_FAILURE(WaitForSuccess(r));
   for (auto& d : r.receivers) EXPECT_TRUE(d->Quiesced());
   const size_t first_with_aux = c.decode.size() - c.decode.size() / c.decode_pp();
   for (size_t i = 0; i < c.decode.size(); ++i) {

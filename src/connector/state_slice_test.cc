@@ -76,15 +76,7 @@ TEST_P(StateSliceTransferTest, EveryDecodeRankGetsItsShardOfTheState) {
     std::memcpy(StateBase((*c)->prefill[p]) + 2 * shard.size(), shard.data(), shard.size());
   }
   SendChunks(r, {4, 2});
-  ASSERT_TRUE(WaitFor([&] {
-    for (auto& s : r.senders)
-      if (s->Poll() != KVPoll::kSuccess) return false;
-    for (auto& d : r.receivers)
-      if (d->Poll() != KVPoll::kSuccess) return false;
-    return true;
-  })) << "receiver 0: "
-      << KVPollName(r.receivers[0]->Poll())
-      << (r.receivers[0]->Failure() ? ": " + r.receivers[0]->Failure()->Message() : "");
+  ASSERT_NO_FATAL_FAILURE(WaitForSuccess(r));
   for (int d = 0; d < tp.decode_tp; ++d) {
     ClusterRank& rank = (*c)->decode[d];
     EXPECT_EQ(rank.pool->CountCorruptPages(r.room, r.dst), 0u) << "decode rank " << d;
