@@ -36,6 +36,7 @@
 #include "connector/peer_state.h"
 #include "connector/protocol.h"
 #include "connector/rooms.h"
+#include "connector/write_rule.h"
 #include "control/bootstrap_client.h"
 #include "control/rank_endpoint.h"
 #include "control/registry_client.h"
@@ -243,11 +244,10 @@ class ManagerImpl {
       KVB_REQUIRES(mu_);
   void TellFailedPeerLocked(Peer& peer, Outbox& out) KVB_REQUIRES(mu_);     // it spoke: peers.cc
   bool FailedItFirstLocked(const FailureRecord& notice) KVB_REQUIRES(mu_);  // propagation.cc
-  // Whether a failed peer can no longer write into this rank's pages, so
-  // requests it fed are quiet without its Quiesced answer: only a process
-  // that is gone (or a broken link to another host); not a stopped or silent
-  // one, nor one unreachable on this host. Without `peer.failure`: exited.
-  bool FailedPeerCannotWriteLocked(const Peer& peer) const KVB_REQUIRES(mu_);
+  // write_rule.h's facts for `src` (`p` at its key, or null); Settle: quiesced once it can't write.
+  SourceWriteFacts WriteFactsLocked(const ReceiverSource& src, const Peer* p) const
+      KVB_REQUIRES(mu_);
+  bool SettleSourceLocked(ReceiverSource& src, const Peer* peer) KVB_REQUIRES(mu_);
   bool CutOffLocked(const Peer& peer) const KVB_REQUIRES(mu_);  // unreachable, another host
 
   // Failure propagation (propagation.cc).

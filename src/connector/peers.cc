@@ -92,7 +92,7 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
   // A peer on another host that went silent may be alive behind a
   // partition, its writes queued in the network: closing the connection
   // means none of them lands after the partition heals (its rooms fail
-  // here and their pages are reused at once, FailedPeerCannotWriteLocked).
+  // here and their pages are reused at once: write_rule.h, kConnectionClosed).
   if (base.cause == FailureCause::kPeerUnreachable && !OnThisHost(peer.id) && peer.tpeer != 0) {
     out.disconnect.push_back(peer.tpeer);
     DropBeatLocked(peer, out);
@@ -119,15 +119,12 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
   // Its grant is revoked on the resolver thread (FenceRound), which then
   // counts its sources quiesced.
   if (peer.grant != 0 && !peer.fenced) fence_pending_.insert(peer.key);
-  // A peer that never answered our Hello never got our metadata (it was
-  // held): it cannot write into our pages, whatever became of it.
-  const bool cannot_write = FailedPeerCannotWriteLocked(peer) || !peer.acked;
   for (auto& [id, room] : receivers_) {
     bool touches = false;
     for (ReceiverSource& src : room->sources) {
       if (src.peer_key != peer.key) continue;
       touches = true;
-      if (cannot_write) src.quiesced = true;
+      SettleSourceLocked(src, &peer);
     }
     if (!touches) continue;
     if (!room->failure) {
@@ -166,16 +163,27 @@ void ManagerImpl::TellFailedPeerLocked(Peer& peer, Outbox& out) {
   Send(out, peer, RankFailedMsg{r}, Lane::kUrgent);
 }
 
-bool ManagerImpl::FailedPeerCannotWriteLocked(const Peer& peer) const {
-  // Its grant is revoked and nothing under it lands (but through a mapping).
-  if (peer.fenced && !peer.mapping) return true;
-  const FailureCause c = peer.failure ? peer.failure->cause : FailureCause::kPeerExited;
-  if (c == FailureCause::kPeerExited) return true;
-  // A silent rank on another host may be alive behind a partition, its
-  // writes queued: only the revoked grant says none lands. Without grants
-  // (a transport that has none) the older rule stands: its connection is
-  // closed, taken to carry nothing more.
-  return CutOffLocked(peer) && peer.grant == 0;
+SourceWriteFacts ManagerImpl::WriteFactsLocked(const ReceiverSource& src, const Peer* peer) const {
+  SourceWriteFacts f;
+  f.dummy = src.dummy;
+  f.pages_sent = src.meta_sent;
+  f.peer_known = peer != nullptr;
+  if (peer == nullptr) return f;
+  f.peer_failed = peer->failed;
+  f.acked = peer->acked;
+  // Failed with no record: taken as exited.
+  f.cause = peer->failure ? peer->failure->cause : FailureCause::kPeerExited;
+  f.grant_revoked = peer->fenced;
+  f.maps_pages = peer->mapping;
+  f.has_grant = peer->grant != 0;
+  f.on_this_host = OnThisHost(peer->id);
+  return f;
+}
+
+bool ManagerImpl::SettleSourceLocked(ReceiverSource& src, const Peer* peer) {
+  if (!src.quiesced && NoMoreWrites(WriteFactsLocked(src, peer)) != WriteEnd::kMayStillWrite)
+    src.quiesced = true;
+  return src.quiesced;
 }
 
 bool ManagerImpl::CutOffLocked(const Peer& peer) const {
@@ -229,7 +237,11 @@ void ManagerImpl::FenceRound() {
         if (src.peer_key != t.key || (!current && src.prefill->incarnation != t.incarnation))
           continue;
         touches = true;
-        src.quiesced = true;
+        // Of the incarnation whose grant is now revoked, whichever peer
+        // holds the position now.
+        SourceWriteFacts f = WriteFactsLocked(src, nullptr);
+        f.peer_known = f.peer_failed = f.acked = f.has_grant = f.grant_revoked = true;
+        if (NoMoreWrites(f) != WriteEnd::kMayStillWrite) src.quiesced = true;
       }
       if (touches) UpdateQuiescedLocked(*room);
     }

@@ -54,16 +54,12 @@ void ManagerImpl::WarnUnsettledLocked(ReceiverRoom& room, SteadyTime now) {
 // otherwise wait for metadata until its deadline and blame itself.
 void ManagerImpl::TellSourceLocked(ReceiverRoom& room, ReceiverSource& src,
                                    const FailureRecord& record, Outbox& out) {
-  if (!src.meta_sent) src.quiesced = true;  // prefill never saw the pages
   Peer* peer = FindPeerLocked(src.peer_key);
-  if (peer == nullptr) {
-    src.quiesced = true;
-    return;
-  }
+  const bool quiet = SettleSourceLocked(src, peer);
+  if (peer == nullptr) return;
   if (peer->failed) {
-    if (FailedPeerCannotWriteLocked(*peer)) {
-      src.quiesced = true;
-    } else if (!src.told && src.meta_sent) {
+    // One that may still write is asked to say when it stopped.
+    if (!quiet && !src.told && src.meta_sent) {
       Send(out, *peer, RoomFailedMsg{room.room, room.generation, false, record}, Lane::kUrgent);
     }
     src.told = true;
