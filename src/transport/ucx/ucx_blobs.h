@@ -63,6 +63,18 @@ struct DataHeader {
 };
 static_assert(sizeof(DataHeader) == 64, "DataHeader is sent as raw bytes");
 
+// A data AM may gather pieces of one region: its header is the DataHeader
+// (offset 0, length the pieces' total) followed by 1..kMaxGatherPieces
+// pieces, and its payload is the pieces' bytes in that order. One message
+// of scattered pages instead of one per page: over TCP each message costs a
+// rendezvous round trip or an eager copy.
+struct GatherPiece {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+static_assert(sizeof(GatherPiece) == 16, "GatherPiece is sent as raw bytes");
+inline constexpr size_t kMaxGatherPieces = 64;
+
 // Header of the acknowledgement the target sends back (on the reply
 // endpoint) when every data AM of a batch has been placed or rejected. `code`
 // is a kvbridge StatusCode (0 = OK); an error's message is the AM payload.

@@ -145,21 +145,81 @@ void UcxTransport::StopAwaitingAck(Batch* batch) {
   FinishPart(batch);
 }
 
+ucs_status_ptr_t UcxTransport::SendGather(Batch* batch, std::span<const ResolvedOp> ops,
+                                          uint64_t am_blocks) {
+  Batch::Gather& g = batch->gathers.emplace_back();
+  const ImportedRegion& region = *ops.front().region;
+  uint64_t total = 0;
+  std::vector<GatherPiece> pieces;
+  for (const ResolvedOp& op : ops) {
+    pieces.push_back(GatherPiece{op.remote_offset, op.length});
+    g.iov.push_back(ucp_dt_iov_t{const_cast<uint8_t*>(op.src), op.length});
+    total += op.length;
+  }
+  const DataHeader h{region.blob.region_id,   0,          total,
+                     batch->peer->connection, batch->seq, am_blocks,
+                     region.blob.token};
+  g.header.resize(sizeof(DataHeader) + pieces.size() * sizeof(GatherPiece));
+  std::memcpy(g.header.data(), &h, sizeof(h));
+  std::memcpy(g.header.data() + sizeof(h), pieces.data(), pieces.size() * sizeof(GatherPiece));
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE;
+  p.cb.send = SendDone;
+  p.user_data = batch;
+  p.datatype = ucp_dt_make_iov();
+  // Eager: over tcp a rendezvous of scattered pieces (an IOV) was measured
+  // slower than one message per page (0.8 against 2.2 GB/s); an eager
+  // message of up to gather_bytes, faster (2.5-2.6).
+  p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+  return ucp_am_send_nbx(batch->peer->ep.get(), kAmData, g.header.data(), g.header.size(),
+                         g.iov.data(), g.iov.size(), &p);
+}
+
+std::vector<size_t> UcxTransport::GroupForGather(const std::vector<ResolvedOp>& ops) const {
+  std::vector<size_t> groups;
+  size_t i = 0;
+  while (i < ops.size()) {
+    size_t n = 1;
+    uint64_t bytes = ops[i].length;
+    const bool gatherable =
+        ops[i].region->gather && max_gather_pieces_ >= 2 && ops[i].length < options_.gather_bytes;
+    while (gatherable && i + n < ops.size() && n < max_gather_pieces_ &&
+           ops[i + n].region == ops[i].region &&
+           bytes + ops[i + n].length <= options_.gather_bytes) {
+      bytes += ops[i + n].length;
+      ++n;
+    }
+    groups.push_back(n);
+    i += n;
+  }
+  return groups;
+}
+
 void UcxTransport::StartUcxOps(Batch* batch, std::vector<ResolvedOp> ops) {
   batch->headers.reserve(ops.size());  // stable addresses: never reallocated
+  const std::vector<size_t> groups = GroupForGather(ops);
   // Sender-side completion of an AM (even rendezvous, over tcp) does not
   // mean the target placed it: AM parts complete on the target's ACK, sent
   // when it has placed all `am_blocks` of the batch. See the header.
   uint64_t am_blocks = 0;
-  for (const ResolvedOp& op : ops) am_blocks += op.region->path != DataPath::kUcxPut;
+  size_t at = 0;
+  for (size_t n : groups) {
+    am_blocks += ops[at].region->path != DataPath::kUcxPut;
+    at += n;
+  }
   if (am_blocks > 0) {
     batch->awaiting_ack = true;
     ++batch->outstanding;
   }
   bool any_put = false;
-  for (const ResolvedOp& op : ops) {
+  at = 0;
+  for (size_t n : groups) {
+    const ResolvedOp& op = ops[at];
     any_put |= op.region->path == DataPath::kUcxPut;
-    Track(batch, SendOp(batch, op, am_blocks));
+    Track(batch, n == 1 ? SendOp(batch, op, am_blocks)
+                        : SendGather(batch, std::span(ops).subspan(at, n), am_blocks));
+    at += n;
   }
   if (any_put) {
     ucp_request_param_t p{};

@@ -1,9 +1,12 @@
 #include "transport/ucx/ucx_handles.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
 #include <string>
+
+#include "transport/ucx/ucx_blobs.h"
 
 namespace kvbridge::internal::ucx {
 
@@ -93,6 +96,15 @@ Result<std::string> WorkerAddress(ucp_worker_h worker, bool network_only) {
   std::string out(reinterpret_cast<const char*>(attr.address), attr.address_length);
   ucp_worker_release_address(worker, attr.address);
   return out;
+}
+
+size_t MaxGatherPieces(ucp_worker_h worker) {
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  if (ucp_worker_query(worker, &attr) != UCS_OK || attr.max_am_header <= sizeof(DataHeader))
+    return 0;
+  return std::min(kMaxGatherPieces,
+                  (attr.max_am_header - sizeof(DataHeader)) / sizeof(GatherPiece));
 }
 
 }  // namespace kvbridge::internal::ucx

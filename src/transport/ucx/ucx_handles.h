@@ -105,6 +105,9 @@ class UcpEp {
 // This worker's address as bytes; with `network_only`, of its network
 // devices only (UCP_WORKER_ADDRESS_FLAG_NET_ONLY; empty when it has none).
 Result<std::string> WorkerAddress(ucp_worker_h worker, bool network_only = false);
+// The most GatherPieces a data AM's header may carry on this worker (its
+// max_am_header, at most kMaxGatherPieces); 0 when it takes none.
+size_t MaxGatherPieces(ucp_worker_h worker);
 
 }  // namespace kvbridge::internal::ucx
 

@@ -24,8 +24,39 @@ struct Receive {
   UcxTransport* transport;
   std::pair<uint64_t, uint64_t> key;  // (connection, batch)
   uint64_t length;
-  GrantId grant;  // 0: the region's own token
+  GrantId grant;                  // 0: the region's own token
+  std::vector<ucp_dt_iov_t> iov;  // a gathered AM's destinations
 };
+
+// Why the pieces of a data AM into a region of `region_length` bytes are
+// refused, or "": each inside the region, their total the header's length
+// and the payload's. Each is checked before it is added: no sum can wrap.
+std::string CheckPieces(std::span<const GatherPiece> pieces, uint64_t region_length,
+                        const DataHeader& h, size_t length) {
+  uint64_t total = 0;
+  for (const GatherPiece& piece : pieces) {
+    if (!InRange(piece.offset, piece.length, region_length))
+      return "range [" + std::to_string(piece.offset) + ", +" + std::to_string(piece.length) +
+             ") outside region " + std::to_string(h.region_id);
+    total += piece.length;
+  }
+  if (total == length && h.length == length) return "";
+  return std::to_string(pieces.size()) + " pieces of " + std::to_string(total) +
+         " bytes in all, header " + std::to_string(h.length) + ", for a payload of " +
+         std::to_string(length) + " bytes";
+}
+
+// A gathered AM's pieces: the header's bytes after the DataHeader, whole
+// pieces, 1..kMaxGatherPieces of them. False for any other length.
+bool ReadPieces(const void* header, size_t header_length, std::vector<GatherPiece>* pieces) {
+  const size_t rest = header_length - sizeof(DataHeader);
+  if (header_length <= sizeof(DataHeader) || rest % sizeof(GatherPiece) != 0 ||
+      rest / sizeof(GatherPiece) > kMaxGatherPieces)
+    return false;
+  pieces->resize(rest / sizeof(GatherPiece));
+  std::memcpy(pieces->data(), static_cast<const uint8_t*>(header) + sizeof(DataHeader), rest);
+  return true;
+}
 
 void ReceiveDone(void* request, ucs_status_t status, size_t, void* user_data) {
   std::unique_ptr<Receive> rx(static_cast<Receive*>(user_data));
@@ -54,6 +85,12 @@ void AckDone(void* request, ucs_status_t status, void* user_data) {
 }
 
 }  // namespace
+
+std::string UcxTransport::WireTo(PeerId peer_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto peer = FindPeerLocked(peer_id);
+  return peer ? peer->wire : std::string();
+}
 
 IncomingStats UcxTransport::Stats() {
   IncomingStats out;
@@ -179,8 +216,9 @@ std::optional<GrantId> UcxTransport::MatchTokenLocked(const LocalRegion& region,
   return match;
 }
 
-bool UcxTransport::AdmitDataAm(const DataHeader& h, size_t length, ucp_ep_h reply_ep, uint8_t** dst,
-                               ucp_mem_h* memh, GrantId* grant) {
+bool UcxTransport::AdmitDataAm(const DataHeader& h, std::span<const GatherPiece> pieces,
+                               size_t length, ucp_ep_h reply_ep, uint8_t** base, ucp_mem_h* memh,
+                               GrantId* grant) {
   const std::pair<uint64_t, uint64_t> key{h.connection, h.batch};
   std::string bad;
   bool token_ok = true;
@@ -194,11 +232,11 @@ bool UcxTransport::AdmitDataAm(const DataHeader& h, size_t length, ucp_ep_h repl
       bad = "unknown region " + std::to_string(h.region_id);
     } else if (!match) {
       token_ok = false;
-    } else if (h.length != length || !InRange(h.offset, h.length, it->second->length)) {
-      bad = "range [" + std::to_string(h.offset) + ", +" + std::to_string(length) +
-            ") outside region " + std::to_string(h.region_id);
     } else {
-      *dst = it->second->addr + h.offset;
+      bad = CheckPieces(pieces, it->second->length, h, length);
+    }
+    if (bad.empty() && token_ok && it != regions_.end()) {
+      *base = it->second->addr;
       *memh = it->second->mem.get();
       *grant = *match;
     }
@@ -260,38 +298,62 @@ ucs_status_t UcxTransport::OnDataAm(const void* header, size_t header_length, vo
   const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   const ucp_ep_h reply_ep =
       (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
-  if (header_length != sizeof(DataHeader) || reply_ep == nullptr) {
-    // Not one of our senders (they send a full header, token included, with
-    // a reply endpoint): nothing to acknowledge, nothing written.
+  std::vector<GatherPiece> pieces;
+  const bool gathered = header_length != sizeof(DataHeader);
+  if ((gathered && !ReadPieces(header, header_length, &pieces)) || reply_ep == nullptr) {
+    // Not one of our senders (they send a full header, token included, and
+    // whole pieces, with a reply endpoint): nothing to acknowledge, nothing
+    // written.
     ++incoming_stats_.rejected_token;
     LogOncePerPeer(reply_ep, &IncomingPeer::logged_token,
                    "dropped a write with a " + std::to_string(header_length) + "-byte header" +
                        (reply_ep == nullptr ? " and no reply endpoint" : "") +
-                       " (no token); nothing written");
+                       " (not a data header: no token, or a broken piece table); nothing written");
     return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
   }
   DataHeader h;
   std::memcpy(&h, header, sizeof(h));
-  uint8_t* dst = nullptr;
+  if (!gathered) pieces.push_back(GatherPiece{h.offset, h.length});
+  uint8_t* base = nullptr;
   ucp_mem_h memh = nullptr;
   GrantId grant = 0;
-  if (!AdmitDataAm(h, length, reply_ep, &dst, &memh, &grant)) {
+  if (!AdmitDataAm(h, pieces, length, reply_ep, &base, &memh, &grant)) {
     return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+  }
+  if (gathered) {
+    ++incoming_stats_.gathered;
+    incoming_stats_.gathered_pieces += pieces.size();
   }
   const std::pair<uint64_t, uint64_t> key{h.connection, h.batch};
   if (!rndv) {
-    std::memcpy(dst, data, length);
+    const uint8_t* from = static_cast<const uint8_t*>(data);
+    for (const GatherPiece& piece : pieces) {
+      std::memcpy(base + piece.offset, from, piece.length);
+      from += piece.length;
+    }
     OnBlockDone(key, Status::Ok(), /*lost=*/false);
     return UCS_OK;
   }
-  auto rx = std::make_unique<Receive>(Receive{this, key, length, grant});
+  auto rx = std::make_unique<Receive>(Receive{this, key, length, grant, {}});
   ucp_request_param_t p{};
-  p.op_attr_mask =
-      UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  p.memh = memh;
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.recv_am = ReceiveDone;
   p.user_data = rx.get();
-  ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_.get(), data, dst, length, &p);
+  void* dst = base + pieces.front().offset;
+  size_t count = length;
+  if (gathered) {
+    // Straight into the pages, as the plain form; the registration is of
+    // one contiguous buffer, so none is named for the pieces.
+    for (const GatherPiece& piece : pieces) rx->iov.push_back({base + piece.offset, piece.length});
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    p.datatype = ucp_dt_make_iov();
+    dst = rx->iov.data();
+    count = rx->iov.size();
+  } else {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    p.memh = memh;
+  }
+  ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_.get(), data, dst, count, &p);
   if (UCS_PTR_IS_PTR(req)) {
     if (grant != 0) {
       // Landing until ReceiveDone: RevokeGrant waits for it.

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -297,6 +298,86 @@ TEST_F(UcxSecurityTest, DataMessageWithoutTokenFieldWritesNothing) {
   EXPECT_EQ(StatsOf(*target_).rejected_token, 1u);
   EXPECT_TRUE(AllZero(dst_.data(), 8192)) << "the token-less write landed";
   EXPECT_EQ(dst_[8192], 0xab);
+}
+
+// A gathered data AM's header: the DataHeader, then `pieces`.
+std::vector<uint8_t> Gathered(const std::string& key, const std::vector<GatherPiece>& pieces,
+                              uint64_t total, uint64_t batch) {
+  const DataHeader h = HeaderFor(key, 0, total, batch, 1);
+  std::vector<uint8_t> out(sizeof(h) + pieces.size() * sizeof(GatherPiece));
+  std::memcpy(out.data(), &h, sizeof(h));
+  if (!pieces.empty()) std::memcpy(out.data() + sizeof(h), pieces.data(), out.size() - sizeof(h));
+  return out;
+}
+
+// The writer's scattered pages into one region travel over tcp as a few
+// messages with piece tables, and each piece lands where its op said.
+TEST_F(UcxSecurityTest, ScatteredWritesIntoOneRegionTravelGatheredOverTcp) {
+  Build(/*same_host=*/false);
+  auto remote = writer_->ImportRegion(peer_, dst_key_);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  std::vector<WriteOp> ops;
+  for (uint64_t i = 0; i < 100; ++i)  // 4 KiB pages, reversed, a page apart
+    ops.push_back(WriteOp{src_id_, i * 4096, *remote, (99 - i) * 8192, 4096});
+  Completions done;
+  ASSERT_TRUE(writer_->PostWrites(peer_, ops, done.Callback()).ok());
+  ASSERT_TRUE(done.Wait(1)[0].ok());
+  const IncomingStats stats = StatsOf(*target_);
+  EXPECT_EQ(stats.gathered_pieces, 100u);
+  EXPECT_LE(stats.gathered, 4u) << "one message per page or so";
+  for (uint64_t i = 0; i < 100; ++i) {
+    const uint64_t at = (99 - i) * 8192;
+    EXPECT_EQ(std::memcmp(dst_.data() + at, src_.data() + i * 4096, 4096), 0) << "page " << i;
+    EXPECT_TRUE(AllZero(dst_.data() + at + 4096, 4096)) << "after page " << i;
+  }
+}
+
+// A piece table is checked piece by piece before a byte is written: a piece
+// outside the region, one whose end wraps, a total other than the payload,
+// half a piece or too many pieces write nothing.
+TEST_F(UcxSecurityTest, GatheredPieceTablesAreCheckedPieceByPiece) {
+  Build(/*same_host=*/false);
+  RawSender forger(target_->Address());
+  std::vector<uint8_t> payload(600000);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i % 251 + 1);
+  auto send = [&](const std::vector<GatherPiece>& pieces, uint64_t total, uint64_t batch) {
+    std::vector<uint8_t> h = Gathered(dst_key_, pieces, total, batch);
+    forger.Send(h.data(), h.size(), payload.data(), total);
+  };
+  send({{8192, 100}, {0, 50}, {20000, 30}}, 180, 1);               // good
+  send({{0, 10}, {kRegion - 5, 10}}, 20, 2);                       // past the end
+  send({{UINT64_MAX - 4, 10}}, 10, 3);                             // wraps
+  send({{0, 10}}, 20, 4);                                          // 10 of 20 bytes
+  std::vector<uint8_t> half = Gathered(dst_key_, {{0, 8}}, 8, 5);  // half a piece
+  half.resize(half.size() - 8);
+  forger.Send(half.data(), half.size(), payload.data(), 8);
+  send(std::vector<GatherPiece>(kMaxGatherPieces + 1, {0, 1}), kMaxGatherPieces + 1, 6);
+  // Large enough to go by rendezvous: placed through a scatter list.
+  std::vector<uint8_t> big = Gathered(dst_key_, {{1 << 20, 300000}, {2 << 20, 300000}}, 600000, 7);
+  forger.Finish(forger.StartRndv(big.data(), big.size(), payload.data(), payload.size()));
+  const auto& acks = forger.WaitAcks(5);
+  ASSERT_EQ(acks.size(), 5u);
+  std::map<uint64_t, std::pair<int32_t, std::string>> by_batch;
+  for (const auto& [h, message] : acks) by_batch[h.batch] = {h.code, message};
+  EXPECT_EQ(by_batch[1].first, 0) << by_batch[1].second;
+  EXPECT_EQ(by_batch[7].first, 0) << by_batch[7].second;
+  for (uint64_t b : {2, 3, 4})
+    EXPECT_EQ(by_batch[b].first, static_cast<int32_t>(StatusCode::kInvalidArgument)) << b;
+  EXPECT_THAT(by_batch[2].second, HasSubstr("outside region"));
+  EXPECT_THAT(by_batch[3].second, HasSubstr("outside region"));
+  EXPECT_THAT(by_batch[4].second, HasSubstr("10 bytes in all"));
+  const IncomingStats stats = StatsOf(*target_);
+  EXPECT_EQ(stats.rejected_token, 2u) << "half a piece and too many pieces are dropped";
+  EXPECT_EQ(stats.gathered, 2u);
+  EXPECT_EQ(stats.gathered_pieces, 5u);
+  // Exactly the good messages' pieces landed.
+  std::vector<uint8_t> want(kRegion, 0);
+  std::memcpy(want.data() + 8192, payload.data(), 100);
+  std::memcpy(want.data(), payload.data() + 100, 50);
+  std::memcpy(want.data() + 20000, payload.data() + 150, 30);
+  std::memcpy(want.data() + (1 << 20), payload.data(), 300000);
+  std::memcpy(want.data() + (2 << 20), payload.data() + 300000, 300000);
+  EXPECT_TRUE(dst_ == want) << "a piece landed where no good table put it";
 }
 
 TEST_F(UcxSecurityTest, FloodOfOpenBatchesIsRefusedAndStateStaysBounded) {

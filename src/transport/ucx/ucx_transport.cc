@@ -79,12 +79,11 @@ Status UcxTransport::Init() {
     setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
     setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
   }
-  // UCX 1.13 connects TCP endpoints with a blocking connect() by default,
-  // inside ucp_ep_create on the progress thread: measured between two
-  // namespaces, 1 ms when the peer answers, 1 s per lost SYN and 135 s when
-  // SYNs are dropped, with no message of any peer moving meanwhile. A
-  // non-blocking connect reports a failure through the endpoint's error
-  // handler instead, like any other peer failure.
+  // UCX 1.13 connects TCP endpoints with a blocking connect() inside
+  // ucp_ep_create on the progress thread: between two namespaces, 1 ms when
+  // the peer answers, 1 s per lost SYN, 135 s when SYNs are dropped, and no
+  // message moves meanwhile. Non-blocking, a failure reaches the endpoint's
+  // error handler like any other.
   setenv("UCX_TCP_CONN_NB", "y", 0);
   ucp_config_t* raw_config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &raw_config);
@@ -117,6 +116,9 @@ Status UcxTransport::Init() {
   if (s != UCS_OK) return FromUcs(s, "worker create");
   worker_ = UcpWorker(worker);
   if (ucp_worker_get_efd(worker_.get(), &worker_efd_) != UCS_OK) worker_efd_ = -1;
+  const char* gather = std::getenv("KVBRIDGE_UCX_GATHER");
+  if (options_.gather_bytes > 0 && !(gather != nullptr && std::string_view(gather) == "0"))
+    max_gather_pieces_ = MaxGatherPieces(worker_.get());
   KVB_RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmData, DataAmCallback, this));
   KVB_RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmMessage, MessageAmCallback, this));
   KVB_RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmAck, AckAmCallback, this));
@@ -567,6 +569,7 @@ Result<RemoteRegionId> UcxTransport::ImportRegion(PeerId peer_id, std::string_vi
     KVB_LOG_ERROR("ucx transport {}: {}", options_.name, st.ToString());
     return st;
   }
+  region->gather = region->path == DataPath::kUcxRendezvous && wire == "tcp";  // see the field
   RemoteRegionId id;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -588,12 +591,6 @@ Result<DataPath> UcxTransport::PathTo(PeerId peer_id) const {
   if (!peer) return NotFoundError("PathTo: unknown peer " + std::to_string(peer_id));
   if (!peer->last_path) return NotFoundError("PathTo: no region imported from " + peer->name);
   return *peer->last_path;
-}
-
-std::string UcxTransport::WireTo(PeerId peer_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto peer = FindPeerLocked(peer_id);
-  return peer ? peer->wire : std::string();
 }
 
 }  // namespace ucx

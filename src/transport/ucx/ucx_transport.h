@@ -37,6 +37,12 @@ struct UcxTransportOptions {
   std::chrono::microseconds progress_spin{50};
   // Blocks at least this large are sent with rendezvous; smaller ones eager.
   size_t rndv_threshold = 64 * 1024;
+  // Over a tcp lane, consecutive writes into one remote region (scattered
+  // pages) travel together in one eager message of up to this many bytes
+  // and kMaxGatherPieces pieces (0: one message per write). Writes this
+  // large go alone, as does every write over an RDMA lane.
+  // KVBRIDGE_UCX_GATHER=0 turns it off (to compare).
+  size_t gather_bytes = 1 << 20;
   // Same-host batches up to this many bytes are copied on the progress
   // thread (lower latency); larger ones on the writer thread (0: all).
   size_t inline_copy_bytes = 4 << 20;

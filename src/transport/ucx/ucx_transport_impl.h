@@ -29,9 +29,11 @@
 // UCX: kUcxRendezvous (active messages: a DataHeader {region, offset,
 // length} plus payload; blocks >= rndv_threshold use rendezvous and the
 // target receives them straight into its region with ucp_am_recv_data_nbx,
-// smaller ones are eager and copied in the callback; the target validates
-// every header against its registered regions and never writes outside
-// them), or kUcxPut (ucp_put_nbx + ucp_ep_flush_nbx; options.force_put or
+// smaller ones are eager and copied in the callback; over a tcp lane,
+// consecutive writes into one region travel as one eager AM whose header
+// lists the pieces (ucx_blobs.h GatherPiece); the target validates every
+// header and every piece against its registered regions and never writes
+// outside them), or kUcxPut (ucp_put_nbx + ucp_ep_flush_nbx; options.force_put or
 // KVBRIDGE_UCX_PATH=put) for hosts with a real RMA lane.
 //
 // Ordering, precisely. (1) A batch is complete when all its parts are:
@@ -98,6 +100,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -135,6 +138,11 @@ struct ImportedRegion {
   std::optional<MappedPeerSegment> segment;  // kSharedMemory, granted by the owner
   uint64_t segment_offset = 0;               // region start within `segment`
   int cma_pid = 0;                           // kCrossMemoryAttach: SO_PEERCRED pid
+  // Writes into it travel gathered (UcxTransport::GroupForGather): active
+  // messages whose bulk lane is tcp, where each message of a scattered page
+  // costs a rendezvous round trip or an eager copy of its own. Over an RDMA
+  // lane each page goes alone, by zero-copy rendezvous.
+  bool gather = false;
 };
 
 struct Batch;
@@ -183,7 +191,13 @@ struct Batch {
   Status error;
   WriteCallback done;
   std::vector<DataHeader> headers;  // stable storage for AM headers
-  bool awaiting_ack = false;        // has AM parts; the target's ACK is due
+  // A gathered AM's header and source pieces, kept until its send completes.
+  struct Gather {
+    std::vector<uint8_t> header;  // DataHeader, then the GatherPieces
+    std::vector<ucp_dt_iov_t> iov;
+  };
+  std::deque<Gather> gathers;  // stable addresses
+  bool awaiting_ack = false;   // has AM parts; the target's ACK is due
 };
 
 // Target side: a batch whose data AMs are arriving from one sender.
@@ -209,6 +223,8 @@ struct IncomingStats {
   uint64_t rejected_limit = 0;    // data AMs over the per-peer bound
   uint64_t rejected_revoked = 0;  // data AMs under a revoked grant (also in rejected_token)
   uint64_t open_batches = 0;      // incoming batches now open
+  uint64_t gathered = 0;          // admitted data AMs that carried a piece table
+  uint64_t gathered_pieces = 0;   // the pieces they carried
   uint64_t lingering = 0;         // disconnected endpoints not closed yet (LingerOrClose)
 };
 
@@ -292,6 +308,10 @@ class UcxTransport final : public Transport {
                   WriteCallback done);
   void StartUcxOps(Batch* batch, std::vector<ResolvedOp> ops);
   ucs_status_ptr_t SendOp(Batch* batch, const ResolvedOp& op, uint64_t am_blocks);
+  // One AM carrying ops [first, first + n) (n >= 2, one region).
+  ucs_status_ptr_t SendGather(Batch* batch, std::span<const ResolvedOp> ops, uint64_t am_blocks);
+  // The AM messages of `ops`: how many consecutive ops each carries.
+  std::vector<size_t> GroupForGather(const std::vector<ResolvedOp>& ops) const;
   void Track(Batch* batch, ucs_status_ptr_t request);
   void StopAwaitingAck(Batch* batch);
   void SendAck(ucp_ep_h reply_ep, uint64_t connection, uint64_t batch, const Status& st);
@@ -323,10 +343,12 @@ class UcxTransport final : public Transport {
   std::shared_ptr<Peer> FindPeerLocked(PeerId id) const;
   // The path for `region`; a refused same-host grant is an error.
   Result<DataPath> ChoosePath(const Peer& peer, ImportedRegion& region) const;
-  // Target side: checks one data AM before anything is written; on a
-  // refusal answers the sender and returns false.
-  bool AdmitDataAm(const DataHeader& h, size_t length, ucp_ep_h reply_ep, uint8_t** dst,
-                   ucp_mem_h* memh, GrantId* grant);
+  // Target side: checks one data AM before anything is written: every
+  // piece inside the region and the pieces' total the payload's length
+  // (a plain AM is one piece); on a refusal answers the sender and returns
+  // false. *base: the region's first byte.
+  bool AdmitDataAm(const DataHeader& h, std::span<const GatherPiece> pieces, size_t length,
+                   ucp_ep_h reply_ep, uint8_t** base, ucp_mem_h* memh, GrantId* grant);
   // Which capability `token` is for `region`: 0 for the region's own token,
   // the grant's id, or nullopt (unknown; `*revoked` when it was revoked).
   std::optional<GrantId> MatchTokenLocked(const LocalRegion& region, const RegionToken& token,
@@ -338,6 +360,7 @@ class UcxTransport final : public Transport {
   bool force_put_ = false;
   UcpContext context_;
   UcpWorker worker_;
+  size_t max_gather_pieces_ = 0;  // < 2: no gathering
   std::string address_;
   std::string network_address_;  // its worker address is the network-only one
   int wake_fd_ = -1;
