@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "control/etcd_gateway.h"
@@ -47,6 +48,24 @@ auto InNetns(const std::string& netns, F fn) -> decltype(fn()) {
   return out;
 }
 
+// A free port not in `taken`, added to it.
+Result<int> PickDistinctPort(std::set<int>& taken) {
+  for (int tries = 0; tries < 16; ++tries) {
+    KVB_ASSIGN_OR_RETURN(int port, PickFreePort());
+    if (taken.insert(port).second) return port;
+  }
+  return InternalError("etcd cluster: no distinct free port after 16 picks");
+}
+
+// The last non-empty line of `text` (etcd logs one JSON object per line).
+std::string LastLine(const std::string& text) {
+  size_t end = text.find_last_not_of("\n ");
+  if (end == std::string::npos) return "(nothing)";
+  size_t begin = text.rfind('\n', end);
+  return text.substr(begin == std::string::npos ? 0 : begin + 1,
+                     end + 1 - (begin == std::string::npos ? 0 : begin + 1));
+}
+
 }  // namespace
 
 struct EtcdCluster::Member {
@@ -67,8 +86,9 @@ struct EtcdCluster::Member {
 struct EtcdCluster::Reader {
   std::mutex mu;
   std::condition_variable cv;
-  std::map<int, bool> ready;   // member -> ready line seen
-  std::map<int, bool> closed;  // member -> stderr closed
+  std::map<int, bool> ready;        // member -> ready line seen
+  std::map<int, bool> closed;       // member -> stderr closed
+  std::map<int, std::string> tail;  // member -> the end of its stderr
   int wake[2] = {-1, -1};
   std::thread thread;
 
@@ -101,6 +121,9 @@ struct EtcdCluster::Reader {
           // A log that cannot be written is dropped; the member keeps running.
         }
         lines[i].append(buf, n);
+        std::string& t = tail[fds[i].first];
+        t.append(buf, n);
+        if (t.size() > 600) t.erase(0, t.size() - 600);
         if (lines[i].find(kReadyLine) != std::string::npos) {
           ready[fds[i].first] = true;
           cv.notify_all();
@@ -182,11 +205,27 @@ Result<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(const EtcdClusterOptions
                                 std::to_string(o.members));
   }
   if (!Available(o.binary)) return FailedPreconditionError("etcd binary " + o.binary + " missing");
+  // Ports picked here are free when picked, not when etcd binds them: a
+  // test running beside this one may take one in between. A member that
+  // exits before it was ready is then started again on fresh ports.
+  const bool picked = o.net == nullptr || o.member_hosts.empty();
+  Result<std::unique_ptr<EtcdCluster>> c = StartOnce(o);
+  for (int attempt = 1; picked && attempt < 3 && c.status().code() == StatusCode::kUnavailable;
+       ++attempt) {
+    std::fprintf(stderr, "etcd cluster: %s; starting again on fresh ports\n",
+                 c.status().ToString().c_str());
+    c = StartOnce(o);
+  }
+  return c;
+}
+
+Result<std::unique_ptr<EtcdCluster>> EtcdCluster::StartOnce(const EtcdClusterOptions& o) {
   std::unique_ptr<EtcdCluster> c(new EtcdCluster());
   char tmpl[] = "/tmp/kvbridge-etcd-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) return InternalError(Errno("mkdtemp"));
   c->root_ = tmpl;
   std::string initial;
+  std::set<int> taken;  // no two members share a port
   for (int i = 0; i < o.members; ++i) {
     auto m = std::make_unique<Member>();
     m->name = "m" + std::to_string(i);
@@ -201,11 +240,8 @@ Result<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(const EtcdClusterOptions
       m->client_port = 2379 + 10 * i;
       m->peer_port = 2380 + 10 * i;
     } else {
-      KVB_ASSIGN_OR_RETURN(m->client_port, PickFreePort());
-      KVB_ASSIGN_OR_RETURN(m->peer_port, PickFreePort());
-      if (m->peer_port == m->client_port) {
-        KVB_ASSIGN_OR_RETURN(m->peer_port, PickFreePort());
-      }
+      KVB_ASSIGN_OR_RETURN(m->client_port, PickDistinctPort(taken));
+      KVB_ASSIGN_OR_RETURN(m->peer_port, PickDistinctPort(taken));
     }
     m->endpoint = m->host + ":" + std::to_string(m->client_port);
     initial += (i ? "," : "") + m->name + "=http://" + m->host + ":" + std::to_string(m->peer_port);
@@ -224,6 +260,7 @@ Result<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(const EtcdClusterOptions
   Reader* r = c->reader_.get();
   r->thread = std::thread([r, fds, logs] { r->Run(fds, logs); });
   std::map<int, bool> ready, closed;
+  std::map<int, std::string> tail;
   {
     std::unique_lock<std::mutex> lock(r->mu);
     r->cv.wait_until(lock, Clock::now() + o.ready_timeout, [&] {
@@ -233,13 +270,15 @@ Result<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(const EtcdClusterOptions
     });
     ready = r->ready;
     closed = r->closed;
+    tail = r->tail;
   }
   std::string missing;
   for (int i = 0; i < o.members; ++i) {
     if (ready[i]) continue;
     if (closed[i]) {
       return UnavailableError("etcd member " + std::to_string(i) + " exited before it was ready" +
-                              (o.log_dir.empty() ? "" : " (see " + o.log_dir + ")"));
+                              (o.log_dir.empty() ? "" : " (see " + o.log_dir + ")") +
+                              "; its last words: " + LastLine(tail[i]));
     }
     missing += (missing.empty() ? "" : ", ") + std::to_string(i);
   }

@@ -79,6 +79,8 @@ class EtcdCluster {
   struct Reader;
 
  private:
+  // One try of Start (Start retries one whose picked port was taken).
+  static Result<std::unique_ptr<EtcdCluster>> StartOnce(const EtcdClusterOptions& options);
   EtcdCluster() = default;
   std::vector<std::unique_ptr<Member>> members_;
   std::unique_ptr<Reader> reader_;
