@@ -158,5 +158,36 @@ INSTANTIATE_TEST_SUITE_P(Kinds, DecodeFailsBeforeMetadata,
                            return n;
                          });
 
+// A room id used again (CI's GroupFailureTest failure on 589acca): decode's
+// notice that it failed the first use reaches prefill after prefill's
+// application released that sender. The notice is about a request prefill
+// has closed; the next sender of the room, created before its metadata
+// came, must not fail with it.
+TEST(FinalStateTest, ALateNoticeAboutAReleasedRequestDoesNotFailTheNextUseOfItsRoom) {
+  std::vector<FaultTransport*> faults;
+  auto c = TestCluster::Create(OneByOneWithFaults(&faults));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TestCluster& cluster = **c;
+  FaultTransport& decode_wire = *faults[1];
+  Request r{.room = 70, .src = Scattered(4, 64, 3), .dst = Scattered(4, 64, 4)};
+  ASSERT_NO_FATAL_FAILURE(Start(cluster, r, /*senders_first=*/false));
+  decode_wire.HoldMessages();
+  r.receivers[0]->Abort();
+  ASSERT_TRUE(WaitFor([&] { return decode_wire.HeldMessages() > 0; }));
+  r.senders.clear();  // released before decode's notice came
+  decode_wire.ReleaseHeldMessages();
+  r.receivers.clear();
+  // Barrier: decode's messages to prefill are ordered, so once another
+  // request's metadata was adopted, the late notice was handled.
+  Request other{.room = 71, .src = Scattered(4, 64, 5), .dst = Scattered(4, 64, 6)};
+  ASSERT_NO_FATAL_FAILURE(Start(cluster, other, /*senders_first=*/false));
+  ASSERT_NO_FATAL_FAILURE(SendChunks(other, {4}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(cluster, other));
+  Request again{.room = 70, .src = Scattered(4, 64, 7), .dst = Scattered(4, 64, 8)};
+  ASSERT_NO_FATAL_FAILURE(Start(cluster, again, /*senders_first=*/true));
+  ASSERT_NO_FATAL_FAILURE(SendChunks(again, {4}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(cluster, again));
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

@@ -486,14 +486,14 @@ class ManagerImpl {
   RoomChanges changes_ KVB_GUARDED_BY(mu_){opts_.list_room_changes};  // every poll() change
   std::vector<uint64_t> unresolved_ KVB_GUARDED_BY(mu_);  // initialized, maybe not resolved
   std::map<std::pair<uint64_t, int>, PendingMeta> pending_meta_ KVB_GUARDED_BY(mu_);
-  // Decode failed/aborted a request before prefill created its sender: the
-  // sender, when it comes, fails with decode's record instead of waiting.
+  // Decode failed a request before its sender came: the sender fails with it.
   struct PendingAbort {
     FailureRecord record;
     uint64_t generation;
     SteadyTime at;
-  };
+  };  // unless closed_flows_ holds that generation (a released sender's)
   std::map<std::pair<uint64_t, int>, PendingAbort> pending_abort_ KVB_GUARDED_BY(mu_);
+  ClosedFlows closed_flows_ KVB_GUARDED_BY(mu_){8192};
   // Senders that failed before any metadata arrived: metadata that comes
   // later for the room is answered with the failure instead of waiting.
   struct OrphanFailure {

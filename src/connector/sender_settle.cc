@@ -30,6 +30,13 @@ void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& ms
   if (peer == nullptr) return;
   SenderRoom* owner = nullptr;
   SenderFlow* flow = FlowOfLocked(msg.room, from.tp, msg.generation, &owner);
+  if (flow == nullptr && closed_flows_.Holds(msg.room, from.tp, msg.generation)) {
+    // About a request a released sender served: nothing of it is in flight
+    // (FlowOfLocked found none), and the room's next use is not its concern.
+    if (sglang_registry_) RelayRoomFailureLocked(from, msg, out);
+    if (!msg.quiesced) Send(out, *peer, QuiescedMsg{msg.room, msg.generation});
+    return;
+  }
   if (flow == nullptr) {
     auto it = senders_.find(msg.room);
     auto pm = pending_meta_.find({msg.room, from.tp});

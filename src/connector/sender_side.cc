@@ -62,6 +62,8 @@ void ManagerImpl::ReleaseSender(const std::shared_ptr<SenderRoom>& room) {
   if (p != KVPoll::kSuccess && p != KVPoll::kFailed) SenderAbort(room);
   MutexLock lock(mu_);
   room->live = false;
+  for (const auto& [tp, flow] : room->flows)
+    closed_flows_.Note(room->room, tp, flow.meta.generation);
   KeepReleasedWritingLocked(room);
   if (room->failure && room->flows.empty())
     orphan_failures_[room->room] = {*room->failure, room->aborted_generations, Now()};
