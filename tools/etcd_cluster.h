@@ -49,8 +49,10 @@ class EtcdCluster {
   static bool Available(const std::string& binary = "/usr/bin/etcd");
 
   // InvalidArgument (members outside 1..7), Internal (fork, pipes, temp
-  // dir), Unavailable naming a member that exited before it was ready,
-  // DeadlineExceeded naming the ones not ready after ready_timeout.
+  // dir), Unavailable naming a member that exited before it was ready and
+  // its last line of stderr (on ports picked here, after two more tries on
+  // fresh ports), DeadlineExceeded naming the ones not ready after
+  // ready_timeout.
   static Result<std::unique_ptr<EtcdCluster>> Start(const EtcdClusterOptions& options);
   ~EtcdCluster();
 
