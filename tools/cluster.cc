@@ -43,6 +43,9 @@ int64_t WallMicros() {
       .count();
 }
 
+// How many ports prefill tp0 is given before Start gives up (see Start).
+constexpr int kEmbeddedBootstrapTries = 3;
+
 }  // namespace
 
 std::string ExitInfo::ToString() const {
@@ -117,9 +120,6 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o) {
     KVB_RETURN_IF_ERROR(c->Spawn(c->bootstrap_index_, args, o));
     KVB_RETURN_IF_ERROR(c->WaitReady({c->bootstrap_index_}, left()));
     c->bootstrap_addr_ = c->procs_[c->bootstrap_index_].ready.value("address", std::string());
-  } else {
-    KVB_ASSIGN_OR_RETURN(int port, PickFreePort());
-    c->bootstrap_addr_ = o.bootstrap_host + ":" + std::to_string(port);
   }
 
   auto args_for = [&](int i) {
@@ -152,8 +152,21 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o) {
   std::vector<int> rest;
   int first = 0;
   if (o.bootstrap == BootstrapMode::kEmbedded) {
-    KVB_RETURN_IF_ERROR(c->Spawn(0, args_for(0), o));
-    KVB_RETURN_IF_ERROR(c->WaitReady({0}, left()));
+    // The port was free when picked, but a process running beside this one
+    // can take it before prefill tp0 listens: then tp0 is started again on
+    // another port (the other ranks are not started yet).
+    const auto pick = o.pick_port ? o.pick_port : PickFreePort;
+    for (int attempt = 1;; ++attempt) {
+      KVB_ASSIGN_OR_RETURN(int port, pick());
+      c->bootstrap_addr_ = o.bootstrap_host + ":" + std::to_string(port);
+      Status s = c->Spawn(0, args_for(0), o);
+      if (s.ok()) s = c->WaitReady({0}, left());
+      if (s.ok()) break;
+      const bool port_taken = s.message().find("address already in use") != std::string::npos;
+      if (!port_taken || attempt == kEmbeddedBootstrapTries)
+        return s.WithContext("prefill tp0 started " + std::to_string(attempt) + " time(s)");
+      c->RetireProcess(0, left());
+    }
     first = 1;
   }
   for (int i = first; i < c->num_ranks(); ++i) {
@@ -431,20 +444,7 @@ Status Cluster::Restart(int index, const std::vector<std::string>& extra_args,
   if (!WaitExit(index, deadline))
     return FailedPreconditionError("cluster: cannot restart " + procs_[index].name + " (pid " +
                                    std::to_string(procs_[index].pid) + "): still running");
-  // Whatever the old process left in its pipe is its last word; then the
-  // slot is free for the new process.
-  while (pipes_[index].out >= 0 && RemainingMs(deadline) > 0)
-    Pump(std::chrono::milliseconds(std::min(RemainingMs(deadline), 100)));
-  if (pipes_[index].out >= 0) close(pipes_[index].out);
-  if (pipes_[index].in >= 0) close(pipes_[index].in);
-  pipes_[index] = Pipes{};
-  ProcessInfo next;
-  next.role = procs_[index].role;
-  next.tp = procs_[index].tp;
-  next.pp = procs_[index].pp;
-  next.name = procs_[index].name;
-  history_[index].push_back(std::move(procs_[index]));
-  procs_[index] = std::move(next);
+  RetireProcess(index, std::chrono::milliseconds(RemainingMs(deadline)));
   std::vector<std::string> args = args_[index];
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   Status s = Spawn(index, args, options_);
@@ -454,6 +454,29 @@ Status Cluster::Restart(int index, const std::vector<std::string>& extra_args,
     TryReap(index, /*block=*/true);
   }
   return s;
+}
+
+void Cluster::RetireProcess(int index, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  ProcessInfo& p = procs_[index];
+  if (p.pid > 0 && !WaitExit(index, deadline)) {
+    kill(-p.pid, SIGKILL);
+    TryReap(index, /*block=*/true);
+  }
+  // Whatever the old process left in its pipe is its last word; then the
+  // slot is free for the new process.
+  while (pipes_[index].out >= 0 && RemainingMs(deadline) > 0)
+    Pump(std::chrono::milliseconds(std::min(RemainingMs(deadline), 100)));
+  if (pipes_[index].out >= 0) close(pipes_[index].out);
+  if (pipes_[index].in >= 0) close(pipes_[index].in);
+  pipes_[index] = Pipes{};
+  ProcessInfo next;
+  next.role = p.role;
+  next.tp = p.tp;
+  next.pp = p.pp;
+  next.name = p.name;
+  history_[index].push_back(std::move(p));
+  procs_[index] = std::move(next);
 }
 
 Status Cluster::CollectReports(std::chrono::milliseconds timeout, const std::vector<int>& skip) {

@@ -76,6 +76,9 @@ struct ClusterOptions {
   std::string bootstrap_host = "127.0.0.1";
   // How long every process has to print READY.
   std::chrono::milliseconds ready_timeout{60000};
+  // Embedded bootstrap only: picks the port prefill tp0 listens on; empty =
+  // PickFreePort. Called again when tp0 finds its port taken (see Start).
+  std::function<Result<int>()> pick_port;
 };
 
 // What happened to a child process once reaped.
@@ -118,7 +121,9 @@ class Cluster {
   // binary), Internal (fork/pipe), Unavailable naming the process that
   // exited or printed ERROR before READY, DeadlineExceeded naming the ones
   // still silent after ready_timeout. On error every started child is
-  // killed and reaped.
+  // killed and reaped. With the embedded bootstrap, prefill tp0 is started
+  // up to 3 times while it reports its port already in use; the earlier
+  // tries are in history(0).
   static Result<std::unique_ptr<Cluster>> Start(const ClusterOptions& options);
   ~Cluster();  // SIGKILLs and reaps every child still running
 
@@ -198,6 +203,10 @@ class Cluster {
   void HandleLine(int index, const std::string& line);
   const std::vector<std::string>& Wrapper(int index) const;
   void TryReap(int index, bool block);
+  // Ends the slot's process (waits up to `timeout` for it to exit, then
+  // SIGKILLs its group), drains its last output, appends it to history and
+  // leaves a fresh ProcessInfo with the same identity in its place.
+  void RetireProcess(int index, std::chrono::milliseconds timeout);
 
   struct Pipes {
     int in = -1;   // child's stdin

@@ -6,8 +6,11 @@
 // Layouts are small (2 layers, 8 kv heads x 16 dim) so the whole file stays
 // well under three minutes on a loaded 2-core machine; one case uses the
 // benchmark's model layout.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -476,6 +479,86 @@ TEST(Cluster, PipelineStagesAreRanksOfTheirOwn) {
     EXPECT_EQ(cl.process(i).exit.ToString(), "exit 0") << cl.process(i).name;
   o.decode_pp = 0;
   EXPECT_EQ(Cluster::Start(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+// A port held by something else: bound (without SO_REUSEADDR, not
+// listening), so a server's bind there fails with EADDRINUSE at once.
+class HeldPort {
+ public:
+  HeldPort() {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fd_ >= 0 && bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      port_ = ntohs(addr.sin_port);
+  }
+  ~HeldPort() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = -1;
+};
+
+// CI once failed a whole case because another test took prefill tp0's
+// picked bootstrap port before tp0 listened on it. Start gives tp0 a fresh
+// port then; the try that found its port taken stays in history(0).
+TEST(Cluster, PrefillTp0WhosePortIsTakenIsStartedAgainOnAnotherPort) {
+  HeldPort held;
+  ASSERT_GT(held.port(), 0);
+  std::vector<int> picked;
+  ClusterOptions o;
+  o.binary = Binary();
+  o.worker_args = Concat(kSmallLayout, {"--requests", "2"});
+  o.pick_port = [&]() -> Result<int> {
+    Result<int> port = picked.empty() ? Result<int>(held.port()) : PickFreePort();
+    if (port.ok()) picked.push_back(*port);
+    return port;
+  };
+  auto c = Cluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Cluster& cl = **c;
+  ASSERT_EQ(picked.size(), 2u);
+  EXPECT_EQ(cl.bootstrap_addr(), "127.0.0.1:" + std::to_string(picked[1]));
+  ASSERT_EQ(cl.history(0).size(), 1u);
+  EXPECT_TRUE(cl.history(0)[0].ready.is_null());
+  EXPECT_TRUE(cl.history(0)[0].exit.reaped);
+  ASSERT_TRUE(cl.CollectReports(30s).ok());
+  for (int i = 0; i < cl.num_ranks(); ++i) {
+    ASSERT_TRUE(cl.process(i).report.has_value()) << cl.process(i).name;
+    ExpectClean(*cl.process(i).report, 2, "after the port retry");
+  }
+  cl.Shutdown(20s);
+  for (int i = 0; i < cl.num_ranks(); ++i)
+    EXPECT_EQ(cl.process(i).exit.ToString(), "exit 0") << cl.process(i).name;
+}
+
+// A port that stays taken ends Start after three tries, with tp0's own words.
+TEST(Cluster, APortTakenOnEveryTryFailsStartNamingTheAddressInUse) {
+  HeldPort held;
+  ASSERT_GT(held.port(), 0);
+  int picks = 0;
+  ClusterOptions o;
+  o.binary = Binary();
+  o.worker_args = Concat(kSmallLayout, {"--requests", "0"});
+  o.pick_port = [&]() -> Result<int> {
+    ++picks;
+    return held.port();
+  };
+  auto c = Cluster::Start(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(picks, 3);
+  const std::string& m = c.status().message();
+  EXPECT_NE(m.find("prefill tp0"), std::string::npos) << m;
+  EXPECT_NE(m.find("3 time(s)"), std::string::npos) << m;
+  EXPECT_NE(m.find("127.0.0.1:" + std::to_string(held.port()) + ": address already in use"),
+            std::string::npos)
+      << m;
 }
 
 }  // namespace
