@@ -31,6 +31,14 @@ struct KVArgs {
   std::vector<uint64_t> kv_data_ptrs;
   std::vector<uint64_t> kv_data_lens;
   std::vector<uint64_t> kv_item_lens;
+  // sglang's kv_layer_ids: the model layer of each kv buffer, in the order
+  // of kv_data_ptrs (MHA: the K ids, then the same ids for V; draft layers
+  // have ids of their own), or empty. When prefill and decode both give
+  // them, each prefill buffer is written into decode's earliest unused
+  // buffer of the same id, and a decode without one fails every room with
+  // the layer named; buffers decode has beyond that (a draft model, other
+  // stages) are not written. Otherwise buffers pair by layer range.
+  std::vector<int32_t> kv_layer_ids;
   std::vector<uint64_t> aux_data_ptrs;
   std::vector<uint64_t> aux_data_lens;
   std::vector<uint64_t> aux_item_lens;

@@ -262,8 +262,9 @@ def pair(bootstrap):
 
 def run_sglang_order(pair: Pair, room: int, src: np.ndarray, dst: np.ndarray, aux: int = 1,
                      prefix_pages: int = 0, chunks=(2,), prefill_state=None,
-                     decode_state=None, offsets: bool = False):
-    """One request in sglang's order; returns (sender, receiver) at Success."""
+                     decode_state=None, offsets: bool = False, kv_pairs=None):
+    """One request in sglang's order; returns (sender, receiver) at Success.
+    kv_pairs[b]: the decode buffer prefill buffer b lands in (default b)."""
     rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, room)  # R1: before the prefill is known
     assert rx.poll() == KVPoll.Bootstrapping and rx.conclude_state is None
     tx = sg.KVBridgeKVSender(pair.pm, pair.addr, room, [0], 0)
@@ -295,7 +296,8 @@ def run_sglang_order(pair: Pair, room: int, src: np.ndarray, dst: np.ndarray, au
     assert rx.poll() == KVPoll.Success, rx.failure()
     assert tx.poll() == KVPoll.Success, tx.failure()
     for b in range(len(pair.p.kv)):
-        assert np.array_equal(pair.d.kv[b][dst], pair.p.kv[b][src]), f"buffer {b}"
+        into = b if kv_pairs is None else kv_pairs[b]
+        assert np.array_equal(pair.d.kv[into][dst], pair.p.kv[b][src]), f"buffer {b}"
     return tx, rx
 
 
@@ -851,3 +853,57 @@ def test_prefill_pp2_to_decode_pp1_through_the_adapter(bootstrap):  # A7
         dm.close()
         for _, m in stages:
             m.close()
+
+
+# sglang's draft-model layers are numbered from here (utils.py).
+DRAFT_LAYER = 1_000_000
+
+
+def layer_id_pair(bootstrap, decode_ids):
+    """Prefill holds a hybrid model's full-attention layers 3 and 5 (K, V);
+    decode's buffers carry `decode_ids` (sglang's kv_layer_ids)."""
+    pair = Pair.__new__(Pair)
+    port = int(bootstrap.rsplit(":", 1)[1])
+    pair.addr = bootstrap
+    pair.p = SgPool("prefill", layers=2)
+    pair.p.args.kv_layer_ids = [3, 5, 3, 5]
+    pair.d = SgPool("decode", layers=len(decode_ids) // 2)
+    pair.d.args.kv_layer_ids = list(decode_ids)
+    pair.pm = sg.KVBridgeKVManager(pair.p.args, "prefill", server_args(port, port=30000))
+    pair.dm = sg.KVBridgeKVManager(pair.d.args, "decode", server_args(port, port=30001))
+    return pair
+
+
+def test_kv_layer_ids_pair_buffers_by_model_layer(bootstrap):  # A9
+    # Decode holds layers 1, 3, 5 and a draft layer, K then V then draft.
+    pair = layer_id_pair(bootstrap, [1, 3, 5, 1, 3, 5, DRAFT_LAYER, DRAFT_LAYER])
+    try:
+        src, dst = np.array([2, 7], np.int32), np.array([30, 12], np.int32)
+        tx, rx = run_sglang_order(pair, 41, src, dst, kv_pairs=[1, 2, 4, 5])
+        for b in (0, 3, 6, 7):  # layer 1 and the draft layer: not prefill's to write
+            assert not pair.d.kv[b].any(), f"decode buffer {b} was written"
+        tx.clear()
+        rx.clear()
+    finally:
+        pair.close()
+
+
+def test_kv_layer_ids_decode_lacks_fail_the_request_naming_the_layer(bootstrap):  # A9
+    pair = layer_id_pair(bootstrap, [3, 3])  # no layer 5
+    try:
+        rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, 42)
+        tx = sg.KVBridgeKVSender(pair.pm, pair.addr, 42, [0], 0)
+        rx.init(0)
+        wait_until(lambda: rx.poll() == KVPoll.Failed, what="decode's verdict")
+        reason = rx.failure().failure_reason
+        assert "decode holds no kv buffer for model layer 5" in reason, reason
+        with pytest.raises(KVTransferError):
+            rx.failure_exception()
+        # prefill's sender of the room hears it too, with the same words
+        wait_until(lambda: tx.poll() == KVPoll.Failed, what="prefill's verdict")
+        assert "model layer 5" in tx.failure().failure_reason, tx.failure()
+        rx.clear()
+        tx.clear()
+    finally:
+        pair.close()
+

@@ -53,6 +53,18 @@ bool ShardingFromJson(const nlohmann::json& j, std::vector<StateSharding>* out) 
   return true;
 }
 
+// [id, ...], each in [0, INT32_MAX].
+bool LayerIdsFromJson(const nlohmann::json& j, std::vector<int32_t>* out) {
+  if (!j.is_array() || j.size() > kMaxBuffers) return false;
+  out->clear();
+  for (const auto& v : j) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+      return false;
+    out->push_back(v.get<int32_t>());
+  }
+  return true;
+}
+
 }  // namespace
 
 nlohmann::json LayoutToJson(const RankLayout& l) {
@@ -68,7 +80,8 @@ nlohmann::json LayoutToJson(const RankLayout& l) {
           {"kv", SpansToJson(l.kv)},
           {"aux", SpansToJson(l.aux)},
           {"state", SpansToJson(l.state)},
-          {"state_sharding", ShardingToJson(l.state_sharding)}};
+          {"state_sharding", ShardingToJson(l.state_sharding)},
+          {"kv_layer_ids", l.kv_layer_ids}};
 }
 
 Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
@@ -105,6 +118,12 @@ Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
   if (auto it = j.find("state_sharding");
       it != j.end() && !ShardingFromJson(*it, &l.state_sharding))
     return InvalidArgumentError("layout field 'state_sharding' malformed");
+  // Optional too: one id >= 0 per kv buffer, or none.
+  if (auto it = j.find("kv_layer_ids"); it != j.end()) {
+    if (!LayerIdsFromJson(*it, &l.kv_layer_ids) ||
+        (!l.kv_layer_ids.empty() && l.kv_layer_ids.size() != l.kv.size()))
+      return InvalidArgumentError("layout field 'kv_layer_ids' malformed");
+  }
   return l;
 }
 

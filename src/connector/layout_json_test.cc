@@ -67,5 +67,29 @@ TEST(LayoutJsonTest, StateLayoutFromArgsNamesEveryMisfit) {
   EXPECT_EQ(l.state_sharding, Sharded().state_sharding);
 }
 
+// kv layer ids: they round-trip, a layout without them reads as none, and
+// anything but one id in [0, INT32_MAX] per kv buffer is refused.
+TEST(LayoutJsonTest, LayerIdsRoundTripAndMalformedOnesAreRefusedByName) {
+  RankLayout l = Sharded();
+  l.kv_layer_ids = {3, 1'000'000};
+  auto back = LayoutFromJson(LayoutToJson(l));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->kv_layer_ids, l.kv_layer_ids);
+  nlohmann::json j = LayoutToJson(l);
+  j.erase("kv_layer_ids");
+  back = LayoutFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->kv_layer_ids.empty());
+  for (const char* bad :
+       {R"("x")", R"([3])", R"([3, -1])", R"([3, 2147483648])", R"([3, 18446744073709551615])",
+        R"([3, 1.5])", R"([3, 4, 5])", R"({"0": 3})"}) {
+    j = LayoutToJson(l);
+    j["kv_layer_ids"] = nlohmann::json::parse(bad);
+    back = LayoutFromJson(j);
+    ASSERT_FALSE(back.ok()) << bad;
+    EXPECT_EQ(back.status().message(), "layout field 'kv_layer_ids' malformed") << bad;
+  }
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

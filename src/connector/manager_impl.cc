@@ -146,6 +146,7 @@ Status ManagerImpl::SetLayout() {
           ? a.prefill_end_layer
           : a.prefill_start_layer + static_cast<int>(a.kv_data_ptrs.size()) / per_layer;
   layout_.kv = Spans(a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens);
+  layout_.kv_layer_ids = a.kv_layer_ids;
   layout_.aux = Spans(a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens);
   layout_.state = Spans(a.state_data_ptrs, a.state_data_lens, a.state_item_lens);
   KVB_RETURN_IF_ERROR(StateLayoutFromArgs(a, layout_));

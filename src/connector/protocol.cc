@@ -129,6 +129,24 @@ void PutLayout(WireWriter& w, const RankLayout& l) {
     w.U32(static_cast<uint32_t>(s.groups.size()));
     for (uint32_t g : s.groups) w.U32(g);
   }
+  w.U32(static_cast<uint32_t>(l.kv_layer_ids.size()));
+  for (int32_t id : l.kv_layer_ids) w.U32(static_cast<uint32_t>(id));
+}
+// Layer ids: none, or one per kv buffer, each in [0, INT_MAX].
+bool GetLayerIds(WireReader& r, RankLayout* l) {
+  uint32_t n;
+  if (!r.Count("kv layer id count", &n, 4, kMaxBuffers)) return false;
+  if (n != 0 && n != l->kv.size())
+    return r.Fail(fmt::format("{} kv layer ids, the layout has {} kv buffers", n, l->kv.size()));
+  l->kv_layer_ids.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t id;
+    if (!r.U32(&id)) return r.Fail(fmt::format("kv layer id [{}] truncated", i));
+    if (id > static_cast<uint32_t>(INT32_MAX))
+      return r.Fail(fmt::format("kv layer id [{}] is {}, past {}", i, id, INT32_MAX));
+    l->kv_layer_ids[i] = static_cast<int32_t>(id);
+  }
+  return true;
 }
 // State sharding: none, or one entry per state buffer (CheckLayout judges
 // the values).
@@ -165,7 +183,8 @@ bool GetLayout(WireReader& r, RankLayout* l) {
          r.Int("kv_heads", &l->kv_heads, 0, INT_MAX) &&
          r.Int("start_layer", &l->start_layer, 0, INT_MAX) &&
          r.Int("end_layer", &l->end_layer, 0, INT_MAX) && GetSpans(r, "kv", &l->kv) &&
-         GetSpans(r, "aux", &l->aux) && GetSpans(r, "state", &l->state) && GetSharding(r, l);
+         GetSpans(r, "aux", &l->aux) && GetSpans(r, "state", &l->state) && GetSharding(r, l) &&
+         GetLayerIds(r, l);
 }
 int64_t Micros(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();

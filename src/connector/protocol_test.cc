@@ -57,6 +57,8 @@ void ExpectSameRecord(const FailureRecord& a, const FailureRecord& b) {
   EXPECT_EQ(a.is_from_another_rank, b.is_from_another_rank);
 }
 
+constexpr int32_t kDraftLayerId = 1'000'000;  // sglang's first draft layer id
+
 TEST(ProtocolTest, EveryMessageRoundTrips) {
   RankLayout layout;
   layout.is_mla = true;
@@ -68,6 +70,7 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
   layout.aux = {{0x9000, 640, 64}};
   layout.state = {{0xa000, 4096, 64}, {0xb000, 4096, 64}};
   layout.state_sharding = {{16, 1, {4, 4, 8}}, {}};
+  layout.kv_layer_ids = {kDraftLayerId};
   std::vector<MessageBody> bodies = {
       HelloMsg{layout, 4, "addr", {"k1"}, {"a"}, {"s0", "s1"}},
       HelloAckMsg{StatusCode::kFailedPrecondition, "page size mismatch", "addr2", "shm"},
@@ -106,6 +109,7 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
       std::get<HelloMsg>(DecodeMessage(EncodeMessage(Rank(Role::kDecode, 3), bodies[0]))->body);
   EXPECT_TRUE(hello.layout.is_mla);
   EXPECT_EQ(hello.layout.state_sharding, layout.state_sharding);
+  EXPECT_EQ(hello.layout.kv_layer_ids, layout.kv_layer_ids);
   EXPECT_EQ(hello.layout.kv[0].item_len, 256u);
   EXPECT_EQ(hello.kv_keys, (std::vector<std::string>{"k1"}));
   EXPECT_EQ(hello.tp_size, 4);
@@ -365,6 +369,29 @@ TEST(ProtocolLimitsTest, StateShardingInAHelloIsBounded) {
   EXPECT_TRUE(DecodeMessage(EncodeMessage(from, h)).ok());
   h.layout.state_sharding[0].groups.push_back(2);
   ExpectRejected(EncodeMessage(from, h), "state[0] sub-block count 65 exceeds the limit of 64");
+}
+
+// A Hello's kv layer ids: none or one per kv buffer, each a non-negative
+// int32 (they pick which decode buffer a prefill buffer is written into).
+TEST(ProtocolLimitsTest, LayerIdsInAHelloAreOnePerKvBufferAndInRange) {
+  const RankId from = Rank(Role::kDecode, 0);
+  HelloMsg h = GoodHello();
+  h.layout.kv_layer_ids = {7};
+  ExpectRejected(EncodeMessage(from, h), "1 kv layer ids, the layout has 2 kv buffers");
+  h.layout.kv_layer_ids = {7, INT32_MAX};
+  auto m = DecodeMessage(EncodeMessage(from, h));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(std::get<HelloMsg>(m->body).layout.kv_layer_ids, h.layout.kv_layer_ids);
+  // The ids are two u32 (host order, as the codec writes them); make the
+  // second 0x80000000, then cut the message inside it.
+  std::string bytes = EncodeMessage(from, h);
+  const uint32_t ids[2] = {7, static_cast<uint32_t>(INT32_MAX)};
+  const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(ids), sizeof(ids)));
+  ASSERT_NE(at, std::string::npos);
+  const uint32_t too_big = 0x80000000u;
+  bytes.replace(at + 4, 4, reinterpret_cast<const char*>(&too_big), 4);
+  ExpectRejected(bytes, "kv layer id [1] is 2147483648, past 2147483647");
+  ExpectRejected(bytes.substr(0, at + 6), "kv layer id count 2 cannot fit in the 6 bytes left");
 }
 
 // The handshake's fixed-size fields are exactly their size: a proof one

@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <deque>
+#include <unordered_map>
 #include <utility>
 
 #include "engine/plan_util.h"
@@ -17,6 +19,18 @@ namespace kvbridge::internal {
 namespace {
 
 int NumLayers(const RankLayout& l) { return l.end_layer - l.start_layer; }
+
+size_t CountOf(const RankLayout& l, int32_t layer_id) {
+  return static_cast<size_t>(std::count(l.kv_layer_ids.begin(), l.kv_layer_ids.end(), layer_id));
+}
+
+// "layer 3 (K)" by range, "model layer 3 (kv[5])" by id.
+std::string DescribeKvBuffer(const RankLayout& l, size_t i) {
+  if (!l.kv_layer_ids.empty()) return fmt::format("model layer {} (kv[{}])", l.kv_layer_ids[i], i);
+  const size_t np = static_cast<size_t>(NumLayers(l));
+  if (l.is_mla || np == 0) return fmt::format("layer {}", l.start_layer + static_cast<int>(i));
+  return fmt::format("layer {} ({})", l.start_layer + static_cast<int>(i % np), i < np ? "K" : "V");
+}
 
 Status CheckBuffers(const std::vector<BufferSpan>& buffers, const char* what) {
   for (size_t i = 0; i < buffers.size(); ++i) {
@@ -47,7 +61,72 @@ Status CheckSameItems(const std::vector<BufferSpan>& p, const std::vector<Buffer
   return Status::Ok();
 }
 
+// Without layer ids, the kv buffers are the layer range: one per layer
+// (MLA) or K then V per layer (MHA).
+Status CheckRangeCount(const RankLayout& l) {
+  const size_t expected_buffers = static_cast<size_t>(NumLayers(l)) * (l.is_mla ? 1 : 2);
+  if (l.kv.size() != expected_buffers) {
+    return FailedPreconditionError(fmt::format(
+        "kv buffer count {} for {} layers [{}, {}) ({}), expected {}", l.kv.size(), NumLayers(l),
+        l.start_layer, l.end_layer, l.is_mla ? "MLA" : "MHA K and V", expected_buffers));
+  }
+  return Status::Ok();
+}
+
+// sglang's rule: each prefill buffer takes decode's earliest unused buffer
+// of the same model layer (so K pairs with K and V with V).
+Result<std::vector<uint32_t>> PairByLayerId(const RankLayout& prefill, const RankLayout& decode) {
+  std::unordered_map<int32_t, std::deque<uint32_t>> unused;
+  for (size_t d = 0; d < decode.kv_layer_ids.size(); ++d)
+    unused[decode.kv_layer_ids[d]].push_back(static_cast<uint32_t>(d));
+  std::vector<uint32_t> pairs(prefill.kv_layer_ids.size());
+  for (size_t p = 0; p < pairs.size(); ++p) {
+    auto it = unused.find(prefill.kv_layer_ids[p]);
+    if (it == unused.end() || it->second.empty()) {
+      return FailedPreconditionError(fmt::format(
+          "decode holds no kv buffer for model layer {} (prefill kv[{}]; decode's kv_layer_ids "
+          "give it {} buffer(s) of that layer, all taken)",
+          prefill.kv_layer_ids[p], p, it == unused.end() ? 0 : CountOf(decode, it->first)));
+    }
+    pairs[p] = it->second.front();
+    it->second.pop_front();
+  }
+  return pairs;
+}
+
+// By layer range: layer l's K (and V) of prefill into layer l's of decode.
+Result<std::vector<uint32_t>> PairByRange(const RankLayout& prefill, const RankLayout& decode) {
+  KVB_RETURN_IF_ERROR(CheckRangeCount(prefill).WithContext("prefill layout"));
+  KVB_RETURN_IF_ERROR(CheckRangeCount(decode).WithContext("decode layout"));
+  if (prefill.start_layer < decode.start_layer || prefill.end_layer > decode.end_layer) {
+    return FailedPreconditionError(fmt::format(
+        "layer range mismatch: prefill [{}, {}), decode [{}, {}) (decode must hold every prefill "
+        "layer)",
+        prefill.start_layer, prefill.end_layer, decode.start_layer, decode.end_layer));
+  }
+  const int np = NumLayers(prefill);
+  const int nd = NumLayers(decode);
+  const int offset = prefill.start_layer - decode.start_layer;
+  std::vector<uint32_t> pairs;
+  pairs.reserve(prefill.kv.size());
+  for (int half = 0; half < (prefill.is_mla ? 1 : 2); ++half)
+    for (int i = 0; i < np; ++i) pairs.push_back(static_cast<uint32_t>(half * nd + i + offset));
+  return pairs;
+}
+
 }  // namespace
+
+Result<std::vector<uint32_t>> PairKvBuffers(const RankLayout& prefill, const RankLayout& decode) {
+  const bool p_ids = !prefill.kv_layer_ids.empty();
+  const bool d_ids = !decode.kv_layer_ids.empty();
+  if (p_ids && d_ids) return PairByLayerId(prefill, decode);
+  auto pairs = PairByRange(prefill, decode);
+  if (!pairs.ok() && p_ids != d_ids)
+    return pairs.status().WithContext(
+        fmt::format("kv_layer_ids given by {} only, so buffers pair by layer range",
+                    p_ids ? "prefill" : "decode"));
+  return pairs;
+}
 
 Status CheckLayout(const RankLayout& l) {
   if (l.page_size < 1) return FailedPreconditionError(fmt::format("page_size {} < 1", l.page_size));
@@ -76,11 +155,16 @@ Status CheckLayout(const RankLayout& l) {
                                "expected {}",
                                l.kv_heads, l.tp_rank, l.tp_size, l.total_kv_heads, expected_heads));
   }
-  const size_t expected_buffers = static_cast<size_t>(NumLayers(l)) * (l.is_mla ? 1 : 2);
-  if (l.kv.size() != expected_buffers) {
-    return FailedPreconditionError(fmt::format(
-        "kv buffer count {} for {} layers [{}, {}) ({}), expected {}", l.kv.size(), NumLayers(l),
-        l.start_layer, l.end_layer, l.is_mla ? "MLA" : "MHA K and V", expected_buffers));
+  if (l.kv_layer_ids.empty()) {
+    KVB_RETURN_IF_ERROR(CheckRangeCount(l));
+  } else if (l.kv_layer_ids.size() != l.kv.size()) {
+    return FailedPreconditionError(fmt::format("kv_layer_ids has {} entries for {} kv buffers",
+                                               l.kv_layer_ids.size(), l.kv.size()));
+  }
+  for (size_t i = 0; i < l.kv_layer_ids.size(); ++i) {
+    if (l.kv_layer_ids[i] < 0)
+      return FailedPreconditionError(
+          fmt::format("kv_layer_ids[{}] is {}: layer ids are >= 0", i, l.kv_layer_ids[i]));
   }
   KVB_RETURN_IF_ERROR(CheckBuffers(l.kv, "kv"));
   const uint64_t per_page = static_cast<uint64_t>(l.page_size) * static_cast<uint64_t>(l.kv_heads);
@@ -112,28 +196,17 @@ Status CheckCompatible(const RankLayout& prefill, const RankLayout& decode) {
   if (prefill.total_kv_heads != decode.total_kv_heads) {
     return mismatch("total kv heads", prefill.total_kv_heads, decode.total_kv_heads);
   }
-  if (prefill.start_layer < decode.start_layer || prefill.end_layer > decode.end_layer) {
-    return mismatch("layer range", fmt::format("[{}, {})", prefill.start_layer, prefill.end_layer),
-                    fmt::format("[{}, {}) (decode must hold every prefill layer)",
-                                decode.start_layer, decode.end_layer));
-  }
+  KVB_ASSIGN_OR_RETURN(std::vector<uint32_t> pairs, PairKvBuffers(prefill, decode));
   // Bytes per head per token, compared for every buffer prefill sends.
-  const int np = NumLayers(prefill);
-  const int nd = NumLayers(decode);
-  const int offset = prefill.start_layer - decode.start_layer;
-  const int halves = prefill.is_mla ? 1 : 2;
-  for (int half = 0; half < halves; ++half) {
-    for (int i = 0; i < np; ++i) {
-      const BufferSpan& p = prefill.kv[half * np + i];
-      const BufferSpan& d = decode.kv[half * nd + i + offset];
-      const uint64_t p_bytes = p.item_len / (uint64_t(prefill.page_size) * prefill.kv_heads);
-      const uint64_t d_bytes = d.item_len / (uint64_t(decode.page_size) * decode.kv_heads);
-      if (p_bytes != d_bytes) {
-        const char* kind = prefill.is_mla ? "" : (half == 0 ? " (K)" : " (V)");
-        return FailedPreconditionError(
-            fmt::format("bytes per head per token mismatch for layer {}{}: prefill {}, decode {}",
-                        prefill.start_layer + i, kind, p_bytes, d_bytes));
-      }
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const BufferSpan& p = prefill.kv[i];
+    const BufferSpan& d = decode.kv[pairs[i]];
+    const uint64_t p_bytes = p.item_len / (uint64_t(prefill.page_size) * prefill.kv_heads);
+    const uint64_t d_bytes = d.item_len / (uint64_t(decode.page_size) * decode.kv_heads);
+    if (p_bytes != d_bytes) {
+      return FailedPreconditionError(
+          fmt::format("bytes per head per token mismatch for {}: prefill {}, decode {}",
+                      DescribeKvBuffer(prefill, i), p_bytes, d_bytes));
     }
   }
   KVB_RETURN_IF_ERROR(CheckSameItems(prefill.aux, decode.aux, "aux"));

@@ -60,6 +60,9 @@ struct RankLayout {
   int start_layer = 0;     // layers [start_layer, end_layer) are in `kv`
   int end_layer = 0;
   std::vector<BufferSpan> kv;
+  // The model layer of each kv buffer (KVArgs::kv_layer_ids), or empty;
+  // exchanged in the handshake. See PairKvBuffers.
+  std::vector<int32_t> kv_layer_ids;
   std::vector<BufferSpan> aux;
   std::vector<BufferSpan> state;
   // The state type of each state buffer (sglang's state_types, e.g. mamba
@@ -80,17 +83,27 @@ bool SlicedStateBuffer(const RankLayout& prefill, const RankLayout& decode, size
 bool StateSlicedFor(const RankLayout& decode, int prefill_tp);
 
 // Internal consistency of one layout: sizes positive, kv.size() equals
-// num_layers (MLA) or 2 * num_layers (MHA), every kv item_len divisible by
+// num_layers (MLA) or 2 * num_layers (MHA) or, with kv_layer_ids, the number
+// of ids (each >= 0), every kv item_len divisible by
 // page_size * kv_heads, kv_heads equal to what tp_size/total_kv_heads give
 // (HeadsOfRank), buffers at least one item long. FailedPrecondition naming the
 // field and value.
 Status CheckLayout(const RankLayout& layout);
 
+// Which decode kv buffer each prefill kv buffer is written into (indexed
+// like prefill.kv). With kv_layer_ids on both sides, sglang's rule: decode's
+// earliest unused buffer of the same id; FailedPrecondition naming the
+// layer when decode has none left. Otherwise by layer range: layer l's
+// buffer (MHA: K and V) into layer l's; FailedPrecondition when decode does
+// not hold every prefill layer or a side's buffer count does not fit its
+// range. Buffers decode has beyond the pairs are never written.
+Result<std::vector<uint32_t>> PairKvBuffers(const RankLayout& prefill, const RankLayout& decode);
+
 // Whether prefill can write into decode: same is_mla, page_size, dtype,
-// total_kv_heads, bytes per head per token, aux and state counts and item
-// lengths (a sliced state buffer: the same full axis, outer blocks, element
-// size and sub-blocks instead); overlapping layer ranges where decode holds
-// every prefill layer.
+// total_kv_heads, aux and state counts and item lengths (a sliced state
+// buffer: the same full axis, outer blocks, element size and sub-blocks
+// instead); every prefill kv buffer paired (PairKvBuffers) with a decode
+// buffer of the same bytes per head per token.
 // FailedPrecondition naming both values, e.g.
 // "page size mismatch: prefill 16, decode 32".
 Status CheckCompatible(const RankLayout& prefill, const RankLayout& decode);

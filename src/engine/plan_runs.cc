@@ -65,10 +65,7 @@ Result<std::vector<CopyRun>> PlanKvPages(const RankLayout& prefill, const RankLa
   KVB_RETURN_IF_ERROR(
       CheckPageIndices(decode, dst_pages, /*unique=*/false).WithContext("destination"));
 
-  const int np = prefill.end_layer - prefill.start_layer;
-  const int nd = decode.end_layer - decode.start_layer;
-  const int layer_offset = prefill.start_layer - decode.start_layer;
-  const int halves = prefill.is_mla ? 1 : 2;
+  KVB_ASSIGN_OR_RETURN(std::vector<uint32_t> pairs, PairKvBuffers(prefill, decode));
   const uint64_t page_size = static_cast<uint64_t>(prefill.page_size);
   const uint64_t src_heads = static_cast<uint64_t>(prefill.kv_heads);
   const uint64_t dst_heads = static_cast<uint64_t>(decode.kv_heads);
@@ -77,25 +74,23 @@ Result<std::vector<CopyRun>> PlanKvPages(const RankLayout& prefill, const RankLa
   const bool whole = n == src_heads && n == dst_heads;
 
   std::vector<CopyRun> runs;
-  for (int half = 0; half < halves; ++half) {
-    for (int i = 0; i < np; ++i) {
-      const uint32_t sb = static_cast<uint32_t>(half * np + i);
-      const uint32_t db = static_cast<uint32_t>(half * nd + i + layer_offset);
-      const uint64_t src_item = prefill.kv[sb].item_len;
-      const uint64_t dst_item = decode.kv[db].item_len;
-      const uint64_t head_bytes = src_item / (page_size * src_heads);
-      for (size_t k = 0; k < src_pages.size(); ++k) {
-        const uint64_t src_page = static_cast<uint64_t>(src_pages[k]) * src_item;
-        const uint64_t dst_page = static_cast<uint64_t>(dst_pages[k]) * dst_item;
-        if (whole) {
-          Append(runs, {BufferClass::kKv, sb, src_page, db, dst_page, src_item});
-          continue;
-        }
-        for (uint64_t t = 0; t < page_size; ++t) {
-          const uint64_t src_off = src_page + (t * src_heads + slice.src_head) * head_bytes;
-          const uint64_t dst_off = dst_page + (t * dst_heads + slice.dst_head) * head_bytes;
-          Append(runs, {BufferClass::kKv, sb, src_off, db, dst_off, n * head_bytes});
-        }
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const uint32_t sb = static_cast<uint32_t>(i);
+    const uint32_t db = pairs[i];
+    const uint64_t src_item = prefill.kv[sb].item_len;
+    const uint64_t dst_item = decode.kv[db].item_len;
+    const uint64_t head_bytes = src_item / (page_size * src_heads);
+    for (size_t k = 0; k < src_pages.size(); ++k) {
+      const uint64_t src_page = static_cast<uint64_t>(src_pages[k]) * src_item;
+      const uint64_t dst_page = static_cast<uint64_t>(dst_pages[k]) * dst_item;
+      if (whole) {
+        Append(runs, {BufferClass::kKv, sb, src_page, db, dst_page, src_item});
+        continue;
+      }
+      for (uint64_t t = 0; t < page_size; ++t) {
+        const uint64_t src_off = src_page + (t * src_heads + slice.src_head) * head_bytes;
+        const uint64_t dst_off = dst_page + (t * dst_heads + slice.dst_head) * head_bytes;
+        Append(runs, {BufferClass::kKv, sb, src_off, db, dst_off, n * head_bytes});
       }
     }
   }
