@@ -22,15 +22,7 @@ PhaseTimeouts TimeoutsOf(const ManagerOptions& o) {
 }  // namespace
 
 void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
-  for (auto pm = pending_meta_.begin(); pm != pending_meta_.end();) {
-    pm = now - pm->second.at > opts_.waiting_timeout ? pending_meta_.erase(pm) : std::next(pm);
-  }
-  for (auto o = orphan_failures_.begin(); o != orphan_failures_.end();) {
-    o = now - o->second.at > opts_.waiting_timeout ? orphan_failures_.erase(o) : std::next(o);
-  }
-  for (auto pa = pending_abort_.begin(); pa != pending_abort_.end();) {
-    pa = now - pa->second.at > opts_.waiting_timeout ? pending_abort_.erase(pa) : std::next(pa);
-  }
+  inbox_.Expire(now, opts_.waiting_timeout);
   // The decode ranks this rank met, by tp (the first at each): a request
   // whose metadata never came names the silent one when it was met.
   std::map<int, RankId> met_decode;

@@ -580,7 +580,7 @@ ManagerStats ManagerImpl::Stats() const {
   s.rejoin_waits = rejoin_waits_;
   s.invalid_messages_dropped = invalid_dropped_;
   s.unauthenticated_messages_dropped = unauth_dropped_;
-  s.pending_metadata = pending_meta_.size();
+  s.pending_metadata = inbox_.held_metadata();
   s.heartbeat_rounds = heartbeat_seq_.load();
   for (auto& [key, p] : peers_) s.peers_connected += (p->ready && !p->failed) ? 1 : 0;
   return s;

@@ -36,6 +36,7 @@
 #include "connector/peer_state.h"
 #include "connector/protocol.h"
 #include "connector/rooms.h"
+#include "connector/sender_inbox.h"
 #include "connector/write_rule.h"
 #include "control/bootstrap_client.h"
 #include "control/rank_endpoint.h"
@@ -485,23 +486,9 @@ class ManagerImpl {
   std::unordered_map<uint64_t, std::shared_ptr<ReceiverRoom>> receivers_ KVB_GUARDED_BY(mu_);
   RoomChanges changes_ KVB_GUARDED_BY(mu_){opts_.list_room_changes};  // every poll() change
   std::vector<uint64_t> unresolved_ KVB_GUARDED_BY(mu_);  // initialized, maybe not resolved
-  std::map<std::pair<uint64_t, int>, PendingMeta> pending_meta_ KVB_GUARDED_BY(mu_);
-  // Decode failed a request before its sender came: the sender fails with it.
-  struct PendingAbort {
-    FailureRecord record;
-    uint64_t generation;
-    SteadyTime at;
-  };  // unless closed_flows_ holds that generation (a released sender's)
-  std::map<std::pair<uint64_t, int>, PendingAbort> pending_abort_ KVB_GUARDED_BY(mu_);
-  ClosedFlows closed_flows_ KVB_GUARDED_BY(mu_){8192};
-  // Senders that failed before any metadata arrived: metadata that comes
-  // later for the room is answered with the failure instead of waiting.
-  struct OrphanFailure {
-    FailureRecord record;
-    std::map<int, uint64_t> generations;  // decode tp -> generation it was about
-    SteadyTime at;
-  };
-  std::map<uint64_t, OrphanFailure> orphan_failures_ KVB_GUARDED_BY(mu_);
+  // Metadata, notices and failures of requests no live sender has a flow
+  // for (sender_inbox.h).
+  SenderInbox inbox_ KVB_GUARDED_BY(mu_){opts_.max_pending_requests};
   std::optional<ParallelInfo> prefill_info_ KVB_GUARDED_BY(mu_);
   std::optional<FailureRecord> fatal_ KVB_GUARDED_BY(mu_);
   // Chunks posted and not completed whose writes decode cannot revoke

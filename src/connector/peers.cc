@@ -136,9 +136,7 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
     }
     UpdateQuiescedLocked(*room);
   }
-  for (auto it = pending_meta_.begin(); it != pending_meta_.end();) {
-    it = PeerKey(it->second.from) == peer.key ? pending_meta_.erase(it) : std::next(it);
-  }
+  inbox_.DropMetaIf([&](const RankId& from) { return PeerKey(from) == peer.key; });
 }
 
 // A peer this rank failed that speaks again (it was stopped, or cut off

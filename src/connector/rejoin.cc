@@ -47,7 +47,7 @@ bool ManagerImpl::RetirePeersLocked(const FailureRecord& why, Outbox& out) {
   for (auto& [session, pending] : pending_hellos_) out.disconnect.push_back(pending.tpeer);
   pending_hellos_.clear();
   hello_retries_.clear();
-  pending_meta_.clear();
+  inbox_.DropAllMeta();
   return all_fenced;
 }
 

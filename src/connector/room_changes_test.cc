@@ -71,26 +71,5 @@ TEST(RoomChangesTest, AManagerThatKeepsNoListSaysSo) {
       << r.status().ToString();
 }
 
-// ClosedFlows alone: it holds the newest generation per (room, decode tp),
-// nothing else, and forgets the oldest key once past its limit.
-TEST(ClosedFlowsTest, HoldsTheNewestGenerationPerRoomAndRankAndForgetsTheOldestPastItsLimit) {
-  ClosedFlows closed(2);
-  closed.Note(7, 0, 3);
-  EXPECT_TRUE(closed.Holds(7, 0, 3));
-  EXPECT_FALSE(closed.Holds(7, 0, 4));  // the room's next use
-  EXPECT_FALSE(closed.Holds(7, 1, 3));  // another decode rank
-  EXPECT_FALSE(closed.Holds(8, 0, 3));  // another room
-  closed.Note(7, 0, 4);                 // used again and closed again
-  EXPECT_TRUE(closed.Holds(7, 0, 4));
-  EXPECT_FALSE(closed.Holds(7, 0, 3));
-  closed.Note(7, 1, 5);
-  EXPECT_EQ(closed.size(), 2u);
-  closed.Note(9, 0, 6);  // a third key: (7, 0) was noted first and goes
-  EXPECT_EQ(closed.size(), 2u);
-  EXPECT_FALSE(closed.Holds(7, 0, 4));
-  EXPECT_TRUE(closed.Holds(7, 1, 5));
-  EXPECT_TRUE(closed.Holds(9, 0, 6));
-}
-
 }  // namespace
 }  // namespace kvbridge::internal

@@ -228,32 +228,4 @@ class RoomChanges {
   std::vector<uint64_t> rooms_;
 };
 
-// The decode generations whose requests released senders of a room served
-// (one per decode tp rank and room, the newest): a notice that comes later
-// about one of them is about a request prefill has closed, not about the
-// room's next use, which it must not fail. Bounded: past `limit` entries
-// the oldest are forgotten. Guarded by ManagerImpl::mu_.
-class ClosedFlows {
- public:
-  explicit ClosedFlows(size_t limit) : limit_(limit) {}
-  void Note(uint64_t room, int decode_tp, uint64_t generation) {
-    auto [it, added] = last_.insert_or_assign({room, decode_tp}, generation);
-    if (!added) return;
-    order_.push_back(it->first);
-    if (order_.size() <= limit_) return;
-    last_.erase(order_.front());
-    order_.pop_front();
-  }
-  bool Holds(uint64_t room, int decode_tp, uint64_t generation) const {
-    auto it = last_.find({room, decode_tp});
-    return it != last_.end() && it->second == generation;
-  }
-  size_t size() const { return last_.size(); }
-
- private:
-  const size_t limit_;
-  std::map<std::pair<uint64_t, int>, uint64_t> last_;
-  std::deque<std::pair<uint64_t, int>> order_;  // each key once, oldest first
-};
-
 }  // namespace kvbridge::internal

@@ -30,31 +30,19 @@ void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& ms
   if (peer == nullptr) return;
   SenderRoom* owner = nullptr;
   SenderFlow* flow = FlowOfLocked(msg.room, from.tp, msg.generation, &owner);
-  if (flow == nullptr && closed_flows_.Holds(msg.room, from.tp, msg.generation)) {
-    // About a request a released sender served: nothing of it is in flight
-    // (FlowOfLocked found none), and the room's next use is not its concern.
-    if (sglang_registry_) RelayRoomFailureLocked(from, msg, out);
-    if (!msg.quiesced) Send(out, *peer, QuiescedMsg{msg.room, msg.generation});
-    return;
-  }
   if (flow == nullptr) {
+    // About a request a released sender served (nothing of it is in
+    // flight: FlowOfLocked found none): the room's next use is not its
+    // concern. Otherwise the inbox keeps it for the sender or metadata to
+    // come.
+    const bool closed =
+        inbox_.OnNoticeWithoutFlow(msg.room, from.tp, msg.generation, msg.record, Now());
     auto it = senders_.find(msg.room);
-    auto pm = pending_meta_.find({msg.room, from.tp});
-    if (pm != pending_meta_.end() && pm->second.meta.generation == msg.generation)
-      pending_meta_.erase(pm);
-    // Remembered even with a live sender: the notice may have overtaken its
-    // request's metadata (sent by another decode thread just before), which
-    // must then not be adopted.
-    // Bounded as pending metadata: past the limit a notice is not kept (the
-    // sender, if it comes, then waits for its deadline as before notices).
-    if (pending_abort_.size() < opts_.max_pending_requests ||
-        pending_abort_.count({msg.room, from.tp}))
-      pending_abort_[{msg.room, from.tp}] = PendingAbort{msg.record, msg.generation, Now()};
     // A live sender that has no metadata from that rank yet is this
     // request's: decode failed it before (or without) sending metadata, so
     // none will come. It fails now with decode's reason instead of waiting
     // for its deadline.
-    if (it != senders_.end() && it->second->live && !it->second->flows.count(from.tp)) {
+    if (!closed && it != senders_.end() && it->second->live && !it->second->flows.count(from.tp)) {
       SenderRoom& room = *it->second;
       room.aborted_generations[from.tp] = msg.generation;
       FailSenderLocked(room, msg.record, out);

@@ -37,20 +37,14 @@ Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
     r = std::make_shared<SenderRoom>(room, Now(), WallNow());
     r->cp_dummy = self_.role == Role::kPrefill && self_.cp != 0;
     senders_[room] = r;
-    orphan_failures_.erase(room);  // a new use of the room
+    SenderInbox::ForNewSender waiting = inbox_.TakeForNewSender(room);
     if (auto blocker = NewRoomBlockerLocked()) FailSenderLocked(*r, *blocker, out);
-    for (auto pa = pending_abort_.lower_bound({room, INT32_MIN});
-         pa != pending_abort_.end() && pa->first.first == room;) {
-      FailSenderLocked(*r, pa->second.record, out);
-      r->aborted_generations[pa->first.second] = pa->second.generation;
-      pa = pending_abort_.erase(pa);
+    for (auto& [tp, abort] : waiting.aborts) {
+      FailSenderLocked(*r, abort.record, out);
+      r->aborted_generations[tp] = abort.generation;
     }
-    for (auto pm = pending_meta_.lower_bound({room, INT32_MIN});
-         pm != pending_meta_.end() && pm->first.first == room;) {
-      PendingMeta meta = std::move(pm->second);
-      pm = pending_meta_.erase(pm);
+    for (PendingMeta& meta : waiting.metas)
       AdoptMetaLocked(*r, meta.from, std::move(meta.meta), out);
-    }
     if (r->cp_dummy) UpdateSenderStateLocked(*r);  // WaitingForInput at once
   }
   Flush(out);
@@ -62,11 +56,12 @@ void ManagerImpl::ReleaseSender(const std::shared_ptr<SenderRoom>& room) {
   if (p != KVPoll::kSuccess && p != KVPoll::kFailed) SenderAbort(room);
   MutexLock lock(mu_);
   room->live = false;
-  for (const auto& [tp, flow] : room->flows)
-    closed_flows_.Note(room->room, tp, flow.meta.generation);
+  std::vector<std::pair<int, uint64_t>> flows;
+  for (const auto& [tp, flow] : room->flows) flows.emplace_back(tp, flow.meta.generation);
   KeepReleasedWritingLocked(room);
-  if (room->failure && room->flows.empty())
-    orphan_failures_[room->room] = {*room->failure, room->aborted_generations, Now()};
+  const FailureRecord* failed_before_meta =
+      room->failure && room->flows.empty() ? &*room->failure : nullptr;
+  inbox_.OnSenderReleased(room->room, flows, failed_before_meta, room->aborted_generations, Now());
   auto it = senders_.find(room->room);
   if (it != senders_.end() && it->second == room) senders_.erase(it);
 }
@@ -376,49 +371,23 @@ void ManagerImpl::OnMeta(const RankId& from, MetaMsg meta, Outbox& out) {
     AdoptMetaLocked(*it->second, from, std::move(meta), out);
     return;
   }
-  auto orphan = orphan_failures_.find(meta.room);
-  if (orphan != orphan_failures_.end()) {
-    auto known = orphan->second.generations.find(from.tp);
-    if (known != orphan->second.generations.end() && known->second != meta.generation) {
-      // A new request from a rank whose old one the failure was about: the
-      // room is in use again; its sender has not been created yet.
-      orphan_failures_.erase(orphan);
-      orphan = orphan_failures_.end();
-    }
-  }
-  if (orphan != orphan_failures_.end()) {
-    // This request's sender already failed (before its metadata came).
-    FailureRecord r = orphan->second.record;
-    r.generation = meta.generation;
-    Send(out, *peer, RoomFailedMsg{meta.room, meta.generation, true, r});
-    return;
-  }
-  auto abort = pending_abort_.find({meta.room, from.tp});
-  if (abort != pending_abort_.end() && abort->second.generation == meta.generation) {
-    // Decode failed this very request and its notice overtook the metadata:
-    // nothing may be written; the sender, when it comes, fails with it.
-    FailureRecord r = abort->second.record;
-    Send(out, *peer, RoomFailedMsg{meta.room, meta.generation, true, r});
-    return;
-  }
-  // A newer use of the room by that decode rank supersedes an old abort.
-  if (abort != pending_abort_.end()) pending_abort_.erase(abort);
-  if (pending_meta_.size() >= opts_.max_pending_requests &&
-      !pending_meta_.count({meta.room, from.tp})) {
+  const uint64_t room = meta.room;
+  const uint64_t generation = meta.generation;
+  SenderInbox::MetaVerdict v = inbox_.OnMetaWithoutSender(std::move(meta), from, Now());
+  if (v.kind == SenderInbox::MetaVerdict::kHeld) return;
+  if (v.kind == SenderInbox::MetaVerdict::kOverLimit) {
     // Bounded: this request fails now, with what to change, and decode
     // frees its pages; the held ones are kept.
-    FailureRecord r = MakeRecord(
+    v.record = MakeRecord(
         Self(), FailureCause::kInvalidRequest,
         fmt::format("{} requests' metadata already wait for a sender on this rank "
                     "(ManagerOptions::max_pending_requests = {}): is this prefill rank getting the "
                     "requests decode sends it?",
-                    pending_meta_.size(), opts_.max_pending_requests),
+                    inbox_.held_metadata(), opts_.max_pending_requests),
         Phase::kWaitingForMetadata, "pending metadata limit");
-    r.generation = meta.generation;
-    Send(out, *peer, RoomFailedMsg{meta.room, meta.generation, true, r});
-    return;
+    v.record.generation = generation;
   }
-  pending_meta_[{meta.room, from.tp}] = PendingMeta{std::move(meta), from, Now()};
+  Send(out, *peer, RoomFailedMsg{room, generation, true, std::move(v.record)});
 }
 
 void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg meta, Outbox& out) {
@@ -428,7 +397,7 @@ void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg 
   if (existing != room.flows.end()) {
     if (existing->second.meta.generation != meta.generation) {
       // A newer use of the room by decode: keep it for the next sender.
-      pending_meta_[{meta.room, from.tp}] = PendingMeta{std::move(meta), from, Now()};
+      inbox_.HoldForNextSender(std::move(meta), from, Now());
     }
     return;
   }
@@ -458,16 +427,10 @@ void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg 
 
 bool ManagerImpl::RefuseMetaLocked(SenderRoom& room, const RankId& from, Peer& peer,
                                    const MetaMsg& meta, Outbox& out) {
-  if (auto abort = pending_abort_.find({meta.room, from.tp}); abort != pending_abort_.end()) {
-    // Same generation: decode failed this request before its metadata got
-    // here (the notice overtook it); adopting it would write into pages
-    // decode already took back. Another generation: an older use's late
-    // notice, superseded by this metadata.
-    FailureRecord r = abort->second.record;
-    const bool this_request = abort->second.generation == meta.generation;
-    pending_abort_.erase(abort);
-    if (this_request && !room.failure) FailSenderLocked(room, r, out);
-  }
+  // Decode failed this request before its metadata got here (the notice
+  // overtook it): adopting it would write into pages decode took back.
+  if (auto abort = inbox_.TakeAbortFor(meta.room, from.tp, meta.generation); abort && !room.failure)
+    FailSenderLocked(room, *abort, out);
   if (!room.failure) {
     // The request is from a decode instance with a dead rank: that rank's
     // metadata will never come.
