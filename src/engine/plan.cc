@@ -83,10 +83,14 @@ Result<std::vector<uint32_t>> PairByLayerId(const RankLayout& prefill, const Ran
   for (size_t p = 0; p < pairs.size(); ++p) {
     auto it = unused.find(prefill.kv_layer_ids[p]);
     if (it == unused.end() || it->second.empty()) {
+      const size_t held = it == unused.end() ? 0 : CountOf(decode, it->first);
       return FailedPreconditionError(fmt::format(
-          "decode holds no kv buffer for model layer {} (prefill kv[{}]; decode's kv_layer_ids "
-          "give it {} buffer(s) of that layer, all taken)",
-          prefill.kv_layer_ids[p], p, it == unused.end() ? 0 : CountOf(decode, it->first)));
+          "decode holds no kv buffer for model layer {} (prefill kv[{}]): {}",
+          prefill.kv_layer_ids[p], p,
+          held == 0 ? "decode's kv_layer_ids do not name that layer"
+                    : fmt::format("decode's {} buffer(s) of that layer are taken by prefill's "
+                                  "earlier ones",
+                                  held)));
     }
     pairs[p] = it->second.front();
     it->second.pop_front();
@@ -181,6 +185,10 @@ Status CheckLayout(const RankLayout& l) {
 }
 
 Status CheckCompatible(const RankLayout& prefill, const RankLayout& decode) {
+  return CompatiblePairs(prefill, decode).status();
+}
+
+Result<std::vector<uint32_t>> CompatiblePairs(const RankLayout& prefill, const RankLayout& decode) {
   KVB_RETURN_IF_ERROR(CheckLayout(prefill).WithContext("prefill layout"));
   KVB_RETURN_IF_ERROR(CheckLayout(decode).WithContext("decode layout"));
   auto mismatch = [](const char* what, const auto& p, const auto& d) {
@@ -211,7 +219,7 @@ Status CheckCompatible(const RankLayout& prefill, const RankLayout& decode) {
   }
   KVB_RETURN_IF_ERROR(CheckSameItems(prefill.aux, decode.aux, "aux"));
   KVB_RETURN_IF_ERROR(planning::CheckStateCompatible(prefill, decode));
-  return Status::Ok();
+  return pairs;
 }
 
 HeadRange HeadsOfRank(int total_heads, int tp_size, int rank) {

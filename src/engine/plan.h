@@ -107,6 +107,8 @@ Result<std::vector<uint32_t>> PairKvBuffers(const RankLayout& prefill, const Ran
 // FailedPrecondition naming both values, e.g.
 // "page size mismatch: prefill 16, decode 32".
 Status CheckCompatible(const RankLayout& prefill, const RankLayout& decode);
+// CheckCompatible, and when compatible the pairs it checked (PairKvBuffers).
+Result<std::vector<uint32_t>> CompatiblePairs(const RankLayout& prefill, const RankLayout& decode);
 
 // The heads [first, first + count) of the model that tp rank `rank` of
 // `tp_size` holds. When tp_size > total_heads, heads are replicated: rank r

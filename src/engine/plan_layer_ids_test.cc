@@ -70,12 +70,12 @@ TEST(PairKvBuffersTest, ALayerDecodeLacksIsRefusedNamingTheLayer) {
   Status s = CheckCompatible(p, WithIds({}, {3, 3}));
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(),
-              HasSubstr("decode holds no kv buffer for model layer 5 (prefill kv[1]; decode's "
-                        "kv_layer_ids give it 0 buffer(s) of that layer"));
+              HasSubstr("decode holds no kv buffer for model layer 5 (prefill kv[1]): decode's "
+                        "kv_layer_ids do not name that layer"));
   // One K of layer 3 on decode but K and V on prefill: the second is short.
   s = CheckCompatible(p, WithIds({}, {3, 5, 5}));
-  EXPECT_THAT(s.message(), HasSubstr("model layer 3 (prefill kv[2]; decode's kv_layer_ids give "
-                                     "it 1 buffer(s) of that layer, all taken)"));
+  EXPECT_THAT(s.message(), HasSubstr("model layer 3 (prefill kv[2]): decode's 1 buffer(s) of "
+                                     "that layer are taken by prefill's earlier ones"));
 }
 
 TEST(PairKvBuffersTest, IdsOnOneSideOnlyPairByRangeAndSaySo) {

@@ -58,14 +58,13 @@ Status CheckSlice(const RankLayout& prefill, const RankLayout& decode, const Hea
 Result<std::vector<CopyRun>> PlanKvPages(const RankLayout& prefill, const RankLayout& decode,
                                          const HeadSlice& slice, std::span<const int32_t> src_pages,
                                          std::span<const int32_t> dst_pages) {
-  KVB_RETURN_IF_ERROR(CheckCompatible(prefill, decode));
+  KVB_ASSIGN_OR_RETURN(std::vector<uint32_t> pairs, CompatiblePairs(prefill, decode));
   KVB_RETURN_IF_ERROR(CheckSameLength(src_pages.size(), dst_pages.size(), "page"));
   KVB_RETURN_IF_ERROR(CheckSlice(prefill, decode, slice));
   KVB_RETURN_IF_ERROR(CheckPageIndices(prefill, src_pages, /*unique=*/false).WithContext("source"));
   KVB_RETURN_IF_ERROR(
       CheckPageIndices(decode, dst_pages, /*unique=*/false).WithContext("destination"));
 
-  KVB_ASSIGN_OR_RETURN(std::vector<uint32_t> pairs, PairKvBuffers(prefill, decode));
   const uint64_t page_size = static_cast<uint64_t>(prefill.page_size);
   const uint64_t src_heads = static_cast<uint64_t>(prefill.kv_heads);
   const uint64_t dst_heads = static_cast<uint64_t>(decode.kv_heads);

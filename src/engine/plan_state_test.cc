@@ -114,7 +114,9 @@ void ExpectEveryDecodeRankHoldsItsShard(const Axis& a, int tp, int td) {
       const bool in_slot = k / item == kDstSlot;
       EXPECT_EQ(writes[d][k], in_slot ? 1 : 0)
           << "byte " << k << " of decode rank " << d << " (tp " << tp << " -> " << td << ")";
-      if (!in_slot) EXPECT_EQ(dst[d][k], 0xEE) << "byte " << k << " outside the slot";
+      if (!in_slot) {
+        EXPECT_EQ(dst[d][k], 0xEE) << "byte " << k << " outside the slot";
+      }
     }
   }
 }
