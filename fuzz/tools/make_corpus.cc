@@ -67,6 +67,7 @@ RankLayout Layout() {  // decode tp 2 of an 8-head MHA model, 2 layers
   l.kv_heads = 4;
   l.end_layer = 2;
   for (uint64_t i = 0; i < 4; ++i) l.kv.push_back({0x100000 * (i + 1), 64 * 8192, 8192});
+  l.kv_layer_ids = {0, 1, 0, 1};  // K then V of layers 0 and 1, as sglang numbers them
   l.aux.push_back({0x900000, 64 * 64, 64});
   l.state.push_back({0xa00000, 8 * 32, 32});
   return l;
