@@ -263,7 +263,12 @@ def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVAr
     """Our KVArgs from sglang's (state lists of lists are flattened)."""
     ours = KVArgs()
     for name in KVArgs._LIST_FIELDS:
-        setattr(ours, name, _ints(getattr(args, name, None)))
+        value = getattr(args, name, None)
+        try:
+            setattr(ours, name, _ints(value))
+        except (TypeError, ValueError, OverflowError) as e:
+            raise kvbridge.InvalidArgumentError(
+                None, f"KVArgs.{name} ({type(value).__name__}): {e}") from None
     for name in ("engine_rank", "page_size", "kv_head_num", "total_kv_head_num",
                  "prefill_start_layer", "prefill_end_layer"):
         if getattr(args, name, None) is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import re
 import socket
 import time
 import sys
@@ -907,3 +908,31 @@ def test_kv_layer_ids_decode_lacks_fail_the_request_naming_the_layer(bootstrap):
     finally:
         pair.close()
 
+
+def test_hostile_kv_layer_ids_get_a_clear_error_naming_the_field(bootstrap):  # A9
+    port = int(bootstrap.rsplit(":", 1)[1])
+    nested = []
+    for _ in range(5000):
+        nested = [nested]
+    for bad, words in ((["x"], "KVArgs.kv_layer_ids"), ([{"a": 1}], "KVArgs.kv_layer_ids"),
+                       (nested, "KVArgs.kv_layer_ids"), ([2**40] * 4, "kv_layer_ids"),
+                       ([-1, 0, 1, 2], "kv_layer_ids[0] is -1"),
+                       ([0, 1], "kv_layer_ids has 2 entries for 4 kv buffers")):
+        pool = SgPool("prefill", layers=2)
+        pool.args.kv_layer_ids = bad
+        with pytest.raises(KVTransferError, match=re.escape(words)):
+            sg.KVBridgeKVManager(pool.args, "prefill", server_args(port, port=30000)).close()
+    # Decode builds its manager once prefill is known: the request fails.
+    pm = sg.KVBridgeKVManager(SgPool("prefill").args, "prefill", server_args(port, port=30000))
+    d = SgPool("decode", layers=2)
+    d.args.kv_layer_ids = [3, 5]  # 2 ids for 4 buffers
+    dm = sg.KVBridgeKVManager(d.args, "decode", server_args(port, port=30001))
+    try:
+        rx = sg.KVBridgeKVReceiver(dm, bootstrap, 43)
+        rx.init(0)
+        wait_until(lambda: rx.poll() == KVPoll.Failed, what="decode's refusal")
+        assert "kv_layer_ids has 2 entries for 4 kv buffers" in rx.failure().failure_reason
+        rx.clear()
+    finally:
+        dm.close()
+        pm.close()
