@@ -98,6 +98,33 @@ Result<std::string> WorkerAddress(ucp_worker_h worker, bool network_only) {
   return out;
 }
 
+// UCT transport settings are read from the environment when interfaces
+// open; overwrite=0 keeps an explicit user choice.
+void SetEnvironmentDefaults(const std::string& tls, bool shm_error_handling) {
+  const bool shm_tls = tls.empty() || tls.find("shm") != std::string::npos ||
+                       tls.find("posix") != std::string::npos ||
+                       tls.find("sysv") != std::string::npos ||
+                       tls.find("all") != std::string::npos;
+  if (shm_error_handling && shm_tls) {
+    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+  }
+  // UCX 1.13 connects TCP endpoints with a blocking connect() inside
+  // ucp_ep_create on the progress thread: between two namespaces, 1 ms when
+  // the peer answers, 1 s per lost SYN, 135 s when SYNs are dropped, and no
+  // message moves meanwhile. Non-blocking, a failure reaches the endpoint's
+  // error handler like any other.
+  setenv("UCX_TCP_CONN_NB", "y", 0);
+  // UCX's tcp lane receives into 64 KiB segments by default: a gathered
+  // message of up to gather_bytes (1 MiB) then arrives in 16+ fragments,
+  // each received, reassembled and handed over on its own. In 256 KiB
+  // segments, alternating A/B runs of `kvbridge bench requests --path tcp
+  // --check-outside-window` moved 4096-token requests at 3.4-3.5 GB/s
+  // against 1.2-2.7 (docs/benchmarks.md, "UCX's tcp receive segments"). The
+  // receive pool grows 8 segments (2 MiB) at a time instead of 512 KiB.
+  setenv("UCX_TCP_RX_SEG_SIZE", "256K", 0);
+}
+
 size_t MaxGatherPieces(ucp_worker_h worker) {
   ucp_worker_attr_t attr{};
   attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;

@@ -109,6 +109,12 @@ Result<std::string> WorkerAddress(ucp_worker_h worker, bool network_only = false
 // max_am_header, at most kMaxGatherPieces); 0 when it takes none.
 size_t MaxGatherPieces(ucp_worker_h worker);
 
+// Sets the UCX environment variables kvbridge depends on (error handling on
+// the shared-memory lanes when `tls` may use them and `shm_error_handling`,
+// non-blocking tcp connects, 256 KiB tcp receive segments), each unless the
+// user set it.
+void SetEnvironmentDefaults(const std::string& tls, bool shm_error_handling);
+
 }  // namespace kvbridge::internal::ucx
 
 namespace kvbridge::internal::ucx {

@@ -69,22 +69,7 @@ Result<std::unique_ptr<Transport>> UcxTransport::Create(const UcxTransportOption
 }
 
 Status UcxTransport::Init() {
-  const bool shm_tls = options_.tls.empty() || options_.tls.find("shm") != std::string::npos ||
-                       options_.tls.find("posix") != std::string::npos ||
-                       options_.tls.find("sysv") != std::string::npos ||
-                       options_.tls.find("all") != std::string::npos;
-  if (options_.shm_error_handling && shm_tls) {
-    // UCT transport settings are read from the environment when interfaces
-    // open; overwrite=0 keeps an explicit user choice.
-    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
-    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
-  }
-  // UCX 1.13 connects TCP endpoints with a blocking connect() inside
-  // ucp_ep_create on the progress thread: between two namespaces, 1 ms when
-  // the peer answers, 1 s per lost SYN, 135 s when SYNs are dropped, and no
-  // message moves meanwhile. Non-blocking, a failure reaches the endpoint's
-  // error handler like any other.
-  setenv("UCX_TCP_CONN_NB", "y", 0);
+  SetEnvironmentDefaults(options_.tls, options_.shm_error_handling);
   ucp_config_t* raw_config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &raw_config);
   if (s != UCS_OK) return FromUcs(s, "config read");
