@@ -24,11 +24,13 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "engine/plan.h"
 #include "tools/cluster.h"
+#include "tools/cpu_sides.h"
 #include "tools/demo_hosts.h"
 #include "tools/hosts.h"
 #include "tools/memcpy_reference.h"
@@ -55,6 +57,11 @@ struct RequestsFlags {
   std::string raw_bytes = "1G";
   std::string raw_region = "256M";
   bool no_raw = false;
+  // Prefill's processes and the raw initiator on one half of the CPUs,
+  // decode's and the raw target on the other (cpu_sides.h says why); unset
+  // with --no-pin or fewer than two CPUs.
+  bool no_pin = false;
+  std::optional<CpuSides> pin;
   bool json = false;
   int timeout_s = 120;
   std::string binary = "/proc/self/exe";
@@ -72,6 +79,8 @@ struct SweepResult {
   uint64_t verified_pages = 0, corrupt_pages = 0;
   double seconds = 0;
   double p50_us = 0, p99_us = 0;
+  // The CPUs each side's workers reported they may run on.
+  std::set<int> prefill_cpus, decode_cpus;
   std::string error;
   double gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
   double rps() const { return seconds > 0 ? succeeded / seconds : 0; }
@@ -133,6 +142,28 @@ std::string WhereRan(const RequestsFlags& f, const HostNet* net) {
   return f.path == "tcp" ? "loopback" : "this host";
 }
 
+// `binary` with /proc/self/exe resolved: started through a shell or a
+// wrapper (taskset), that name would mean the wrapper.
+std::string RealBinary(const std::string& binary) {
+  char self[4096];
+  ssize_t len = binary == "/proc/self/exe" ? readlink(binary.c_str(), self, sizeof(self) - 1) : -1;
+  return len > 0 ? std::string(self, static_cast<size_t>(len)) : binary;
+}
+
+// Every prefill rank's command starts on `pin.first`'s CPUs, every decode
+// rank's on `pin.second`'s (inside its host's namespaces, with hosts).
+void PinSides(const CpuSides& pin, ClusterOptions& co) {
+  co.binary = RealBinary(co.binary);
+  const size_t ranks = static_cast<size_t>(co.prefill_tp + co.decode_tp);
+  co.rank_wrap.resize(std::max(co.rank_wrap.size(), ranks));
+  for (size_t i = 0; i < ranks; ++i) {
+    std::vector<std::string> wrap =
+        PinCommand(i < static_cast<size_t>(co.prefill_tp) ? pin.first : pin.second);
+    wrap.insert(wrap.end(), co.rank_wrap[i].begin(), co.rank_wrap[i].end());
+    co.rank_wrap[i] = std::move(wrap);
+  }
+}
+
 SweepResult RunSweep(const RequestsFlags& f, const HostNet* net, const std::string& name,
                      int tokens, int requests, int concurrency) {
   SweepResult r;
@@ -152,6 +183,7 @@ SweepResult RunSweep(const RequestsFlags& f, const HostNet* net, const std::stri
   if (f.check_outside_window) co.ready_timeout = std::chrono::seconds(300);
   co.log_dir = log_dir;
   if (net != nullptr) PlaceRanks(*net, /*prefill_hosts=*/1, /*decode_hosts=*/1, co);
+  if (f.pin) PinSides(*f.pin, co);
   auto started = Cluster::Start(co);
   if (!started.ok()) {
     r.error = started.status().ToString() + " (logs in " + log_dir + ")";
@@ -162,6 +194,16 @@ SweepResult RunSweep(const RequestsFlags& f, const HostNet* net, const std::stri
   Status st = c.CollectReports(std::chrono::seconds(f.timeout_s));
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!st.ok()) r.error = st.ToString() + " (logs in " + log_dir + ")";
+  for (Role role : {Role::kPrefill, Role::kDecode}) {
+    const int tp = role == Role::kPrefill ? c.prefill_tp() : c.decode_tp();
+    std::set<int>& seen = role == Role::kPrefill ? r.prefill_cpus : r.decode_cpus;
+    for (int t = 0; t < tp; ++t) {
+      const ProcessInfo& p = c.process(c.RankIndex(role, t));
+      if (!p.report || !p.report->contains("cpus") || !(*p.report)["cpus"].is_array()) continue;
+      for (const auto& cpu : (*p.report)["cpus"])
+        if (cpu.is_number_integer()) seen.insert(cpu.get<int>());
+    }
+  }
   // Latency: the decode ranks' percentiles (the worst rank's, for tp > 1).
   for (int d = 0; d < c.decode_tp(); ++d) {
     const ProcessInfo& p = c.process(c.RankIndex(Role::kDecode, d));
@@ -220,32 +262,37 @@ std::string ShellQuote(const std::string& word) {
 // The initiator joins only host 0's network (HostNet::NetCommand): from
 // inside host 0's PID and mount namespaces it could not start the target
 // on host 1. Its bytes take the way prefill's take: host 0's eth0, the
-// veth pair, the bridge, host 1's eth0.
-std::string RawHostsPrefix(const HostNet* net, std::string* target_flag) {
+// veth pair, the bridge, host 1's eth0. With `pin`, the initiator runs on
+// prefill's CPUs and the target on decode's, as the request sweeps do.
+std::string RawHostsPrefix(const HostNet* net, const std::optional<CpuSides>& pin,
+                           std::string* target_flag) {
   target_flag->clear();
-  if (net == nullptr) return "";
+  std::string initiator_pin, wrap;
+  if (pin) {
+    for (const std::string& w : PinCommand(pin->first)) initiator_pin += ShellQuote(w) + " ";
+    for (const std::string& w : PinCommand(pin->second)) wrap += (wrap.empty() ? "" : " ") + w;
+  }
+  if (net == nullptr) {
+    if (!wrap.empty()) *target_flag = " --target-wrap " + ShellQuote(wrap);
+    return initiator_pin;
+  }
   // UCX warns on stdout at exit that the hosts' error-handling variables
   // went unused (the initiator restores stdout first): not on the report.
   std::string prefix = "UCX_WARN_UNUSED_ENV_VARS=n ";
   for (const std::string& e : HostNet::Env()) prefix += e + " ";  // NAME=value, no quoting needed
   for (const std::string& w : net->NetCommand(0)) prefix += ShellQuote(w) + " ";
-  std::string wrap;
   for (const std::string& w : net->Command(1)) wrap += (wrap.empty() ? "" : " ") + w;
   *target_flag = " --target-wrap " + ShellQuote(wrap);
-  return prefix;
+  return prefix + initiator_pin;
 }
 
 // Runs `kvbridge bench transport` for the same path as a child process
 // (across the hosts with `net`).
 double RawTransportGbps(const RequestsFlags& f, const HostNet* net, std::string* error) {
   std::string path = f.path == "tcp" ? "tcp" : "shm";
-  // Through the shell /proc/self/exe would name the shell: resolve it here.
-  std::string binary = f.binary;
-  char self[4096];
-  ssize_t len = binary == "/proc/self/exe" ? readlink(binary.c_str(), self, sizeof(self) - 1) : -1;
-  if (len > 0) binary.assign(self, static_cast<size_t>(len));
+  const std::string binary = RealBinary(f.binary);
   std::string target_flag;
-  const std::string prefix = RawHostsPrefix(net, &target_flag);
+  const std::string prefix = RawHostsPrefix(net, f.pin, &target_flag);
   std::string cmd = prefix + ShellQuote(binary) + " bench transport --paths " + path +
                     " --block-sizes 1M --bytes " + ShellQuote(f.raw_bytes) + " --region-size " +
                     ShellQuote(f.raw_region) + target_flag + " --json";
@@ -365,15 +412,22 @@ struct Figures {
   double memcpy_us = 0, added_p50 = 0, added_p99 = 0;
 };
 
+// Where the two sides ran, for the report.
+std::string PinText(const RequestsFlags& f) {
+  if (!f.pin) return "processes left to the scheduler (not pinned)";
+  return "prefill's workers and the raw initiator on CPUs " + f.pin->first +
+         ", decode's workers and the raw target on CPUs " + f.pin->second;
+}
+
 Figures Measure(const RequestsFlags& f, const HostNet* net) {
   FILE* note = f.json ? stderr : stdout;
   const std::string where = WhereRan(f, net);
   std::fprintf(note,
                "[bench] requests over %s (%s): prefill tp%d -> decode tp%d, %d layers x %d kv "
                "heads x %d x 2 B, page %d; pattern checked in 1 page of %d; each sweep starts with "
-               "unmeasured warm-up requests that use every pool page once\n",
+               "unmeasured warm-up requests that use every pool page once; %s\n",
                f.path.c_str(), where.c_str(), f.prefill_tp, f.decode_tp, f.layers, f.heads,
-               f.head_dim, f.page_size, f.check_stride);
+               f.head_dim, f.page_size, f.check_stride, PinText(f).c_str());
   std::fflush(note);
   std::string raw_error;
   double raw = f.no_raw ? 0 : RawTransportGbps(f, net, &raw_error);
@@ -460,49 +514,54 @@ void PrintJson(const RequestsFlags& f, const Figures& m) {
                         {"p50_us", s->p50_us},
                         {"p99_us", s->p99_us},
                         {"verified_pages", s->verified_pages},
+                        {"prefill_cpus", s->prefill_cpus},
+                        {"decode_cpus", s->decode_cpus},
                         {"corrupt_pages", s->corrupt_pages}};
     if (!s->error.empty()) e["error"] = s->error;
     results.push_back(e);
   }
-  nlohmann::json out = {{"bench", "requests"},
-                        {"path", f.path},
-                        {"hosts", f.hosts},
-                        // Both measurements ran between the same two places.
-                        {"requests_where", m.where},
-                        {"raw_where", m.where},
-                        {"prefill_tp", f.prefill_tp},
-                        {"decode_tp", f.decode_tp},
-                        {"layout",
-                         {{"layers", f.layers},
-                          {"kv_heads", f.heads},
-                          {"head_dim", f.head_dim},
-                          {"dtype_bytes", 2},
-                          {"page_size", f.page_size}}},
-                        {"check_stride", f.check_stride},
-                        {"check_outside_window", f.check_outside_window},
-                        {"raw_transport_gbps", m.raw},
-                        {"ratio_to_raw", m.ratio},
-                        {"targets",
-                         {{"bandwidth_ratio_min", 0.8},
-                          {"bandwidth_met", m.bw_met},
-                          {"one_page_p50_us_max", 100},
-                          {"one_page_latency_met", m.lat_met}}},
-                        {"one_page_bytes", m.page_bytes},
-                        {"one_page_copy_floor_us", m.floor_us},
-                        {"one_page_memcpy_us", m.memcpy_us},
-                        {"one_page_memcpy_p99_us", m.one_page_memcpy.p99},
-                        {"one_page_added_p50_us", m.added_p50},
-                        {"one_page_added_p99_us", m.added_p99},
-                        {"memcpy_gbps", m.memcpy_gbps},
-                        {"memcpy_gbps_before", m.memcpy_before},
-                        {"memcpy_gbps_after", m.memcpy_after},
-                        {"ratio_to_memcpy", m.memcpy_ratio},
-                        {"memcpy_piece_bytes", m.big_piece},
-                        {"run_bytes", m.run_bytes},
-                        {"memcpy_runs_gbps", m.memcpy_runs_gbps},
-                        {"ratio_to_memcpy_runs", m.memcpy_runs_ratio},
-                        {"results", results},
-                        {"ok", m.ok}};
+  nlohmann::json out = {
+      {"bench", "requests"},
+      {"path", f.path},
+      {"hosts", f.hosts},
+      // Both measurements ran between the same two places.
+      {"requests_where", m.where},
+      {"raw_where", m.where},
+      {"prefill_tp", f.prefill_tp},
+      {"decode_tp", f.decode_tp},
+      {"layout",
+       {{"layers", f.layers},
+        {"kv_heads", f.heads},
+        {"head_dim", f.head_dim},
+        {"dtype_bytes", 2},
+        {"page_size", f.page_size}}},
+      {"check_stride", f.check_stride},
+      {"check_outside_window", f.check_outside_window},
+      {"cpus", f.pin ? nlohmann::json{{"prefill", f.pin->first}, {"decode", f.pin->second}}
+                     : nlohmann::json(nullptr)},
+      {"raw_transport_gbps", m.raw},
+      {"ratio_to_raw", m.ratio},
+      {"targets",
+       {{"bandwidth_ratio_min", 0.8},
+        {"bandwidth_met", m.bw_met},
+        {"one_page_p50_us_max", 100},
+        {"one_page_latency_met", m.lat_met}}},
+      {"one_page_bytes", m.page_bytes},
+      {"one_page_copy_floor_us", m.floor_us},
+      {"one_page_memcpy_us", m.memcpy_us},
+      {"one_page_memcpy_p99_us", m.one_page_memcpy.p99},
+      {"one_page_added_p50_us", m.added_p50},
+      {"one_page_added_p99_us", m.added_p99},
+      {"memcpy_gbps", m.memcpy_gbps},
+      {"memcpy_gbps_before", m.memcpy_before},
+      {"memcpy_gbps_after", m.memcpy_after},
+      {"ratio_to_memcpy", m.memcpy_ratio},
+      {"memcpy_piece_bytes", m.big_piece},
+      {"run_bytes", m.run_bytes},
+      {"memcpy_runs_gbps", m.memcpy_runs_gbps},
+      {"ratio_to_memcpy_runs", m.memcpy_runs_ratio},
+      {"results", results},
+      {"ok", m.ok}};
   if (!m.raw_error.empty()) out["raw_error"] = m.raw_error;
   std::cout << out.dump() << std::endl;
 }
@@ -571,7 +630,8 @@ int RunOn(const RequestsFlags& f, const HostNet* net) {
 }
 
 // --hosts: checks it can work, makes the hosts, runs on them.
-int RunBenchRequests(const RequestsFlags& f) {
+int RunBenchRequests(RequestsFlags f) {
+  if (!f.no_pin) f.pin = SplitCpus(AllowedCpus());
   if (f.hosts == 0) return RunOn(f, nullptr);
   if (f.path != "tcp") {
     std::cerr << "kvbridge bench requests: --hosts needs --path tcp: shared memory cannot cross "
@@ -643,6 +703,11 @@ void AddBenchRequestsCommand(CLI::App& bench, std::function<int()>& run) {
   cmd->add_option("--raw-region", f->raw_region, "Region size of the raw transport measurement")
       ->capture_default_str();
   cmd->add_flag("--no-raw", f->no_raw, "Skip the raw transport measurement");
+  cmd->add_flag("--no-pin", f->no_pin,
+                "Leave every process to the scheduler; by default prefill's workers and the raw "
+                "initiator run on one half of this process's CPUs and decode's workers and the "
+                "raw target on the other, as on two machines (two busy threads the scheduler "
+                "puts on one CPU halve both figures at random)");
   cmd->add_flag("--check-outside-window", f->check_outside_window,
                 "Bandwidth sweep: prefill fills every measured request's pattern before the first "
                 "one and decode checks every page after the last, outside the measured window "

@@ -2,11 +2,14 @@
 // path) on a small region and prints one JSON object with the documented
 // fields; every result is verified at the target.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "tests/integration/subprocess_util.h"
+#include "tools/cpu_sides.h"
 
 namespace {
 
@@ -106,6 +109,76 @@ TEST(BenchRequests, CheckingOutsideTheWindowStillChecksEveryPageOfEveryRequest) 
   EXPECT_EQ(big["verified_pages"], (kRequests + warmup) * pages_per_request * 2 * kLayers)
       << big.dump();
   EXPECT_GT(big["gbps"].get<double>(), 0) << big.dump();
+}
+
+// The CPUs this test may run on, read here (not through cpu_sides.h).
+std::set<int> TestCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::set<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.insert(c);
+  return cpus;
+}
+
+TEST(CpuSides, SplitsTheCpusInALowerAndAnUpperHalf) {
+  using kvbridge::tools::SplitCpus;
+  auto two = SplitCpus({1, 0});
+  ASSERT_TRUE(two.has_value());
+  EXPECT_EQ(two->first, "0");
+  EXPECT_EQ(two->second, "1");
+  auto odd = SplitCpus({5, 2, 3, 1, 0});  // the larger half to the receiving side
+  ASSERT_TRUE(odd.has_value());
+  EXPECT_EQ(odd->first, "0,1");
+  EXPECT_EQ(odd->second, "2,3,5");
+  auto dups = SplitCpus({4, 4, 6, 6});
+  ASSERT_TRUE(dups.has_value());
+  EXPECT_EQ(dups->first, "4");
+  EXPECT_EQ(dups->second, "6");
+  EXPECT_FALSE(SplitCpus({}).has_value());
+  EXPECT_FALSE(SplitCpus({3}).has_value());
+  EXPECT_FALSE(SplitCpus({3, 3}).has_value());  // one CPU, twice
+  EXPECT_FALSE(SplitCpus({-1, 2}).has_value());
+}
+
+// `bench requests` runs prefill's workers on the lower half of its CPUs and
+// decode's on the upper half (each worker reports the CPUs it may run on),
+// and with --no-pin leaves them all to the scheduler.
+TEST(BenchRequests, EachSideRunsOnItsOwnHalfOfTheCpusUnlessToldNotTo) {
+  const std::set<int> cpus = TestCpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "one CPU: no halves to pin the sides to";
+  for (const bool pin : {true, false}) {
+    SCOPED_TRACE(pin ? "pinned" : "--no-pin");
+    const std::string cmd = std::string(KVB_BIN_DIR) +
+                            "/kvbridge bench requests --json --no-raw --layers 2 --heads 4 "
+                            "--head-dim 16 --page-size 4 --tokens 64 --requests 2 "
+                            "--small-requests 4 --decode-tp 2" +
+                            (pin ? "" : " --no-pin") + " 2>/dev/null";
+    CommandOutput r = RunCommand(cmd);
+    ASSERT_EQ(r.exit_status, 0) << cmd << "\n" << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(j.is_discarded()) << "stdout is not one JSON object:\n" << r.out;
+    EXPECT_TRUE(j.value("ok", false)) << j.dump(2);
+    for (const nlohmann::json& sweep : j["results"]) {
+      const auto prefill = sweep["prefill_cpus"].get<std::set<int>>();
+      const auto decode = sweep["decode_cpus"].get<std::set<int>>();
+      if (!pin) {
+        EXPECT_TRUE(j["cpus"].is_null()) << j.dump(2);
+        EXPECT_EQ(prefill, cpus) << sweep.dump();
+        EXPECT_EQ(decode, cpus) << sweep.dump();
+        continue;
+      }
+      ASSERT_FALSE(prefill.empty()) << sweep.dump();
+      ASSERT_FALSE(decode.empty()) << sweep.dump();
+      EXPECT_LT(*prefill.rbegin(), *decode.begin()) << sweep.dump();  // disjoint, lower half first
+      std::set<int> both = prefill;
+      both.insert(decode.begin(), decode.end());
+      EXPECT_EQ(both, cpus) << sweep.dump();
+      EXPECT_EQ(prefill.size(), cpus.size() / 2) << sweep.dump();
+      EXPECT_TRUE(j["cpus"].is_object()) << j.dump(2);
+    }
+  }
 }
 
 // `bench scale` finishes every request both ways a worker step can poll:
