@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "common/log.h"
+#include "connector/hello_rule.h"
 #include "connector/layout_json.h"
 #include "connector/manager_impl.h"
 #include "transport/region_token.h"
@@ -278,19 +279,27 @@ void ManagerImpl::OnHelloProof(const RankId& from, const HelloProofMsg& p) {
 bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Binding& b,
                                     Outbox& out, PeerId* fresh, PeerId* stale) {
   Peer* old = FindPeerLocked(PeerKey(from));
-  if (old == nullptr) return false;
-  // A peer this rank retired when it rejoined is replaced like a restarted
-  // one: the new session is this incarnation's.
-  if (old->id->incarnation == from.incarnation && old->ready && !old->retired) {
-    // The same process again: it did not hear our answer. A failed peer
-    // stays failed (it learns so from the RankFailed it gets). With
-    // sglang's server one this rank failed may have been cut off, its
-    // session closed at the failure (FailPeerWithRecordLocked), and make a
-    // new one to tell this rank what it found, or to be told: it gets the
-    // session, and nothing to write into (no region is imported).
-    if (old->failed) {
-      if (!sglang_registry_ || !old->failure || !IsFailureNotice(*old->failure, from, Self()))
-        return true;
+  OldPeerFacts facts;
+  if (old != nullptr) {
+    facts.exists = true;
+    facts.same_incarnation = old->id->incarnation == from.incarnation;
+    facts.ready = old->ready;
+    facts.retired = old->retired;
+    facts.failed = old->failed;
+    facts.failure_notice =
+        sglang_registry_ && old->failure && IsFailureNotice(*old->failure, from, Self());
+    for (auto& [id, room] : senders_)
+      for (auto& [rank, flow] : room->flows)
+        facts.flows_use_it = facts.flows_use_it || flow.peer_key == old->key;
+  }
+  const OldPeerFate fate = FateOfOldPeer(facts);
+  switch (fate) {
+    case OldPeerFate::kNone:
+    case OldPeerFate::kStaysFailed:  // it learns so from the RankFailed it gets
+      break;
+    case OldPeerFate::kTakesNewSession: {
+      // Cut off, its session closed at the failure (FailPeerWithRecordLocked):
+      // it gets the new one, and nothing to write into (no region is imported).
       if (old->tpeer != 0) {  // closed at the failure, or the old session's
         by_tpeer_.erase(old->tpeer);
         out.disconnect.push_back(old->tpeer);
@@ -302,32 +311,33 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
       Send(out, *old, HelloAckMsg{StatusCode::kOk, "", transport_->Address(), ""});
       KVB_LOG_INFO("{}, which this rank failed, made a new handshake: answered, still failed",
                    from.ToString());
-      return true;
+      break;
     }
-    bool in_use = false;
-    for (auto& [id, room] : senders_)
-      for (auto& [rank, flow] : room->flows) in_use = in_use || flow.peer_key == old->key;
-    if (in_use) {
-      // Requests already flow over our endpoint to it: answer on it again,
-      // in the new session (the only one it knows now).
+    case OldPeerFate::kAnsweredAgain: {
+      // It did not hear our answer: answer on our endpoint again, in the new
+      // session (the only one it knows now).
       auth_->Bind(old->tpeer, b);
       Result<DataPath> path = transport_->PathTo(old->tpeer);
       Send(out, *old,
            HelloAckMsg{StatusCode::kOk, "", transport_->Address(),
                        std::string(path.ok() ? DataPathName(*path) : std::string_view())});
-      return true;
+      break;
     }
-    // Our endpoint to it may be the stuck one: answer on the new one.
-    KVB_LOG_INFO("{} sent its Hello again; answering on a new endpoint", from.ToString());
-  } else if (!old->failed) {
-    FailPeerLocked(*old, FailureCause::kPeerExited, fmt::format("restarted as pid {}", from.pid),
-                   "new incarnation", out);
+    case OldPeerFate::kReplaced:
+    case OldPeerFate::kReplacedRestarted:
+      if (fate == OldPeerFate::kReplaced) {
+        KVB_LOG_INFO("{} sent its Hello again; answering on a new endpoint", from.ToString());
+      } else if (!old->failed) {
+        FailPeerLocked(*old, FailureCause::kPeerExited,
+                       fmt::format("restarted as pid {}", from.pid), "new incarnation", out);
+      }
+      *stale = old->tpeer;
+      by_tpeer_.erase(old->tpeer);
+      DropBeatLocked(*old, out);
+      peers_.erase(PeerKey(from));
+      break;
   }
-  *stale = old->tpeer;
-  by_tpeer_.erase(old->tpeer);
-  DropBeatLocked(*old, out);
-  peers_.erase(PeerKey(from));
-  return false;
+  return KeepsOldPeer(fate);
 }
 
 void ManagerImpl::AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer,

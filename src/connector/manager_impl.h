@@ -183,10 +183,11 @@ class ManagerImpl {
   // Prefill: a proven Hello: replaces an old incarnation, imports the
   // regions and answers (sealed) on `tpeer`, bound to `b`.
   void AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer, AuthTransport::Binding b);
-  // What a proven Hello on `*fresh` does to the peer at its position: true
-  // when that peer stays (the same process, answered again on its endpoint,
-  // or failed: with sglang's server it takes `*fresh`, set to 0, to be told
-  // or to tell); else it is gone and `stale` names its endpoint.
+  // Carries out what a proven Hello on `*fresh` does to the peer at its
+  // position (hello_rule.h): true when that peer stays (answered again on
+  // its endpoint, or failed: with sglang's server it may take `*fresh`, set
+  // to 0, to be told or to tell); else it is gone and `stale` names its
+  // endpoint.
   bool KeepOldPeerLocked(const RankId& from, const AuthTransport::Binding& b, Outbox& out,
                          PeerId* fresh, PeerId* stale) KVB_REQUIRES(mu_);
   void Tick();

@@ -1,0 +1,37 @@
+#include "connector/hello_rule.h"
+
+namespace kvbridge::internal {
+
+OldPeerFate FateOfOldPeer(const OldPeerFacts& f) {
+  if (!f.exists) return OldPeerFate::kNone;
+  // A peer this rank retired when it rejoined is replaced like a restarted
+  // one: the new session is this incarnation's.
+  if (!f.same_incarnation || !f.ready || f.retired) return OldPeerFate::kReplacedRestarted;
+  if (f.failed) return f.failure_notice ? OldPeerFate::kTakesNewSession : OldPeerFate::kStaysFailed;
+  return f.flows_use_it ? OldPeerFate::kAnsweredAgain : OldPeerFate::kReplaced;
+}
+
+bool KeepsOldPeer(OldPeerFate fate) {
+  return fate == OldPeerFate::kStaysFailed || fate == OldPeerFate::kTakesNewSession ||
+         fate == OldPeerFate::kAnsweredAgain;
+}
+
+const char* OldPeerFateName(OldPeerFate fate) {
+  switch (fate) {
+    case OldPeerFate::kNone:
+      return "none";
+    case OldPeerFate::kStaysFailed:
+      return "stays failed";
+    case OldPeerFate::kTakesNewSession:
+      return "takes the new session";
+    case OldPeerFate::kAnsweredAgain:
+      return "answered again";
+    case OldPeerFate::kReplaced:
+      return "replaced";
+    case OldPeerFate::kReplacedRestarted:
+      return "replaced (restarted)";
+  }
+  return "?";
+}
+
+}  // namespace kvbridge::internal

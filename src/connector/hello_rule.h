@@ -1,0 +1,47 @@
+// What a proven Hello does to the peer a prefill rank already holds at the
+// Hello's position (ManagerImpl::KeepOldPeerLocked, handshake.cc): the one
+// rule between a rank's generations as its peers see them. The same process
+// may say Hello again (our answer was lost, or its endpoint is stuck); a
+// restarted or rejoined one comes under a new incarnation; a failed one may
+// come back only to be told, or to tell. Kept apart from the manager so that
+// it is tested alone; the manager gathers the facts and carries out the fate.
+#pragma once
+
+namespace kvbridge::internal {
+
+// What prefill knows about the peer it holds at the Hello's position.
+struct OldPeerFacts {
+  bool exists = false;            // a peer is held there at all
+  bool same_incarnation = false;  // the Hello's incarnation is the held peer's
+  bool ready = false;             // its handshake completed
+  bool retired = false;           // this rank retired it when it rejoined
+  bool failed = false;
+  // With sglang's server (no registry records): the held peer's failure is
+  // one the two ranks must tell each other (IsFailureNotice), and the peer's
+  // session closed when it failed.
+  bool failure_notice = false;
+  bool flows_use_it = false;  // a request writes to it over our endpoint
+};
+
+enum class OldPeerFate {
+  kNone,               // nothing held: the Hello makes a new peer
+  kStaysFailed,        // the same process, failed: it stays failed, the new endpoint is closed
+  kTakesNewSession,    // the same failed process, to be told or to tell: the new
+                       // endpoint becomes its session and is answered; it stays failed
+  kAnsweredAgain,      // the same process, requests flow to it: answered again on
+                       // our endpoint, the new one is closed
+  kReplaced,           // the same process, nothing flows (our endpoint may be the
+                       // stuck one): dropped, and the Hello makes a new peer
+  kReplacedRestarted,  // another process at the position (or one this rank
+                       // retired): failed unless it already was, dropped, and
+                       // the Hello makes a new peer
+};
+
+OldPeerFate FateOfOldPeer(const OldPeerFacts& f);
+
+// Whether the held peer stays (the Hello makes no new one).
+bool KeepsOldPeer(OldPeerFate fate);
+
+const char* OldPeerFateName(OldPeerFate fate);
+
+}  // namespace kvbridge::internal

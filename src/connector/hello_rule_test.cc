@@ -1,0 +1,83 @@
+// What a proven Hello does to the peer prefill holds at its position, from
+// facts alone: each fate, and the facts that must not change it.
+#include "connector/hello_rule.h"
+
+#include <gtest/gtest.h>
+
+namespace kvbridge::internal {
+namespace {
+
+// A healthy peer, the same process as the Hello's, nothing flowing to it.
+OldPeerFacts Held() {
+  OldPeerFacts f;
+  f.exists = true;
+  f.same_incarnation = true;
+  f.ready = true;
+  return f;
+}
+
+TEST(HelloRuleTest, NothingHeldMakesANewPeer) {
+  OldPeerFacts f;  // facts of a peer that is not there mean nothing
+  f.failed = true;
+  f.flows_use_it = true;
+  EXPECT_EQ(FateOfOldPeer(f), OldPeerFate::kNone);
+  EXPECT_FALSE(KeepsOldPeer(OldPeerFate::kNone));
+}
+
+TEST(HelloRuleTest, TheSameProcessAgainIsAnsweredOnTheEndpointItsRequestsUse) {
+  OldPeerFacts f = Held();
+  f.flows_use_it = true;
+  EXPECT_EQ(FateOfOldPeer(f), OldPeerFate::kAnsweredAgain);
+  EXPECT_TRUE(KeepsOldPeer(FateOfOldPeer(f)));
+  // Nothing flows: our endpoint may be the stuck one; the new one replaces it.
+  f.flows_use_it = false;
+  EXPECT_EQ(FateOfOldPeer(f), OldPeerFate::kReplaced);
+  EXPECT_FALSE(KeepsOldPeer(FateOfOldPeer(f)));
+}
+
+TEST(HelloRuleTest, AFailedProcessStaysFailedAndIsNeverReplacedByItsOwnHello) {
+  OldPeerFacts f = Held();
+  f.failed = true;
+  for (bool flows : {false, true}) {
+    f.flows_use_it = flows;
+    EXPECT_EQ(FateOfOldPeer(f), OldPeerFate::kStaysFailed) << flows;
+    EXPECT_TRUE(KeepsOldPeer(FateOfOldPeer(f)));
+  }
+  // With sglang's server, one to be told (or to tell) takes the new session
+  // and still stays failed.
+  f.failure_notice = true;
+  EXPECT_EQ(FateOfOldPeer(f), OldPeerFate::kTakesNewSession);
+  EXPECT_TRUE(KeepsOldPeer(FateOfOldPeer(f)));
+}
+
+TEST(HelloRuleTest, AnotherProcessAtThePositionReplacesThePeerFailedOrNot) {
+  for (bool failed : {false, true}) {
+    for (bool flows : {false, true}) {
+      for (bool notice : {false, true}) {
+        OldPeerFacts f = Held();
+        f.same_incarnation = false;
+        f.failed = failed;
+        f.flows_use_it = flows;
+        f.failure_notice = notice;  // about the old process: no session to give
+        EXPECT_EQ(FateOfOldPeer(f), OldPeerFate::kReplacedRestarted) << failed << flows << notice;
+        EXPECT_FALSE(KeepsOldPeer(FateOfOldPeer(f)));
+      }
+    }
+  }
+}
+
+TEST(HelloRuleTest, APeerThisRankRetiredOrNeverReadyIsReplacedLikeARestartedOne) {
+  OldPeerFacts retired = Held();
+  retired.retired = true;
+  retired.failed = true;  // retiring fails it
+  retired.failure_notice = true;
+  retired.flows_use_it = true;
+  EXPECT_EQ(FateOfOldPeer(retired), OldPeerFate::kReplacedRestarted);
+  OldPeerFacts unready = Held();
+  unready.ready = false;
+  unready.flows_use_it = true;
+  EXPECT_EQ(FateOfOldPeer(unready), OldPeerFate::kReplacedRestarted);
+}
+
+}  // namespace
+}  // namespace kvbridge::internal
