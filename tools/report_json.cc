@@ -4,7 +4,6 @@
 #include <chrono>
 
 #include "control/record_json.h"
-#include "tools/cpu_sides.h"
 
 namespace kvbridge::tools {
 
@@ -79,9 +78,7 @@ nlohmann::json ReportToJson(const RankId& self, const WorkerReport& r) {
           {"fatal_reported", r.fatal_reported},
           {"failures", failures},
           {"stats", StatsToJson(r.stats)},
-          {"stats_after", StatsToJson(r.stats_after)},
-          // The CPUs the rank's process may run on (bench requests pins the sides).
-          {"cpus", AllowedCpus()}};
+          {"stats_after", StatsToJson(r.stats_after)}};
 }
 
 }  // namespace kvbridge::tools

@@ -24,6 +24,7 @@
 #include "kvbridge/manager.h"
 #include "kvbridge/receiver.h"
 #include "kvbridge/sender.h"
+#include "tools/cpu_sides.h"
 #include "tools/report_json.h"
 #include "transport/fault/fault_transport.h"
 #include "transport/ucx/ucx_transport.h"
@@ -612,6 +613,7 @@ int RunWorker(const WorkerFlags& f) {
   out["warmup_failed"] = warmup_failed;
   out["fill_seconds"] = fill_s;
   out["peak_live"] = peak_live;
+  out["cpus"] = AllowedCpus();  // where it may run (bench requests pins the sides)
   out["rss_anon_base_kb"] = rss_base_kb;
   out["rss_anon_peak_kb"] = rss_peak_kb;
   out["verify_seconds"] = verify_s;
