@@ -1,12 +1,12 @@
 // The two sides of a benchmark on one machine, each on CPUs of its own, as
 // prefill and decode are on two machines.
 //
-// Why (docs/benchmarks.md, "Two busy threads on one CPU"): on the 2-vCPU
-// test box, a UCX-over-TCP sender and its receiver left to the scheduler
-// share one CPU in about two runs of five (a receiver woken by the data
-// goes to its waker's CPU): the raw transport then moves 1.5-1.9 GB/s
-// instead of 4-5, the request path alike, and a ratio of two runs is a coin
-// toss. Pinned, each side on its own CPU, 7 runs of 7 gave 4.1-5.2 GB/s.
+// Why (docs/benchmarks.md, session 21, "two busy threads on one CPU"): on
+// the 2-vCPU test box, a UCX-over-TCP sender and receiver left to the
+// scheduler run slow in about two runs of five (raw transport 1.5-1.9 GB/s
+// instead of 4-5), so a ratio of two runs was a coin toss. With the sender
+// on one CPU and the receiver on the other, 7 raw runs of 7 were fast. The
+// request path still has slow runs when pinned: a second cause, not found.
 #pragma once
 
 #include <optional>
