@@ -16,22 +16,4 @@ bool KeepsOldPeer(OldPeerFate fate) {
          fate == OldPeerFate::kAnsweredAgain;
 }
 
-const char* OldPeerFateName(OldPeerFate fate) {
-  switch (fate) {
-    case OldPeerFate::kNone:
-      return "none";
-    case OldPeerFate::kStaysFailed:
-      return "stays failed";
-    case OldPeerFate::kTakesNewSession:
-      return "takes the new session";
-    case OldPeerFate::kAnsweredAgain:
-      return "answered again";
-    case OldPeerFate::kReplaced:
-      return "replaced";
-    case OldPeerFate::kReplacedRestarted:
-      return "replaced (restarted)";
-  }
-  return "?";
-}
-
 }  // namespace kvbridge::internal

@@ -42,6 +42,4 @@ OldPeerFate FateOfOldPeer(const OldPeerFacts& f);
 // Whether the held peer stays (the Hello makes no new one).
 bool KeepsOldPeer(OldPeerFate fate);
 
-const char* OldPeerFateName(OldPeerFate fate);
-
 }  // namespace kvbridge::internal
