@@ -142,18 +142,10 @@ std::string WhereRan(const RequestsFlags& f, const HostNet* net) {
   return f.path == "tcp" ? "loopback" : "this host";
 }
 
-// `binary` with /proc/self/exe resolved: started through a shell or a
-// wrapper (taskset), that name would mean the wrapper.
-std::string RealBinary(const std::string& binary) {
-  char self[4096];
-  ssize_t len = binary == "/proc/self/exe" ? readlink(binary.c_str(), self, sizeof(self) - 1) : -1;
-  return len > 0 ? std::string(self, static_cast<size_t>(len)) : binary;
-}
-
 // Every prefill rank's command starts on `pin.first`'s CPUs, every decode
 // rank's on `pin.second`'s (inside its host's namespaces, with hosts).
 void PinSides(const CpuSides& pin, ClusterOptions& co) {
-  co.binary = RealBinary(co.binary);
+  co.binary = ResolvedBinary(co.binary);
   const size_t ranks = static_cast<size_t>(co.prefill_tp + co.decode_tp);
   co.rank_wrap.resize(std::max(co.rank_wrap.size(), ranks));
   for (size_t i = 0; i < ranks; ++i) {
@@ -290,7 +282,7 @@ std::string RawHostsPrefix(const HostNet* net, const std::optional<CpuSides>& pi
 // (across the hosts with `net`).
 double RawTransportGbps(const RequestsFlags& f, const HostNet* net, std::string* error) {
   std::string path = f.path == "tcp" ? "tcp" : "shm";
-  const std::string binary = RealBinary(f.binary);
+  const std::string binary = ResolvedBinary(f.binary);
   std::string target_flag;
   const std::string prefix = RawHostsPrefix(net, f.pin, &target_flag);
   std::string cmd = prefix + ShellQuote(binary) + " bench transport --paths " + path +

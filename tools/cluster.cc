@@ -55,6 +55,13 @@ std::string ExitInfo::ToString() const {
   return "signal " + std::to_string(signal) + (name ? std::string(" (SIG") + name + ")" : "");
 }
 
+std::string ResolvedBinary(const std::string& binary) {
+  if (!binary.starts_with("/proc/")) return binary;
+  char target[4096];
+  const ssize_t len = readlink(binary.c_str(), target, sizeof(target) - 1);
+  return len > 0 ? std::string(target, static_cast<size_t>(len)) : binary;
+}
+
 Result<int> PickFreePort() {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return InternalError(Errno("socket"));

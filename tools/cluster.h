@@ -231,4 +231,9 @@ class Cluster {
 // A free TCP port on 127.0.0.1 (bound and released; a small race remains).
 Result<int> PickFreePort();
 
+// `binary` with a /proc/ link (/proc/self/exe) resolved to its target:
+// started through a wrapper (nsenter, taskset) or a shell, the link would
+// name the wrapper. Unchanged when it is not such a link.
+std::string ResolvedBinary(const std::string& binary);
+
 }  // namespace kvbridge::tools

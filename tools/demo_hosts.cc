@@ -1,7 +1,5 @@
 #include "tools/demo_hosts.h"
 
-#include <unistd.h>
-
 namespace kvbridge::tools {
 
 bool IsNetworkFault(const std::string& kind) {
@@ -9,9 +7,7 @@ bool IsNetworkFault(const std::string& kind) {
 }
 
 void PlaceRanks(const HostNet& net, int prefill_hosts, int decode_hosts, ClusterOptions& co) {
-  char self[4096];
-  ssize_t len = readlink(co.binary.c_str(), self, sizeof(self) - 1);
-  if (len > 0 && co.binary.starts_with("/proc/")) co.binary.assign(self, static_cast<size_t>(len));
+  co.binary = ResolvedBinary(co.binary);
   for (int i = 0; i < co.prefill_tp; ++i) co.rank_wrap.push_back(net.Command(i % prefill_hosts));
   for (int i = 0; i < co.decode_tp; ++i)
     co.rank_wrap.push_back(net.Command(prefill_hosts + i % decode_hosts));
