@@ -210,6 +210,43 @@ TEST(FenceTest, AMappingPrefillRejoinsOnlyAfterItsWritesFinishedAndItsOldRoomQui
   ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, next));
 }
 
+// The same rejoin, with every message of the old incarnation lost until it
+// rejoined: its Quiesced for the room never reaches decode. Decode learns
+// that none of its writes is left only from meeting the process again under
+// its new incarnation (a new room looks it up), and counts the old room
+// quiesced then (write_rule.h, kRejoined), not at the quiesce timeout.
+TEST(FenceTest, AMappingPrefillWhoseQuiescedWasLostQuiescesItsOldRoomWhenMetRejoined) {
+  std::vector<FaultTransport*> faults;  // prefill, decode
+  ClusterOptions o = FenceCluster(&faults);
+  o.tweak = [](ManagerOptions& m) {
+    m.heartbeat_interval = std::chrono::milliseconds(50);
+    m.heartbeat_misses = 8;
+    m.quiesce_timeout = std::chrono::minutes(5);  // never the timeout's doing
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(faults.size(), 2u);
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  Request r{.room = 33, .src = {1, 2, 3, 4}, .dst = {30, 31, 32, 33}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, r, /*senders_first=*/false));
+  KVReceiver& rx = *r.receivers[0];
+  ASSERT_NO_FATAL_FAILURE(HoldAndSilencePrefill(r, *faults[0]));
+  // Prefill reads decode's record about it, fails its room and, once its
+  // held writes finished, rejoins; all it says meanwhile is lost.
+  ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kFailed; }));
+  faults[0]->ReleaseHeldWrites();
+  ASSERT_TRUE(WaitFor([&] { return prefill.Stats().rejoins == 1; }));
+  EXPECT_FALSE(rx.Quiesced()) << "quiesced before anything said no write is left";
+  faults[0]->DropUrgentMessages(false);
+  faults[0]->DropMessages(false);
+  Request next{.room = 34, .src = {5, 6, 7}, .dst = {40, 41, 42}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, next, /*senders_first=*/false));
+  ASSERT_TRUE(WaitFor([&] { return rx.Quiesced(); })) << "the old room never quiesced";
+  EXPECT_EQ(rx.PollSettled(), KVPoll::kFailed);
+  ASSERT_NO_FATAL_FAILURE(SendChunks(next, {3}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, next));
+}
+
 // Decode's transport, noting every grant decode gives.
 class GrantLog final : public ForwardingTransport {
  public:

@@ -439,6 +439,25 @@ std::unique_ptr<Peer> PrefillPeerOf(const std::string& key, const RankRecord& re
 
 }  // namespace
 
+PeerId ManagerImpl::RetirePrefillPeerLocked(Peer& old, Peer& fresh, bool same, Outbox& out) {
+  if (same) fresh.remeet = {old.remeet.at, old.remeet.waits, old.remeet.count + 1};
+  // The same process rejoined: which of its old incarnation's writes may
+  // still land is the write rule's to say (write_rule.h).
+  old.rejoined = !same && SameProcess(HostOf(old.id), HostOf(fresh.id));
+  if (!old.failed)
+    FailPeerLocked(old, FailureCause::kPeerExited,
+                   old.rejoined
+                       ? fmt::format("rejoined as incarnation {:#x}", fresh.id->incarnation)
+                       : fmt::format("restarted as pid {}", fresh.id->pid),
+                   "new incarnation", out);
+  SettleSourcesOfLocked(old);
+  by_tpeer_.erase(old.tpeer);
+  DropBeatLocked(old, out);
+  if (old.grant != 0 && !old.fenced)
+    retired_grants_.push_back({old.key, old.id->incarnation, old.grant, old.mapping});
+  return old.tpeer;
+}
+
 Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* registered,
                                                    const FailureRecord* notice) {
   const std::string key = PeerKey(pos);
@@ -466,24 +485,8 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
   {
     // In the table before the Hello leaves: its answer can come at once.
     MutexLock lock(mu_);
-    Peer* old = FindPeerLocked(key);
-    if (old != nullptr) {
-      if (same) peer->remeet = {old->remeet.at, old->remeet.waits, old->remeet.count + 1};
-      if (!old->failed)
-        FailPeerLocked(*old, FailureCause::kPeerExited,
-                       fmt::format("restarted as pid {}", peer->id->pid), "new incarnation", out);
-      // The same process rejoined. Writes decode can revoke wait for their
-      // revoke (FenceRound); those it cannot (a same-host peer that maps our
-      // pages) the rejoin waited for.
-      if (SameProcess(HostOf(old->id), HostOf(peer->id)) && (old->grant == 0 || old->mapping) &&
-          OnThisHost(old->id))
-        QuiesceRejoinedLocked(key, old->id->incarnation);
-      stale = old->tpeer;
-      by_tpeer_.erase(old->tpeer);
-      DropBeatLocked(*old, out);
-      if (old->grant != 0 && !old->fenced)
-        retired_grants_.push_back({key, old->id->incarnation, old->grant, old->mapping});
-    }
+    if (Peer* old = FindPeerLocked(key); old != nullptr)
+      stale = RetirePrefillPeerLocked(*old, *peer, same, out);
     // Met again only to be told: failed from the start (its record keeps
     // blocking its rooms).
     peer->failed = peer->notice = same;

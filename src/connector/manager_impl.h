@@ -160,6 +160,11 @@ class ManagerImpl {
   // Connects to the prefill rank at `position` unless already connected;
   // `registered` gets its registry record once read. With `notice`, a failed
   // rank found at the same incarnation is met again to be told (Peer::notice).
+  // Decode: `old`, held at the position `fresh` (a new incarnation, or the
+  // same one met again only to tell it, `same`) takes: failed unless it was,
+  // its sources settled, its beat dropped, its grant left to revoke. Returns
+  // its endpoint, to close once the lock is let go.
+  PeerId RetirePrefillPeerLocked(Peer& old, Peer& fresh, bool same, Outbox& out) KVB_REQUIRES(mu_);
   Result<std::string> EnsurePrefillPeer(const RankId& position, RankId* registered,
                                         const FailureRecord* notice = nullptr);
   HelloMsg MakeHello() const;
@@ -435,11 +440,11 @@ class ManagerImpl {
   void AddFailedSourcesLocked(ReceiverRoom& room, std::vector<ReceiverSource> sources, Outbox& out)
       KVB_REQUIRES(mu_);
   void UpdateQuiescedLocked(ReceiverRoom& room) KVB_REQUIRES(mu_);
-  // The prefill process at `key` came back under a new incarnation (same
-  // host and pid: it rejoined). A rejoin waits for every write its old
-  // incarnation posted (MaybeRejoin), so that incarnation's sources are
-  // quiesced, also those whose Quiesced never arrived (its sessions closed).
-  void QuiesceRejoinedLocked(const std::string& key, uint64_t old_incarnation) KVB_REQUIRES(mu_);
+  // The sources of `peer`'s incarnation, settled by the write rule on what
+  // is known of it now (decode, as a new incarnation replaces it: a rejoin
+  // of the same process waited for the writes decode cannot revoke, also
+  // those whose Quiesced never arrived, its sessions closed).
+  void SettleSourcesOfLocked(const Peer& peer) KVB_REQUIRES(mu_);
   // WaitingForInput once the room's sources are resolved and every one of
   // them answered our handshake (sglang pre-allocates only then).
   void MaybeHandshakeDoneLocked(ReceiverRoom& room) KVB_REQUIRES(mu_);

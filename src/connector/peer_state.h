@@ -82,6 +82,9 @@ struct Peer {
   bool mapping = false;
   std::vector<std::string> grant_keys[3];
   bool fenced = false;
+  // Decode side: its process (same host, same pid) came back under a new
+  // incarnation, which replaces this peer (write_rule.h, `rejoined`).
+  bool rejoined = false;
   // Failed by an earlier incarnation of this rank, retired when it rejoined
   // (MaybeRejoin): the peer itself may be healthy, so a new handshake
   // replaces it, with a new session and (decode) a new grant.

@@ -169,6 +169,7 @@ SourceWriteFacts ManagerImpl::WriteFactsLocked(const ReceiverSource& src, const 
   if (peer == nullptr) return f;
   f.peer_failed = peer->failed;
   f.acked = peer->acked;
+  f.rejoined = peer->rejoined;
   // Failed with no record: taken as exited.
   f.cause = peer->failure ? peer->failure->cause : FailureCause::kPeerExited;
   f.grant_revoked = peer->fenced;

@@ -142,14 +142,14 @@ void ManagerImpl::UpdateQuiescedLocked(ReceiverRoom& room) {
   }
 }
 
-void ManagerImpl::QuiesceRejoinedLocked(const std::string& key, uint64_t old_incarnation) {
+void ManagerImpl::SettleSourcesOfLocked(const Peer& peer) {
   for (auto& [id, room] : receivers_) {
     bool touched = false;
     for (ReceiverSource& src : room->sources) {
-      if (src.peer_key != key || src.prefill->incarnation != old_incarnation || src.quiesced)
+      if (src.peer_key != peer.key || src.prefill->incarnation != peer.id->incarnation ||
+          src.quiesced)
         continue;
-      src.quiesced = true;
-      touched = true;
+      touched = SettleSourceLocked(src, &peer) || touched;
     }
     if (touched) UpdateQuiescedLocked(*room);
   }

@@ -70,7 +70,7 @@ void ManagerImpl::MaybeRejoin() {
     // first (each completes or fails within the transport's bound), while
     // their peers are still there to be told Quiesced: decode counts such a
     // room quiesced only on that word, or on seeing this process come back
-    // under a new incarnation (QuiesceRejoinedLocked), which must then mean
+    // under a new incarnation (write_rule.h, kRejoined), which must then mean
     // nothing is left. Revocable writes need no wait: decode revokes them.
     if (unrevocable_chunks_ > 0) {  // of every room, released ones too
       if (rejoin_waits_++ == rejoin_waits_logged_)

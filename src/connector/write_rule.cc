@@ -7,7 +7,7 @@ WriteEnd NoMoreWrites(const SourceWriteFacts& f) {
   if (f.request_done) return WriteEnd::kDone;
   if (!f.pages_sent) return WriteEnd::kNeverGivenPages;
   if (f.said_quiesced) return WriteEnd::kSaidQuiesced;
-  if (f.rejoined) return WriteEnd::kRejoined;
+  if (f.rejoined && f.on_this_host && (f.maps_pages || !f.has_grant)) return WriteEnd::kRejoined;
   if (!f.peer_known) return WriteEnd::kForgotten;
   // A live peer holding the page list may write until it says it is done.
   if (!f.peer_failed) return WriteEnd::kMayStillWrite;
@@ -15,7 +15,8 @@ WriteEnd NoMoreWrites(const SourceWriteFacts& f) {
   // A mapping stays writable after the revoke: only its Quiesced, its exit
   // or its rejoin ends it.
   if (f.grant_revoked && !f.maps_pages) return WriteEnd::kFenced;
-  if (f.cause == FailureCause::kPeerExited) return WriteEnd::kExited;
+  // A rejoined process is alive whatever its record says.
+  if (f.cause == FailureCause::kPeerExited && !f.rejoined) return WriteEnd::kExited;
   // A silent rank on another host may be alive behind a partition, its
   // writes queued in the network: with a grant, only the revoke says none
   // lands. Without grants (a transport that has none) its connection was

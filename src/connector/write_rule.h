@@ -17,8 +17,11 @@ struct SourceWriteFacts {
   bool pages_sent = false;     // the request's page list went (or is held) for it
   bool request_done = false;   // every source's last chunk arrived
   bool said_quiesced = false;  // it said nothing more is in flight for the request
-  // The process that held this source's incarnation came back under a new
-  // one after waiting for every write it had posted (ManagerImpl::MaybeRejoin).
+  // The process that held this source's incarnation (same host, same pid)
+  // came back under a new one: it is alive, and its rejoin waited only for
+  // the writes decode cannot revoke, those through a mapping of the pages or
+  // without a grant on this host (ManagerImpl::MaybeRejoin); the others end
+  // with the revoke of its grant.
   bool rejoined = false;
   bool peer_known = true;  // still in the peer table
   bool peer_failed = false;
@@ -39,7 +42,7 @@ enum class WriteEnd {
   kDone,              // the request succeeded: every write landed
   kNeverGivenPages,   // the page list never went
   kSaidQuiesced,      // it said so itself
-  kRejoined,          // its process rejoined, which waits for its writes first
+  kRejoined,          // its process rejoined, which waited for its unrevocable writes
   kForgotten,         // no longer connected to this rank at all
   kNeverAnswered,     // failed before answering our Hello: the page list stayed here
   kFenced,            // the grant is revoked: nothing it sends lands

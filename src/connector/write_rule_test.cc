@@ -60,10 +60,44 @@ TEST(WriteRuleTest, AFailedPeerThatMayBeAliveWritesUntilItsGrantIsRevoked) {
       // A mapping of the pages outlives the revoke.
       f.maps_pages = true;
       EXPECT_EQ(NoMoreWrites(f), WriteEnd::kMayStillWrite) << FailureCauseName(cause);
-      f.rejoined = true;  // its process waited for its writes before rejoining
+      if (!here) continue;  // a mapping is of this host's memory
+      f.rejoined = true;    // its process waited for its writes before rejoining
       EXPECT_EQ(NoMoreWrites(f), WriteEnd::kRejoined) << FailureCauseName(cause);
     }
   }
+}
+
+// The same process back under a new incarnation waited, before rejoining,
+// only for the writes decode cannot revoke (a mapping of the pages, or none
+// under a grant, on this host): the rest may still be on their way until
+// the revoke, whatever the record says of its old incarnation ("restarted",
+// taken as exited, is what replacing the peer records when it was not failed).
+TEST(WriteRuleTest, ARejoinedProcessIsAliveAndItsRevocableWritesEndOnlyWithTheRevoke) {
+  for (FailureCause cause : {FailureCause::kPeerExited, FailureCause::kPeerUnresponsive}) {
+    SourceWriteFacts f = FailedWithGrant(cause);
+    f.rejoined = true;
+    for (bool here : {false, true}) {
+      f.on_this_host = here;
+      f.grant_revoked = false;
+      EXPECT_EQ(NoMoreWrites(f), WriteEnd::kMayStillWrite) << FailureCauseName(cause) << here;
+      f.grant_revoked = true;
+      EXPECT_EQ(NoMoreWrites(f), WriteEnd::kFenced) << FailureCauseName(cause) << here;
+    }
+    // Unrevocable on this host: the rejoin waited for them.
+    f.grant_revoked = false;
+    f.on_this_host = true;
+    f.maps_pages = true;
+    EXPECT_EQ(NoMoreWrites(f), WriteEnd::kRejoined) << FailureCauseName(cause);
+    f.maps_pages = false;
+    f.has_grant = false;
+    EXPECT_EQ(NoMoreWrites(f), WriteEnd::kRejoined) << FailureCauseName(cause);
+    // Without a grant on another host the rejoin did not wait: it ends as
+    // any failed peer's does (here: not at all, but for a cut-off link).
+    f.on_this_host = false;
+    EXPECT_NE(NoMoreWrites(f), WriteEnd::kRejoined) << FailureCauseName(cause);
+  }
+  // Not rejoined, a record of exit ends it at once.
+  EXPECT_EQ(NoMoreWrites(FailedWithGrant(FailureCause::kPeerExited)), WriteEnd::kExited);
 }
 
 TEST(WriteRuleTest, AnExitedPeerWritesNothingEvenThroughAMapping) {
