@@ -328,8 +328,8 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
       if (fate == OldPeerFate::kReplaced) {
         KVB_LOG_INFO("{} sent its Hello again; answering on a new endpoint", from.ToString());
       } else if (!old->failed) {
-        FailPeerLocked(*old, FailureCause::kPeerExited,
-                       fmt::format("restarted as pid {}", from.pid), "new incarnation", out);
+        FailPeerLocked(*old, FailureCause::kPeerExited, NewIncarnationDetail(old->id, from),
+                       "new incarnation", out);
       }
       *stale = old->tpeer;
       by_tpeer_.erase(old->tpeer);
@@ -445,10 +445,7 @@ PeerId ManagerImpl::RetirePrefillPeerLocked(Peer& old, Peer& fresh, bool same, O
   // still land is the write rule's to say (write_rule.h).
   old.rejoined = !same && SameProcess(HostOf(old.id), HostOf(fresh.id));
   if (!old.failed)
-    FailPeerLocked(old, FailureCause::kPeerExited,
-                   old.rejoined
-                       ? fmt::format("rejoined as incarnation {:#x}", fresh.id->incarnation)
-                       : fmt::format("restarted as pid {}", fresh.id->pid),
+    FailPeerLocked(old, FailureCause::kPeerExited, NewIncarnationDetail(old.id, fresh.id),
                    "new incarnation", out);
   SettleSourcesOfLocked(old);
   by_tpeer_.erase(old.tpeer);

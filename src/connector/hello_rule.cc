@@ -1,5 +1,9 @@
 #include "connector/hello_rule.h"
 
+#include <fmt/format.h>
+
+#include "connector/peer_auth.h"
+
 namespace kvbridge::internal {
 
 OldPeerFate FateOfOldPeer(const OldPeerFacts& f) {
@@ -14,6 +18,12 @@ OldPeerFate FateOfOldPeer(const OldPeerFacts& f) {
 bool KeepsOldPeer(OldPeerFate fate) {
   return fate == OldPeerFate::kStaysFailed || fate == OldPeerFate::kTakesNewSession ||
          fate == OldPeerFate::kAnsweredAgain;
+}
+
+std::string NewIncarnationDetail(const RankId& old, const RankId& now) {
+  if (SameProcess(HostOf(old), HostOf(now)))
+    return fmt::format("rejoined as incarnation {:#x} (same process)", now.incarnation);
+  return fmt::format("restarted as pid {}", now.pid);
 }
 
 }  // namespace kvbridge::internal

@@ -7,6 +7,10 @@
 // it is tested alone; the manager gathers the facts and carries out the fate.
 #pragma once
 
+#include <string>
+
+#include "kvbridge/errors.h"
+
 namespace kvbridge::internal {
 
 // What prefill knows about the peer it holds at the Hello's position.
@@ -41,5 +45,11 @@ OldPeerFate FateOfOldPeer(const OldPeerFacts& f);
 
 // Whether the held peer stays (the Hello makes no new one).
 bool KeepsOldPeer(OldPeerFate fate);
+
+// What the held peer's record says (cause peer_exited) when a new
+// incarnation takes its position and the peer was not failed yet, on either
+// side: the same process (host and boot, pid) rejoined, or another process
+// took its place.
+std::string NewIncarnationDetail(const RankId& old, const RankId& now);
 
 }  // namespace kvbridge::internal

@@ -79,5 +79,26 @@ TEST(HelloRuleTest, APeerThisRankRetiredOrNeverReadyIsReplacedLikeARestartedOne)
   EXPECT_EQ(FateOfOldPeer(unready), OldPeerFate::kReplacedRestarted);
 }
 
+// The record of a peer a new incarnation replaces says which it was: the
+// same process (host, boot, pid) rejoining, or another process.
+TEST(HelloRuleTest, TheRecordOfAReplacedPeerSaysWhetherItsProcessRejoinedOrWasReplaced) {
+  RankId old;
+  old.host = "h1";
+  old.boot_id = "boot-1";
+  old.pid = 41;
+  old.incarnation = 0x10;
+  RankId now = old;
+  now.incarnation = 0x2a;
+  EXPECT_EQ(NewIncarnationDetail(old, now), "rejoined as incarnation 0x2a (same process)");
+  now.pid = 42;
+  EXPECT_EQ(NewIncarnationDetail(old, now), "restarted as pid 42");
+  now.pid = 41;  // the same pid after a reboot is another process
+  now.boot_id = "boot-2";
+  EXPECT_EQ(NewIncarnationDetail(old, now), "restarted as pid 41");
+  now.boot_id = "boot-1";  // and on another host too
+  now.host = "h2";
+  EXPECT_EQ(NewIncarnationDetail(old, now), "restarted as pid 41");
+}
+
 }  // namespace
 }  // namespace kvbridge::internal
