@@ -40,7 +40,9 @@ void AddTransportCommands(CLI::App& bench, std::function<int()>& run) {
       "transport",
       "One-sided write bandwidth and message rate per transport path between two processes on "
       "this host, next to a memcpy / loopback-socket reference measured in the same run");
-  cmd->add_option("--paths", flags->options.paths, "Transport paths: shm, cma, tcp, ucx-shm")
+  cmd->add_option("--paths", flags->options.paths,
+                  "Transport paths: shm, cma, tcp, tcp-granted (writes under a per-peer grant, as "
+                  "requests make them), ucx-shm")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--block-sizes", flags->block_sizes, "Block sizes (4K, 64KiB, 1M, ...)")

@@ -35,12 +35,13 @@ Result<PathSpec> LookupPath(const std::string& name) {
     p.expected = DataPath::kCrossMemoryAttach;
     p.target = 0.9;
     p.target_min_block = 64 << 10;
-  } else if (name == "tcp") {
+  } else if (name == "tcp" || name == "tcp-granted") {
     p.expected = DataPath::kUcxRendezvous;
     p.same_host = false;
     p.options.tls = "tcp";
     p.options.same_host_paths = false;
-    p.target = 0.8;
+    p.granted = name == "tcp-granted";
+    if (!p.granted) p.target = 0.8;  // the granted path is a reference for requests
     p.target_min_block = 1 << 20;
   } else if (name == "ucx-shm") {
     // UCX's own shared-memory transports with peer error handling: what a
@@ -49,7 +50,8 @@ Result<PathSpec> LookupPath(const std::string& name) {
     p.options.same_host_paths = false;
     p.options.shm_error_handling = true;
   } else {
-    return InvalidArgumentError("unknown path '" + name + "' (shm, cma, tcp, ucx-shm)");
+    return InvalidArgumentError("unknown path '" + name +
+                                "' (shm, cma, tcp, tcp-granted, ucx-shm)");
   }
   return p;
 }

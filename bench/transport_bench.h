@@ -22,10 +22,14 @@ namespace kvbridge::bench {
 
 // A transport path the bench can ask for.
 struct PathSpec {
-  std::string name;               // "shm", "cma", "tcp", "ucx-shm"
-  internal::DataPath expected;    // what the transport should choose
-  bool shared_buffer = false;     // target allocates with AllocateSharedBuffer
-  bool same_host = true;          // reference: memcpy (true) or TCP socket
+  std::string name;             // "shm", "cma", "tcp", "tcp-granted", "ucx-shm"
+  internal::DataPath expected;  // what the transport should choose
+  bool shared_buffer = false;   // target allocates with AllocateSharedBuffer
+  bool same_host = true;        // reference: memcpy (true) or TCP socket
+  // The target hands out a per-peer grant's key (kMediated), as decode does
+  // to each prefill rank: every write is an active message the target
+  // admits, none a one-sided put.
+  bool granted = false;
   std::optional<double> target;   // ratio required by issue 2 (none: info only)
   uint64_t target_min_block = 0;  // the target applies from this block size
   internal::UcxTransportOptions options;

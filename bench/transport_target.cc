@@ -4,7 +4,8 @@
 // Pipe protocol (frames, see Channel). Every reply starts with 'K' (ok) or
 // 'E' (error, followed by the message).
 //   target -> bench at start:  'K', then the transport Address(), then the
-//                              region's remote-key blob.
+//                              region's remote-key blob (a per-peer grant's
+//                              key for a granted path).
 //   'C' (offset, length)*      zero these ranges (before a measured round)
 //   'H' (offset, length)*      reply 'K' + HashBytes of each range
 //   'Q'                        deregister, shut down, reply 'K', exit 0
@@ -93,9 +94,16 @@ int RunTransportTarget(const std::string& path, uint64_t region_size, int in_fd,
   Result<internal::RegisteredRegion> reg =
       (*transport)->RegisterMemory(region->data(), region_size, MemoryKind::kDram);
   if (!reg.ok()) return fail(reg.status().WithContext("register target region"));
+  std::string key = reg->remote_key;
+  if (spec->granted) {
+    Result<std::string> granted =
+        (*transport)->GrantRegion(reg->id, /*grant=*/1, internal::Transport::GrantReach::kMediated);
+    if (!granted.ok()) return fail(granted.status().WithContext("grant the target region"));
+    key = *granted;
+  }
   Status s = channel.Send("K");
   if (s.ok()) s = channel.Send((*transport)->Address());
-  if (s.ok()) s = channel.Send(reg->remote_key);
+  if (s.ok()) s = channel.Send(key);
   if (!s.ok()) return fail(s);
 
   int rc = 0;

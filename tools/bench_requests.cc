@@ -57,6 +57,9 @@ struct RequestsFlags {
   std::string raw_bytes = "1G";
   std::string raw_region = "256M";
   bool no_raw = false;
+  // Rounds of (raw transport, bandwidth sweep), each a fresh pair of
+  // processes, one after the other; the report takes the median of each.
+  int rounds = 1;
   // Prefill's processes and the raw initiator on one half of the CPUs,
   // decode's and the raw target on the other (cpu_sides.h says why); unset
   // with --no-pin or fewer than two CPUs.
@@ -384,10 +387,17 @@ PlannedRuns MeasurePlannedRuns(const RequestsFlags& f, size_t bytes, bool measur
   return r;
 }
 
+// One round: the raw transport's figure, then the bandwidth sweep's.
+struct Round {
+  double raw = 0;  // GB/s, 0: not measured
+  SweepResult big;
+};
+
 // Everything one run measured, and what follows from it, for the report.
 struct Figures {
   std::string where;  // WhereRan: both the sweeps' and the raw reference's
-  double raw = 0;     // raw transport GB/s (0: not measured)
+  std::vector<Round> rounds;
+  double raw = 0;  // raw transport GB/s (0: not measured), the rounds' median
   std::string raw_error;
   size_t big_piece = 0;
   double memcpy_before = 0, memcpy_after = 0, memcpy_gbps = 0, memcpy_ratio = 0;
@@ -403,6 +413,29 @@ struct Figures {
   Percentiles one_page_memcpy;
   double memcpy_us = 0, added_p50 = 0, added_p99 = 0;
 };
+
+// The lower median of the rounds' raw figures (0 when none was measured).
+double MedianRaw(const std::vector<Round>& rounds) {
+  std::vector<double> raws;
+  for (const Round& r : rounds)
+    if (r.raw > 0) raws.push_back(r.raw);
+  if (raws.empty()) return 0;
+  std::sort(raws.begin(), raws.end());
+  return raws[(raws.size() - 1) / 2];
+}
+
+// The sweep the report stands on: a failed one if any failed (its error is
+// the report's), else the round whose GB/s is the lower median.
+SweepResult MedianSweep(const std::vector<Round>& rounds) {
+  std::vector<const SweepResult*> sweeps;
+  for (const Round& r : rounds) {
+    if (!r.big.error.empty()) return r.big;
+    sweeps.push_back(&r.big);
+  }
+  std::sort(sweeps.begin(), sweeps.end(),
+            [](const SweepResult* a, const SweepResult* b) { return a->gbps() < b->gbps(); });
+  return *sweeps[(sweeps.size() - 1) / 2];
+}
 
 // Where the two sides ran, for the report.
 std::string PinText(const RequestsFlags& f) {
@@ -422,7 +455,6 @@ Figures Measure(const RequestsFlags& f, const HostNet* net) {
                f.head_dim, f.page_size, f.check_stride, PinText(f).c_str());
   std::fflush(note);
   std::string raw_error;
-  double raw = f.no_raw ? 0 : RawTransportGbps(f, net, &raw_error);
   // Single-thread memcpy of a request's bytes in the pieces it moves in (one
   // page of one layer on one decode rank), before and after the sweep.
   const size_t big_piece = static_cast<size_t>(f.page_size) * f.head_dim * 2 *
@@ -431,8 +463,20 @@ Figures Measure(const RequestsFlags& f, const HostNet* net) {
       size_t{1} << 30, static_cast<size_t>((f.big_tokens + f.page_size - 1) / f.page_size) *
                            big_piece * 2 * f.layers);
   const double memcpy_before = ScatteredMemcpyGbps(big_piece, big_bytes);
-  SweepResult big = RunSweep(f, net, std::to_string(f.big_tokens) + "-token", f.big_tokens,
-                             f.big_requests, f.big_concurrency);
+  std::vector<Round> rounds;
+  for (int i = 0; i < f.rounds; ++i) {
+    Round r;
+    r.raw = f.no_raw ? 0 : RawTransportGbps(f, net, &raw_error);
+    r.big = RunSweep(f, net, std::to_string(f.big_tokens) + "-token", f.big_tokens, f.big_requests,
+                     f.big_concurrency);
+    if (f.rounds > 1)
+      std::fprintf(note, "[bench] round %d of %d: raw %.2f GB/s, %s requests %.2f GB/s%s%s\n",
+                   i + 1, f.rounds, r.raw, r.big.name.c_str(), r.big.gbps(),
+                   r.big.error.empty() ? "" : ", error: ", r.big.error.c_str());
+    rounds.push_back(std::move(r));
+  }
+  const double raw = MedianRaw(rounds);
+  SweepResult big = MedianSweep(rounds);
   const double memcpy_after = ScatteredMemcpyGbps(big_piece, big_bytes);
   const double memcpy_gbps = (memcpy_before + memcpy_after) / 2;
   const double memcpy_ratio = memcpy_gbps > 0 ? big.gbps() / memcpy_gbps : 0;
@@ -464,6 +508,7 @@ Figures Measure(const RequestsFlags& f, const HostNet* net) {
   const double added_p99 = memcpy_us > 0 ? small.p99_us - memcpy_us : 0;
   Figures m;
   m.where = where;
+  m.rounds = std::move(rounds);
   m.raw = raw;
   m.raw_error = raw_error;
   m.big_piece = big_piece;
@@ -488,6 +533,18 @@ Figures Measure(const RequestsFlags& f, const HostNet* net) {
   m.big = std::move(big);
   m.small = std::move(small);
   return m;
+}
+
+// Each round's two figures, in the order they ran.
+nlohmann::json RoundsJson(const std::vector<Round>& rounds) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Round& r : rounds)
+    out.push_back({{"raw_transport_gbps", r.raw},
+                   {"gbps", r.big.gbps()},
+                   {"ratio_to_raw", r.raw > 0 ? r.big.gbps() / r.raw : 0},
+                   {"verified_pages", r.big.verified_pages},
+                   {"corrupt_pages", r.big.corrupt_pages}});
+  return out;
 }
 
 void PrintJson(const RequestsFlags& f, const Figures& m) {
@@ -533,6 +590,7 @@ void PrintJson(const RequestsFlags& f, const Figures& m) {
                      : nlohmann::json(nullptr)},
       {"raw_transport_gbps", m.raw},
       {"ratio_to_raw", m.ratio},
+      {"rounds", RoundsJson(m.rounds)},
       {"targets",
        {{"bandwidth_ratio_min", 0.8},
         {"bandwidth_met", m.bw_met},
@@ -565,6 +623,14 @@ void PrintText(const RequestsFlags& f, const Figures& m) {
     std::printf("%-12s %8llu %9.2f %8.1f %10.1f %10.1f %10.2f%s%s\n", s->name.c_str(),
                 static_cast<unsigned long long>(s->succeeded), s->gbps(), s->rps(), s->p50_us,
                 s->p99_us, s->seconds, s->error.empty() ? "" : "  ERROR: ", s->error.c_str());
+  }
+  if (m.rounds.size() > 1) {
+    std::printf("%zu rounds, each the raw transport then the %s sweep in fresh processes:",
+                m.rounds.size(), m.big.name.c_str());
+    for (const Round& r : m.rounds)
+      std::printf(" %.2f / %.2f GB/s (%.2f);", r.raw, r.big.gbps(),
+                  r.raw > 0 ? r.big.gbps() / r.raw : 0);
+    std::printf(" the figures below are the medians\n");
   }
   if (m.raw > 0) {
     std::printf(
@@ -695,6 +761,12 @@ void AddBenchRequestsCommand(CLI::App& bench, std::function<int()>& run) {
   cmd->add_option("--raw-region", f->raw_region, "Region size of the raw transport measurement")
       ->capture_default_str();
   cmd->add_flag("--no-raw", f->no_raw, "Skip the raw transport measurement");
+  cmd->add_option("--rounds", f->rounds,
+                  "Rounds of (raw transport, bandwidth sweep), each in fresh processes, one "
+                  "after the other; the report gives each round and takes the medians (this "
+                  "machine's TCP figures vary from one process pair to the next)")
+      ->check(CLI::Range(1, 9))
+      ->capture_default_str();
   cmd->add_flag("--no-pin", f->no_pin,
                 "Leave every process to the scheduler; by default prefill's workers and the raw "
                 "initiator run on one half of this process's CPUs and decode's workers and the "

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -18,7 +19,7 @@ using kvbridge::testing::RunCommand;
 
 TEST(BenchTransport, JsonHasEveryPathAndSizeVerified) {
   const std::string cmd = std::string(KVB_BIN_DIR) +
-                          "/kvbridge bench transport --json --paths shm,cma,tcp "
+                          "/kvbridge bench transport --json --paths shm,cma,tcp,tcp-granted "
                           "--block-sizes 4K,1M --bytes 4M --region-size 16M";
   CommandOutput r = RunCommand(cmd);
   ASSERT_EQ(r.exit_status, 0) << cmd << "\n" << r.out;
@@ -26,7 +27,7 @@ TEST(BenchTransport, JsonHasEveryPathAndSizeVerified) {
   ASSERT_FALSE(j.is_discarded()) << "stdout is not one JSON object:\n" << r.out;
   ASSERT_TRUE(j.contains("results"));
   const auto& results = j["results"];
-  ASSERT_EQ(results.size(), 6u);  // 3 paths x 2 block sizes
+  ASSERT_EQ(results.size(), 8u);  // 4 paths x 2 block sizes
   for (const auto& row : results) {
     for (const char* field : {"path", "bytes", "gbps", "msg_rate", "reference_gbps", "ratio",
                               "block_size", "chosen_path", "verified"}) {
@@ -41,6 +42,9 @@ TEST(BenchTransport, JsonHasEveryPathAndSizeVerified) {
   EXPECT_EQ(results[0]["path"], "shm");
   EXPECT_EQ(results[2]["path"], "cma");
   EXPECT_EQ(results[4]["path"], "tcp");
+  // Writes under a per-peer grant's key, which carries no rkey: every block
+  // an active message the target admitted, and verified there.
+  EXPECT_EQ(results[6]["path"], "tcp-granted");
 }
 
 // `bench requests --json` says in what runs the engine copies a request
@@ -109,6 +113,47 @@ TEST(BenchRequests, CheckingOutsideTheWindowStillChecksEveryPageOfEveryRequest) 
   EXPECT_EQ(big["verified_pages"], (kRequests + warmup) * pages_per_request * 2 * kLayers)
       << big.dump();
   EXPECT_GT(big["gbps"].get<double>(), 0) << big.dump();
+}
+
+// `bench requests --rounds 3`: three rounds of (raw transport, bandwidth
+// sweep), each round's pair of figures in the JSON in order, every page of
+// every round verified, and the report's figures the rounds' lower medians
+// (computed here from the rounds' own figures). Out-of-range counts are
+// refused by name.
+TEST(BenchRequests, RoundsGiveEachRoundAndTheReportTakesTheirMedians) {
+  constexpr int kRounds = 3;
+  const std::string cmd = std::string(KVB_BIN_DIR) + "/kvbridge bench requests --json --rounds " +
+                          std::to_string(kRounds) +
+                          " --raw-bytes 16M --raw-region 8M --layers 2 --heads 4 --head-dim 16 "
+                          "--page-size 4 --tokens 64 --requests 2 --small-requests 4 2>/dev/null";
+  CommandOutput r = RunCommand(cmd);
+  ASSERT_EQ(r.exit_status, 0) << cmd << "\n" << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << "stdout is not one JSON object:\n" << r.out;
+  EXPECT_TRUE(j.value("ok", false)) << j.dump(2);
+  ASSERT_TRUE(j["rounds"].is_array()) << j.dump(2);
+  ASSERT_EQ(j["rounds"].size(), static_cast<size_t>(kRounds)) << j.dump(2);
+  std::vector<double> raws, gbps;
+  for (const nlohmann::json& round : j["rounds"]) {
+    EXPECT_GT(round["raw_transport_gbps"].get<double>(), 0) << round.dump();
+    EXPECT_GT(round["gbps"].get<double>(), 0) << round.dump();
+    EXPECT_GT(round["verified_pages"].get<uint64_t>(), 0u) << round.dump();
+    EXPECT_EQ(round["corrupt_pages"], 0) << round.dump();
+    raws.push_back(round["raw_transport_gbps"].get<double>());
+    gbps.push_back(round["gbps"].get<double>());
+  }
+  std::sort(raws.begin(), raws.end());
+  std::sort(gbps.begin(), gbps.end());
+  EXPECT_DOUBLE_EQ(j["raw_transport_gbps"].get<double>(), raws[1]) << j.dump(2);
+  EXPECT_DOUBLE_EQ(j["results"][0]["gbps"].get<double>(), gbps[1]) << j.dump(2);
+  EXPECT_DOUBLE_EQ(j["ratio_to_raw"].get<double>(), gbps[1] / raws[1]) << j.dump(2);
+
+  for (const char* bad : {"0", "10"}) {
+    CommandOutput refused =
+        RunCommand(std::string(KVB_BIN_DIR) + "/kvbridge bench requests --rounds " + bad + " 2>&1");
+    EXPECT_NE(refused.exit_status, 0) << bad;
+    EXPECT_NE(refused.out.find("--rounds"), std::string::npos) << refused.out;
+  }
 }
 
 // The CPUs this test may run on, read here (not through cpu_sides.h).
