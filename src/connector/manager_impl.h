@@ -251,10 +251,13 @@ class ManagerImpl {
       KVB_REQUIRES(mu_);
   void TellFailedPeerLocked(Peer& peer, Outbox& out) KVB_REQUIRES(mu_);     // it spoke: peers.cc
   bool FailedItFirstLocked(const FailureRecord& notice) KVB_REQUIRES(mu_);  // propagation.cc
-  // write_rule.h's facts for `src` (`p` at its key, or null); Settle: quiesced once it can't write.
-  SourceWriteFacts WriteFactsLocked(const ReceiverSource& src, const Peer* p) const
+  // write_rule.h's facts for `src` of `room` (`p` at its key, or null).
+  SourceWriteFacts WriteFactsLocked(const ReceiverRoom& room, const ReceiverSource& src,
+                                    const Peer* p) const KVB_REQUIRES(mu_);
+  // Marks `src` quiesced once the write rule says it cannot write; the only
+  // place but FenceRound (its own facts) that sets that mark. Returns it.
+  bool SettleSourceLocked(const ReceiverRoom& room, ReceiverSource& src, const Peer* peer)
       KVB_REQUIRES(mu_);
-  bool SettleSourceLocked(ReceiverSource& src, const Peer* peer) KVB_REQUIRES(mu_);
   bool CutOffLocked(const Peer& peer) const KVB_REQUIRES(mu_);  // unreachable, another host
 
   // Failure propagation (propagation.cc).

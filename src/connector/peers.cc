@@ -124,7 +124,7 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
     for (ReceiverSource& src : room->sources) {
       if (src.peer_key != peer.key) continue;
       touches = true;
-      SettleSourceLocked(src, &peer);
+      SettleSourceLocked(*room, src, &peer);
     }
     if (!touches) continue;
     if (!room->failure) {
@@ -161,10 +161,13 @@ void ManagerImpl::TellFailedPeerLocked(Peer& peer, Outbox& out) {
   Send(out, peer, RankFailedMsg{r}, Lane::kUrgent);
 }
 
-SourceWriteFacts ManagerImpl::WriteFactsLocked(const ReceiverSource& src, const Peer* peer) const {
+SourceWriteFacts ManagerImpl::WriteFactsLocked(const ReceiverRoom& room, const ReceiverSource& src,
+                                               const Peer* peer) const {
   SourceWriteFacts f;
   f.dummy = src.dummy;
+  f.request_done = room.phase == Phase::kDone;
   f.pages_sent = src.meta_sent;
+  f.said_quiesced = src.said_quiesced;
   f.peer_known = peer != nullptr;
   if (peer == nullptr) return f;
   f.peer_failed = peer->failed;
@@ -179,8 +182,9 @@ SourceWriteFacts ManagerImpl::WriteFactsLocked(const ReceiverSource& src, const 
   return f;
 }
 
-bool ManagerImpl::SettleSourceLocked(ReceiverSource& src, const Peer* peer) {
-  if (!src.quiesced && NoMoreWrites(WriteFactsLocked(src, peer)) != WriteEnd::kMayStillWrite)
+bool ManagerImpl::SettleSourceLocked(const ReceiverRoom& room, ReceiverSource& src,
+                                     const Peer* peer) {
+  if (!src.quiesced && NoMoreWrites(WriteFactsLocked(room, src, peer)) != WriteEnd::kMayStillWrite)
     src.quiesced = true;
   return src.quiesced;
 }
@@ -238,7 +242,7 @@ void ManagerImpl::FenceRound() {
         touches = true;
         // Of the incarnation whose grant is now revoked, whichever peer
         // holds the position now.
-        SourceWriteFacts f = WriteFactsLocked(src, nullptr);
+        SourceWriteFacts f = WriteFactsLocked(*room, src, nullptr);
         f.peer_known = f.peer_failed = f.acked = f.has_grant = f.grant_revoked = true;
         if (NoMoreWrites(f) != WriteEnd::kMayStillWrite) src.quiesced = true;
       }

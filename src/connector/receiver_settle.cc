@@ -55,7 +55,7 @@ void ManagerImpl::WarnUnsettledLocked(ReceiverRoom& room, SteadyTime now) {
 void ManagerImpl::TellSourceLocked(ReceiverRoom& room, ReceiverSource& src,
                                    const FailureRecord& record, Outbox& out) {
   Peer* peer = FindPeerLocked(src.peer_key);
-  const bool quiet = SettleSourceLocked(src, peer);
+  const bool quiet = SettleSourceLocked(room, src, peer);
   if (peer == nullptr) return;
   if (peer->failed) {
     // One that may still write is asked to say when it stopped.
@@ -149,7 +149,7 @@ void ManagerImpl::SettleSourcesOfLocked(const Peer& peer) {
       if (src.peer_key != peer.key || src.prefill->incarnation != peer.id->incarnation ||
           src.quiesced)
         continue;
-      touched = SettleSourceLocked(src, &peer) || touched;
+      touched = SettleSourceLocked(*room, src, &peer) || touched;
     }
     if (touched) UpdateQuiescedLocked(*room);
   }

@@ -352,7 +352,7 @@ void ManagerImpl::SendMetaLocked(ReceiverRoom& room, Outbox& out) {
     }
     Send(out, *FindPeerLocked(src.peer_key), m);
     src.meta_sent = true;
-    if (src.dummy) src.quiesced = true;  // a dummy never writes
+    SettleSourceLocked(room, src, FindPeerLocked(src.peer_key));  // a dummy never writes
   }
   room.meta.reset();  // every source has it (the Send above queued a copy)
   room.phase = Phase::kWaitingForInput;
@@ -395,8 +395,8 @@ void ManagerImpl::OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out
   bool done = std::all_of(room.sources.begin(), room.sources.end(),
                           [](const ReceiverSource& s) { return s.dummy || s.last_received; });
   if (done) {
-    room.phase = Phase::kDone;
-    for (ReceiverSource& s : room.sources) s.quiesced = true;
+    room.phase = Phase::kDone;  // every write landed: the write rule's kDone
+    for (ReceiverSource& s : room.sources) SettleSourceLocked(room, s, FindPeerLocked(s.peer_key));
     room.quiesced.store(true, std::memory_order_release);
     ++succeeded_;
     if (metrics_)
@@ -429,7 +429,8 @@ void ManagerImpl::OnPrefillRoomFailed(const RankId& from, const RoomFailedMsg& m
   for (ReceiverSource& s : room.sources) {
     if (s.peer_key != key) continue;
     s.told = true;
-    if (msg.quiesced) s.quiesced = true;
+    s.said_quiesced = s.said_quiesced || msg.quiesced;
+    SettleSourceLocked(room, s, FindPeerLocked(key));
   }
   FailReceiverLocked(room, msg.record, out);
   UpdateQuiescedLocked(room);
@@ -442,8 +443,11 @@ void ManagerImpl::OnQuiesced(const RankId& from, const QuiescedMsg& msg, Outbox&
     return;
   }
   const std::string key = PeerKey(from);
-  for (ReceiverSource& s : it->second->sources)
-    if (s.peer_key == key) s.quiesced = true;
+  for (ReceiverSource& s : it->second->sources) {
+    if (s.peer_key != key) continue;
+    s.said_quiesced = true;
+    SettleSourceLocked(*it->second, s, FindPeerLocked(key));
+  }
   UpdateQuiescedLocked(*it->second);
 }
 

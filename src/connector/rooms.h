@@ -161,6 +161,11 @@ struct ReceiverSource {
   uint32_t next_chunk = 0;
   bool last_received = false;
   bool told = false;  // this prefill rank knows the request failed
+  // It said nothing more is in flight for the request (Quiesced, or a
+  // RoomFailed that says so): a fact for the write rule.
+  bool said_quiesced = false;
+  // No write of it can land any more: set only on the write rule's word
+  // (ManagerImpl::SettleSourceLocked, FenceRound), never undone.
   bool quiesced = false;
 };
 
