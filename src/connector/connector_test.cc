@@ -298,5 +298,69 @@ TEST(ConnectorTest, DuplicateMetadataChangesNothing) {
   EXPECT_EQ(prefill.Stats().rooms_failed, 0u);
 }
 
+// Sends `note` to decode as prefill tp0 would: sealed on prefill's proven
+// endpoint, so decode takes it as that rank's.
+void NoticeFromPrefill(TestCluster& c, const NotifyMsg& note) {
+  KVManager& prefill = *c.prefill[0].manager;
+  KVManager& decode = *c.decode[0].manager;
+  Transport& t = ManagerAccess::Of(prefill).transport();
+  const PeerId to_decode = ProvenEndpoint(prefill, decode.self());
+  ASSERT_TRUE(t.SendMessage(to_decode, EncodeMessage(prefill.self(), note)).ok());
+}
+
+// A proven prefill rank's chunk notices out of order, or one repeated (a
+// bug, or a hostile rank): the room fails at once, naming that rank and
+// what came, and prefill's sender learns it; the real chunks it sent
+// before change nothing.
+TEST(ConnectorTest, AChunkNoticeOutOfOrderOrRepeatedFailsTheRoomNamingItsSender) {
+  for (const bool repeated : {false, true}) {
+    SCOPED_TRACE(repeated ? "a notice repeated" : "a notice ahead of its turn");
+    auto c = TestCluster::Create(ClusterOptions{});
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    Request r{.room = 7, .src = {1, 2, 3}, .dst = {4, 5, 6}};
+    Start(**c, r, false);
+    KVReceiver& rx = *r.receivers[0];
+    NotifyMsg note{r.room, rx.generation(), /*chunk=*/1, /*last=*/false, /*pages=*/1};
+    if (repeated) {
+      SendChunks(r, {1});  // chunk 0 of three pages, not the last
+      ASSERT_TRUE(WaitFor([&] { return rx.Poll() == KVPoll::kTransferring; }));
+      note.chunk = 0;
+    }
+    NoticeFromPrefill(**c, note);
+    ASSERT_TRUE(WaitFor([&] { return rx.Poll() == KVPoll::kFailed; }));
+    std::optional<FailureRecord> why = rx.Failure();
+    ASSERT_TRUE(why.has_value());
+    EXPECT_EQ(why->cause, FailureCause::kInvalidRequest) << why->Message();
+    EXPECT_EQ(why->origin.ShortName(), "prefill tp0") << why->Message();
+    EXPECT_NE(why->detail.find(repeated ? "chunk 0 arrived while chunk 1 was expected"
+                                        : "chunk 1 arrived while chunk 0 was expected"),
+              std::string::npos)
+        << why->detail;
+    ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kFailed; }));
+    EXPECT_EQ(r.senders[0]->Failure()->cause, FailureCause::kInvalidRequest);
+    EXPECT_EQ((*c)->decode[0].manager->Stats().rooms_succeeded, 0u);
+  }
+}
+
+// The last chunk's notice again after the request succeeded: dropped as
+// stale (the barrier), and Success stays.
+TEST(ConnectorTest, TheLastNoticeAgainAfterSuccessChangesNothing) {
+  auto c = TestCluster::Create(ClusterOptions{});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  KVManager& decode = *(*c)->decode[0].manager;
+  Request r{.room = 8, .src = {1, 2}, .dst = {3, 4}};
+  Start(**c, r, false);
+  SendChunks(r, {1, 1});
+  ExpectDelivered(**c, r);
+  KVReceiver& rx = *r.receivers[0];
+  const uint64_t stale = decode.Stats().stale_messages_dropped;
+  NoticeFromPrefill(**c, NotifyMsg{r.room, rx.generation(), /*chunk=*/1, /*last=*/true, 1});
+  ASSERT_TRUE(WaitFor([&] { return decode.Stats().stale_messages_dropped == stale + 1; }));
+  EXPECT_EQ(rx.Poll(), KVPoll::kSuccess);
+  EXPECT_FALSE(rx.Failure().has_value());
+  EXPECT_EQ(decode.Stats().rooms_succeeded, 1u);
+  EXPECT_EQ(decode.Stats().rooms_failed, 0u);
+}
+
 }  // namespace
 }  // namespace kvbridge::internal
