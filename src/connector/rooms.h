@@ -156,7 +156,6 @@ struct ReceiverSource {
   SharedKey peer_key;
   Shared<RankId> prefill;  // the connected rank (Peer::id, shared)
   bool dummy = false;
-  bool carries_aux = false;
   bool meta_sent = false;
   uint32_t next_chunk = 0;
   bool last_received = false;
