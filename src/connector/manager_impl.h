@@ -160,13 +160,13 @@ class ManagerImpl {
   // Connects to the prefill rank at `position` unless already connected;
   // `registered` gets its registry record once read. With `notice`, a failed
   // rank found at the same incarnation is met again to be told (Peer::notice).
+  Result<std::string> EnsurePrefillPeer(const RankId& position, RankId* registered,
+                                        const FailureRecord* notice = nullptr);
   // Decode: `old`, held at the position `fresh` (a new incarnation, or the
   // same one met again only to tell it, `same`) takes: failed unless it was,
   // its sources settled, its beat dropped, its grant left to revoke. Returns
   // its endpoint, to close once the lock is let go.
   PeerId RetirePrefillPeerLocked(Peer& old, Peer& fresh, bool same, Outbox& out) KVB_REQUIRES(mu_);
-  Result<std::string> EnsurePrefillPeer(const RankId& position, RankId* registered,
-                                        const FailureRecord* notice = nullptr);
   HelloMsg MakeHello() const;
   // Sends the Hello to the prefill rank at `key` again on a new endpoint and
   // drops the old one (the Hello on it got no answer).

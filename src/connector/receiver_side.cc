@@ -352,7 +352,7 @@ void ManagerImpl::SendMetaLocked(ReceiverRoom& room, Outbox& out) {
     }
     Send(out, *FindPeerLocked(src.peer_key), m);
     src.meta_sent = true;
-    SettleSourceLocked(room, src, FindPeerLocked(src.peer_key));  // a dummy never writes
+    SettleSourceLocked(room, src, FindPeerLocked(src.peer_key));  // a dummy: never writes
   }
   room.meta.reset();  // every source has it (the Send above queued a copy)
   room.phase = Phase::kWaitingForInput;
