@@ -119,12 +119,16 @@ TEST(BenchRequests, CheckingOutsideTheWindowStillChecksEveryPageOfEveryRequest) 
 // sweep), each round's pair of figures in the JSON in order, every page of
 // every round verified, and the report's figures the rounds' lower medians
 // (computed here from the rounds' own figures). Out-of-range counts are
-// refused by name.
+// refused by name. The raw region holds every byte written: with a smaller
+// one, blocks still in flight overlap, and under ThreadSanitizer the shm
+// path then stops completing writes (`kvbridge bench transport --paths shm
+// --block-sizes 1M --bytes 16M --region-size 8M`: deadline exceeded after
+// 30 s; the plain build passes). That is an open defect of its own.
 TEST(BenchRequests, RoundsGiveEachRoundAndTheReportTakesTheirMedians) {
   constexpr int kRounds = 3;
   const std::string cmd = std::string(KVB_BIN_DIR) + "/kvbridge bench requests --json --rounds " +
                           std::to_string(kRounds) +
-                          " --raw-bytes 16M --raw-region 8M --layers 2 --heads 4 --head-dim 16 "
+                          " --raw-bytes 16M --raw-region 16M --layers 2 --heads 4 --head-dim 16 "
                           "--page-size 4 --tokens 64 --requests 2 --small-requests 4 2>/dev/null";
   CommandOutput r = RunCommand(cmd);
   ASSERT_EQ(r.exit_status, 0) << cmd << "\n" << r.out;
