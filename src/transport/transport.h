@@ -169,7 +169,12 @@ class Transport {
   // ranges inside them); on any invalid op the call returns InvalidArgument,
   // writes nothing and does not call `done`. Otherwise `done` is called
   // exactly once, with OK when every byte is visible at the target, or the
-  // error that stopped the batch.
+  // error that stopped the batch. Ops may be written concurrently and in
+  // any order (the same-host path splits a batch across writer threads):
+  // ops whose target ranges overlap, in one batch or in batches in flight
+  // together, leave those bytes unspecified (and are a data race that
+  // ThreadSanitizer reports); the connector never posts them (decode's
+  // page lists hold no duplicate).
   virtual Status PostWrites(PeerId peer, std::vector<WriteOp> ops, WriteCallback done) = 0;
 
   // Sends a control message (see the ordering guarantee above). Returns

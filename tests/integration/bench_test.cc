@@ -120,10 +120,11 @@ TEST(BenchRequests, CheckingOutsideTheWindowStillChecksEveryPageOfEveryRequest) 
 // every round verified, and the report's figures the rounds' lower medians
 // (computed here from the rounds' own figures). Out-of-range counts are
 // refused by name. The raw region holds every byte written: with a smaller
-// one, blocks still in flight overlap, and under ThreadSanitizer the shm
-// path then stops completing writes (`kvbridge bench transport --paths shm
-// --block-sizes 1M --bytes 16M --region-size 8M`: deadline exceeded after
-// 30 s; the plain build passes). That is an open defect of its own.
+// one the raw bench wraps around and writes the same target bytes twice in
+// one batch, which the transport's writer threads copy at once (transport.h:
+// overlapping ops leave those bytes unspecified); under ThreadSanitizer that
+// is a data race report, which stalled the writes past the bench's 30 s
+// deadline.
 TEST(BenchRequests, RoundsGiveEachRoundAndTheReportTakesTheirMedians) {
   constexpr int kRounds = 3;
   const std::string cmd = std::string(KVB_BIN_DIR) + "/kvbridge bench requests --json --rounds " +
