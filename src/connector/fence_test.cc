@@ -23,14 +23,16 @@ namespace {
 
 // Loopback ranks, each transport wrapped in faults (prefill's first),
 // liveness 50 ms x 8, and write grants for same-host prefill ranks (the
-// loopback ranks share this host).
-ClusterOptions FenceCluster(std::vector<FaultTransport*>* faults) {
+// loopback ranks share this host): admitted writes only, or with `mapping`
+// a grant through which prefill maps decode's pages (a revoke cannot take
+// that back).
+ClusterOptions FenceCluster(std::vector<FaultTransport*>* faults, bool mapping = false) {
   ClusterOptions o;
   o.wrap = WrapInFaults(faults);
-  o.tweak = [](ManagerOptions& m) {
+  o.tweak = [mapping](ManagerOptions& m) {
     m.heartbeat_interval = std::chrono::milliseconds(50);
     m.heartbeat_misses = 8;
-    m.grant_same_host_peers = true;
+    m.grant_same_host_peers = !mapping;
   };
   return o;
 }
@@ -171,12 +173,7 @@ TEST(FenceTest, ARevokeStillWaitingWhenThePeerIsReplacedFencesTheOldIncarnation)
 // failed requests never quiesced").
 TEST(FenceTest, AMappingPrefillRejoinsOnlyAfterItsWritesFinishedAndItsOldRoomQuiesces) {
   std::vector<FaultTransport*> faults;  // prefill, decode
-  ClusterOptions o = FenceCluster(&faults);
-  o.tweak = [](ManagerOptions& m) {
-    m.heartbeat_interval = std::chrono::milliseconds(50);
-    m.heartbeat_misses = 8;
-  };
-  auto c = TestCluster::Create(o);
+  auto c = TestCluster::Create(FenceCluster(&faults, /*mapping=*/true));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_EQ(faults.size(), 2u);
   KVManager& prefill = *(*c)->prefill[0].manager;
@@ -217,10 +214,9 @@ TEST(FenceTest, AMappingPrefillRejoinsOnlyAfterItsWritesFinishedAndItsOldRoomQui
 // quiesced then (write_rule.h, kRejoined), not at the quiesce timeout.
 TEST(FenceTest, AMappingPrefillWhoseQuiescedWasLostQuiescesItsOldRoomWhenMetRejoined) {
   std::vector<FaultTransport*> faults;  // prefill, decode
-  ClusterOptions o = FenceCluster(&faults);
-  o.tweak = [](ManagerOptions& m) {
-    m.heartbeat_interval = std::chrono::milliseconds(50);
-    m.heartbeat_misses = 8;
+  ClusterOptions o = FenceCluster(&faults, /*mapping=*/true);
+  o.tweak = [base = o.tweak](ManagerOptions& m) {
+    base(m);
     m.quiesce_timeout = std::chrono::minutes(5);  // never the timeout's doing
   };
   auto c = TestCluster::Create(o);
