@@ -70,6 +70,9 @@ RankLayout Layout() {  // decode tp 2 of an 8-head MHA model, 2 layers
   l.kv_layer_ids = {0, 1, 0, 1};  // K then V of layers 0 and 1, as sglang numbers them
   l.aux.push_back({0x900000, 64 * 64, 64});
   l.state.push_back({0xa00000, 8 * 32, 32});
+  l.state.push_back({0xb00000, 8 * 32, 32});
+  l.state_types = {0, 1};       // two state components
+  l.state_layer_ids = {-1, 1};  // the second named by model layer
   return l;
 }
 
@@ -93,7 +96,7 @@ std::vector<Seed> Seeds() {
   RankId named = decode;
   named.instance = "decode-b";
   const std::string addr = "ucx:\x01\x02\x03 worker address";
-  HelloMsg hello{Layout(), 2, addr, {"kv0", "kv1", "kv2", "kv3"}, {"aux0"}, {"state0"}};
+  HelloMsg hello{Layout(), 2, addr, {"kv0", "kv1", "kv2", "kv3"}, {"aux0"}, {"state0", "state1"}};
   hello.session = 0x5e55;
   hello.nonce.fill(0xa5);
   FailureRecord bootstrap = Record();

@@ -50,6 +50,14 @@ struct KVArgs {
   // types, state indices hold one section per type separated by -1, each
   // addressing only its type's buffers.
   std::vector<int32_t> state_buffer_types;
+  // sglang's state_layer_ids: the model layer of each state buffer, -1 for
+  // the buffers of a type that has none (a type's buffers: all or none), or
+  // empty. Types pair by position; within a type that has ids on both
+  // sides, each prefill buffer is written into decode's earliest unused
+  // buffer of that type and id, so every pipeline stage sends its own
+  // layers' state and a decode without the layer fails every room naming
+  // it. Otherwise a type's buffers pair by position, from the last stage.
+  std::vector<int32_t> state_layer_ids;
   // How each state buffer's slots are sharded across tp ranks, so that
   // prefill and decode of different tp sizes exchange the right slices
   // (sglang's state_dim_per_tensor and state_conv_shard_groups). Empty, or

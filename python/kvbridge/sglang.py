@@ -135,6 +135,35 @@ def state_types_of(args: Any) -> List[int]:
     return [t for t, comp in enumerate(ptrs) for _ in (comp or [])]
 
 
+def state_layer_ids_of(args: Any) -> List[int]:
+    """sglang's state_layer_ids (one list per state component, [] for one
+    without) as one id per state buffer, -1 for the buffers of a component
+    without ids; [] when no component has them."""
+    ids = getattr(args, "state_layer_ids", None)
+    if ids is None or len(ids) == 0:
+        return []
+    ptrs = list(getattr(args, "state_data_ptrs", None) or [])
+    try:
+        if not state_types_of(args):  # one flat list of buffers
+            flat = _ints(ids)
+            if flat and len(flat) != len(ptrs):
+                raise ValueError(f"{len(flat)} ids for {len(ptrs)} state buffers")
+            return flat
+        if len(ids) != len(ptrs):
+            raise ValueError(f"{len(ids)} entries for {len(ptrs)} state components")
+        out: List[int] = []
+        for i, (comp_ptrs, comp_ids) in enumerate(zip(ptrs, ids)):
+            n = len(comp_ptrs or [])
+            comp = _ints(comp_ids) if comp_ids is not None else []
+            if comp and len(comp) != n:
+                raise ValueError(f"entry {i} has {len(comp)} ids for {n} state buffers")
+            out.extend(comp or [-1] * n)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise kvbridge.InvalidArgumentError(
+            None, f"KVArgs.state_layer_ids ({type(ids).__name__}): {e}") from None
+    return out if any(v >= 0 for v in out) else []
+
+
 def sectioned_state_indices(state_indices: Any, num_types: int) -> Optional[List[int]]:
     """sglang's per-type state_indices for a manager with `num_types` (> 1)
     state types, each with its own buffers: one section per type, separated
@@ -274,6 +303,7 @@ def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVAr
         if getattr(args, name, None) is not None:
             setattr(ours, name, getattr(args, name))
     ours.state_buffer_types = state_types_of(args)
+    ours.state_layer_ids = state_layer_ids_of(args)
     ours.dtype = str(getattr(server_args, "kv_cache_dtype", "auto"))
     ours.memory_kind = "vram" if str(getattr(server_args, "device", "cuda")) == "cuda" else "dram"
     ours.parallel = placement(args, server_args, mode)

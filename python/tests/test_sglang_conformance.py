@@ -909,6 +909,99 @@ def test_kv_layer_ids_decode_lacks_fail_the_request_naming_the_layer(bootstrap):
         pair.close()
 
 
+def with_state_layers(pool: SgPool, ids) -> SgPool:
+    """One SWA state component of one 16-byte x 16-row buffer per layer in
+    `ids`, as setup_state_kv_args appends a component with layer ids."""
+    pool.states = [np.zeros((16, 16), np.uint8) for _ in ids]
+    a = pool.args
+    a.state_types = ["swa"]
+    a.state_data_ptrs = [[int(s.ctypes.data) for s in pool.states]]
+    a.state_data_lens = [[int(s.nbytes) for s in pool.states]]
+    a.state_item_lens = [[int(s[0].nbytes) for s in pool.states]]
+    a.state_layer_ids = [list(ids)]
+    return pool
+
+
+def state_layer_pair(bootstrap, decode_ids):
+    """Prefill holds the state of layers 3 and 5 (a pipeline stage's);
+    decode's state buffers carry `decode_ids` (sglang's state_layer_ids)."""
+    pair = Pair.__new__(Pair)
+    port = int(bootstrap.rsplit(":", 1)[1])
+    pair.addr = bootstrap
+    pair.p = with_state_layers(SgPool("prefill"), [3, 5])
+    for i, s in enumerate(pair.p.states):
+        s[:] = (np.arange(s.size, dtype=np.uint32).reshape(s.shape) * 7 + 11 * (i + 1)) % 251 + 1
+    pair.d = with_state_layers(SgPool("decode"), decode_ids)
+    pair.pm = sg.KVBridgeKVManager(pair.p.args, "prefill", server_args(port, port=30000))
+    pair.dm = sg.KVBridgeKVManager(pair.d.args, "decode", server_args(port, port=30001))
+    return pair
+
+
+def test_state_layer_ids_pair_state_buffers_by_model_layer(bootstrap):  # A9
+    pair = state_layer_pair(bootstrap, [1, 3, 5])
+    try:
+        src, dst = np.array([2, 7], np.int32), np.array([30, 12], np.int32)
+        tx, rx = run_sglang_order(pair, 44, src, dst, prefill_state=[np.array([4], np.int32)],
+                                  decode_state=[np.array([9], np.int32)])
+        assert np.array_equal(pair.d.states[1][9], pair.p.states[0][4])  # layer 3
+        assert np.array_equal(pair.d.states[2][9], pair.p.states[1][4])  # layer 5
+        assert not pair.d.states[0].any(), "decode's layer 1 state was written"
+        for b in (1, 2):
+            rows = [r for r in range(16) if r != 9]
+            assert not pair.d.states[b][rows].any(), f"state buffer {b}: a row beside slot 9"
+        tx.clear()
+        rx.clear()
+    finally:
+        pair.close()
+
+
+def test_state_layer_ids_decode_lacks_fail_the_request_naming_the_layer(bootstrap):  # A9
+    pair = state_layer_pair(bootstrap, [3, 7])  # no layer 5
+    try:
+        rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, 45)
+        tx = sg.KVBridgeKVSender(pair.pm, pair.addr, 45, [0], 0)
+        rx.init(0)
+        wait_until(lambda: rx.poll() == KVPoll.Failed, what="decode's verdict")
+        reason = rx.failure().failure_reason
+        assert "decode holds no state buffer of state type 0 for model layer 5" in reason, reason
+        wait_until(lambda: tx.poll() == KVPoll.Failed, what="prefill's verdict")
+        assert "model layer 5" in tx.failure().failure_reason, tx.failure()
+        rx.clear()
+        tx.clear()
+    finally:
+        pair.close()
+
+
+def test_sglang_state_layer_id_forms_become_one_id_per_state_buffer():  # A9
+    class Two:  # mamba without ids, then SWA with one id per buffer
+        state_data_ptrs = [[1, 2], [3]]
+        state_layer_ids = [[], np.array([6])]
+    assert sg.state_layer_ids_of(Two()) == [-1, -1, 6]
+
+    class NoIds:
+        state_data_ptrs = [[1], [2]]
+        state_layer_ids = [[], []]
+    assert sg.state_layer_ids_of(NoIds()) == []
+
+    class Flat:
+        state_data_ptrs = [1, 2]
+        state_layer_ids = [4, 5]
+    assert sg.state_layer_ids_of(Flat()) == [4, 5]
+    for bad, words in (([[1, 2, 3], []], "entry 0 has 3 ids for 2 state buffers"),
+                       ([[1, 2]], "1 entries for 2 state components"),
+                       ([["x", 1], []], "KVArgs.state_layer_ids")):
+        class Bad:
+            state_data_ptrs = [[1, 2], [3]]
+            state_layer_ids = bad
+        with pytest.raises(kvbridge.InvalidArgumentError, match=re.escape(words)):
+            sg.state_layer_ids_of(Bad())
+    # Ids mixed within a component are refused by the manager, naming them.
+    pool = with_state_layers(SgPool("prefill"), [3, 5])
+    pool.args.state_layer_ids = [[3, -1]]
+    with pytest.raises(KVTransferError, match=re.escape("have layer ids all or none")):
+        sg.KVBridgeKVManager(pool.args, "prefill", server_args(1, port=30000)).close()
+
+
 def test_hostile_kv_layer_ids_get_a_clear_error_naming_the_field(bootstrap):  # A9
     port = int(bootstrap.rsplit(":", 1)[1])
     nested = []

@@ -142,7 +142,7 @@ Result<std::unique_ptr<KvPool>> KvPool::Create(const PoolOptions& o) {
     if (b == nullptr) return ResourceExhaustedError("cannot allocate aux buffer");
     p->aux_.push_back(b);
   }
-  if (s.state_item_len > 0) {
+  for (int i = 0; s.state_item_len > 0 && i < (s.state_per_layer ? p->num_layers_ : 1); ++i) {
     uint8_t* b = p->Alloc(static_cast<size_t>(s.state_item_len) * o.state_slots);
     if (b == nullptr) return ResourceExhaustedError("cannot allocate state buffer");
     p->state_.push_back(b);
@@ -183,6 +183,10 @@ uint64_t KvPool::GlobalBuffer(size_t b) const {
   return half * opts_.shape.layers + first_layer_ + b % n;
 }
 
+uint64_t KvPool::GlobalState(size_t b) const {
+  return opts_.shape.state_per_layer ? static_cast<uint64_t>(first_layer_) + b : b;
+}
+
 uint64_t KvPool::head_bytes() const {
   return static_cast<uint64_t>(opts_.shape.head_dim) * opts_.shape.dtype_bytes;
 }
@@ -205,6 +209,8 @@ KVArgs KvPool::Args() const {
     a.state_data_lens.push_back(static_cast<uint64_t>(opts_.shape.state_item_len) *
                                 opts_.state_slots);
     a.state_item_lens.push_back(opts_.shape.state_item_len);
+    if (opts_.shape.state_per_layer)
+      a.state_layer_ids.push_back(static_cast<int32_t>(GlobalState(a.state_layer_ids.size())));
   }
   a.page_size = opts_.shape.page_size;
   a.kv_head_num = kv_heads_;
@@ -235,7 +241,7 @@ void KvPool::Fill(uint64_t room, std::span<const int32_t> pages, int64_t aux_ind
   for (size_t b = 0; b < state_.size(); ++b)
     for (size_t i = 0; i < state.size(); ++i)
       FillRun(state_[b] + static_cast<uint64_t>(state[i]) * opts_.shape.state_item_len,
-              opts_.shape.state_item_len, Seed(room, 2000 + b, i));
+              opts_.shape.state_item_len, Seed(room, 2000 + GlobalState(b), i));
   FillFence();
 }
 
@@ -273,7 +279,7 @@ bool KvPool::StateMatches(uint64_t room, std::span<const int32_t> state) const {
   for (size_t b = 0; b < state_.size(); ++b)
     for (size_t i = 0; i < state.size(); ++i)
       if (!RunMatches(state_[b] + static_cast<uint64_t>(state[i]) * opts_.shape.state_item_len,
-                      opts_.shape.state_item_len, Seed(room, 2000 + b, i)))
+                      opts_.shape.state_item_len, Seed(room, 2000 + GlobalState(b), i)))
         return false;
   return true;
 }

@@ -44,6 +44,9 @@ struct ModelShape {
   bool mla = false;
   int aux_item_len = 64;   // bytes per aux row (0 = no aux buffer)
   int state_item_len = 0;  // bytes per state slot (0 = no state buffer)
+  // One state buffer per layer held, named by its model layer
+  // (KVArgs::state_layer_ids, so stages send their own); else one buffer.
+  bool state_per_layer = false;
 };
 
 struct PoolOptions {
@@ -102,6 +105,8 @@ class KvPool {
   // of layer l is shape.layers + l (MLA: l). Equal to `b` when the pool holds
   // every layer.
   uint64_t GlobalBuffer(size_t b) const;
+  // The identity of state buffer `b`: its model layer with state_per_layer.
+  uint64_t GlobalState(size_t b) const;
   PoolOptions opts_;
   int first_layer_ = 0;
   int num_layers_ = 0;

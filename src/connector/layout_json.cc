@@ -53,12 +53,12 @@ bool ShardingFromJson(const nlohmann::json& j, std::vector<StateSharding>* out) 
   return true;
 }
 
-// [id, ...], each in [0, INT32_MAX].
-bool LayerIdsFromJson(const nlohmann::json& j, std::vector<int32_t>* out) {
+// [id, ...], each in [min, INT32_MAX].
+bool LayerIdsFromJson(const nlohmann::json& j, std::vector<int32_t>* out, int64_t min = 0) {
   if (!j.is_array() || j.size() > kMaxBuffers) return false;
   out->clear();
   for (const auto& v : j) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+    if (!v.is_number_integer() || v.get<int64_t>() < min || v.get<int64_t>() > INT32_MAX)
       return false;
     out->push_back(v.get<int32_t>());
   }
@@ -81,7 +81,9 @@ nlohmann::json LayoutToJson(const RankLayout& l) {
           {"aux", SpansToJson(l.aux)},
           {"state", SpansToJson(l.state)},
           {"state_sharding", ShardingToJson(l.state_sharding)},
-          {"kv_layer_ids", l.kv_layer_ids}};
+          {"kv_layer_ids", l.kv_layer_ids},
+          {"state_types", l.state_types},
+          {"state_layer_ids", l.state_layer_ids}};
 }
 
 Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
@@ -124,6 +126,15 @@ Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
         (!l.kv_layer_ids.empty() && l.kv_layer_ids.size() != l.kv.size()))
       return InvalidArgumentError("layout field 'kv_layer_ids' malformed");
   }
+  // Optional: a state type (>= 0) and a layer id (-1: none) per state
+  // buffer, or none (CheckLayout judges the values).
+  for (auto [name, out, min] : {std::tuple{"state_types", &l.state_types, int64_t{0}},
+                                {"state_layer_ids", &l.state_layer_ids, int64_t{-1}}}) {
+    auto it = j.find(name);
+    if (it != j.end() &&
+        (!LayerIdsFromJson(*it, out, min) || (!out->empty() && out->size() != l.state.size())))
+      return InvalidArgumentError(std::string("layout field '") + name + "' malformed");
+  }
   return l;
 }
 
@@ -138,6 +149,10 @@ Status StateLayoutFromArgs(const KVArgs& a, RankLayout& layout) {
       return InvalidArgumentError(
           fmt::format("KVArgs: state_buffer_types entry {} out of range [0, {})", t, n));
   layout.state_types = a.state_buffer_types;
+  if (!a.state_layer_ids.empty() && a.state_layer_ids.size() != n)
+    return InvalidArgumentError(fmt::format(
+        "KVArgs: state_layer_ids has {} entries, state_data_ptrs {}", a.state_layer_ids.size(), n));
+  layout.state_layer_ids = a.state_layer_ids;
   for (auto [name, size] : {std::pair{"state_slice_dims", a.state_slice_dims.size()},
                             {"state_slice_outer", a.state_slice_outer.size()},
                             {"state_slice_groups", a.state_slice_groups.size()}})

@@ -91,5 +91,41 @@ TEST(LayoutJsonTest, LayerIdsRoundTripAndMalformedOnesAreRefusedByName) {
   }
 }
 
+// State types and layer ids: they round-trip (-1: a buffer without), a
+// layout without them reads as none, anything but one per state buffer in
+// range is refused; KVArgs' list must be one per state buffer.
+TEST(LayoutJsonTest, StateTypesAndLayerIdsRoundTripAndMalformedOnesAreRefusedByName) {
+  RankLayout l = Sharded();
+  ASSERT_EQ(l.state.size(), 2u);
+  l.state_types = {0, 1};
+  l.state_layer_ids = {-1, 9};
+  auto back = LayoutFromJson(LayoutToJson(l));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->state_types, l.state_types);
+  EXPECT_EQ(back->state_layer_ids, l.state_layer_ids);
+  nlohmann::json j = LayoutToJson(l);
+  j.erase("state_types");
+  j.erase("state_layer_ids");
+  back = LayoutFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->state_types.empty() && back->state_layer_ids.empty());
+  for (auto [field, bad] : {std::pair{"state_types", R"([0, -1])"},
+                            {"state_types", R"([0])"},
+                            {"state_layer_ids", R"([-2, 3])"},
+                            {"state_layer_ids", R"([1, 2, 3])"},
+                            {"state_layer_ids", R"([1, 2147483648])"},
+                            {"state_layer_ids", R"("x")"}}) {
+    j = LayoutToJson(l);
+    j[field] = nlohmann::json::parse(bad);
+    back = LayoutFromJson(j);
+    ASSERT_FALSE(back.ok()) << field << " " << bad;
+    EXPECT_EQ(back.status().message(), std::string("layout field '") + field + "' malformed");
+  }
+  KVArgs a;
+  a.state_layer_ids = {4};
+  EXPECT_EQ(StateLayoutFromArgs(a, l).message(),
+            "KVArgs: state_layer_ids has 1 entries, state_data_ptrs 2");
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

@@ -136,6 +136,36 @@ TEST(PpTest, AuxAndStateComeFromTheLastStageOnly) {
   EXPECT_EQ(bytes(1, 1), pages);
 }
 
+// State named by model layer (sglang's state_layer_ids): each stage holds
+// its own layers' state and writes it into decode's buffers of those
+// layers, from the lowest tp rank feeding decode; aux still comes from the
+// last stage only. Decode's pool checks every layer's state against the
+// pattern of that layer.
+TEST(PpTest, EachStageSendsItsOwnLayersStateNamedByLayerId) {
+  ClusterOptions o = Options({2, 2, 1, 1, 4, 4, false});
+  o.shape.state_per_layer = true;
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ((*c)->decode_at(0, 0).pool->Args().state_layer_ids, (std::vector<int32_t>{0, 1, 2, 3}));
+  ASSERT_EQ((*c)->prefill_at(1, 0).pool->Args().state_layer_ids, (std::vector<int32_t>{2, 3}));
+  Request r{.room = 7};
+  r.src = Scattered(6, o.num_pages, 11);
+  r.dst = Scattered(6, o.num_pages, 12);
+  Start(**c, r, false);
+  SendChunks(r, {2, 4});
+  ExpectDelivered(**c, r);  // includes every layer's state slots
+  auto bytes = [&](int pp, int tp) {
+    return (*c)->prefill_at(pp, tp).manager->Stats().bytes_written;
+  };
+  const uint64_t pages =
+      (*c)->prefill_at(0, 0).pool->page_bytes() * 2 /*layers*/ * 2 /*K, V*/ * r.src.size();
+  const uint64_t state = uint64_t{2} /*layers*/ * o.shape.state_item_len * r.src_state.size();
+  EXPECT_EQ(bytes(0, 0), pages + state);
+  EXPECT_EQ(bytes(0, 1), pages);
+  EXPECT_EQ(bytes(1, 0), pages + state + o.shape.aux_item_len);
+  EXPECT_EQ(bytes(1, 1), pages);
+}
+
 // With decode pp = prefill pp, stage s of prefill feeds stage s of decode;
 // only the last decode stage gets aux and state (from the last prefill stage).
 TEST(PpTest, StageToStageAuxGoesToTheLastDecodeStageOnly) {

@@ -131,6 +131,11 @@ void PutLayout(WireWriter& w, const RankLayout& l) {
   }
   w.U32(static_cast<uint32_t>(l.kv_layer_ids.size()));
   for (int32_t id : l.kv_layer_ids) w.U32(static_cast<uint32_t>(id));
+  w.U32(static_cast<uint32_t>(l.state_types.size()));
+  for (int32_t t : l.state_types) w.U32(static_cast<uint32_t>(t));
+  // Each id + 1: -1 (none) is 0.
+  w.U32(static_cast<uint32_t>(l.state_layer_ids.size()));
+  for (int32_t id : l.state_layer_ids) w.U32(static_cast<uint32_t>(int64_t{id} + 1));
 }
 // Layer ids: none, or one per kv buffer, each in [0, INT_MAX].
 bool GetLayerIds(WireReader& r, RankLayout* l) {
@@ -145,6 +150,33 @@ bool GetLayerIds(WireReader& r, RankLayout* l) {
     if (id > static_cast<uint32_t>(INT32_MAX))
       return r.Fail(fmt::format("kv layer id [{}] is {}, past {}", i, id, INT32_MAX));
     l->kv_layer_ids[i] = static_cast<int32_t>(id);
+  }
+  return true;
+}
+// State types and state layer ids: each none, or one per state buffer; a
+// type in [0, state buffers), an id in [-1, INT_MAX] (CheckLayout judges
+// the rest).
+bool GetStateMeta(WireReader& r, RankLayout* l) {
+  const uint32_t buffers = static_cast<uint32_t>(l->state.size());
+  uint32_t n;
+  if (!r.Count("state type count", &n, 4, kMaxBuffers)) return false;
+  if (n != 0 && n != buffers)
+    return r.Fail(fmt::format("{} state types, the layout has {} state buffers", n, buffers));
+  l->state_types.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t t;
+    if (!r.U32In(fmt::format("state type [{}]", i), &t, 0, buffers - 1)) return false;
+    l->state_types[i] = static_cast<int32_t>(t);
+  }
+  if (!r.Count("state layer id count", &n, 4, kMaxBuffers)) return false;
+  if (n != 0 && n != buffers)
+    return r.Fail(fmt::format("{} state layer ids, the layout has {} state buffers", n, buffers));
+  l->state_layer_ids.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t v;
+    if (!r.U32In(fmt::format("state layer id [{}] + 1", i), &v, 0, uint32_t{INT32_MAX} + 1))
+      return false;
+    l->state_layer_ids[i] = static_cast<int32_t>(int64_t{v} - 1);
   }
   return true;
 }
@@ -184,7 +216,7 @@ bool GetLayout(WireReader& r, RankLayout* l) {
          r.Int("start_layer", &l->start_layer, 0, INT_MAX) &&
          r.Int("end_layer", &l->end_layer, 0, INT_MAX) && GetSpans(r, "kv", &l->kv) &&
          GetSpans(r, "aux", &l->aux) && GetSpans(r, "state", &l->state) && GetSharding(r, l) &&
-         GetLayerIds(r, l);
+         GetLayerIds(r, l) && GetStateMeta(r, l);
 }
 int64_t Micros(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();

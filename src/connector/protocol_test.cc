@@ -394,6 +394,34 @@ TEST(ProtocolLimitsTest, LayerIdsInAHelloAreOnePerKvBufferAndInRange) {
   ExpectRejected(bytes.substr(0, at + 6), "kv layer id count 2 cannot fit in the 6 bytes left");
 }
 
+TEST(ProtocolLimitsTest, StateTypesAndLayerIdsInAHelloAreOnePerStateBufferAndInRange) {
+  const RankId from = Rank(Role::kDecode, 0);
+  HelloMsg h = GoodHello();
+  h.layout.state = {{0x100000, 64, 8}, {0x200000, 64, 8}};
+  h.state_keys = {"s0", "s1"};
+  h.layout.state_types = {0, 1};
+  h.layout.state_layer_ids = {-1, INT32_MAX};
+  auto m = DecodeMessage(EncodeMessage(from, h));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(std::get<HelloMsg>(m->body).layout.state_types, h.layout.state_types);
+  EXPECT_EQ(std::get<HelloMsg>(m->body).layout.state_layer_ids, h.layout.state_layer_ids);
+  h.layout.state_layer_ids = {3};
+  ExpectRejected(EncodeMessage(from, h), "1 state layer ids, the layout has 2 state buffers");
+  h.layout.state_layer_ids = {};
+  h.layout.state_types = {0, 2};
+  ExpectRejected(EncodeMessage(from, h), "state type [1] 2 out of range [0, 1]");
+  // Ids travel as id + 1 (u32): -1 is 0; past INT32_MAX + 1 is refused.
+  h.layout.state_types = {0, 1};
+  h.layout.state_layer_ids = {-1, 77};
+  std::string bytes = EncodeMessage(from, h);
+  const uint32_t ids[2] = {0, 78};
+  const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(ids), sizeof(ids)));
+  ASSERT_NE(at, std::string::npos);
+  const uint32_t too_big = 0x80000001u;
+  bytes.replace(at + 4, 4, reinterpret_cast<const char*>(&too_big), 4);
+  ExpectRejected(bytes, "state layer id [1] + 1 2147483649 out of range [0, 2147483648]");
+}
+
 // The handshake's fixed-size fields are exactly their size: a proof one
 // byte short is refused naming it, never padded.
 TEST(ProtocolLimitsTest, ShortNonceOrProofIsRejectedNamingTheField) {

@@ -89,6 +89,10 @@ struct SenderFlow {
   RankId decode;
   MetaMsg meta;
   std::optional<HeadSlice> slice;  // none: dummy (nothing to write)
+  // The lowest prefill rank feeding this decode rank writes the state
+  // buffers that move whole (on every stage: PlanState's StateShare), and
+  // on the last stage the aux row too.
+  bool carries_state = false;
   bool carries_aux = false;
   uint32_t next_chunk = 0;
   int inflight = 0;  // chunks posted, not completed

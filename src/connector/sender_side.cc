@@ -193,13 +193,16 @@ Result<Outbox::Post> ManagerImpl::PlanFlowChunkLocked(const std::shared_ptr<Send
                          PlanAux(layout_, peer->layout, room.aux_index, flow.meta.aux_index));
     runs.insert(runs.end(), aux.begin(), aux.end());
   }
-  // Whole state buffers from the flow that carries aux; slices of sharded
-  // ones from every flow on the last stage (each its share).
+  // Whole state buffers from one flow per decode rank, slices of sharded
+  // ones from every flow (each its share); a stage before the last sends
+  // only the buffers paired by layer id (its own layers').
   const bool last_stage = self_.pp == opts_.parallel.pp_size - 1;
-  if (last && last_stage && (!state.empty() || !flow.meta.state.empty())) {
-    KVB_ASSIGN_OR_RETURN(std::vector<CopyRun> st,
-                         PlanState(layout_, peer->layout, state, flow.meta.state,
-                                   StateShare{.whole = flow.carries_aux, .slices = true}));
+  if (last && (!state.empty() || !flow.meta.state.empty())) {
+    KVB_ASSIGN_OR_RETURN(
+        std::vector<CopyRun> st,
+        PlanState(
+            layout_, peer->layout, state, flow.meta.state,
+            StateShare{.whole = flow.carries_state, .slices = true, .last_stage = last_stage}));
     runs.insert(runs.end(), st.begin(), st.end());
   }
   NotifyMsg note{room.room, flow.meta.generation, flow.next_chunk, last,
@@ -471,12 +474,13 @@ Status ManagerImpl::ShapeFlowLocked(SenderRoom& room, const RankId& from, Sender
   for (const HeadSlice& s : FlowsFromPrefill(flows, self_.tp)) {
     if (s.decode_rank != from.tp) continue;
     flow.slice = s;
-    // The lowest prefill rank feeding this decode rank, on the last stage,
-    // also writes aux and state.
+    // The lowest prefill rank feeding this decode rank also writes whole
+    // state and, on the last stage, aux.
     int lowest = s.prefill_rank;
     for (const HeadSlice& o : FlowsToDecode(flows, from.tp))
       lowest = std::min(lowest, o.prefill_rank);
-    flow.carries_aux = lowest == self_.tp && self_.pp == opts_.parallel.pp_size - 1;
+    flow.carries_state = lowest == self_.tp;
+    flow.carries_aux = flow.carries_state && self_.pp == opts_.parallel.pp_size - 1;
     break;
   }
   if (std::find(room.expected_decode.begin(), room.expected_decode.end(), from.tp) ==
@@ -497,8 +501,8 @@ Status ManagerImpl::CheckFlowMeta(const SenderRoom& room, const Peer& peer, cons
       (flow.meta.aux_index < 0 || flow.meta.aux_index >= Rows(peer.layout.aux)))
     return InvalidArgumentError(fmt::format("decode aux index {} out of range [0, {})",
                                             flow.meta.aux_index, Rows(peer.layout.aux)));
-  KVB_RETURN_IF_ERROR(CheckStateSlots("decode state index", peer.layout.state, layout_.state_types,
-                                      flow.meta.state));
+  KVB_RETURN_IF_ERROR(CheckStateSlots("decode state index", peer.layout.state,
+                                      peer.layout.state_types, flow.meta.state));
   if (room.initialized &&
       static_cast<int64_t>(flow.meta.pages.size()) != room.num_pages - flow.meta.prefix_pages)
     return InvalidArgumentError(

@@ -181,6 +181,7 @@ Status CheckLayout(const RankLayout& l) {
   }
   KVB_RETURN_IF_ERROR(CheckBuffers(l.aux, "aux"));
   KVB_RETURN_IF_ERROR(CheckBuffers(l.state, "state"));
+  KVB_RETURN_IF_ERROR(planning::CheckStateMeta(l));
   return planning::CheckStateSharding(l);
 }
 

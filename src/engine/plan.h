@@ -66,17 +66,37 @@ struct RankLayout {
   std::vector<BufferSpan> aux;
   std::vector<BufferSpan> state;
   // The state type of each state buffer (sglang's state_types, e.g. mamba
-  // and SWA, each with its own buffers); empty: one type. Local only (not in
-  // the handshake): prefill's buffer b and decode's buffer b are the same
-  // buffer, so prefill's types say which indices address decode's too.
+  // and SWA, each with its own buffers: type t is sglang's t-th state
+  // component); empty: one type. Exchanged in the handshake.
   std::vector<int32_t> state_types;
+  // The model layer of each state buffer (sglang's state_layer_ids, one
+  // list per state component), -1 for a buffer of a type that has none;
+  // empty: none. A type's buffers have ids all or none. Exchanged in the
+  // handshake. See PairStateBuffers.
+  std::vector<int32_t> state_layer_ids;
   // Per state buffer (or empty: none is sliced); exchanged in the handshake.
   std::vector<StateSharding> state_sharding;
 };
 
-// Whether state buffer `b` moves as slices between these two layouts: their
-// tp sizes differ and both shard it (dim > 0). Otherwise it moves whole.
-bool SlicedStateBuffer(const RankLayout& prefill, const RankLayout& decode, size_t b);
+// Whether prefill's state buffer `p` moves as slices into decode's buffer
+// `d` (its pair): their tp sizes differ and both shard it (dim > 0).
+// Otherwise it moves whole.
+bool SlicedStateBuffer(const RankLayout& prefill, const RankLayout& decode, size_t p, size_t d);
+
+// Which decode state buffer each prefill state buffer moves into. Types
+// pair by position (type t with type t: sglang's components match by
+// position when both sides build them alike). Within a type whose buffers
+// have layer ids on both sides, sglang's rule: each prefill buffer takes
+// decode's earliest unused buffer of the same type and model layer, so a
+// pipeline stage's buffers land in a decode that holds every layer's, and
+// every stage sends its own (by_layer_id). Otherwise by position, and the
+// type must have as many buffers on both sides. FailedPrecondition naming
+// the type, the layer and prefill's buffer when decode lacks one.
+struct StatePairs {
+  std::vector<uint32_t> dst;      // per prefill state buffer
+  std::vector<bool> by_layer_id;  // per prefill state buffer
+};
+Result<StatePairs> PairStateBuffers(const RankLayout& prefill, const RankLayout& decode);
 // Whether any state buffer moves as slices between a prefill group of
 // `prefill_tp` ranks and `decode` (decided on decode's layout, which both
 // sides know: decode's own, prefill's from the Hello).
@@ -217,15 +237,19 @@ Result<std::vector<std::span<const int32_t>>> StateSections(const std::vector<in
 Status CheckStateSlots(const char* what, const std::vector<BufferSpan>& bufs,
                        const std::vector<int32_t>& types, std::span<const int32_t> slots);
 
-// Which state a flow carries: the buffers that move whole (the flow that
-// carries aux), and this pair's slices of the sliced ones (every flow).
+// Which state a flow carries: the buffers that move whole (one flow per
+// decode rank), and this pair's slices of the sliced ones (every flow). A
+// prefill rank that is not on the last pipeline stage sends only the
+// buffers paired by layer id (its own layers'); the last stage sends the
+// others too.
 struct StateShare {
   bool whole = true;
   bool slices = true;
+  bool last_stage = true;
 };
 
 // State: slot src_slots[i] of every state buffer (of its section's type) to
-// dst_slots[i], consecutive slots coalesced. A sliced buffer
+// dst_slots[i] of its pair (PairStateBuffers), consecutive slots coalesced. A sliced buffer
 // (SlicedStateBuffer) moves only the elements both ranks hold, of each outer
 // block and sub-block, placed where the decode rank keeps them.
 // InvalidArgument for lists or sections of different lengths or a slot

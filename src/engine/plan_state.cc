@@ -36,10 +36,10 @@ uint64_t ElementBytes(const BufferSpan& b, const StateSharding& s) {
 // elements that prefill rank p of tp Tp and decode rank d of tp Td both
 // hold: sub-block g is [r * g / T, (r + 1) * g / T) on rank r of T, and a
 // rank keeps its shares of the sub-blocks one after another.
-void AppendSlices(std::vector<CopyRun>& runs, uint32_t b, const RankLayout& prefill,
+void AppendSlices(std::vector<CopyRun>& runs, uint32_t b, uint32_t db, const RankLayout& prefill,
                   const RankLayout& decode, uint64_t src_slot, uint64_t dst_slot) {
   const StateSharding& ps = *ShardingOf(prefill, b);
-  const StateSharding& ds = *ShardingOf(decode, b);
+  const StateSharding& ds = *ShardingOf(decode, db);
   const uint64_t e = ElementBytes(prefill.state[b], ps);
   const uint64_t tp = static_cast<uint64_t>(prefill.tp_size);
   const uint64_t td = static_cast<uint64_t>(decode.tp_size);
@@ -48,13 +48,13 @@ void AppendSlices(std::vector<CopyRun>& runs, uint32_t b, const RankLayout& pref
   const std::vector<uint64_t> groups = FullGroups(ps, prefill.tp_size);
   for (uint64_t o = 0; o < ps.outer; ++o) {
     uint64_t src_at = src_slot * prefill.state[b].item_len + o * ps.dim * e;
-    uint64_t dst_at = dst_slot * decode.state[b].item_len + o * ds.dim * e;
+    uint64_t dst_at = dst_slot * decode.state[db].item_len + o * ds.dim * e;
     for (uint64_t g : groups) {
       const uint64_t src_first = p * g / tp, src_end = (p + 1) * g / tp;
       const uint64_t dst_first = d * g / td, dst_end = (d + 1) * g / td;
       const uint64_t lo = std::max(src_first, dst_first), hi = std::min(src_end, dst_end);
       if (lo < hi) {
-        Append(runs, {BufferClass::kState, b, src_at + (lo - src_first) * e, b,
+        Append(runs, {BufferClass::kState, b, src_at + (lo - src_first) * e, db,
                       dst_at + (lo - dst_first) * e, (hi - lo) * e});
       }
       src_at += (src_end - src_first) * e;
@@ -63,11 +63,85 @@ void AppendSlices(std::vector<CopyRun>& runs, uint32_t b, const RankLayout& pref
   }
 }
 
+int32_t TypeOf(const RankLayout& l, size_t b) {
+  return l.state_types.empty() ? 0 : l.state_types[b];
+}
+
+int32_t NumTypes(const RankLayout& l) {
+  return l.state_types.empty() ? 1
+                               : *std::max_element(l.state_types.begin(), l.state_types.end()) + 1;
+}
+
+// Whether type t's buffers carry layer ids (CheckStateMeta: all or none).
+bool TypeHasIds(const RankLayout& l, int32_t t) {
+  for (size_t b = 0; b < l.state_layer_ids.size(); ++b)
+    if (TypeOf(l, b) == t) return l.state_layer_ids[b] >= 0;
+  return false;
+}
+
+// Pairs the buffers of type t: by layer id when both sides name them, else
+// by position.
+Status PairType(const RankLayout& prefill, const RankLayout& decode, int32_t t, StatePairs& out) {
+  std::vector<uint32_t> src, dst;
+  for (size_t b = 0; b < prefill.state.size(); ++b)
+    if (TypeOf(prefill, b) == t) src.push_back(static_cast<uint32_t>(b));
+  for (size_t b = 0; b < decode.state.size(); ++b)
+    if (TypeOf(decode, b) == t) dst.push_back(static_cast<uint32_t>(b));
+  const bool p_ids = TypeHasIds(prefill, t), d_ids = TypeHasIds(decode, t);
+  // A pipeline stage may hold none of the layers decode names.
+  if (src.empty() && d_ids) return Status::Ok();
+  if (p_ids && d_ids) {
+    std::vector<bool> taken(dst.size(), false);
+    for (uint32_t p : src) {
+      const int32_t layer = prefill.state_layer_ids[p];
+      size_t k = 0;
+      while (k < dst.size() && (taken[k] || decode.state_layer_ids[dst[k]] != layer)) ++k;
+      if (k == dst.size())
+        return FailedPreconditionError(
+            fmt::format("decode holds no state buffer of state type {} for model layer {} (prefill "
+                        "state[{}]): decode's state_layer_ids {} that layer",
+                        t, layer, p,
+                        std::any_of(dst.begin(), dst.end(),
+                                    [&](uint32_t d) { return decode.state_layer_ids[d] == layer; })
+                            ? "name earlier prefill buffers of"
+                            : "do not name"));
+      taken[k] = true;
+      out.dst[p] = dst[k];
+      out.by_layer_id[p] = true;
+    }
+    return Status::Ok();
+  }
+  if (src.size() != dst.size()) {
+    std::string why = p_ids != d_ids ? fmt::format(
+                                           " (state_layer_ids given by {} only, so they "
+                                           "pair by position)",
+                                           p_ids ? "prefill" : "decode")
+                                     : "";
+    return FailedPreconditionError(
+        fmt::format("state buffer count mismatch{}: prefill {}, decode {}{}",
+                    NumTypes(prefill) > 1 ? fmt::format(" for state type {}", t) : "", src.size(),
+                    dst.size(), why));
+  }
+  for (size_t i = 0; i < src.size(); ++i) out.dst[src[i]] = dst[i];
+  return Status::Ok();
+}
+
 }  // namespace
 
-bool SlicedStateBuffer(const RankLayout& prefill, const RankLayout& decode, size_t b) {
-  return prefill.tp_size != decode.tp_size && ShardingOf(prefill, b) != nullptr &&
-         ShardingOf(decode, b) != nullptr;
+bool SlicedStateBuffer(const RankLayout& prefill, const RankLayout& decode, size_t p, size_t d) {
+  return prefill.tp_size != decode.tp_size && ShardingOf(prefill, p) != nullptr &&
+         ShardingOf(decode, d) != nullptr;
+}
+
+Result<StatePairs> PairStateBuffers(const RankLayout& prefill, const RankLayout& decode) {
+  StatePairs out{std::vector<uint32_t>(prefill.state.size(), 0),
+                 std::vector<bool>(prefill.state.size(), false)};
+  if (NumTypes(prefill) != NumTypes(decode))
+    return FailedPreconditionError(fmt::format("state type count mismatch: prefill {}, decode {}",
+                                               NumTypes(prefill), NumTypes(decode)));
+  for (int32_t t = 0; t < NumTypes(prefill); ++t)
+    KVB_RETURN_IF_ERROR(PairType(prefill, decode, t, out));
+  return out;
 }
 
 bool StateSlicedFor(const RankLayout& decode, int prefill_tp) {
@@ -108,35 +182,62 @@ Status CheckStateSharding(const RankLayout& l) {
   return Status::Ok();
 }
 
+Status CheckStateMeta(const RankLayout& l) {
+  const size_t n = l.state.size();
+  if (!l.state_types.empty() && l.state_types.size() != n)
+    return FailedPreconditionError(
+        fmt::format("state_types has {} entries for {} state buffers", l.state_types.size(), n));
+  for (size_t b = 0; b < l.state_types.size(); ++b)
+    if (l.state_types[b] < 0 || static_cast<size_t>(l.state_types[b]) >= n)
+      return FailedPreconditionError(
+          fmt::format("state_types[{}] is {}, outside [0, {})", b, l.state_types[b], n));
+  if (l.state_layer_ids.empty()) return Status::Ok();
+  if (l.state_layer_ids.size() != n)
+    return FailedPreconditionError(fmt::format(
+        "state_layer_ids has {} entries for {} state buffers", l.state_layer_ids.size(), n));
+  for (size_t b = 0; b < n; ++b) {
+    if (l.state_layer_ids[b] < -1)
+      return FailedPreconditionError(fmt::format(
+          "state_layer_ids[{}] is {}: layer ids are >= 0 (-1: none)", b, l.state_layer_ids[b]));
+    if ((l.state_layer_ids[b] >= 0) != TypeHasIds(l, TypeOf(l, b)))
+      return FailedPreconditionError(
+          fmt::format("state_layer_ids[{}] is {}: the buffers of state type {} have layer ids "
+                      "all or none",
+                      b, l.state_layer_ids[b], TypeOf(l, b)));
+  }
+  return Status::Ok();
+}
+
 Status CheckStateCompatible(const RankLayout& prefill, const RankLayout& decode) {
-  if (prefill.state.size() != decode.state.size())
-    return FailedPreconditionError(fmt::format("state buffer count mismatch: prefill {}, decode {}",
-                                               prefill.state.size(), decode.state.size()));
+  KVB_ASSIGN_OR_RETURN(StatePairs pairs, PairStateBuffers(prefill, decode));
   for (size_t b = 0; b < prefill.state.size(); ++b) {
+    const size_t d = pairs.dst[b];
+    const std::string name =
+        d == b ? fmt::format("state[{}]", b) : fmt::format("state[{}] (decode state[{}])", b, d);
     const StateSharding* ps = ShardingOf(prefill, b);
-    const StateSharding* ds = ShardingOf(decode, b);
+    const StateSharding* ds = ShardingOf(decode, d);
     const bool tp_differs = prefill.tp_size != decode.tp_size;
     if (tp_differs && (ps == nullptr) != (ds == nullptr))
-      return FailedPreconditionError(fmt::format(
-          "state[{}] is sharded across tp ranks on {} only (prefill tp {}, decode tp {})", b,
-          ps != nullptr ? "prefill" : "decode", prefill.tp_size, decode.tp_size));
-    if (!SlicedStateBuffer(prefill, decode, b)) {
-      if (prefill.state[b].item_len != decode.state[b].item_len)
-        return FailedPreconditionError(
-            fmt::format("state[{}] item_len mismatch: prefill {}, decode {}", b,
-                        prefill.state[b].item_len, decode.state[b].item_len));
+      return FailedPreconditionError(
+          fmt::format("{} is sharded across tp ranks on {} only (prefill tp {}, decode tp {})",
+                      name, ps != nullptr ? "prefill" : "decode", prefill.tp_size, decode.tp_size));
+    if (!SlicedStateBuffer(prefill, decode, b, d)) {
+      if (prefill.state[b].item_len != decode.state[d].item_len)
+        return FailedPreconditionError(fmt::format("{} item_len mismatch: prefill {}, decode {}",
+                                                   name, prefill.state[b].item_len,
+                                                   decode.state[d].item_len));
       continue;
     }
     const uint64_t p_full = uint64_t{ps->dim} * static_cast<uint64_t>(prefill.tp_size);
     const uint64_t d_full = uint64_t{ds->dim} * static_cast<uint64_t>(decode.tp_size);
     if (p_full != d_full || ps->outer != ds->outer || ps->groups != ds->groups ||
-        ElementBytes(prefill.state[b], *ps) != ElementBytes(decode.state[b], *ds))
+        ElementBytes(prefill.state[b], *ps) != ElementBytes(decode.state[d], *ds))
       return FailedPreconditionError(fmt::format(
-          "state[{}] sharding mismatch: prefill {} of {} elements x {} outer x {} B (sub-blocks "
+          "{} sharding mismatch: prefill {} of {} elements x {} outer x {} B (sub-blocks "
           "{}), decode {} of {} x {} x {} B (sub-blocks {})",
-          b, ps->dim, p_full, ps->outer, ElementBytes(prefill.state[b], *ps),
+          name, ps->dim, p_full, ps->outer, ElementBytes(prefill.state[b], *ps),
           fmt::join(ps->groups, ","), ds->dim, d_full, ds->outer,
-          ElementBytes(decode.state[b], *ds), fmt::join(ds->groups, ",")));
+          ElementBytes(decode.state[d], *ds), fmt::join(ds->groups, ",")));
   }
   return Status::Ok();
 }
@@ -183,16 +284,22 @@ Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayo
                                        std::span<const int32_t> src_slots,
                                        std::span<const int32_t> dst_slots, StateShare share) {
   KVB_RETURN_IF_ERROR(CheckCompatible(prefill, decode));
-  KVB_RETURN_IF_ERROR(CheckSameLength(src_slots.size(), dst_slots.size(), "state slot"));
   std::vector<CopyRun> runs;
+  KVB_ASSIGN_OR_RETURN(StatePairs pairs, PairStateBuffers(prefill, decode));
+  // A stage before the last sends only buffers paired by layer id: without
+  // any, it sends no state and its slot list is not looked at.
+  if (!share.last_stage &&
+      std::none_of(pairs.by_layer_id.begin(), pairs.by_layer_id.end(), [](bool b) { return b; }))
+    return runs;
+  KVB_RETURN_IF_ERROR(CheckSameLength(src_slots.size(), dst_slots.size(), "state slot"));
   // A model without state buffers (not hybrid) has nothing to send.
   if (prefill.state.empty()) return runs;
   KVB_RETURN_IF_ERROR(
       CheckStateSlots("source state slot", prefill.state, prefill.state_types, src_slots));
   KVB_RETURN_IF_ERROR(
-      CheckStateSlots("destination state slot", decode.state, prefill.state_types, dst_slots));
+      CheckStateSlots("destination state slot", decode.state, decode.state_types, dst_slots));
   KVB_ASSIGN_OR_RETURN(auto src, StateSections(prefill.state_types, src_slots));
-  KVB_ASSIGN_OR_RETURN(auto dst, StateSections(prefill.state_types, dst_slots));
+  KVB_ASSIGN_OR_RETURN(auto dst, StateSections(decode.state_types, dst_slots));
   if (src.size() != dst.size())
     return InvalidArgumentError(
         fmt::format("state sections: source {}, destination {}", src.size(), dst.size()));
@@ -201,18 +308,20 @@ Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayo
                             .WithContext(fmt::format("state type {}", t)));
   for (size_t b = 0; b < prefill.state.size(); ++b) {
     const size_t t = src.size() == 1 ? 0 : static_cast<size_t>(prefill.state_types.at(b));
-    const bool sliced = SlicedStateBuffer(prefill, decode, b);
+    const auto db = pairs.dst[b];
+    const bool sliced = SlicedStateBuffer(prefill, decode, b, db);
     if (sliced ? !share.slices : !share.whole) continue;
+    if (!share.last_stage && !pairs.by_layer_id[b]) continue;
     const uint64_t item = prefill.state[b].item_len;
     for (size_t i = 0; i < src[t].size(); ++i) {
       const auto src_slot = static_cast<uint64_t>(src[t][i]);
       const auto dst_slot = static_cast<uint64_t>(dst[t][i]);
       if (sliced) {
-        AppendSlices(runs, static_cast<uint32_t>(b), prefill, decode, src_slot, dst_slot);
+        AppendSlices(runs, static_cast<uint32_t>(b), db, prefill, decode, src_slot, dst_slot);
         continue;
       }
-      Append(runs, {BufferClass::kState, static_cast<uint32_t>(b), src_slot * item,
-                    static_cast<uint32_t>(b), dst_slot * item, item});
+      Append(runs, {BufferClass::kState, static_cast<uint32_t>(b), src_slot * item, db,
+                    dst_slot * item, item});
     }
   }
   return runs;

@@ -148,7 +148,7 @@ TEST(StateSliceTest, SameTpMovesWholeSlots) {
   ASSERT_TRUE(runs.ok()) << runs.status().ToString();
   const uint64_t item = Layout(a, 2, 1).state[0].item_len;
   EXPECT_EQ(*runs, (std::vector<CopyRun>{{BufferClass::kState, 0, 2 * item, 0, item, item}}));
-  EXPECT_FALSE(SlicedStateBuffer(Layout(a, 2, 1), Layout(a, 2, 0), 0));
+  EXPECT_FALSE(SlicedStateBuffer(Layout(a, 2, 1), Layout(a, 2, 0), 0, 0));
 }
 
 TEST(StateSliceTest, ShareSelectsWholeBuffersOrSlices) {

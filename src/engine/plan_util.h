@@ -52,6 +52,8 @@ inline Status CheckSameLength(size_t src, size_t dst, const char* what) {
 // CheckLayout's part for state_sharding, and CheckCompatible's for state
 // buffers (plan_state.cc).
 Status CheckStateSharding(const RankLayout& layout);
+// state_types and state_layer_ids against the state buffers (plan.h).
+Status CheckStateMeta(const RankLayout& layout);
 Status CheckStateCompatible(const RankLayout& prefill, const RankLayout& decode);
 
 }  // namespace kvbridge::internal::planning

@@ -92,7 +92,9 @@ TEST_P(DemoFault, EverySurvivorNamesTheVictim) {
   // victim is still working when the failure reaches it.
   json j =
       RunDemo(std::string(" --requests 200 --worker-arg=--rate=100 --fault ") + fc.flag, &status);
-  EXPECT_EQ(status, 0) << j.dump(2);
+  // The problems first: a CI log keeps a failure's head and tail only.
+  EXPECT_EQ(status, 0) << "problems: " << j.value("problems", json::array()).dump(2) << "\n"
+                       << j.dump(2);
   EXPECT_TRUE(j.value("ok", false)) << j["problems"].dump(2);
   ASSERT_TRUE(j.contains("fault")) << j.dump(2);
   const json& f = j["fault"];
