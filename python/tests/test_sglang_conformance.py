@@ -890,17 +890,22 @@ def test_kv_layer_ids_pair_buffers_by_model_layer(bootstrap):  # A9
 
 
 def test_kv_layer_ids_decode_lacks_fail_the_request_naming_the_layer(bootstrap):  # A9
-    pair = layer_id_pair(bootstrap, [3, 3])  # no layer 5
+    expect_both_fail_naming(layer_id_pair(bootstrap, [3, 3]), 42,  # no layer 5
+                            "decode holds no kv buffer for model layer 5")
+
+
+def expect_both_fail_naming(pair, room: int, words: str) -> None:
+    """A request between `pair`'s ranks fails on decode with `words`, and
+    prefill's sender of the room hears it naming model layer 5."""
     try:
-        rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, 42)
-        tx = sg.KVBridgeKVSender(pair.pm, pair.addr, 42, [0], 0)
+        rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, room)
+        tx = sg.KVBridgeKVSender(pair.pm, pair.addr, room, [0], 0)
         rx.init(0)
         wait_until(lambda: rx.poll() == KVPoll.Failed, what="decode's verdict")
         reason = rx.failure().failure_reason
-        assert "decode holds no kv buffer for model layer 5" in reason, reason
+        assert words in reason, reason
         with pytest.raises(KVTransferError):
             rx.failure_exception()
-        # prefill's sender of the room hears it too, with the same words
         wait_until(lambda: tx.poll() == KVPoll.Failed, what="prefill's verdict")
         assert "model layer 5" in tx.failure().failure_reason, tx.failure()
         rx.clear()
@@ -956,20 +961,8 @@ def test_state_layer_ids_pair_state_buffers_by_model_layer(bootstrap):  # A9
 
 
 def test_state_layer_ids_decode_lacks_fail_the_request_naming_the_layer(bootstrap):  # A9
-    pair = state_layer_pair(bootstrap, [3, 7])  # no layer 5
-    try:
-        rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, 45)
-        tx = sg.KVBridgeKVSender(pair.pm, pair.addr, 45, [0], 0)
-        rx.init(0)
-        wait_until(lambda: rx.poll() == KVPoll.Failed, what="decode's verdict")
-        reason = rx.failure().failure_reason
-        assert "decode holds no state buffer of state type 0 for model layer 5" in reason, reason
-        wait_until(lambda: tx.poll() == KVPoll.Failed, what="prefill's verdict")
-        assert "model layer 5" in tx.failure().failure_reason, tx.failure()
-        rx.clear()
-        tx.clear()
-    finally:
-        pair.close()
+    expect_both_fail_naming(state_layer_pair(bootstrap, [3, 7]), 45,  # no layer 5
+                            "decode holds no state buffer of state type 0 for model layer 5")
 
 
 def test_sglang_state_layer_id_forms_become_one_id_per_state_buffer():  # A9
