@@ -53,8 +53,8 @@ bool ShardingFromJson(const nlohmann::json& j, std::vector<StateSharding>* out) 
   return true;
 }
 
-// [id, ...], each in [min, INT32_MAX].
-bool LayerIdsFromJson(const nlohmann::json& j, std::vector<int32_t>* out, int64_t min = 0) {
+// [n, ...], each in [min, INT32_MAX] (layer ids, state types).
+bool IntsFromJson(const nlohmann::json& j, std::vector<int32_t>* out, int64_t min = 0) {
   if (!j.is_array() || j.size() > kMaxBuffers) return false;
   out->clear();
   for (const auto& v : j) {
@@ -122,7 +122,7 @@ Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
     return InvalidArgumentError("layout field 'state_sharding' malformed");
   // Optional too: one id >= 0 per kv buffer, or none.
   if (auto it = j.find("kv_layer_ids"); it != j.end()) {
-    if (!LayerIdsFromJson(*it, &l.kv_layer_ids) ||
+    if (!IntsFromJson(*it, &l.kv_layer_ids) ||
         (!l.kv_layer_ids.empty() && l.kv_layer_ids.size() != l.kv.size()))
       return InvalidArgumentError("layout field 'kv_layer_ids' malformed");
   }
@@ -132,7 +132,7 @@ Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
                                 {"state_layer_ids", &l.state_layer_ids, int64_t{-1}}}) {
     auto it = j.find(name);
     if (it != j.end() &&
-        (!LayerIdsFromJson(*it, out, min) || (!out->empty() && out->size() != l.state.size())))
+        (!IntsFromJson(*it, out, min) || (!out->empty() && out->size() != l.state.size())))
       return InvalidArgumentError(std::string("layout field '") + name + "' malformed");
   }
   return l;

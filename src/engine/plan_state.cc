@@ -136,11 +136,11 @@ bool SlicedStateBuffer(const RankLayout& prefill, const RankLayout& decode, size
 Result<StatePairs> PairStateBuffers(const RankLayout& prefill, const RankLayout& decode) {
   StatePairs out{std::vector<uint32_t>(prefill.state.size(), 0),
                  std::vector<bool>(prefill.state.size(), false)};
-  if (NumTypes(prefill) != NumTypes(decode))
-    return FailedPreconditionError(fmt::format("state type count mismatch: prefill {}, decode {}",
-                                               NumTypes(prefill), NumTypes(decode)));
-  for (int32_t t = 0; t < NumTypes(prefill); ++t)
-    KVB_RETURN_IF_ERROR(PairType(prefill, decode, t, out));
+  const int32_t types = NumTypes(prefill);
+  if (types != NumTypes(decode))
+    return FailedPreconditionError(
+        fmt::format("state type count mismatch: prefill {}, decode {}", types, NumTypes(decode)));
+  for (int32_t t = 0; t < types; ++t) KVB_RETURN_IF_ERROR(PairType(prefill, decode, t, out));
   return out;
 }
 
