@@ -980,9 +980,13 @@ def test_sglang_state_layer_id_forms_become_one_id_per_state_buffer():  # A9
         state_data_ptrs = [1, 2]
         state_layer_ids = [4, 5]
     assert sg.state_layer_ids_of(Flat()) == [4, 5]
+    nested = []
+    for _ in range(5000):
+        nested = [nested]
     for bad, words in (([[1, 2, 3], []], "entry 0 has 3 ids for 2 state buffers"),
                        ([[1, 2]], "1 entries for 2 state components"),
-                       ([["x", 1], []], "KVArgs.state_layer_ids")):
+                       ([["x", 1], []], "KVArgs.state_layer_ids"),
+                       ([nested, []], "nested deeper than")):
         class Bad:
             state_data_ptrs = [[1, 2], [3]]
             state_layer_ids = bad
@@ -992,6 +996,9 @@ def test_sglang_state_layer_id_forms_become_one_id_per_state_buffer():  # A9
     pool = with_state_layers(SgPool("prefill"), [3, 5])
     pool.args.state_layer_ids = [[3, -1]]
     with pytest.raises(KVTransferError, match=re.escape("have layer ids all or none")):
+        sg.KVBridgeKVManager(pool.args, "prefill", server_args(1, port=30000)).close()
+    pool.args.state_layer_ids = [[2**40, 5]]  # past int32
+    with pytest.raises(KVTransferError, match=re.escape("state_layer_ids")):
         sg.KVBridgeKVManager(pool.args, "prefill", server_args(1, port=30000)).close()
 
 
