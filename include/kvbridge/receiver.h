@@ -46,6 +46,13 @@ class KVB_EXPORT KVReceiver {
 
   uint64_t room() const;
   uint64_t generation() const;
+  // Starts finding and meeting the prefill ranks of the request and never
+  // waits on the network: lookups and connects run on the manager's
+  // resolver thread. An error is returned only for the call itself (a
+  // second Init, a negative dp rank) or a request failed already; what the
+  // lookup finds wrong (a layout mismatch, a dead rank) fails the request:
+  // Poll() says Failed, Failure() says why. WaitingForInput once every
+  // source answered the handshake.
   Status Init(int prefill_dp_rank = 0);
   Status SendMetadata(std::span<const int32_t> page_indices, int64_t aux_index,
                       std::span<const int32_t> state_indices = {}, int64_t decode_prefix_len = 0);

@@ -205,7 +205,9 @@ class KVReceiver(_Room):
         self.poll = self._impl.poll  # the scheduler's hot path: the C++ method itself
 
     def init(self, prefill_dp_rank: int = 0) -> None:
-        """Finds the prefill ranks to read from and connects to them."""
+        """Starts finding and meeting the prefill ranks to read from; never
+        waits on the network (the manager's resolver thread does). What it
+        finds wrong fails the request: poll() says Failed."""
         self._call(self._impl.init, int(prefill_dp_rank or 0))
 
     def send_metadata(self, kv_indices: Any, aux_index: Optional[int] = None,

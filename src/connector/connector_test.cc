@@ -125,10 +125,13 @@ TEST(ConnectorTest, StaleGenerationIsDroppedNotApplied) {
   auto c = TestCluster::Create(ClusterOptions{});
   ASSERT_TRUE(c.ok());
   // A receiver aborted before prefill sent anything, then the room is reused.
+  // Its metadata goes once the handshake is done (sglang's order), so the
+  // abort reaches prefill before the room's next use begins.
   auto old = KVReceiver::Create(*(*c)->decode[0].manager, 9);
   ASSERT_TRUE(old.ok());
   std::vector<int32_t> pages{1, 2};
   ASSERT_TRUE((*old)->Init(0).ok());
+  ASSERT_TRUE(WaitFor([&] { return (*old)->Poll() == KVPoll::kWaitingForInput; }));
   ASSERT_TRUE((*old)->SendMetadata(pages, 0, {}).ok());
   (*old)->Abort();
   ASSERT_TRUE(WaitFor([&] { return (*old)->Quiesced(); }));
@@ -160,6 +163,7 @@ TEST(ConnectorTest, ReusedRoomMetadataBeforeItsSenderIsNotFailedByTheOldAbort) {
   auto old = std::move(KVReceiver::Create(*(*c)->decode[0].manager, 9)).value();
   std::vector<int32_t> pages{1, 2};
   ASSERT_TRUE(old->Init(0).ok());
+  ASSERT_TRUE(WaitFor([&] { return old->Poll() == KVPoll::kWaitingForInput; }));  // handshake done
   ASSERT_TRUE(old->SendMetadata(pages, 0, {}).ok());
   old->Abort();
   ASSERT_TRUE(WaitFor([&] { return old->Quiesced(); }));

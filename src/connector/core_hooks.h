@@ -16,10 +16,12 @@ namespace kvbridge::internal {
 
 struct CoreHooks {
   std::shared_ptr<const Clock> clock;  // null: Clock::System()
-  // No ticker and no resolver thread: a liveness round (heartbeats,
-  // silence checks, phase deadlines) and then a resolver round (lookups,
-  // handshake retries, fences) run only when the test calls
-  // ManagerImpl::TickNow(). The registry and beat threads run as always.
+  // No ticker, fence or resolver thread: a liveness round (heartbeats,
+  // silence checks, phase deadlines), a fence round and a resolver round
+  // (lookups, handshake retries) run only when the test calls
+  // ManagerImpl::TickNow(); a new receiver that needs lookups is resolved
+  // by its Init, on the test's thread. The registry and beat threads run
+  // as always.
   bool manual_ticks = false;
   // What /proc says of the process `pid` on this host (null: read /proc).
   // Every same-host judgement of the core asks ManagerImpl::LocalProcessState,

@@ -99,19 +99,30 @@ void ManagerImpl::RetryUnresolved() {
     // Only the rooms initialized since they were last seen resolved (not
     // every room in flight: with 10,000 that held the mutex for ms a round).
     MutexLock lock(mu_);
-    std::vector<uint64_t> ids = std::exchange(unresolved_, {});
-    std::sort(ids.begin(), ids.end());  // a room id reused is listed once
-    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-    for (uint64_t id : ids) {
-      auto it = receivers_.find(id);
-      if (it == receivers_.end()) continue;
-      const auto& room = it->second;
-      if (!room->initialized || room->resolved || room->failure) continue;
-      todo.push_back(room);
-      unresolved_.push_back(id);
-    }
+    todo = std::exchange(unresolved_, {});
+    std::sort(todo.begin(), todo.end());  // a room listed twice is resolved once
+    todo.erase(std::unique(todo.begin(), todo.end()), todo.end());
+    std::erase_if(todo, [](const auto& room) { return !room->initialized || room->resolved; });
+    unresolved_ = todo;
   }
-  for (auto& room : todo) ResolveSources(room).IgnoreError();
+  if (todo.empty()) return;
+  // Every room needs prefill's parallel info: while the registry cannot
+  // give it, one lookup says so for all (not one wait per room).
+  if (Result<ParallelInfo> info = PrefillParallelInfo(); !info.ok()) {
+    for (auto& room : todo) FailUnresolved(*room, info.status(), std::nullopt);
+    return;
+  }
+  for (auto& room : todo) {
+    if (stop_.load()) return;  // the manager is closing: no more lookups
+    ResolveSources(room).IgnoreError();
+    // A room that failed before its sources were known (an abort right
+    // after Init; released since, maybe) is resolved once all the same,
+    // only so that the prefill ranks at its positions learn why
+    // (AdoptSourcesLocked tells them): their senders would otherwise wait
+    // for metadata until their deadline.
+    MutexLock lock(mu_);
+    if (room->failure) std::erase(unresolved_, room);
+  }
 }
 
 }  // namespace kvbridge::internal

@@ -163,5 +163,35 @@ TEST(GroupFailureTest, ARoomRecordIsNotARankDeathAndDoesNotFailALaterUseOfTheRoo
   for (const RankStatus& s : *ranks) EXPECT_EQ(s.dead_by_seq, 0u) << s.record.attn_tp_rank;
 }
 
+// Init leaves the lookups to the resolver thread, so an abort right after
+// it (the first request: nothing met yet) comes before the request's prefill
+// ranks are known, and the receiver is released at once. Whether the
+// resolver's lookup was already under way (here, mostly) or had not picked
+// the room up yet (the process test Connector.AbortMidTransferQuiescesBeforeReuse
+// fails without that case), the prefill ranks are met and told: a sender
+// created after all that fails at once with decode's abort, not at its
+// metadata deadline (60 s here) naming itself.
+TEST(GroupFailureTest, AnAbortRightAfterInitReachesASenderCreatedAfterTheRelease) {
+  ClusterOptions o;
+  o.tweak = [](ManagerOptions& m) {
+    TolerantLiveness(m);
+    m.waiting_timeout = std::chrono::seconds(60);
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  {
+    auto rx = std::move(KVReceiver::Create(*(*c)->decode[0].manager, 5)).value();
+    ASSERT_TRUE(rx->Init(0).ok());
+    rx->Abort();
+    EXPECT_TRUE(rx->Quiesced());  // no metadata left: nothing can be written
+  }
+  auto tx = std::move(KVSender::Create(*(*c)->prefill[0].manager, 5)).value();
+  ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kFailed; }, std::chrono::seconds(20)))
+      << KVPollName(tx->Poll());
+  ASSERT_TRUE(tx->Failure().has_value());
+  EXPECT_EQ(tx->Failure()->cause, FailureCause::kAborted) << tx->Failure()->Message();
+  EXPECT_EQ(tx->Failure()->origin.ShortName(), "decode tp0") << tx->Failure()->Message();
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

@@ -299,6 +299,14 @@ void ManagerImpl::WakeRegistryRound() {
   ticker_cv_.notify_all();
 }
 
+void ManagerImpl::WakeResolver() {
+  {
+    std::lock_guard<std::mutex> lock(ticker_mu_);
+    resolver_wake_ = true;
+  }
+  ticker_cv_.notify_all();
+}
+
 void ManagerImpl::StartThreads() {
   // A registry that pushes changes (etcd's watch) wakes the registry thread.
   registry_->SetChangeCallback([this] { WakeRegistryRound(); });
@@ -308,8 +316,9 @@ void ManagerImpl::StartThreads() {
     EveryHeartbeat([&] { RegistryRound(round++); }, &registry_wake_);
   });
   beat_thread_ = std::thread([this] { EveryHeartbeat([this] { BeatRound(); }); });
-  if (!hooks_.manual_ticks)
-    resolver_ = std::thread([this] { EveryHeartbeat([this] { ResolveRound(); }); });
+  if (hooks_.manual_ticks) return;
+  resolver_ = std::thread([this] { EveryHeartbeat([this] { ResolveRound(); }, &resolver_wake_); });
+  fencer_ = std::thread([this] { EveryHeartbeat([this] { FenceRound(); }); });
 }
 
 ManagerImpl::~ManagerImpl() {
@@ -322,6 +331,7 @@ ManagerImpl::~ManagerImpl() {
   if (registry_thread_.joinable()) registry_thread_.join();
   if (beat_thread_.joinable()) beat_thread_.join();
   if (resolver_.joinable()) resolver_.join();
+  if (fencer_.joinable()) fencer_.join();
   if (registry_) registry_->SetChangeCallback(nullptr);
   // Transport threads may still deliver messages and completions, which flush
   // more work: now nothing reaches the engine or the transport, and the engine

@@ -64,19 +64,17 @@ class ManagerImpl {
                                                      CoreHooks hooks = {});
   ~ManagerImpl();
 
-  // This rank as its peers know it now: the incarnation changes when it
-  // rejoins (MaybeRejoin), so it is read afresh.
+  // This rank as its peers know it now (a rejoin changes its incarnation).
   RankId self() const { return Self(); }
-  // The core's time (CoreHooks::clock): every deadline, silence and record
-  // time is judged on it.
+  // The core's time (CoreHooks::clock): deadlines, silences, records.
   SteadyTime Now() const { return clock_->Steady(); }
   WallTime WallNow() const { return clock_->Wall(); }
-  // One liveness round (heartbeats out, silences and phase deadlines
-  // checked) at Now() and then one resolver round, on the caller's thread:
-  // what the ticker and resolver threads run every heartbeat interval.
-  // Tests with CoreHooks::manual_ticks call it.
+  // A liveness round (beats, silences, phase deadlines) at Now(), a fence
+  // and a resolver round on the caller's thread: what the ticker, fence and
+  // resolver threads run each interval (CoreHooks::manual_ticks tests).
   void TickNow() {
     Tick();
+    FenceRound();
     ResolveRound();
   }
   const ManagerOptions& options() const { return opts_; }
@@ -101,26 +99,25 @@ class ManagerImpl {
   // Decode side (receiver_side.cc).
   Result<std::shared_ptr<ReceiverRoom>> NewReceiver(uint64_t room);
   void ReleaseReceiver(const std::shared_ptr<ReceiverRoom>& room);
+  // Checks; resolves the sources from facts held, else wakes the resolver.
   Status ReceiverInit(const std::shared_ptr<ReceiverRoom>& room, int prefill_dp_rank);
   Status ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& room,
                               std::span<const int32_t> pages, int64_t aux_index,
                               std::span<const int32_t> state, int64_t decode_prefix_len);
   void ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room);
-  // Blocks until the room is quiesced or `timeout` passed; true if quiesced.
+  // Waits (blocking) for Quiesced or `timeout`; returns Quiesced.
   bool WaitReceiverQuiesced(const ReceiverRoom& room, std::chrono::milliseconds timeout);
   FailureRecord ReceiverFailAsGroup(const std::shared_ptr<ReceiverRoom>& room);
   std::optional<FailureRecord> ReceiverFailure(const ReceiverRoom& room) const;
 
   void ReportFatal(const std::string& reason);
   ManagerStats Stats() const;
-  // The latest failure of another rank (or of this one) that this rank
-  // knows of: what a request that did not fail here should blame.
+  // The latest rank failure known here: what a request that did not fail here blames.
   std::optional<FailureRecord> RecentRankFailure() const;
   std::vector<PeerSnapshot> Peers() const;
   // KVManager::TakeChangedRooms (FailedPrecondition unless list_room_changes).
   Result<std::vector<uint64_t>> TakeChangedRooms();
-  // Tests: judge every peer's liveness as across machines, with no /proc (a
-  // running same-host peer is otherwise given ten silence limits).
+  // Tests: judge liveness as across machines (no /proc's ten-limit grace).
   void JudgeLivenessAsRemoteForTest() { liveness_as_remote_ = true; }
   // Best effort from a dying process (fatal signal, std::terminate): tell
   // peers and the registry who died and why. Never blocks for long.
@@ -200,23 +197,24 @@ class ManagerImpl {
   // in it (Transport::DeliveryBusy) when it has lasted half the silence limit.
   void WarnStuckDelivery(std::chrono::microseconds silence_limit);
   // Runs `round` every heartbeat interval until the manager stops; each of
-  // the ticker, registry and resolver threads is one such loop. With `wake`
+  // the ticker, registry, beat, fence and resolver threads is one such loop. With `wake`
   // (guarded by ticker_mu_), also as soon as it is set (and clears it).
   void EveryHeartbeat(const std::function<void()>& round, bool* wake = nullptr);
-  // Runs the registry thread's round now (etcd's watch saw a change).
+  // Runs the registry thread's round now (etcd's watch saw a change); the
+  // resolver's (a new receiver to resolve).
   void WakeRegistryRound();
+  void WakeResolver();
   // Lookups, connects and handshake retries the ticker asks for: they wait on
   // the network, so they run on the resolver thread, never delaying a beat.
   void ResolveRound();
-  // Opens Peer::beat for every proven peer that lacks one (resolver thread).
-  void OpenBeatEndpoints();
-  void MeetPrefillAgain();  // decode, sglang's server: retired, or failed across hosts
+  void OpenBeatEndpoints();  // Peer::beat for each proven peer lacking one
+  void MeetPrefillAgain();   // decode, sglang's server: retired, or failed across hosts
   // Opens `key`'s heartbeat endpoint and takes it if the peer still uses
   // `tpeer` and has none (blocks for the connect: no lock held).
   void OpenBeat(const std::string& key, const std::string& address, PeerId tpeer) KVB_EXCLUDES(mu_);
   // Revokes the grants of failed peers (fence_pending_), then counts their
-  // rooms' sources quiesced. Resolver thread: a revoke waits for writes
-  // admitted under it to land.
+  // rooms' sources quiesced. Its own thread (and a rejoin's): a revoke waits
+  // for writes admitted under it to land, and a new request's lookups must not.
   void FenceRound();
   // The Hello's keys for `key`: its own grants when it gets them.
   Status GrantKeysFor(const std::string& key, HelloMsg& hello);
@@ -401,11 +399,9 @@ class ManagerImpl {
   // Finds and connects the prefill ranks `room` reads from (the steps
   // below); an error that no retry mends fails the room (FailUnresolved).
   Status ResolveSources(const std::shared_ptr<ReceiverRoom>& room);
-  // Prefill's parallel info, once read; Unavailable until every prefill
-  // rank registered.
+  // Prefill's parallel info, once read; Unavailable until all registered.
   Result<ParallelInfo> PrefillParallelInfo();
-  // Fails `room` when a rank of its prefill instance is dead and was not
-  // restarted (the registry lists no new incarnation at its position).
+  // Fails `room` when a rank of its prefill instance is dead, not restarted.
   Status FailIfSourceInstanceDead(const std::shared_ptr<ReceiverRoom>& room);
   struct SourcePosition {
     RankId position;     // role, dp, tp, pp; process filled when connected
@@ -415,8 +411,14 @@ class ManagerImpl {
   Result<std::vector<SourcePosition>> SourcePositions(const ReceiverRoom& room,
                                                       const ParallelInfo& info) const;
   // Takes the connected sources (unless the room failed or another
-  // resolution won) and sends the metadata if it came already.
+  // resolution won); sends the metadata if it came.
   void AdoptSources(ReceiverRoom& room, std::vector<ReceiverSource> sources);
+  void AdoptSourcesLocked(ReceiverRoom& room, std::vector<ReceiverSource> sources, Outbox& out)
+      KVB_REQUIRES(mu_);
+  // Init's resolution from facts held (prefill's parallel info, every source
+  // and with sglang's server every witness met, no dead rank to look up): no
+  // lookup, no connect. False, changing nothing, else: the resolver's then.
+  bool ResolveFromKnownLocked(ReceiverRoom& room, Outbox& out) KVB_REQUIRES(mu_);
   void FailUnresolved(ReceiverRoom& room, const Status& s,
                       const std::optional<RankId>& incompatible);
   void OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& out) KVB_REQUIRES(mu_);
@@ -429,8 +431,10 @@ class ManagerImpl {
   void TellSourceLocked(ReceiverRoom& room, ReceiverSource& src, const FailureRecord& record,
                         Outbox& out) KVB_REQUIRES(mu_);
   // sglang's server keeps no records: decode connects and tells the prefill
-  // ranks it reads nothing from, which relay (docs/sglang.md, B3).
+  // ranks it reads nothing from, which relay (docs/sglang.md, B3). Met: all
+  // are, none failed (EnsureWitnesses would look nothing up).
   void EnsureWitnesses(const ReceiverRoom& room, const ParallelInfo& info);
+  bool WitnessesMetLocked(const ReceiverRoom& room, const ParallelInfo& info) KVB_REQUIRES(mu_);
   void TellWitnessesLocked(const ReceiverRoom& room, const FailureRecord& r, Outbox& out)
       KVB_REQUIRES(mu_);
   void RelayRoomFailureLocked(const RankId& from, const RoomFailedMsg& m, Outbox& out)
@@ -456,6 +460,7 @@ class ManagerImpl {
   // it failed (PollSettled() says Failed from then on).
   void WarnUnsettledLocked(ReceiverRoom& room, SteadyTime now) KVB_REQUIRES(mu_);
   void TickReceiversLocked(SteadyTime now, Outbox& out) KVB_REQUIRES(mu_);
+  // Resolves unresolved_ (also a failed, released one, once: to tell them).
   void RetryUnresolved();
 
   const ManagerOptions opts_;
@@ -494,7 +499,7 @@ class ManagerImpl {
       KVB_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<ReceiverRoom>> receivers_ KVB_GUARDED_BY(mu_);
   RoomChanges changes_ KVB_GUARDED_BY(mu_){opts_.list_room_changes};  // every poll() change
-  std::vector<uint64_t> unresolved_ KVB_GUARDED_BY(mu_);  // initialized, maybe not resolved
+  std::vector<std::shared_ptr<ReceiverRoom>> unresolved_ KVB_GUARDED_BY(mu_);  // RetryUnresolved
   // Metadata, notices and failures of requests no live sender has a flow
   // for (sender_inbox.h).
   SenderInbox inbox_ KVB_GUARDED_BY(mu_){opts_.max_pending_requests};
@@ -523,8 +528,7 @@ class ManagerImpl {
   SteadyTime last_tick_ KVB_GUARDED_BY(mu_) = Now();
   int64_t stuck_step_logged_ = 0;                  // ticker thread only (WarnStuckDelivery)
   std::optional<SteadyTime> registry_down_since_;  // beat thread only
-  // Why the registry last refused this incarnation's heartbeat; cleared by
-  // one it takes.
+  // Why the registry last refused this incarnation's heartbeat (till one is taken).
   std::optional<HeartbeatRefusal> heartbeat_refused_ KVB_GUARDED_BY(mu_);
   bool registry_reached_ = false;  // beat thread only: a heartbeat answered
   // When the registry last answered a heartbeat.
@@ -557,15 +561,15 @@ class ManagerImpl {
 
   std::mutex ticker_mu_;
   std::condition_variable ticker_cv_;
-  bool stop_ = false;
-  // Set by a registry that pushes changes (etcd's watch): a round at once.
-  bool registry_wake_ = false;  // guarded by ticker_mu_
+  std::atomic<bool> stop_{false};  // set under ticker_mu_; a long round reads it too
+  bool registry_wake_ = false;     // guarded by ticker_mu_: etcd's watch saw a change
+  bool resolver_wake_ = false;     // guarded by ticker_mu_: a receiver to resolve
   std::thread ticker_;
   std::thread registry_thread_;
   std::thread beat_thread_;  // BeatRound: heartbeats never wait for the registry reads
   std::thread resolver_;
-  // Prefill: Hellos challenged and not yet proven, by prefill's session id
-  // (bounded: kMaxPendingHellos, oldest dropped).
+  std::thread fencer_;  // FenceRound
+  // Prefill: Hellos challenged, not yet proven, by session id (kMaxPendingHellos).
   struct PendingHello {
     RankId from;
     HelloMsg hello;
@@ -578,7 +582,7 @@ class ManagerImpl {
   std::atomic<uint64_t> unauth_dropped_{0};
   // Peers whose Hello the ticker found unanswered.
   std::set<std::string> hello_retries_ KVB_GUARDED_BY(mu_);
-  // Failed peers whose grant is still to be revoked, and the next grant id.
+  // Failed peers whose grant is still to be revoked; the next grant id.
   std::set<std::string> fence_pending_ KVB_GUARDED_BY(mu_);
   // The unrevoked grants of peers replaced at their position (a failed rank
   // that rejoined or restarted) before FenceRound got to them: revoked

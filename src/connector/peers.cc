@@ -1,6 +1,6 @@
 // Peers and liveness: transport failures, silent peers, the ticker's
-// heartbeats and deadlines, and the resolver thread that does the ticker's
-// network waits for it.
+// heartbeats and deadlines, the fence thread's revokes, and the resolver
+// thread that does the ticker's and Init's network waits for them.
 #include <fmt/format.h>
 
 #include "common/log.h"
@@ -116,7 +116,7 @@ void ManagerImpl::FailPeerWithRecordLocked(Peer& peer, const FailureRecord& base
     r.phase = room->phase;
     FailSenderLocked(*room, r, out);
   }
-  // Its grant is revoked on the resolver thread (FenceRound), which then
+  // Its grant is revoked on the fence thread (FenceRound), which then
   // counts its sources quiesced.
   if (peer.grant != 0 && !peer.fenced) fence_pending_.insert(peer.key);
   for (auto& [id, room] : receivers_) {
@@ -271,7 +271,6 @@ void ManagerImpl::ResolveRound() {
     retry_hello.swap(hello_retries_);
   }
   for (const std::string& key : retry_hello) RetryHello(key);
-  FenceRound();
   if (opts_.role == Role::kDecode) RetryUnresolved();
   if (opts_.role == Role::kDecode && sglang_registry_) MeetPrefillAgain();
   OpenBeatEndpoints();

@@ -260,7 +260,8 @@ TEST(PpTest, DecodePrefixChunkHasNoPagesOnAnyStage) {
 }
 
 // sglang's rule: decode pp is 1 (decode gathers every stage) or equal to
-// prefill pp (stage to stage). Anything else fails at Init, naming both.
+// prefill pp (stage to stage). Anything else fails the request as soon as
+// Init's lookup (on the resolver thread) finds it, naming both.
 TEST(PpTest, DecodePpThatDoesNotLineUpFailsAtInit) {
   for (auto [prefill_pp, decode_pp] : {std::pair{2, 3}, {1, 2}, {4, 2}}) {
     SCOPED_TRACE("prefill pp " + std::to_string(prefill_pp) + ", decode pp " +
@@ -270,14 +271,14 @@ TEST(PpTest, DecodePpThatDoesNotLineUpFailsAtInit) {
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     for (auto& d : (*c)->decode) {
       auto rx = std::move(KVReceiver::Create(*d.manager, 3)).value();
-      Status s = rx->Init(0);
-      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+      ASSERT_TRUE(rx->Init(0).ok());  // the resolver finds the mismatch
+      ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kFailed; }));
+      ASSERT_TRUE(rx->Failure().has_value());
+      const std::string detail = rx->Failure()->detail;
       const std::string want =
           "prefill " + std::to_string(prefill_pp) + ", decode " + std::to_string(decode_pp);
-      EXPECT_NE(s.message().find("pp size"), std::string::npos) << s.ToString();
-      EXPECT_NE(s.message().find(want), std::string::npos) << s.ToString();
-      EXPECT_EQ(rx->Poll(), KVPoll::kFailed);
-      ASSERT_TRUE(rx->Failure().has_value());
+      EXPECT_NE(detail.find("pp size"), std::string::npos) << detail;
+      EXPECT_NE(detail.find(want), std::string::npos) << detail;
       EXPECT_EQ(rx->Failure()->cause, FailureCause::kLayoutMismatch);
       // No single rank is to blame: the record names the prefill instance's
       // first rank, not a prefill rank at this decode rank's tp/pp.
@@ -302,12 +303,12 @@ TEST(PpTest, LayoutMismatchNamesTheIncompatiblePrefillRank) {
   auto c = TestCluster::Create(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   auto rx = std::move(KVReceiver::Create(*(*c)->decode[0].manager, 4)).value();
-  Status s = rx->Init(0);
-  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
-  EXPECT_NE(s.message().find("bytes per head per token mismatch for layer 2"), std::string::npos)
-      << s.ToString();
+  ASSERT_TRUE(rx->Init(0).ok());  // the resolver finds the mismatch
+  ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kFailed; }));
   ASSERT_TRUE(rx->Failure().has_value());
   const FailureRecord f = *rx->Failure();
+  EXPECT_NE(f.detail.find("bytes per head per token mismatch for layer 2"), std::string::npos)
+      << f.detail;
   EXPECT_EQ(f.cause, FailureCause::kLayoutMismatch);
   EXPECT_EQ(f.origin.role, Role::kPrefill);
   EXPECT_EQ(f.origin.tp, 1) << f.Message();

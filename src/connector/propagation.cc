@@ -77,35 +77,6 @@ void ManagerImpl::ApplyRoomFailureLocked(const FailureRecord& r, Outbox& out) {
   room_records_cv_.notify_all();
 }
 
-// With sglang's server a decode rank also connects the prefill ranks of a
-// room's dp that it reads nothing from (its witnesses): it detects their
-// death itself and tells them when a room fails here (TellWitnessesLocked).
-void ManagerImpl::EnsureWitnesses(const ReceiverRoom& room, const ParallelInfo& info) {
-  for (int pp = 0; pp < info.pp_size; ++pp) {
-    for (int tp = 0; tp < info.attn_tp_size; ++tp) {
-      RankId at;
-      at.role = Role::kPrefill;
-      at.dp = room.prefill_dp_rank;
-      at.tp = tp;
-      at.pp = pp;
-      {
-        // Sources are connected already; a failed witness is looked up again
-        // (it may have restarted) once a heartbeat interval at most.
-        MutexLock lock(mu_);
-        Peer* known = FindPeerLocked(PeerKey(at));
-        if (known != nullptr &&
-            (!known->failed || Now() - known->witness_lookup_at < opts_.heartbeat_interval))
-          continue;
-        if (known != nullptr) known->witness_lookup_at = Now();
-      }
-      RankId registered = at;
-      Result<std::string> key = EnsurePrefillPeer(at, &registered);
-      if (!key.ok())
-        KVB_LOG_DEBUG("witness {} not connected: {}", at.ShortName(), key.status().ToString());
-    }
-  }
-}
-
 // With sglang's server no registry carries a room's record: a notice from a
 // decode rank this one has no metadata from (it may read nothing from here)
 // is kept for this rank's group poll and passed to the other decode ranks

@@ -100,6 +100,52 @@ void ManagerImpl::TellWitnessesLocked(const ReceiverRoom& room, const FailureRec
   }
 }
 
+// With sglang's server a decode rank also connects the prefill ranks of a
+// room's dp that it reads nothing from (its witnesses): it detects their
+// death itself and tells them when a room fails here (TellWitnessesLocked).
+// Every prefill rank of `room`'s dp (its sources and its witnesses).
+static std::vector<RankId> PrefillRanksOfDp(const ReceiverRoom& room, const ParallelInfo& info) {
+  std::vector<RankId> ranks;
+  for (int pp = 0; pp < info.pp_size; ++pp) {
+    for (int tp = 0; tp < info.attn_tp_size; ++tp) {
+      RankId at;
+      at.role = Role::kPrefill;
+      at.dp = room.prefill_dp_rank;
+      at.tp = tp;
+      at.pp = pp;
+      ranks.push_back(at);
+    }
+  }
+  return ranks;
+}
+
+void ManagerImpl::EnsureWitnesses(const ReceiverRoom& room, const ParallelInfo& info) {
+  for (const RankId& at : PrefillRanksOfDp(room, info)) {
+    {
+      // Sources are connected already; a failed witness is looked up again
+      // (it may have restarted) once a heartbeat interval at most.
+      MutexLock lock(mu_);
+      Peer* known = FindPeerLocked(PeerKey(at));
+      if (known != nullptr &&
+          (!known->failed || Now() - known->witness_lookup_at < opts_.heartbeat_interval))
+        continue;
+      if (known != nullptr) known->witness_lookup_at = Now();
+    }
+    RankId registered = at;
+    Result<std::string> key = EnsurePrefillPeer(at, &registered);
+    if (!key.ok())
+      KVB_LOG_DEBUG("witness {} not connected: {}", at.ShortName(), key.status().ToString());
+  }
+}
+
+bool ManagerImpl::WitnessesMetLocked(const ReceiverRoom& room, const ParallelInfo& info) {
+  for (const RankId& at : PrefillRanksOfDp(room, info)) {
+    const Peer* known = FindPeerLocked(PeerKey(at));
+    if (known == nullptr || known->failed) return false;
+  }
+  return true;
+}
+
 std::vector<ReceiverSource> ManagerImpl::KnownSourcesLocked(const ReceiverRoom& room) {
   std::vector<ReceiverSource> known;
   if (!prefill_info_) return known;  // no request resolved yet: no prefill rank is connected

@@ -47,6 +47,7 @@ std::optional<FailureRecord> ManagerImpl::ReceiverFailure(const ReceiverRoom& ro
 
 Status ManagerImpl::ReceiverInit(const std::shared_ptr<ReceiverRoom>& room, int prefill_dp_rank) {
   Outbox out;
+  bool resolve = false;  // not from what this rank holds: by the resolver
   const Status checked = [&]() -> Status {
     MutexLock lock(mu_);
     if (room->failure) {
@@ -77,14 +78,46 @@ Status ManagerImpl::ReceiverInit(const std::shared_ptr<ReceiverRoom>& room, int 
     room->initialized = true;
     room->prefill_dp_rank = prefill_dp_rank;
     room->phase_since = Now();
-    unresolved_.push_back(room->room);  // RetryUnresolved until resolved
+    if (!ResolveFromKnownLocked(*room, out)) {
+      unresolved_.push_back(room);  // the resolver's (RetryUnresolved) until resolved
+      resolve = true;
+    }
     return Status();
   }();
   Flush(out);
-  if (!checked.ok()) return checked;
-  Status s = ResolveSources(room);
-  if (s.ok() || s.code() == StatusCode::kUnavailable) return Status();  // retried by the ticker
-  return s;
+  if (!checked.ok() || !resolve) return checked;
+  // Lookups and connects wait on the network: the resolver thread makes
+  // them, at once. With CoreHooks::manual_ticks there is none, and the
+  // caller's thread does.
+  if (hooks_.manual_ticks) {
+    ResolveSources(room).IgnoreError();  // a failure fails the room
+  } else {
+    WakeResolver();
+  }
+  return Status();
+}
+
+bool ManagerImpl::ResolveFromKnownLocked(ReceiverRoom& room, Outbox& out) {
+  if (!prefill_info_) return false;
+  // Whether a dead rank of the instance restarted takes a lookup
+  // (FailIfSourceInstanceDead).
+  for (const auto& [key, r] : dead_ranks_)
+    if (r.origin.role == Role::kPrefill && r.origin.dp == room.prefill_dp_rank) return false;
+  Result<std::vector<SourcePosition>> positions = SourcePositions(room, *prefill_info_);
+  if (!positions.ok()) return false;  // the resolver fails the room, saying why
+  std::vector<ReceiverSource> sources;
+  for (const SourcePosition& at : *positions) {
+    const Peer* peer = FindPeerLocked(PeerKey(at.position));
+    if (peer == nullptr || !peer->ready || peer->failed) return false;
+    ReceiverSource src;
+    src.dummy = at.dummy;
+    src.peer_key = peer->shared_key;
+    src.prefill = peer->id;
+    sources.push_back(std::move(src));
+  }
+  if (sglang_registry_ && !WitnessesMetLocked(room, *prefill_info_)) return false;
+  AdoptSourcesLocked(room, std::move(sources), out);
+  return true;
 }
 
 Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
@@ -219,23 +252,28 @@ void ManagerImpl::AdoptSources(ReceiverRoom& room, std::vector<ReceiverSource> s
   Outbox out;
   {
     MutexLock lock(mu_);
-    if (room.resolved) return;
-    if (room.failure) {  // failed while this resolve was under way
-      AddFailedSourcesLocked(room, std::move(sources), out);
-      room.resolved = true;
-      UpdateQuiescedLocked(room);
-    } else {
-      room.sources = std::move(sources);
-      room.resolved = true;
-      room.last_resolve_error.reset();
-      if (room.meta) {
-        SendMetaLocked(room, out);
-      } else {
-        MaybeHandshakeDoneLocked(room);
-      }
-    }
+    AdoptSourcesLocked(room, std::move(sources), out);
   }
   Flush(out);
+}
+
+void ManagerImpl::AdoptSourcesLocked(ReceiverRoom& room, std::vector<ReceiverSource> sources,
+                                     Outbox& out) {
+  if (room.resolved) return;
+  if (room.failure) {  // failed while this resolve was under way
+    AddFailedSourcesLocked(room, std::move(sources), out);
+    room.resolved = true;
+    UpdateQuiescedLocked(room);
+    return;
+  }
+  room.sources = std::move(sources);
+  room.resolved = true;
+  room.last_resolve_error.reset();
+  if (room.meta) {
+    SendMetaLocked(room, out);
+  } else {
+    MaybeHandshakeDoneLocked(room);
+  }
 }
 
 void ManagerImpl::FailUnresolved(ReceiverRoom& room, const Status& s,

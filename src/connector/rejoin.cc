@@ -84,7 +84,7 @@ void ManagerImpl::MaybeRejoin() {
   }
   Flush(out);
   if (!fenced) {
-    FenceRound();  // revokes the retired peers' grants now, not next resolver round
+    FenceRound();  // revokes the retired peers' grants now, not next fence round
     Outbox again;
     {
       MutexLock lock(mu_);
@@ -93,7 +93,7 @@ void ManagerImpl::MaybeRejoin() {
     Flush(again);
   }
   if (!fenced) {
-    // A revoke the resolver thread runs, or one that did not finish
+    // A revoke the fence thread runs, or one that did not finish
     // (FenceRound logs why): next round.
     KVB_LOG_INFO("not rejoining yet: a write grant this rank gave a peer is not revoked");
     return;

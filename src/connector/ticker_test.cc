@@ -7,6 +7,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <thread>
+#include <vector>
+
 #include "connector/test_cluster.h"
 
 namespace kvbridge::internal {
@@ -38,27 +42,33 @@ class BlackHole {
   int port_ = 0;
 };
 
-TEST(TickerTest, RegistryThatNeverAnswersDelaysNoHeartbeatRound) {
-  BlackHole registry;
-  ASSERT_TRUE(registry.ok());
+// A decode manager whose registry is `registry` (a black hole): every
+// lookup of a prefill rank waits for the client's timeout.
+Result<std::unique_ptr<KVManager>> DecodeBehind(const BlackHole& registry,
+                                                std::unique_ptr<KvPool>* pool) {
   PoolOptions po;
   po.num_pages = 16;
-  auto pool = KvPool::Create(po);
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  KVB_ASSIGN_OR_RETURN(*pool, KvPool::Create(po));
   ManagerOptions mo;
   mo.role = Role::kDecode;
   mo.args = (*pool)->Args();
   mo.bootstrap_addr = registry.address();
   mo.start_bootstrap_server = false;
   mo.heartbeat_interval = std::chrono::milliseconds(50);
-  // The registry counts as lost only after 20 s: the request keeps retrying
-  // its lookup for the whole test.
+  // The registry counts as lost only after 20 s: requests keep retrying
+  // their lookups for the whole test.
   mo.heartbeat_misses = 400;
   auto fabric = std::make_shared<LoopbackFabric>();
-  auto transport = CreateLoopbackTransport(fabric, "decode tp0");
-  ASSERT_TRUE(transport.ok());
+  KVB_ASSIGN_OR_RETURN(auto transport, CreateLoopbackTransport(fabric, "decode tp0"));
   // Registration times out (a decode rank goes on without it).
-  auto m = CreateManager(mo, std::move(transport).value());
+  return CreateManager(mo, std::move(transport));
+}
+
+TEST(TickerTest, RegistryThatNeverAnswersDelaysNoHeartbeatRound) {
+  BlackHole registry;
+  ASSERT_TRUE(registry.ok());
+  std::unique_ptr<KvPool> pool;
+  auto m = DecodeBehind(registry, &pool);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   KVManager& manager = **m;
   // A request whose prefill instance cannot be looked up: every retry of
@@ -73,6 +83,34 @@ TEST(TickerTest, RegistryThatNeverAnswersDelaysNoHeartbeatRound) {
                       std::chrono::seconds(10)))
       << "heartbeat rounds: " << manager.Stats().heartbeat_rounds - before << " in 10 s";
   EXPECT_EQ(rx->Poll(), KVPoll::kBootstrapping);
+}
+
+// KVReceiver::Init is called on the scheduler's thread (sglang's decode
+// loop): it finds the request's prefill ranks without waiting on the
+// network. Against a registry that never answers, each lookup waits 2 s
+// for the client's timeout: ten Inits take 20 s or more when Init waits
+// for its lookup (and for the resolver's, which holds the same lock), and
+// return at once when the resolver thread does the lookups.
+TEST(TickerTest, InitWaitsForNoLookupOfARegistryThatNeverAnswers) {
+  BlackHole registry;
+  ASSERT_TRUE(registry.ok());
+  std::unique_ptr<KvPool> pool;
+  auto m = DecodeBehind(registry, &pool);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  std::vector<std::unique_ptr<KVReceiver>> rooms;
+  std::atomic<bool> returned{false};
+  std::thread caller([&] {
+    for (uint64_t room = 1; room <= 10; ++room) {
+      rooms.push_back(std::move(KVReceiver::Create(**m, room)).value());
+      EXPECT_TRUE(rooms.back()->Init(0).ok());
+    }
+    returned = true;
+  });
+  const bool fast = WaitFor([&] { return returned.load(); }, std::chrono::seconds(5));
+  caller.join();
+  EXPECT_TRUE(fast) << "ten Inits waited on the registry";
+  // The lookups still wait, on the resolver: every request bootstraps.
+  for (const auto& rx : rooms) EXPECT_EQ(rx->Poll(), KVPoll::kBootstrapping);
 }
 
 }  // namespace
