@@ -237,6 +237,8 @@ TEST(RestartTest, ARequestDecodeFailedBeforeResolvingItsSourcesReachesPrefill) {
   ASSERT_TRUE(WaitFor([&] {
     rx = std::move(KVReceiver::Create(decode, ++room)).value();
     rx->Init(0).IgnoreError();
+    // Its lookup (the resolver's) ends in WaitingForInput or Failed.
+    WaitFor([&] { return rx->Poll() != KVPoll::kBootstrapping; }, std::chrono::seconds(10));
     return rx->Poll() == KVPoll::kFailed;
   }));
   ASSERT_TRUE(rx->Failure().has_value());
