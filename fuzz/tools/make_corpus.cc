@@ -71,8 +71,9 @@ RankLayout Layout() {  // decode tp 2 of an 8-head MHA model, 2 layers
   l.aux.push_back({0x900000, 64 * 64, 64});
   l.state.push_back({0xa00000, 8 * 32, 32});
   l.state.push_back({0xb00000, 8 * 32, 32});
-  l.state_types = {0, 1};       // two state components
-  l.state_layer_ids = {-1, 1};  // the second named by model layer
+  l.state_types = {0, 1};                 // two state components
+  l.state_layer_ids = {-1, 1};            // the second named by model layer
+  l.state_type_names = {"MAMBA", "SWA"};  // sglang's StateType of each
   return l;
 }
 

@@ -52,12 +52,18 @@ struct KVArgs {
   std::vector<int32_t> state_buffer_types;
   // sglang's state_layer_ids: the model layer of each state buffer, -1 for
   // the buffers of a type that has none (a type's buffers: all or none), or
-  // empty. Types pair by position; within a type that has ids on both
+  // empty. Types pair as state_type_names says; within a type that has ids on both
   // sides, each prefill buffer is written into decode's earliest unused
   // buffer of that type and id, so every pipeline stage sends its own
   // layers' state and a decode without the layer fails every room naming
   // it. Otherwise a type's buffers pair by position, from the last stage.
   std::vector<int32_t> state_layer_ids;
+  // sglang's StateType of each state type (its state_types: one per
+  // component, e.g. "MAMBA", "SWA"), each 1-64 printable characters, or
+  // empty. When both sides give them, prefill's k-th type named N pairs
+  // with decode's k-th type named N (sglang leaves out a component without
+  // buffers, so one side may hold fewer); otherwise types pair by position.
+  std::vector<std::string> state_type_names;
   // How each state buffer's slots are sharded across tp ranks, so that
   // prefill and decode of different tp sizes exchange the right slices
   // (sglang's state_dim_per_tensor and state_conv_shard_groups). Empty, or

@@ -70,6 +70,8 @@ class KVArgs:
         # Per state buffer: the full sizes of its sliced axis's sub-blocks
         # (C++ KVArgs::state_slice_groups); empty: none.
         self.state_slice_groups: List[List[int]] = []
+        # The name of each state type (C++ KVArgs::state_type_names); empty: none.
+        self.state_type_names: List[str] = []
         self.page_size = 1
         self.kv_head_num = 1
         self.total_kv_head_num = 1
@@ -111,6 +113,7 @@ class KVArgs:
         d = {name: [int(v) for v in getattr(self, name)] for name in self._LIST_FIELDS}
         d["state_slice_groups"] = [[int(g) for g in groups or []]
                                    for groups in self.state_slice_groups]
+        d["state_type_names"] = [str(n) for n in self.state_type_names]
         end = self.prefill_end_layer
         d.update(engine_rank=int(self.engine_rank), page_size=int(self.page_size),
                  kv_head_num=int(self.kv_head_num), total_kv_head_num=int(self.total_kv_head_num),

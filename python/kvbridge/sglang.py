@@ -135,6 +135,21 @@ def state_types_of(args: Any) -> List[int]:
     return [t for t, comp in enumerate(ptrs) for _ in (comp or [])]
 
 
+def state_type_names_of(args: Any) -> List[str]:
+    """sglang's state_types (one StateType per state component) as names,
+    one per kvbridge state type, when state_data_ptrs has one list per
+    component; [] otherwise. Both sides name them alike, so components pair
+    by (StateType, occurrence) as sglang pairs them."""
+    types = getattr(args, "state_types", None)
+    if types is None or len(types) == 0 or not state_types_of(args):
+        return []
+    ptrs = list(getattr(args, "state_data_ptrs", None) or [])
+    if len(types) != len(ptrs):
+        raise kvbridge.InvalidArgumentError(
+            None, f"KVArgs.state_types: {len(types)} entries for {len(ptrs)} state components")
+    return [str(getattr(t, "name", None) or getattr(t, "value", t)) for t in types]
+
+
 def state_layer_ids_of(args: Any) -> List[int]:
     """sglang's state_layer_ids (one list per state component, [] for one
     without) as one id per state buffer, -1 for the buffers of a component
@@ -303,6 +318,7 @@ def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVAr
         if getattr(args, name, None) is not None:
             setattr(ours, name, getattr(args, name))
     ours.state_buffer_types = state_types_of(args)
+    ours.state_type_names = state_type_names_of(args)
     ours.state_layer_ids = state_layer_ids_of(args)
     ours.dtype = str(getattr(server_args, "kv_cache_dtype", "auto"))
     ours.memory_kind = "vram" if str(getattr(server_args, "device", "cuda")) == "cuda" else "dram"

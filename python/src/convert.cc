@@ -59,6 +59,7 @@ KVArgs ArgsFromDict(const py::dict& d) {
   a.state_buffer_types = Field<std::vector<int32_t>>(d, "state_buffer_types", {}, &seen);
   a.kv_layer_ids = Field<std::vector<int32_t>>(d, "kv_layer_ids", {}, &seen);
   a.state_layer_ids = Field<std::vector<int32_t>>(d, "state_layer_ids", {}, &seen);
+  a.state_type_names = Field<std::vector<std::string>>(d, "state_type_names", {}, &seen);
   using U32s = std::vector<uint32_t>;
   a.state_slice_dims = Field<U32s>(d, "state_slice_dims", {}, &seen);
   a.state_slice_outer = Field<U32s>(d, "state_slice_outer", {}, &seen);

@@ -5,6 +5,7 @@ shows."""
 
 from __future__ import annotations
 
+import enum
 import inspect
 import json
 import logging
@@ -962,7 +963,83 @@ def test_state_layer_ids_pair_state_buffers_by_model_layer(bootstrap):  # A9
 
 def test_state_layer_ids_decode_lacks_fail_the_request_naming_the_layer(bootstrap):  # A9
     expect_both_fail_naming(state_layer_pair(bootstrap, [3, 7]), 45,  # no layer 5
-                            "decode holds no state buffer of state type 0 for model layer 5")
+                            "decode holds no state buffer of state type 0 (swa) for model layer 5")
+
+
+def typed_pair(bootstrap, prefill_types, decode_types, prefill_rows, decode_rows):
+    """A pair whose ranks hold the state components `prefill_types` and
+    `decode_types` (sglang's state_types), with those row counts."""
+    pair = Pair.__new__(Pair)
+    port = int(bootstrap.rsplit(":", 1)[1])
+    pair.addr = bootstrap
+    pair.p = SgPool("prefill", state_types=prefill_types, state_rows=prefill_rows)
+    pair.d = SgPool("decode", state_types=decode_types, state_rows=decode_rows)
+    pair.pm = sg.KVBridgeKVManager(pair.p.args, "prefill", server_args(port, port=30000))
+    pair.dm = sg.KVBridgeKVManager(pair.d.args, "decode", server_args(port, port=30001))
+    return pair
+
+
+def test_state_components_pair_by_state_type_not_position(bootstrap):  # A9
+    # sglang leaves a component without buffers out of KVArgs: this prefill
+    # holds SWA state only (its first component), decode MAMBA then SWA.
+    pair = typed_pair(bootstrap, ["swa"], ["mamba", "swa"], [16], [4, 16])
+    try:
+        pair.p.states[0][9] = 44
+        src, dst = np.array([2, 7], np.int32), np.array([30, 12], np.int32)
+        tx, rx = run_sglang_order(pair, 46, src, dst, prefill_state=[np.array([9], np.int32)],
+                                  decode_state=[[np.array([3])], np.array([12], np.int32)])
+        mamba, swa = pair.d.states
+        assert np.all(swa[12] == 44), swa[12]
+        assert not mamba.any(), "decode's mamba state was written"
+        assert not np.delete(swa, [12], axis=0).any(), "an SWA row beside slot 12"
+        tx.clear()
+        rx.clear()
+    finally:
+        pair.close()
+
+
+def test_a_state_component_decode_lacks_fails_both_sides_naming_it(bootstrap):  # A9
+    pair = typed_pair(bootstrap, ["nsa"], ["mamba", "swa"], [16], [4, 16])
+    try:
+        rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, 47)
+        tx = sg.KVBridgeKVSender(pair.pm, pair.addr, 47, [0], 0)
+        rx.init(0)
+        wait_until(lambda: rx.poll() == KVPoll.Failed, what="decode's verdict")
+        words = "decode holds no state component nsa (occurrence 1)"
+        assert words in rx.failure().failure_reason, rx.failure()
+        wait_until(lambda: tx.poll() == KVPoll.Failed, what="prefill's verdict")
+        assert words in tx.failure().failure_reason, tx.failure()
+        rx.clear()
+        tx.clear()
+    finally:
+        pair.close()
+
+
+def test_sglang_state_types_become_one_name_per_state_type():  # A9
+    class StateType(enum.Enum):  # as sglang's base/conn.py declares its members
+        MAMBA = "mamba"
+        SWA = "swa"
+
+    class Two:
+        state_types = [StateType.MAMBA, StateType.SWA]
+        state_data_ptrs = [[1, 2], [3]]
+    assert sg.state_type_names_of(Two()) == ["MAMBA", "SWA"]
+
+    class Flat:  # one flat list of buffers: one type, no names needed
+        state_types = [StateType.MAMBA]
+        state_data_ptrs = [1, 2]
+    assert sg.state_type_names_of(Flat()) == []
+
+    class Unset:
+        state_data_ptrs = [[1], [2]]
+    assert sg.state_type_names_of(Unset()) == []
+
+    class Short:
+        state_types = [StateType.SWA]
+        state_data_ptrs = [[1], [2]]
+    with pytest.raises(kvbridge.InvalidArgumentError,
+                       match=re.escape("KVArgs.state_types: 1 entries for 2 state components")):
+        sg.state_type_names_of(Short())
 
 
 def test_sglang_state_layer_id_forms_become_one_id_per_state_buffer():  # A9

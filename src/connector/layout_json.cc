@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "connector/protocol.h"
 
 namespace kvbridge::internal {
@@ -83,7 +85,8 @@ nlohmann::json LayoutToJson(const RankLayout& l) {
           {"state_sharding", ShardingToJson(l.state_sharding)},
           {"kv_layer_ids", l.kv_layer_ids},
           {"state_types", l.state_types},
-          {"state_layer_ids", l.state_layer_ids}};
+          {"state_layer_ids", l.state_layer_ids},
+          {"state_type_names", l.state_type_names}};
 }
 
 Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
@@ -135,6 +138,16 @@ Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
         (!IntsFromJson(*it, out, min) || (!out->empty() && out->size() != l.state.size())))
       return InvalidArgumentError(std::string("layout field '") + name + "' malformed");
   }
+  // Optional: strings, at most one per state buffer (CheckLayout: one per
+  // type, each 1-64 printable characters).
+  if (auto it = j.find("state_type_names"); it != j.end()) {
+    if (!it->is_array() || it->size() > l.state.size() ||
+        !std::all_of(it->begin(), it->end(), [](const nlohmann::json& v) {
+          return v.is_string() && v.get_ref<const std::string&>().size() <= kMaxStateTypeName;
+        }))
+      return InvalidArgumentError("layout field 'state_type_names' malformed");
+    l.state_type_names = it->get<std::vector<std::string>>();
+  }
   return l;
 }
 
@@ -153,6 +166,7 @@ Status StateLayoutFromArgs(const KVArgs& a, RankLayout& layout) {
     return InvalidArgumentError(fmt::format(
         "KVArgs: state_layer_ids has {} entries, state_data_ptrs {}", a.state_layer_ids.size(), n));
   layout.state_layer_ids = a.state_layer_ids;
+  layout.state_type_names = a.state_type_names;  // CheckLayout judges them
   for (auto [name, size] : {std::pair{"state_slice_dims", a.state_slice_dims.size()},
                             {"state_slice_outer", a.state_slice_outer.size()},
                             {"state_slice_groups", a.state_slice_groups.size()}})

@@ -121,6 +121,21 @@ TEST(LayoutJsonTest, StateTypesAndLayerIdsRoundTripAndMalformedOnesAreRefusedByN
     ASSERT_FALSE(back.ok()) << field << " " << bad;
     EXPECT_EQ(back.status().message(), std::string("layout field '") + field + "' malformed");
   }
+  l.state_type_names = {"MAMBA", "SWA"};
+  back = LayoutFromJson(LayoutToJson(l));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->state_type_names, l.state_type_names);
+  for (const char* bad : {R"(["A", "B", "C"])", R"(["A", 1])", R"("MAMBA")", R"({"a": 1})"}) {
+    j = LayoutToJson(l);
+    j["state_type_names"] = nlohmann::json::parse(bad);
+    back = LayoutFromJson(j);
+    ASSERT_FALSE(back.ok()) << bad;
+    EXPECT_EQ(back.status().message(), "layout field 'state_type_names' malformed");
+  }
+  j = LayoutToJson(l);
+  j["state_type_names"] = {"MAMBA", std::string(65, 'S')};
+  EXPECT_FALSE(LayoutFromJson(j).ok());
+  l.state_type_names.clear();
   KVArgs a;
   a.state_layer_ids = {4};
   EXPECT_EQ(StateLayoutFromArgs(a, l).message(),

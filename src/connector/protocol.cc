@@ -136,6 +136,8 @@ void PutLayout(WireWriter& w, const RankLayout& l) {
   // Each id + 1: -1 (none) is 0.
   w.U32(static_cast<uint32_t>(l.state_layer_ids.size()));
   for (int32_t id : l.state_layer_ids) w.U32(static_cast<uint32_t>(int64_t{id} + 1));
+  w.U32(static_cast<uint32_t>(l.state_type_names.size()));
+  for (const std::string& name : l.state_type_names) w.Bytes(name);
 }
 // Layer ids: none, or one per kv buffer, each in [0, INT_MAX].
 bool GetLayerIds(WireReader& r, RankLayout* l) {
@@ -178,6 +180,15 @@ bool GetStateMeta(WireReader& r, RankLayout* l) {
       return false;
     l->state_layer_ids[i] = static_cast<int32_t>(int64_t{v} - 1);
   }
+  // Type names: at most one per state buffer (CheckLayout: one per type).
+  if (!r.Count("state type name count", &n, 4, kMaxBuffers)) return false;
+  if (n > buffers)
+    return r.Fail(fmt::format("{} state type names, the layout has {} state buffers", n, buffers));
+  l->state_type_names.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    if (!r.BoundedBytes(fmt::format("state type name [{}]", i), &l->state_type_names[i],
+                        kMaxStateTypeName))
+      return false;
   return true;
 }
 // State sharding: none, or one entry per state buffer (CheckLayout judges

@@ -422,6 +422,36 @@ TEST(ProtocolLimitsTest, StateTypesAndLayerIdsInAHelloAreOnePerStateBufferAndInR
   ExpectRejected(bytes, "state layer id [1] + 1 2147483649 out of range [0, 2147483648]");
 }
 
+// State type names end the layout: at most one per state buffer, each at
+// most 64 bytes (CheckLayout then wants one per type, printable).
+TEST(ProtocolLimitsTest, StateTypeNamesInAHelloAreBoundedInCountAndLength) {
+  const RankId from = Rank(Role::kDecode, 0);
+  HelloMsg h = GoodHello();
+  h.layout.state = {{0x100000, 64, 8}, {0x200000, 64, 8}};
+  h.state_keys = {"s0", "s1"};
+  h.layout.state_types = {0, 1};
+  h.layout.state_type_names = {"MAMBA", std::string(64, 'S')};
+  auto m = DecodeMessage(EncodeMessage(from, h));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(std::get<HelloMsg>(m->body).layout.state_type_names, h.layout.state_type_names);
+  h.layout.state_type_names = {"A", "B", "C"};
+  ExpectRejected(EncodeMessage(from, h), "3 state type names, the layout has 2 state buffers");
+  h.layout.state_type_names = {"MAMBA", std::string(65, 'S')};
+  ExpectRejected(EncodeMessage(from, h), "state type name [1]");
+  // A count past what the rest of the message can hold is refused before
+  // anything is allocated for it.
+  h.layout.state_type_names = {"MAMBA", "SWA"};
+  std::string bytes = EncodeMessage(from, h);
+  // The count (2), then the first name as its length (5) and bytes.
+  const uint32_t head[2] = {2, 5};
+  const size_t at =
+      bytes.find(std::string(reinterpret_cast<const char*>(head), sizeof(head)) + "MAMBA");
+  ASSERT_NE(at, std::string::npos);
+  const uint32_t huge = 0xFFFFFFF0u;
+  bytes.replace(at, 4, reinterpret_cast<const char*>(&huge), 4);
+  ExpectRejected(bytes, "state type name count");
+}
+
 // The handshake's fixed-size fields are exactly their size: a proof one
 // byte short is refused naming it, never padded.
 TEST(ProtocolLimitsTest, ShortNonceOrProofIsRejectedNamingTheField) {

@@ -40,6 +40,8 @@ struct BufferSpan {
 // sub-block of dim * T elements. dim 0: the buffer is not sliced (every
 // rank holds the whole slot).
 inline constexpr uint32_t kMaxStateGroups = 64;
+// The longest state type name (RankLayout::state_type_names).
+inline constexpr uint32_t kMaxStateTypeName = 64;
 struct StateSharding {
   uint32_t dim = 0;
   uint32_t outer = 1;
@@ -69,6 +71,10 @@ struct RankLayout {
   // and SWA, each with its own buffers: type t is sglang's t-th state
   // component); empty: one type. Exchanged in the handshake.
   std::vector<int32_t> state_types;
+  // The name of each state type (sglang's StateType of each component, e.g.
+  // "MAMBA", "SWA"), one per type, or empty: none. Exchanged in the
+  // handshake. See PairStateBuffers.
+  std::vector<std::string> state_type_names;
   // The model layer of each state buffer (sglang's state_layer_ids, one
   // list per state component), -1 for a buffer of a type that has none;
   // empty: none. A type's buffers have ids all or none. Exchanged in the
@@ -84,8 +90,11 @@ struct RankLayout {
 bool SlicedStateBuffer(const RankLayout& prefill, const RankLayout& decode, size_t p, size_t d);
 
 // Which decode state buffer each prefill state buffer moves into. Types
-// pair by position (type t with type t: sglang's components match by
-// position when both sides build them alike). Within a type whose buffers
+// pair as sglang's components do: by name and occurrence when both sides
+// name them (prefill's k-th type named N takes decode's k-th type named N:
+// sglang leaves out a component without buffers, so a pipeline stage may
+// hold fewer), else by position (type t with type t, as many on both
+// sides). FailedPrecondition naming the component decode lacks. Within a type whose buffers
 // have layer ids on both sides, sglang's rule: each prefill buffer takes
 // decode's earliest unused buffer of the same type and model layer, so a
 // pipeline stage's buffers land in a decode that holds every layer's, and
@@ -95,6 +104,7 @@ bool SlicedStateBuffer(const RankLayout& prefill, const RankLayout& decode, size
 struct StatePairs {
   std::vector<uint32_t> dst;      // per prefill state buffer
   std::vector<bool> by_layer_id;  // per prefill state buffer
+  std::vector<int32_t> type_dst;  // per prefill state type: decode's type
 };
 Result<StatePairs> PairStateBuffers(const RankLayout& prefill, const RankLayout& decode);
 // Whether any state buffer moves as slices between a prefill group of

@@ -79,15 +79,63 @@ bool TypeHasIds(const RankLayout& l, int32_t t) {
   return false;
 }
 
-// Pairs the buffers of type t: by layer id when both sides name them, else
-// by position.
+// "state type t", with its name when it has one.
+std::string TypeLabel(const RankLayout& l, int32_t t) {
+  if (l.state_type_names.empty()) return fmt::format("state type {}", t);
+  return fmt::format("state type {} ({})", t, l.state_type_names[static_cast<size_t>(t)]);
+}
+
+// Decode's type for each prefill type: by name and occurrence when both
+// sides name their types, else by position.
+Result<std::vector<int32_t>> PairTypes(const RankLayout& prefill, const RankLayout& decode) {
+  const int32_t types = NumTypes(prefill);
+  std::vector<int32_t> to(static_cast<size_t>(types));
+  const std::vector<std::string>& pn = prefill.state_type_names;
+  const std::vector<std::string>& dn = decode.state_type_names;
+  if (pn.empty() || dn.empty()) {
+    if (types != NumTypes(decode))
+      return FailedPreconditionError(fmt::format(
+          "state type count mismatch: prefill {}, decode {}{}", types, NumTypes(decode),
+          pn.empty() == dn.empty()
+              ? ""
+              : fmt::format(" (state type names given by {} only, so types pair by position)",
+                            pn.empty() ? "decode" : "prefill")));
+    for (int32_t t = 0; t < types; ++t) to[static_cast<size_t>(t)] = t;
+    return to;
+  }
+  for (size_t t = 0; t < pn.size(); ++t) {
+    // sglang leaves such a component out; it has nothing to pair.
+    if (std::none_of(prefill.state_types.begin(), prefill.state_types.end(),
+                     [&](int32_t x) { return x == static_cast<int32_t>(t); }) &&
+        !prefill.state_types.empty()) {
+      to[t] = -1;
+      continue;
+    }
+    const auto occurrence =
+        std::count(pn.begin(), pn.begin() + static_cast<ptrdiff_t>(t) + 1, pn[t]);
+    int64_t seen = 0;
+    size_t d = 0;
+    while (d < dn.size() && (dn[d] != pn[t] || ++seen < occurrence)) ++d;
+    if (d == dn.size())
+      return FailedPreconditionError(fmt::format(
+          "decode holds no state component {} (occurrence {}) for prefill's state type {}; "
+          "decode's components: {}",
+          pn[t], occurrence, t, fmt::join(dn, ", ")));
+    to[t] = static_cast<int32_t>(d);
+  }
+  return to;
+}
+
+// Pairs the buffers of prefill's type t (decode's type out.type_dst[t]): by
+// layer id when both sides name them, else by position.
 Status PairType(const RankLayout& prefill, const RankLayout& decode, int32_t t, StatePairs& out) {
+  const int32_t dt = out.type_dst[static_cast<size_t>(t)];
   std::vector<uint32_t> src, dst;
   for (size_t b = 0; b < prefill.state.size(); ++b)
     if (TypeOf(prefill, b) == t) src.push_back(static_cast<uint32_t>(b));
   for (size_t b = 0; b < decode.state.size(); ++b)
-    if (TypeOf(decode, b) == t) dst.push_back(static_cast<uint32_t>(b));
-  const bool p_ids = TypeHasIds(prefill, t), d_ids = TypeHasIds(decode, t);
+    if (TypeOf(decode, b) == dt) dst.push_back(static_cast<uint32_t>(b));
+  const bool p_ids = TypeHasIds(prefill, t), d_ids = TypeHasIds(decode, dt);
   // A pipeline stage may hold none of the layers decode names.
   if (src.empty() && d_ids) return Status::Ok();
   if (p_ids && d_ids) {
@@ -98,9 +146,9 @@ Status PairType(const RankLayout& prefill, const RankLayout& decode, int32_t t, 
       while (k < dst.size() && (taken[k] || decode.state_layer_ids[dst[k]] != layer)) ++k;
       if (k == dst.size())
         return FailedPreconditionError(
-            fmt::format("decode holds no state buffer of state type {} for model layer {} (prefill "
+            fmt::format("decode holds no state buffer of {} for model layer {} (prefill "
                         "state[{}]): decode's state_layer_ids {} that layer",
-                        t, layer, p,
+                        TypeLabel(prefill, t), layer, p,
                         std::any_of(dst.begin(), dst.end(),
                                     [&](uint32_t d) { return decode.state_layer_ids[d] == layer; })
                             ? "name earlier prefill buffers of"
@@ -117,10 +165,9 @@ Status PairType(const RankLayout& prefill, const RankLayout& decode, int32_t t, 
                                            "pair by position)",
                                            p_ids ? "prefill" : "decode")
                                      : "";
-    return FailedPreconditionError(
-        fmt::format("state buffer count mismatch{}: prefill {}, decode {}{}",
-                    NumTypes(prefill) > 1 ? fmt::format(" for state type {}", t) : "", src.size(),
-                    dst.size(), why));
+    return FailedPreconditionError(fmt::format(
+        "state buffer count mismatch{}: prefill {}, decode {}{}",
+        NumTypes(prefill) > 1 ? " for " + TypeLabel(prefill, t) : "", src.size(), dst.size(), why));
   }
   for (size_t i = 0; i < src.size(); ++i) out.dst[src[i]] = dst[i];
   return Status::Ok();
@@ -135,12 +182,12 @@ bool SlicedStateBuffer(const RankLayout& prefill, const RankLayout& decode, size
 
 Result<StatePairs> PairStateBuffers(const RankLayout& prefill, const RankLayout& decode) {
   StatePairs out{std::vector<uint32_t>(prefill.state.size(), 0),
-                 std::vector<bool>(prefill.state.size(), false)};
-  const int32_t types = NumTypes(prefill);
-  if (types != NumTypes(decode))
-    return FailedPreconditionError(
-        fmt::format("state type count mismatch: prefill {}, decode {}", types, NumTypes(decode)));
-  for (int32_t t = 0; t < types; ++t) KVB_RETURN_IF_ERROR(PairType(prefill, decode, t, out));
+                 std::vector<bool>(prefill.state.size(), false),
+                 {}};
+  KVB_ASSIGN_OR_RETURN(out.type_dst, PairTypes(prefill, decode));
+  for (int32_t t = 0; t < NumTypes(prefill); ++t)
+    if (out.type_dst[static_cast<size_t>(t)] >= 0)
+      KVB_RETURN_IF_ERROR(PairType(prefill, decode, t, out));
   return out;
 }
 
@@ -182,6 +229,25 @@ Status CheckStateSharding(const RankLayout& l) {
   return Status::Ok();
 }
 
+// Names: none, or one per state type, each 1-64 printable ASCII characters.
+static Status CheckStateTypeNames(const RankLayout& l) {
+  const std::vector<std::string>& names = l.state_type_names;
+  if (names.empty()) return Status::Ok();
+  if (l.state.empty() || names.size() != static_cast<size_t>(NumTypes(l)))
+    return FailedPreconditionError(fmt::format("state_type_names has {} entries for {} state types",
+                                               names.size(), l.state.empty() ? 0 : NumTypes(l)));
+  for (size_t t = 0; t < names.size(); ++t) {
+    const std::string& s = names[t];
+    if (s.empty() || s.size() > kMaxStateTypeName ||
+        !std::all_of(s.begin(), s.end(), [](char c) { return c > ' ' && c < 127; }))
+      return FailedPreconditionError(
+          fmt::format("state_type_names[{}] ({} bytes) is not 1-{} printable characters without "
+                      "spaces",
+                      t, s.size(), kMaxStateTypeName));
+  }
+  return Status::Ok();
+}
+
 Status CheckStateMeta(const RankLayout& l) {
   const size_t n = l.state.size();
   if (!l.state_types.empty() && l.state_types.size() != n)
@@ -191,6 +257,7 @@ Status CheckStateMeta(const RankLayout& l) {
     if (l.state_types[b] < 0 || static_cast<size_t>(l.state_types[b]) >= n)
       return FailedPreconditionError(
           fmt::format("state_types[{}] is {}, outside [0, {})", b, l.state_types[b], n));
+  KVB_RETURN_IF_ERROR(CheckStateTypeNames(l));
   if (l.state_layer_ids.empty()) return Status::Ok();
   if (l.state_layer_ids.size() != n)
     return FailedPreconditionError(fmt::format(
@@ -291,7 +358,12 @@ Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayo
   if (!share.last_stage &&
       std::none_of(pairs.by_layer_id.begin(), pairs.by_layer_id.end(), [](bool b) { return b; }))
     return runs;
-  KVB_RETURN_IF_ERROR(CheckSameLength(src_slots.size(), dst_slots.size(), "state slot"));
+  // Types paired by position have as many sections on both sides; by name,
+  // a stage may hold fewer types than decode (each type's section is
+  // checked below).
+  const bool by_name = !prefill.state_type_names.empty() && !decode.state_type_names.empty();
+  if (!by_name)
+    KVB_RETURN_IF_ERROR(CheckSameLength(src_slots.size(), dst_slots.size(), "state slot"));
   // A model without state buffers (not hybrid) has nothing to send.
   if (prefill.state.empty()) return runs;
   KVB_RETURN_IF_ERROR(
@@ -300,14 +372,15 @@ Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayo
       CheckStateSlots("destination state slot", decode.state, decode.state_types, dst_slots));
   KVB_ASSIGN_OR_RETURN(auto src, StateSections(prefill.state_types, src_slots));
   KVB_ASSIGN_OR_RETURN(auto dst, StateSections(decode.state_types, dst_slots));
-  if (src.size() != dst.size())
+  if (!by_name && src.size() != dst.size())
     return InvalidArgumentError(
         fmt::format("state sections: source {}, destination {}", src.size(), dst.size()));
-  for (size_t t = 0; t < src.size(); ++t)
-    KVB_RETURN_IF_ERROR(CheckSameLength(src[t].size(), dst[t].size(), "state slot")
-                            .WithContext(fmt::format("state type {}", t)));
   for (size_t b = 0; b < prefill.state.size(); ++b) {
-    const size_t t = src.size() == 1 ? 0 : static_cast<size_t>(prefill.state_types.at(b));
+    const auto type = static_cast<size_t>(TypeOf(prefill, b));
+    const size_t t = src.size() == 1 ? 0 : type;  // prefill's section, and decode's:
+    const size_t dt = dst.size() == 1 ? 0 : static_cast<size_t>(pairs.type_dst[type]);
+    KVB_RETURN_IF_ERROR(CheckSameLength(src[t].size(), dst[dt].size(), "state slot")
+                            .WithContext(fmt::format("state type {}", type)));
     const auto db = pairs.dst[b];
     const bool sliced = SlicedStateBuffer(prefill, decode, b, db);
     if (sliced ? !share.slices : !share.whole) continue;
@@ -315,7 +388,7 @@ Result<std::vector<CopyRun>> PlanState(const RankLayout& prefill, const RankLayo
     const uint64_t item = prefill.state[b].item_len;
     for (size_t i = 0; i < src[t].size(); ++i) {
       const auto src_slot = static_cast<uint64_t>(src[t][i]);
-      const auto dst_slot = static_cast<uint64_t>(dst[t][i]);
+      const auto dst_slot = static_cast<uint64_t>(dst[dt][i]);
       if (sliced) {
         AppendSlices(runs, static_cast<uint32_t>(b), db, prefill, decode, src_slot, dst_slot);
         continue;
