@@ -394,12 +394,18 @@ TEST(ProtocolLimitsTest, LayerIdsInAHelloAreOnePerKvBufferAndInRange) {
   ExpectRejected(bytes.substr(0, at + 6), "kv layer id count 2 cannot fit in the 6 bytes left");
 }
 
-TEST(ProtocolLimitsTest, StateTypesAndLayerIdsInAHelloAreOnePerStateBufferAndInRange) {
-  const RankId from = Rank(Role::kDecode, 0);
+// A good Hello whose layout holds two state buffers of types 0 and 1.
+HelloMsg HelloWithTwoStateTypes() {
   HelloMsg h = GoodHello();
   h.layout.state = {{0x100000, 64, 8}, {0x200000, 64, 8}};
   h.state_keys = {"s0", "s1"};
   h.layout.state_types = {0, 1};
+  return h;
+}
+
+TEST(ProtocolLimitsTest, StateTypesAndLayerIdsInAHelloAreOnePerStateBufferAndInRange) {
+  const RankId from = Rank(Role::kDecode, 0);
+  HelloMsg h = HelloWithTwoStateTypes();
   h.layout.state_layer_ids = {-1, INT32_MAX};
   auto m = DecodeMessage(EncodeMessage(from, h));
   ASSERT_TRUE(m.ok()) << m.status().ToString();
@@ -426,10 +432,7 @@ TEST(ProtocolLimitsTest, StateTypesAndLayerIdsInAHelloAreOnePerStateBufferAndInR
 // most 64 bytes (CheckLayout then wants one per type, printable).
 TEST(ProtocolLimitsTest, StateTypeNamesInAHelloAreBoundedInCountAndLength) {
   const RankId from = Rank(Role::kDecode, 0);
-  HelloMsg h = GoodHello();
-  h.layout.state = {{0x100000, 64, 8}, {0x200000, 64, 8}};
-  h.state_keys = {"s0", "s1"};
-  h.layout.state_types = {0, 1};
+  HelloMsg h = HelloWithTwoStateTypes();
   h.layout.state_type_names = {"MAMBA", std::string(64, 'S')};
   auto m = DecodeMessage(EncodeMessage(from, h));
   ASSERT_TRUE(m.ok()) << m.status().ToString();

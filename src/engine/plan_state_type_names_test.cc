@@ -94,7 +94,8 @@ TEST(StateTypeNamesTest, AComponentDecodeLacksFailsNamingItAndItsOccurrence) {
                         "type 0; decode's components: MAMBA, SWA"));
   Result<StatePairs> second = PairStateBuffers(Named({0, 1}, {"SWA", "SWA"}), Named({0}, {"SWA"}));
   ASSERT_FALSE(second.ok());
-  EXPECT_THAT(second.status().message(), HasSubstr("SWA (occurrence 2) for prefill's state type 1"));
+  EXPECT_THAT(second.status().message(),
+              HasSubstr("SWA (occurrence 2) for prefill's state type 1"));
   // The compatibility check gives the same verdict (every room fails on it).
   EXPECT_THAT(CheckCompatible(Named({0}, {"NSA"}), Named({0}, {"SWA"})).message(),
               HasSubstr("state component NSA"));
@@ -105,12 +106,11 @@ TEST(StateTypeNamesTest, BadNamesAreRefusedByName) {
     std::vector<std::string> names;
     const char* words;
   };
-  for (const Case& c :
-       {Case{{"MAMBA"}, "state_type_names has 1 entries for 2 state types"},
-        Case{{"MAMBA", ""}, "state_type_names[1] (0 bytes) is not 1-64 printable"},
-        Case{{"MAMBA", "S W A"}, "state_type_names[1] (5 bytes)"},
-        Case{{"MAMBA", std::string(65, 'A')}, "state_type_names[1] (65 bytes)"},
-        Case{{std::string("SW\x01", 3), "A"}, "state_type_names[0] (3 bytes)"}}) {
+  for (const Case& c : {Case{{"MAMBA"}, "state_type_names has 1 entries for 2 state types"},
+                        Case{{"MAMBA", ""}, "state_type_names[1] (0 bytes) is not 1-64 printable"},
+                        Case{{"MAMBA", "S W A"}, "state_type_names[1] (5 bytes)"},
+                        Case{{"MAMBA", std::string(65, 'A')}, "state_type_names[1] (65 bytes)"},
+                        Case{{std::string("SW\x01", 3), "A"}, "state_type_names[0] (3 bytes)"}}) {
     Status s = CheckLayout(Named({0, 1}, c.names));
     EXPECT_THAT(s.message(), HasSubstr(c.words)) << s.ToString();
   }
