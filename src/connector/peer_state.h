@@ -121,6 +121,16 @@ struct Peer {
   WallTime last_heard_wall{};
 };
 
+// Decode: `peer` (a prefill rank) as a source of a room; `dummy` when it
+// sends that room no pages, only its notices.
+inline ReceiverSource SourceOf(const Peer& peer, bool dummy) {
+  ReceiverSource src;
+  src.peer_key = peer.shared_key;
+  src.prefill = peer.id;
+  src.dummy = dummy;
+  return src;
+}
+
 // A peer as this rank knows it now: the process (pid, incarnation) it talks
 // to at that position and the transport endpoint it uses (the worker's
 // report; restart tests check a restarted rank got a new one).

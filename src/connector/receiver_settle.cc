@@ -100,9 +100,6 @@ void ManagerImpl::TellWitnessesLocked(const ReceiverRoom& room, const FailureRec
   }
 }
 
-// With sglang's server a decode rank also connects the prefill ranks of a
-// room's dp that it reads nothing from (its witnesses): it detects their
-// death itself and tells them when a room fails here (TellWitnessesLocked).
 // Every prefill rank of `room`'s dp (its sources and its witnesses).
 static std::vector<RankId> PrefillRanksOfDp(const ReceiverRoom& room, const ParallelInfo& info) {
   std::vector<RankId> ranks;
@@ -119,6 +116,9 @@ static std::vector<RankId> PrefillRanksOfDp(const ReceiverRoom& room, const Para
   return ranks;
 }
 
+// With sglang's server a decode rank also connects the prefill ranks of a
+// room's dp that it reads nothing from (its witnesses): it detects their
+// death itself and tells them when a room fails here (TellWitnessesLocked).
 void ManagerImpl::EnsureWitnesses(const ReceiverRoom& room, const ParallelInfo& info) {
   for (const RankId& at : PrefillRanksOfDp(room, info)) {
     {
@@ -153,12 +153,7 @@ std::vector<ReceiverSource> ManagerImpl::KnownSourcesLocked(const ReceiverRoom& 
   if (!positions.ok()) return known;
   for (const SourcePosition& at : *positions) {
     const Peer* peer = FindPeerLocked(PeerKey(at.position));
-    if (peer == nullptr) continue;
-    ReceiverSource src;
-    src.peer_key = peer->shared_key;
-    src.prefill = peer->id;
-    src.dummy = at.dummy;
-    known.push_back(std::move(src));
+    if (peer != nullptr) known.push_back(SourceOf(*peer, at.dummy));
   }
   return known;
 }

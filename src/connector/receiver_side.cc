@@ -10,6 +10,11 @@
 
 namespace kvbridge::internal {
 
+// Whether a dead rank's record is of the prefill instance (dp) `room` reads from.
+static bool OfSourceInstance(const FailureRecord& dead, const ReceiverRoom& room) {
+  return dead.origin.role == Role::kPrefill && dead.origin.dp == room.prefill_dp_rank;
+}
+
 Result<std::shared_ptr<ReceiverRoom>> ManagerImpl::NewReceiver(uint64_t room) {
   ForgetRestartedRanks();  // a restarted sibling or peer no longer blocks
   Outbox out;
@@ -102,18 +107,14 @@ bool ManagerImpl::ResolveFromKnownLocked(ReceiverRoom& room, Outbox& out) {
   // Whether a dead rank of the instance restarted takes a lookup
   // (FailIfSourceInstanceDead).
   for (const auto& [key, r] : dead_ranks_)
-    if (r.origin.role == Role::kPrefill && r.origin.dp == room.prefill_dp_rank) return false;
+    if (OfSourceInstance(r, room)) return false;
   Result<std::vector<SourcePosition>> positions = SourcePositions(room, *prefill_info_);
   if (!positions.ok()) return false;  // the resolver fails the room, saying why
   std::vector<ReceiverSource> sources;
   for (const SourcePosition& at : *positions) {
     const Peer* peer = FindPeerLocked(PeerKey(at.position));
     if (peer == nullptr || !peer->ready || peer->failed) return false;
-    ReceiverSource src;
-    src.dummy = at.dummy;
-    src.peer_key = peer->shared_key;
-    src.prefill = peer->id;
-    sources.push_back(std::move(src));
+    sources.push_back(SourceOf(*peer, at.dummy));
   }
   if (sglang_registry_ && !WitnessesMetLocked(room, *prefill_info_)) return false;
   AdoptSourcesLocked(room, std::move(sources), out);
@@ -135,13 +136,8 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
         if (key.status().code() == StatusCode::kFailedPrecondition) incompatible = registered;
         return key.status();
       }
-      ReceiverSource src;
-      src.dummy = at.dummy;
       MutexLock lock(mu_);
-      const Peer* peer = FindPeerLocked(*key);
-      src.peer_key = peer->shared_key;
-      src.prefill = peer->id;
-      sources.push_back(std::move(src));
+      sources.push_back(SourceOf(*FindPeerLocked(*key), at.dummy));
     }
     AdoptSources(*room, std::move(sources));
     if (sglang_registry_) EnsureWitnesses(*room, info);
@@ -175,7 +171,7 @@ Status ManagerImpl::FailIfSourceInstanceDead(const std::shared_ptr<ReceiverRoom>
   {
     MutexLock lock(mu_);
     for (const auto& [key, r] : dead_ranks_) {
-      if (r.origin.role != Role::kPrefill || r.origin.dp != room->prefill_dp_rank) continue;
+      if (!OfSourceInstance(r, *room)) continue;
       // With sglang's server the lookup reads the rank's own endpoint: for
       // a rank cut off on another host it would wait for the client's
       // timeout on every request. Until its host answered the resolver
