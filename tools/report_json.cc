@@ -34,6 +34,7 @@ nlohmann::json StatsToJson(const ManagerStats& s) {
           {"invalid_messages_dropped", s.invalid_messages_dropped},
           {"unauthenticated_messages_dropped", s.unauthenticated_messages_dropped},
           {"pending_metadata", s.pending_metadata},
+          {"rooms_awaiting_restart_check", s.rooms_awaiting_restart_check},
           {"peers_connected", s.peers_connected},
           {"heartbeat_rounds", s.heartbeat_rounds}};
 }

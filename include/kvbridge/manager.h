@@ -63,6 +63,10 @@ struct ManagerStats {
   // answers whose proof fails (docs/security.md, "Peers prove who they are").
   uint64_t unauthenticated_messages_dropped = 0;
   uint64_t pending_metadata = 0;  // metadata waiting for its sender
+  // New requests a dead rank's failure record would block, waiting for the
+  // registry thread to say whether that rank has restarted (they fail, naming
+  // it, unless it has; KVSender/KVReceiver::Create never ask the registry).
+  uint64_t rooms_awaiting_restart_check = 0;
   uint64_t peers_connected = 0;
   // Liveness rounds the ticker ran (heartbeats sent, silences and deadlines
   // checked): one per heartbeat interval while nothing holds it up.

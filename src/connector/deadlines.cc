@@ -33,9 +33,10 @@ void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
     if (room.failure) continue;
     KVPoll p = room.poll();
     if (p == KVPoll::kSuccess) continue;
-    if (p == KVPoll::kBootstrapping) {
+    if (p == KVPoll::kBootstrapping && room.restart_check == 0) {
       // Metadata that cannot come: registry lost (decode cannot bootstrap),
-      // or a rank of the instances involved is gone.
+      // or a rank of the instances involved is gone (for a room awaiting its
+      // restart check, the check decides).
       if (auto blocker = NewRoomBlockerLocked()) {
         FailSenderLocked(room, *blocker, out);
         continue;

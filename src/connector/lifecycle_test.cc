@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "connector/connector_test_util.h"
+#include "connector/stall_proxy.h"
 #include "connector/test_cluster.h"
 #include "control/auth.h"
 #include "control/bootstrap_client.h"
@@ -115,10 +116,11 @@ ClusterOptions TwoPrefillsOneDecode() {
   return o;
 }
 
-// A dead sibling blocks new requests on its instance (they fail at once,
-// naming it). Once it restarted at the same position, the very next request
-// goes through: its old process's record no longer blocks, without waiting
-// for the next liveness sweep of the registry.
+// A dead sibling blocks new requests on its instance: each fails naming it
+// once the registry thread's restart check shows it has not restarted.
+// Once it restarted at the same position, the very next request goes
+// through: the check finds the new process, without waiting for the next
+// liveness sweep of the registry.
 TEST(RestartTest, RestartedSiblingNoLongerBlocksNewRequests) {
   auto c = TestCluster::Create(TwoPrefillsOneDecode());
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -127,25 +129,20 @@ TEST(RestartTest, RestartedSiblingNoLongerBlocksNewRequests) {
   ManagerOptions mo = (*c)->prefill[1].manager->options();
   (*c)->prefill[1].manager.reset();
   // Decode sees the transport go; its sibling learns through the registry
-  // and then fails new requests at once, naming the dead process.
+  // and then fails each new request, naming the dead process.
   KVManager& sibling = *(*c)->prefill[0].manager;
+  ASSERT_TRUE(WaitFor([&] { return sibling.RecentRankFailure().has_value(); }));
   uint64_t room = 100;
-  ASSERT_TRUE(WaitFor([&] {
-    auto tx = std::move(KVSender::Create(sibling, ++room)).value();
-    return tx->Poll() == KVPoll::kFailed;
-  }));
-  {
-    auto tx = std::move(KVSender::Create(sibling, ++room)).value();
-    ASSERT_EQ(tx->Poll(), KVPoll::kFailed);
-    EXPECT_TRUE(tx->Failure()->origin.SameRank(old_self)) << tx->Failure()->Message();
-    EXPECT_EQ(tx->Failure()->origin.pid, old_self.pid);
-  }
+  auto tx = std::move(KVSender::Create(sibling, ++room)).value();
+  ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kFailed; }));
+  EXPECT_TRUE(tx->Failure()->origin.SameRank(old_self)) << tx->Failure()->Message();
+  EXPECT_EQ(tx->Failure()->origin.pid, old_self.pid);
   ASSERT_NO_FATAL_FAILURE(RestartPrefill(**c, 1, mo));
-  {
-    // Straight after registration: not failed by the stale record.
-    auto tx = std::move(KVSender::Create(sibling, ++room)).value();
-    EXPECT_NE(tx->Poll(), KVPoll::kFailed) << tx->Failure()->Message();
-  }
+  // Straight after registration: its check finds the new process.
+  tx = std::move(KVSender::Create(sibling, ++room)).value();
+  ASSERT_TRUE(WaitFor([&] { return sibling.Stats().rooms_awaiting_restart_check == 0; }));
+  EXPECT_NE(tx->Poll(), KVPoll::kFailed) << tx->Failure()->Message();
+  tx.reset();
   TransferAll(**c, ++room);
 }
 
@@ -253,6 +250,58 @@ TEST(RestartTest, ARequestDecodeFailedBeforeResolvingItsSourcesReachesPrefill) {
   rx.reset();
   tx.reset();
   TransferAll(**c, ++room);  // the restarted rank serves the next request
+}
+
+// KVSender::Create is called on the scheduler's thread too (sglang's
+// prefill loop). While a dead sibling's record blocks new requests, whether
+// that rank has restarted is the registry's to say; Create leaves the
+// question to the registry thread. Against a registry that stopped
+// answering, each question waits 2 s for the client's timeout: ten Creates
+// took 20 s when Create asked itself. The requests still fail, naming the
+// dead sibling (what is known), once the registry thread's read fails.
+TEST(RestartTest, CreateWaitsForNoRegistryWhileADeadSiblingBlocks) {
+  std::unique_ptr<StallProxy> proxy;
+  ClusterOptions o;
+  o.prefill_tp = 2;
+  o.decode_tp = 1;
+  o.bootstrap_via = [&](const std::string& server) {
+    if (!proxy) proxy = std::make_unique<StallProxy>(server);
+    return proxy->address();
+  };
+  o.tweak = [](ManagerOptions& m) {
+    TolerantLiveness(m);
+    // To prefill, the registry counts as lost only after 20 s.
+    if (m.role == Role::kPrefill) m.heartbeat_misses = 400;
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(proxy && proxy->ok());
+  TransferAll(**c, 1);  // decode meets both prefill ranks
+  const RankId dead = (*c)->prefill[1].manager->self();
+  (*c)->prefill[1].manager.reset();
+  KVManager& sibling = *(*c)->prefill[0].manager;
+  uint64_t room = 100;
+  // Decode sees the transport go and publishes it; the sibling reads it.
+  ASSERT_TRUE(WaitFor([&] { return sibling.RecentRankFailure().has_value(); }));
+  auto tx = std::move(KVSender::Create(sibling, ++room)).value();
+  ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kFailed; }));
+  ASSERT_TRUE(tx->Failure()->origin.SameRank(dead)) << tx->Failure()->Message();
+  proxy->Stall();
+  std::vector<std::unique_ptr<KVSender>> rooms;
+  std::atomic<bool> returned{false};
+  std::thread caller([&] {
+    for (int i = 0; i < 10; ++i)
+      rooms.push_back(std::move(KVSender::Create(sibling, ++room)).value());
+    returned = true;
+  });
+  const bool fast = WaitFor([&] { return returned.load(); }, std::chrono::seconds(5));
+  caller.join();
+  EXPECT_TRUE(fast) << "ten Creates waited on the registry";
+  for (const auto& r : rooms) {
+    ASSERT_TRUE(WaitFor([&] { return r->Poll() == KVPoll::kFailed; }, std::chrono::seconds(15)));
+    EXPECT_TRUE(r->Failure()->origin.SameRank(dead)) << r->Failure()->Message();
+  }
+  proxy->Resume();  // the managers deregister through it
 }
 
 }  // namespace

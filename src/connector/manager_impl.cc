@@ -572,13 +572,14 @@ void ManagerImpl::ReportFatal(const std::string& reason) {
 ManagerStats ManagerImpl::Stats() const {
   ManagerStats s;
   MutexLock lock(mu_);
-  auto count = [&](KVPoll p) {
+  auto count = [&](KVPoll p, uint64_t restart_check) {
+    s.rooms_awaiting_restart_check += restart_check != 0;
     if (p == KVPoll::kBootstrapping) ++s.rooms_bootstrapping;
     if (p == KVPoll::kWaitingForInput) ++s.rooms_waiting;
     if (p == KVPoll::kTransferring) ++s.rooms_transferring;
   };
-  for (auto& [id, r] : senders_) count(r->poll());
-  for (auto& [id, r] : receivers_) count(r->poll());
+  for (auto& [id, r] : senders_) count(r->poll(), r->restart_check);
+  for (auto& [id, r] : receivers_) count(r->poll(), r->restart_check);
   s.rooms_live = senders_.size() + receivers_.size();
   s.rooms_succeeded = succeeded_;
   s.rooms_failed = failed_;

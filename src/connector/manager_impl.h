@@ -315,10 +315,18 @@ class ManagerImpl {
   bool OnlyDecodeInstanceLocked(const std::string& instance) const KVB_REQUIRES(mu_);
   // Prefill: a dead rank of `decode`'s instance (same dp), if any.
   const FailureRecord* DeadRankOfInstanceLocked(const RankId& decode) const KVB_REQUIRES(mu_);
-  // Before a new request is admitted: when a dead rank's record would block
-  // it, asks the registry (one round trip) whether a new incarnation holds
-  // that position now and forgets the dead one if so. Takes mu_ itself.
+  // A new room that `blocker` would block: fails it at once, or, when the
+  // blocker is a dead rank's record the registry can show outdated by a
+  // restart, numbers it for the registry thread's next check. Returns
+  // whether that check must be woken. Scripted tests (manual ticks) ask the
+  // registry on the caller's thread first (ForgetRestartedRanks, mu_ not held).
+  template <typename Room>
+  bool BlockNewRoomLocked(Room& room, const FailureRecord& blocker, Outbox& out) KVB_REQUIRES(mu_);
   void ForgetRestartedRanks();
+  // Registry thread: forgets the dead ranks `ranks` shows restarted (none
+  // when the read failed), then fails each room of check <= `upto` that a
+  // record still blocks, naming it (what is known when the registry is out).
+  void SettleRestartChecks(uint64_t upto, const std::vector<RankStatus>* ranks);
   // Forgets dead ranks whose position `ranks` shows held by a new live one.
   void ForgetRestartedLocked(const std::vector<RankStatus>& ranks) KVB_REQUIRES(mu_);
   // Publishes the failure records queued for the registry (RegistryRound);
@@ -523,8 +531,10 @@ class ManagerImpl {
   std::optional<FailureRecord> recent_rank_failure_ KVB_GUARDED_BY(mu_);
   std::vector<FailureRecord> publish_queue_ KVB_GUARDED_BY(mu_);
   std::deque<FailureRecord> room_records_ KVB_GUARDED_BY(mu_);  // other ranks', latest first
-  std::condition_variable_any room_records_cv_;  // a room record came or a room failed
-  uint64_t failure_seq_ = 0;                     // registry thread only
+  std::condition_variable_any room_records_cv_;      // a room record came or a room failed
+  uint64_t failure_seq_ = 0;                         // registry thread only
+  uint64_t restart_checks_ KVB_GUARDED_BY(mu_) = 0;  // the last check a room was given
+  uint64_t restart_checks_settled_ = 0;              // registry thread only
   SteadyTime last_tick_ KVB_GUARDED_BY(mu_) = Now();
   int64_t stuck_step_logged_ = 0;                  // ticker thread only (WarnStuckDelivery)
   std::optional<SteadyTime> registry_down_since_;  // beat thread only
@@ -570,14 +580,6 @@ class ManagerImpl {
   std::thread resolver_;
   std::thread fencer_;  // FenceRound
   // Prefill: Hellos challenged, not yet proven, by session id (kMaxPendingHellos).
-  struct PendingHello {
-    RankId from;
-    HelloMsg hello;
-    Digest digest{};
-    Nonce nonce{};
-    PeerId tpeer = 0;
-    SteadyTime at;
-  };
   std::map<uint64_t, PendingHello> pending_hellos_ KVB_GUARDED_BY(mu_);
   std::atomic<uint64_t> unauth_dropped_{0};
   // Peers whose Hello the ticker found unanswered.
@@ -587,12 +589,6 @@ class ManagerImpl {
   // The unrevoked grants of peers replaced at their position (a failed rank
   // that rejoined or restarted) before FenceRound got to them: revoked
   // there, and then that incarnation's sources count as quiesced.
-  struct RetiredGrant {
-    std::string key;
-    uint64_t incarnation = 0;
-    GrantId grant = 0;
-    bool mapping = false;  // Peer::mapping
-  };
   std::vector<RetiredGrant> retired_grants_ KVB_GUARDED_BY(mu_);
   GrantId next_grant_ KVB_GUARDED_BY(mu_) = 1;
 };

@@ -17,6 +17,25 @@
 
 namespace kvbridge::internal {
 
+// Prefill: a Hello challenged, not yet proven (ManagerImpl::pending_hellos_).
+struct PendingHello {
+  RankId from;
+  HelloMsg hello;
+  Digest digest{};
+  Nonce nonce{};
+  PeerId tpeer = 0;
+  SteadyTime at;
+};
+
+// The unrevoked grant of a peer replaced at its position before the fence
+// round got to it (ManagerImpl::retired_grants_).
+struct RetiredGrant {
+  std::string key;
+  uint64_t incarnation = 0;
+  GrantId grant = 0;
+  bool mapping = false;  // Peer::mapping
+};
+
 // A rank on the other side (or a sibling) that we exchange messages with.
 struct Peer {
   std::string key;

@@ -211,31 +211,6 @@ const FailureRecord* ManagerImpl::DeadRankOfInstanceLocked(const RankId& decode)
   return nullptr;
 }
 
-void ManagerImpl::ForgetRestartedRanks() {
-  {
-    MutexLock lock(mu_);
-    // Only a dead rank's record can be outdated by a restart; a fenced rank
-    // or a lost registry blocks whatever the registry says.
-    if (fatal_ || registry_lost_ || !NewRoomBlockerLocked()) return;
-  }
-  Result<std::vector<RankStatus>> ranks = registry_->ListRanks();
-  if (!ranks.ok()) return;
-  MutexLock lock(mu_);
-  ForgetRestartedLocked(*ranks);
-}
-
-void ManagerImpl::ForgetRestartedLocked(const std::vector<RankStatus>& ranks) {
-  for (const RankStatus& s : ranks) {
-    const RankId id = RankIdOf(s.record);
-    auto dead = dead_ranks_.find(PeerKey(id));
-    if (dead == dead_ranks_.end() || dead->second.origin.incarnation == s.record.incarnation ||
-        s.state != Liveness::kAlive)
-      continue;
-    KVB_LOG_INFO("{} restarted (pid {})", id.ShortName(), s.record.pid);
-    dead_ranks_.erase(dead);
-  }
-}
-
 bool ManagerImpl::ReplacedLocked(const RankId& origin,
                                  const std::map<std::string, uint64_t>* live) {
   const std::string key = PeerKey(origin);
@@ -370,10 +345,19 @@ void ManagerImpl::RegistryRound(uint64_t round) {
   // heartbeat was part of the round): a heartbeat that ends a partition
   // must not make the blame gathered during it look fresh.
   std::chrono::system_clock::time_point answered_before = answered_seen_;
+  uint64_t checks = 0;  // new rooms up to this one await a restart check
+  bool lost = false;
   {
     MutexLock lock(mu_);
     answered_seen_ = registry_answered_;
-    if (registry_lost_) return;  // the reads would fail too
+    checks = restart_checks_;
+    lost = registry_lost_.has_value();
+  }
+  const bool check = checks > restart_checks_settled_;
+  restart_checks_settled_ = checks;
+  if (lost) {  // the reads would fail too
+    if (check) SettleRestartChecks(checks, nullptr);
+    return;
   }
   // Read before publishing: a rank cut off from the others (a partition)
   // blamed them for its own isolation while the registry was out of reach;
@@ -392,7 +376,9 @@ void ManagerImpl::RegistryRound(uint64_t round) {
     MutexLock lock(mu_);
     refused = heartbeat_refused_.has_value() && !fatal_;
   }
-  if (have_records || refused || round % 3 == 0) {
+  // Read after `checks`: any restart registered before those rooms were
+  // created shows in it.
+  if (have_records || refused || check || round % 3 == 0) {
     Result<std::vector<RankStatus>> listed = registry_->ListRanks();
     if (listed.ok()) ranks = std::move(listed).value();
   }
@@ -423,6 +409,7 @@ void ManagerImpl::RegistryRound(uint64_t round) {
     }
     Flush(out);
   }
+  if (check) SettleRestartChecks(checks, ranks ? &*ranks : nullptr);
   PublishQueued(answered_before);
   MaybeRejoin();
   if (round % 3 == 0 && ranks) CheckSiblings(*ranks);

@@ -16,9 +16,10 @@ static bool OfSourceInstance(const FailureRecord& dead, const ReceiverRoom& room
 }
 
 Result<std::shared_ptr<ReceiverRoom>> ManagerImpl::NewReceiver(uint64_t room) {
-  ForgetRestartedRanks();  // a restarted sibling or peer no longer blocks
+  if (hooks_.manual_ticks) ForgetRestartedRanks();  // else a registry check (restart_check.cc)
   Outbox out;
   std::shared_ptr<ReceiverRoom> r;
+  bool check = false;
   {
     MutexLock lock(mu_);
     auto it = receivers_.find(room);
@@ -29,9 +30,10 @@ Result<std::shared_ptr<ReceiverRoom>> ManagerImpl::NewReceiver(uint64_t room) {
                       room, it->second->generation));
     r = std::make_shared<ReceiverRoom>(room, ++next_generation_, Now(), WallNow());
     receivers_[room] = r;
-    if (auto blocker = NewRoomBlockerLocked()) FailReceiverLocked(*r, *blocker, out);
+    if (auto blocker = NewRoomBlockerLocked()) check = BlockNewRoomLocked(*r, *blocker, out);
   }
   Flush(out);
+  if (check) WakeRegistryRound();
   return r;
 }
 

@@ -141,6 +141,10 @@ struct SenderRoom {
   // metadata, says WaitingForInput until its last chunk, sends nothing and
   // succeeds on that chunk.
   bool cp_dummy = false;
+  // A dead rank's record blocked this request when it was created; the
+  // registry check numbered so (ManagerImpl::SettleRestartChecks) fails it
+  // unless that rank has restarted. 0: none pending.
+  uint64_t restart_check = 0;
   int decode_tp_size = 0;            // learned from the first metadata
   std::vector<int> expected_decode;  // decode tp ranks that must send metadata
   std::map<int, SenderFlow> flows;   // by decode tp rank
@@ -192,6 +196,7 @@ struct ReceiverRoom {
   bool initialized = false;
   bool unsettled_warned = false;  // logged that quiesce_timeout passed unquiesced
   bool resolved = false;          // sources known and connected
+  uint64_t restart_check = 0;     // see SenderRoom
   int prefill_dp_rank = 0;
   // SendMetadata's message, held until it has gone to the sources (then
   // freed: nothing reads it again, and 10,000 rooms in flight each held

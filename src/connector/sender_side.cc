@@ -26,9 +26,10 @@ int64_t Rows(const std::vector<BufferSpan>& bufs) {
 }  // namespace
 
 Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
-  ForgetRestartedRanks();  // a restarted sibling or peer no longer blocks
+  if (hooks_.manual_ticks) ForgetRestartedRanks();  // else a registry check (restart_check.cc)
   Outbox out;
   std::shared_ptr<SenderRoom> r;
+  bool check = false;
   {
     MutexLock lock(mu_);
     auto it = senders_.find(room);
@@ -38,7 +39,7 @@ Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
     r->cp_dummy = self_.role == Role::kPrefill && self_.cp != 0;
     senders_[room] = r;
     SenderInbox::ForNewSender waiting = inbox_.TakeForNewSender(room);
-    if (auto blocker = NewRoomBlockerLocked()) FailSenderLocked(*r, *blocker, out);
+    if (auto blocker = NewRoomBlockerLocked()) check = BlockNewRoomLocked(*r, *blocker, out);
     for (auto& [tp, abort] : waiting.aborts) {
       FailSenderLocked(*r, abort.record, out);
       r->aborted_generations[tp] = abort.generation;
@@ -48,6 +49,7 @@ Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
     if (r->cp_dummy) UpdateSenderStateLocked(*r);  // WaitingForInput at once
   }
   Flush(out);
+  if (check) WakeRegistryRound();
   return r;
 }
 
@@ -434,9 +436,11 @@ bool ManagerImpl::RefuseMetaLocked(SenderRoom& room, const RankId& from, Peer& p
   // overtook it): adopting it would write into pages decode took back.
   if (auto abort = inbox_.TakeAbortFor(meta.room, from.tp, meta.generation); abort && !room.failure)
     FailSenderLocked(room, *abort, out);
-  if (!room.failure) {
-    // The request is from a decode instance with a dead rank: that rank's
-    // metadata will never come.
+  // The request is from a decode instance with a dead rank: that rank's
+  // metadata will never come. Unless the request awaits its restart check:
+  // the record is the one the check reads the registry about (the rank may
+  // have restarted, and its successor's metadata be on the way).
+  if (!room.failure && room.restart_check == 0) {
     if (const FailureRecord* dead = DeadRankOfInstanceLocked(from))
       FailSenderLocked(room, *dead, out);
   }

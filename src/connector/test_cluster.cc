@@ -38,7 +38,8 @@ Result<std::unique_ptr<TestCluster>> TestCluster::Create(const ClusterOptions& o
     mo.parallel.pp_size = pp_size;
     mo.parallel.pp_rank = pp_rank;
     mo.is_mla = o.shape.mla;
-    mo.bootstrap_addr = c->bootstrap_address();
+    mo.bootstrap_addr =
+        o.bootstrap_via ? o.bootstrap_via(c->bootstrap_address()) : c->bootstrap_address();
     mo.start_bootstrap_server = false;
     if (o.tweak) o.tweak(mo);
     std::string name = std::string(RoleName(role));

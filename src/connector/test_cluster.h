@@ -49,6 +49,9 @@ struct ClusterOptions {
   // The registry is a stand-in for sglang's own bootstrap server
   // (sglang_standin.h: no liveness, no failure records) instead of kvbridge's.
   bool sglang_server = false;
+  // The address the managers reach the registry at, given the server's (e.g.
+  // a StallProxy's in front of it); the server's own when unset.
+  std::function<std::string(const std::string&)> bootstrap_via;
   // Every manager's clock and ticking (core_hooks.h); one clock may be shared.
   CoreHooks hooks;
   // Adjusts `hooks` for one rank (same arguments as `wrap`).
