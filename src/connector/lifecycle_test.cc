@@ -42,6 +42,16 @@ void RestartPrefill(TestCluster& c, int tp, const ManagerOptions& mo) {
   c.prefill[tp].manager = std::move(restarted).value();
 }
 
+// The same for decode tp `tp`.
+void RestartDecode(TestCluster& c, int tp, const ManagerOptions& mo) {
+  auto restarted = CreateManager(
+      mo, std::move(CreateLoopbackTransport(c.fabric(),
+                                            "decode tp" + std::to_string(tp) + " (restarted)"))
+              .value());
+  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
+  c.decode[tp].manager = std::move(restarted).value();
+}
+
 double Scrape(int port, const std::string& name, const std::string& labels_have) {
   httplib::Client cli("127.0.0.1", port);
   auto res = cli.Get("/metrics");
@@ -143,6 +153,35 @@ TEST(RestartTest, RestartedSiblingNoLongerBlocksNewRequests) {
   ASSERT_TRUE(WaitFor([&] { return sibling.Stats().rooms_awaiting_restart_check == 0; }));
   EXPECT_NE(tx->Poll(), KVPoll::kFailed) << tx->Failure()->Message();
   tx.reset();
+  TransferAll(**c, ++room);
+}
+
+// The same on decode: a dead decode sibling blocks new receivers (each
+// fails naming it after its restart check); its restart unblocks them.
+TEST(RestartTest, RestartedDecodeSiblingNoLongerBlocksNewReceivers) {
+  ClusterOptions o;
+  o.prefill_tp = 1;
+  o.decode_tp = 2;
+  o.tweak = TolerantLiveness;
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TransferAll(**c, 1);  // prefill meets both decode ranks
+  const RankId old_self = (*c)->decode[1].manager->self();
+  ManagerOptions mo = (*c)->decode[1].manager->options();
+  (*c)->decode[1].manager.reset();
+  // Prefill sees the transport go and publishes it; decode tp0 reads it.
+  KVManager& sibling = *(*c)->decode[0].manager;
+  ASSERT_TRUE(WaitFor([&] { return sibling.RecentRankFailure().has_value(); }));
+  uint64_t room = 100;
+  auto rx = std::move(KVReceiver::Create(sibling, ++room)).value();
+  ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kFailed; }));
+  EXPECT_TRUE(rx->Failure()->origin.SameRank(old_self)) << rx->Failure()->Message();
+  EXPECT_EQ(rx->Failure()->origin.pid, old_self.pid);
+  ASSERT_NO_FATAL_FAILURE(RestartDecode(**c, 1, mo));
+  rx = std::move(KVReceiver::Create(sibling, ++room)).value();
+  ASSERT_TRUE(WaitFor([&] { return sibling.Stats().rooms_awaiting_restart_check == 0; }));
+  EXPECT_NE(rx->Poll(), KVPoll::kFailed) << rx->Failure()->Message();
+  rx.reset();
   TransferAll(**c, ++room);
 }
 
