@@ -30,26 +30,15 @@ void Transfer(TestCluster& c, uint64_t room, KVPoll expect = KVPoll::kSuccess) {
   EXPECT_EQ(c.decode[0].pool->CountCorruptPages(room, dst), 0u);
 }
 
-// A new process at prefill tp `tp`'s position: a manager with `mo` (the
+// A new process at `role` tp `tp`'s position: a manager with `mo` (the
 // options of the one that went) on a new loopback endpoint, so a new
 // incarnation.
-void RestartPrefill(TestCluster& c, int tp, const ManagerOptions& mo) {
+void Restart(TestCluster& c, Role role, int tp, const ManagerOptions& mo) {
+  const std::string name = std::string(RoleName(role)) + " tp" + std::to_string(tp);
   auto restarted = CreateManager(
-      mo, std::move(CreateLoopbackTransport(c.fabric(),
-                                            "prefill tp" + std::to_string(tp) + " (restarted)"))
-              .value());
+      mo, std::move(CreateLoopbackTransport(c.fabric(), name + " (restarted)")).value());
   ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
-  c.prefill[tp].manager = std::move(restarted).value();
-}
-
-// The same for decode tp `tp`.
-void RestartDecode(TestCluster& c, int tp, const ManagerOptions& mo) {
-  auto restarted = CreateManager(
-      mo, std::move(CreateLoopbackTransport(c.fabric(),
-                                            "decode tp" + std::to_string(tp) + " (restarted)"))
-              .value());
-  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
-  c.decode[tp].manager = std::move(restarted).value();
+  (role == Role::kPrefill ? c.prefill : c.decode)[tp].manager = std::move(restarted).value();
 }
 
 double Scrape(int port, const std::string& name, const std::string& labels_have) {
@@ -100,7 +89,7 @@ TEST(RestartTest, RestartedPrefillRankServesNewRequestsThroughANewEndpoint) {
   ManagerOptions mo = (*c)->prefill[0].manager->options();
   (*c)->prefill[0].manager.reset();
   ASSERT_TRUE(WaitFor([&] { return (*c)->decode[0].manager->Stats().peers_connected == 0; }));
-  ASSERT_NO_FATAL_FAILURE(RestartPrefill(**c, 0, mo));
+  ASSERT_NO_FATAL_FAILURE(Restart(**c, Role::kPrefill, 0, mo));
   EXPECT_NE((*c)->prefill[0].manager->self().incarnation, old_incarnation);
   Transfer(**c, 2);  // the stale endpoint is not reused: this would hang
   EXPECT_EQ((*c)->decode[0].manager->Stats().peers_connected, 1u);
@@ -147,7 +136,7 @@ TEST(RestartTest, RestartedSiblingNoLongerBlocksNewRequests) {
   ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kFailed; }));
   EXPECT_TRUE(tx->Failure()->origin.SameRank(old_self)) << tx->Failure()->Message();
   EXPECT_EQ(tx->Failure()->origin.pid, old_self.pid);
-  ASSERT_NO_FATAL_FAILURE(RestartPrefill(**c, 1, mo));
+  ASSERT_NO_FATAL_FAILURE(Restart(**c, Role::kPrefill, 1, mo));
   // Straight after registration: its check finds the new process.
   tx = std::move(KVSender::Create(sibling, ++room)).value();
   ASSERT_TRUE(WaitFor([&] { return sibling.Stats().rooms_awaiting_restart_check == 0; }));
@@ -177,7 +166,7 @@ TEST(RestartTest, RestartedDecodeSiblingNoLongerBlocksNewReceivers) {
   ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kFailed; }));
   EXPECT_TRUE(rx->Failure()->origin.SameRank(old_self)) << rx->Failure()->Message();
   EXPECT_EQ(rx->Failure()->origin.pid, old_self.pid);
-  ASSERT_NO_FATAL_FAILURE(RestartDecode(**c, 1, mo));
+  ASSERT_NO_FATAL_FAILURE(Restart(**c, Role::kDecode, 1, mo));
   rx = std::move(KVReceiver::Create(sibling, ++room)).value();
   ASSERT_TRUE(WaitFor([&] { return sibling.Stats().rooms_awaiting_restart_check == 0; }));
   EXPECT_NE(rx->Poll(), KVPoll::kFailed) << rx->Failure()->Message();
@@ -279,7 +268,7 @@ TEST(RestartTest, ARequestDecodeFailedBeforeResolvingItsSourcesReachesPrefill) {
   }));
   ASSERT_TRUE(rx->Failure().has_value());
   ASSERT_TRUE(rx->Failure()->origin.SameRank(dead)) << rx->Failure()->Message();
-  ASSERT_NO_FATAL_FAILURE(RestartPrefill(**c, 1, mo));
+  ASSERT_NO_FATAL_FAILURE(Restart(**c, Role::kPrefill, 1, mo));
   auto tx = std::move(KVSender::Create(*(*c)->prefill[0].manager, room)).value();
   ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kFailed; }, std::chrono::seconds(10)))
       << "prefill tp0 still waits for metadata decode tp0 will never send";
