@@ -332,5 +332,48 @@ TEST(RestartTest, CreateWaitsForNoRegistryWhileADeadSiblingBlocks) {
   proxy->Resume();  // the managers deregister through it
 }
 
+// GroupFailure() answers on the scheduler's thread (sglang's
+// failure_exception) for a rank whose group failed while its own request
+// did not. When it holds no record it waits up to three heartbeat
+// intervals for one to arrive, reading nothing from the network itself:
+// against a registry that stopped answering, a read of its own waited 2 s
+// for the client's timeout.
+TEST(GroupFailureWaitTest, AskingWhyTheGroupFailedWaitsForNoRegistryThatStoppedAnswering) {
+  std::unique_ptr<StallProxy> proxy;
+  ClusterOptions o;
+  o.bootstrap_via = [&](const std::string& server) {
+    if (!proxy) proxy = std::make_unique<StallProxy>(server);
+    return proxy->address();
+  };
+  o.tweak = TolerantLiveness;  // 50 ms intervals: a wait of 150 ms
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(proxy && proxy->ok());
+  std::vector<int32_t> src{1, 2}, dst{5, 6};
+  auto rx = std::move(KVReceiver::Create(*(*c)->decode[0].manager, 1)).value();
+  auto tx = std::move(KVSender::Create(*(*c)->prefill[0].manager, 1)).value();
+  (*c)->prefill[0].pool->Fill(1, src, 0, {});
+  ASSERT_TRUE(rx->Init(0).ok());
+  ASSERT_TRUE(rx->SendMetadata(dst, 0, {}).ok());
+  ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kWaitingForInput; }));
+  ASSERT_TRUE(tx->Init(2, 0).ok());
+  ASSERT_TRUE(tx->Send(src).ok());
+  ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kSuccess; }));
+  proxy->Stall();
+  std::optional<FailureRecord> why;
+  std::atomic<bool> returned{false};
+  std::thread caller([&] {
+    why = rx->GroupFailure();
+    returned = true;
+  });
+  const bool fast = WaitFor([&] { return returned.load(); }, std::chrono::milliseconds(1000));
+  caller.join();
+  EXPECT_TRUE(fast) << "GroupFailure waited on the registry";
+  ASSERT_TRUE(why.has_value());
+  EXPECT_TRUE(why->is_from_another_rank);
+  EXPECT_NE(why->detail.find("no record of why reached"), std::string::npos) << why->Message();
+  proxy->Resume();  // the managers deregister through it
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

@@ -299,10 +299,11 @@ class ManagerImpl {
  public:
   // Why `room`'s request failed on some rank of its group, for a rank whose
   // group state (sglang's MIN over the group) is Failed while its own may
-  // not be: its own record; else a room record from another rank, asking
-  // the registry once and waiting up to three heartbeat intervals for one;
-  // else the latest rank failure known here; else a record saying that no
-  // reason reached this rank. Blocks only when this rank holds no record.
+  // not be: its own record; else a room record from another rank, waking
+  // the registry thread's read and waiting up to three heartbeat intervals
+  // for one; else the latest rank failure known here; else a record saying
+  // that no reason reached this rank. Waits only when this rank holds no
+  // record, and never on the network.
   template <typename Room>
   FailureRecord GroupFailure(const Room& room);
 

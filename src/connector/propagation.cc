@@ -67,7 +67,7 @@ void ManagerImpl::ApplyRoomFailureLocked(const FailureRecord& r, Outbox& out) {
   for (const FailureRecord& seen : room_records_)
     if (seen.room == r.room && seen.detected_at == r.detected_at &&
         seen.detected_by.SameRank(r.detected_by))
-      return;  // applied already (the registry round and GroupFailure both read it)
+      return;  // applied already (told by a peer and read from the registry)
   room_records_.push_front(r);
   if (room_records_.size() > kMaxRoomRecords) room_records_.pop_back();
   if (auto s = senders_.find(r.room); s != senders_.end() && SameRequest(*s->second, r))
@@ -116,29 +116,16 @@ FailureRecord ManagerImpl::GroupFailure(const Room& room) {
     MutexLock lock(mu_);
     if (auto f = known()) return *f;
   }
-  // The registry is read at once and after each interval of the wait: the
-  // record may be there before this rank's next registry round reads it
-  // (one read at the start missed a sibling's record under ASan). Each read
-  // after the first asks only for the records published since.
-  // A real wait of the caller's thread (the I/O shell), so on the system's
-  // clock, not the core's.
+  // The registry thread reads the records, woken at once and after each
+  // interval of the wait (the record may reach the registry after this
+  // call; one read at the start missed a sibling's record under ASan):
+  // this thread only waits, so a registry that does not answer holds it up
+  // no longer than the wait. A real wait of the caller's thread (the I/O
+  // shell), so on the system's clock, not the core's.
   const auto wait = opts_.heartbeat_interval * 3;
   const auto deadline = std::chrono::steady_clock::now() + wait;
-  uint64_t since = 0;
   for (;;) {
-    Result<FailureBatch> batch = registry_->FailuresSince(since);
-    if (batch.ok()) since = batch->latest_seq;
-    Outbox out;
-    {
-      MutexLock lock(mu_);
-      if (batch.ok()) {
-        for (const nlohmann::json& j : batch->records) {
-          Result<FailureRecord> r = FailureRecordFromJson(j);
-          if (r.ok() && r->room == room.room) ApplyRoomFailureLocked(*r, out);
-        }
-      }
-    }
-    Flush(out);
+    WakeRegistryRound();
     MutexLock lock(mu_);
     const auto now = std::chrono::steady_clock::now();
     if (known() || now >= deadline) break;
