@@ -59,7 +59,7 @@ class KVB_EXPORT KVSender {
   // Why the request failed on some rank of its group, for a rank whose
   // group state (sglang's MIN over the group's Poll) is Failed while its own
   // Poll may not be: this rank's record, else the record another rank of
-  // either side published for the request (waiting at most three heartbeat
+  // either side published for the request (waiting at most four heartbeat
   // intervals for it), else the latest rank failure known here, else a
   // record saying no reason reached this rank. Never empty.
   FailureRecord GroupFailure() const;

@@ -79,7 +79,8 @@ TEST(FailurePropagationTest, ReportFatalReachesEverySiblingAndPeer) {
     EXPECT_NE(r.receivers[i]->Failure()->Message().find("CUDA out of memory"), std::string::npos);
     EXPECT_TRUE(WaitFor([&] { return r.receivers[i]->Quiesced(); }));
   }
-  // New requests on the failed rank and its sibling fail at once, named.
+  // New requests on the failed rank and its sibling fail, named (the
+  // sibling's after its restart check).
   auto late = std::move(KVSender::Create(*(*c)->prefill[0].manager, 6)).value();
   ASSERT_TRUE(WaitFor([&] { return late->Poll() == KVPoll::kFailed; }));
   ExpectAttributed(late->Failure(), origin, {FailureCause::kLocalError});

@@ -136,7 +136,7 @@ TEST(DecodeInstancesTest, AFailedRankFailsOnlyItsOwnInstance) {
   EXPECT_TRUE(rb.receivers[0]->Failure()->origin.SameRank(victim))
       << rb.receivers[0]->Failure()->Message();
   EXPECT_NE(rb.receivers[0]->Failure()->Message().find("decode[b] tp1"), std::string::npos);
-  // A new request on b fails at once, naming the missing sibling.
+  // A new request on b fails (after its restart check), naming the missing sibling.
   auto late = std::move(KVReceiver::Create(*c.b[0].manager, 4)).value();
   ASSERT_TRUE(WaitFor([&] { return late->Poll() == KVPoll::kFailed; }));
   EXPECT_TRUE(late->Failure()->origin.SameRank(victim)) << late->Failure()->Message();

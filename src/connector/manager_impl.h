@@ -300,7 +300,7 @@ class ManagerImpl {
   // Why `room`'s request failed on some rank of its group, for a rank whose
   // group state (sglang's MIN over the group) is Failed while its own may
   // not be: its own record; else a room record from another rank, waking
-  // the registry thread's read and waiting up to three heartbeat intervals
+  // the registry thread's read and waiting up to four heartbeat intervals
   // for one; else the latest rank failure known here; else a record saying
   // that no reason reached this rank. Waits only when this rank holds no
   // record, and never on the network.
@@ -323,11 +323,13 @@ class ManagerImpl {
   // registry on the caller's thread first (ForgetRestartedRanks, mu_ not held).
   template <typename Room>
   bool BlockNewRoomLocked(Room& room, const FailureRecord& blocker, Outbox& out) KVB_REQUIRES(mu_);
-  void ForgetRestartedRanks();
+  void ForgetRestartedRanks() KVB_EXCLUDES(mu_);
   // Registry thread: forgets the dead ranks `ranks` shows restarted (none
   // when the read failed), then fails each room of check <= `upto` that a
   // record still blocks, naming it (what is known when the registry is out).
-  void SettleRestartChecks(uint64_t upto, const std::vector<RankStatus>* ranks);
+  void SettleRestartChecks(uint64_t upto, const std::vector<RankStatus>* ranks) KVB_EXCLUDES(mu_);
+  // A dead rank of the decode instance of a flow `room` adopted, if any.
+  const FailureRecord* DeadFlowRankLocked(const SenderRoom& room) const KVB_REQUIRES(mu_);
   // Forgets dead ranks whose position `ranks` shows held by a new live one.
   void ForgetRestartedLocked(const std::vector<RankStatus>& ranks) KVB_REQUIRES(mu_);
   // Publishes the failure records queued for the registry (RegistryRound);

@@ -117,15 +117,16 @@ FailureRecord ManagerImpl::GroupFailure(const Room& room) {
     if (auto f = known()) return *f;
   }
   // The registry thread reads the records, woken at once and after each
-  // interval of the wait (the record may reach the registry after this
-  // call; one read at the start missed a sibling's record under ASan):
-  // this thread only waits, so a registry that does not answer holds it up
-  // no longer than the wait. A real wait of the caller's thread (the I/O
-  // shell), so on the system's clock, not the core's.
-  const auto wait = opts_.heartbeat_interval * 3;
+  // of three intervals (the record may reach the registry after this call;
+  // one read at the start missed a sibling's record under ASan), and the
+  // last read has one more interval to arrive: this thread only waits, so
+  // a registry that does not answer holds it up no longer than the wait.
+  // A real wait of the caller's thread (the I/O shell), so on the system's
+  // clock, not the core's.
+  const auto wait = opts_.heartbeat_interval * 4;
   const auto deadline = std::chrono::steady_clock::now() + wait;
-  for (;;) {
-    WakeRegistryRound();
+  for (int wakes = 0;; ++wakes) {
+    if (wakes < 4) WakeRegistryRound();
     MutexLock lock(mu_);
     const auto now = std::chrono::steady_clock::now();
     if (known() || now >= deadline) break;
@@ -364,7 +365,9 @@ void ManagerImpl::RegistryRound(uint64_t round) {
     refused = heartbeat_refused_.has_value() && !fatal_;
   }
   // Read after `checks`: any restart registered before those rooms were
-  // created shows in it.
+  // created shows in it (etcd's watched copy first catches up with the
+  // store: it may lag a registration).
+  if (check) registry_->CatchUp().IgnoreError();
   if (have_records || refused || check || round % 3 == 0) {
     Result<std::vector<RankStatus>> listed = registry_->ListRanks();
     if (listed.ok()) ranks = std::move(listed).value();

@@ -4,7 +4,10 @@
 // is a network wait, so KVSender/KVReceiver::Create do not ask: the room
 // is numbered for a check, and the registry thread's next round (woken at
 // once) reads who is alive and fails each such room a record still blocks.
-// Until then the room is Bootstrapping, as every new request is.
+// Meanwhile the room goes on as any new request does (it may adopt
+// metadata, even transfer): only the dead rank's record is not held
+// against it until the check; the check can then fail it at any stage short
+// of Success, and its writes are fenced as any failed room's are.
 #include "common/log.h"
 #include "connector/manager_impl.h"
 
@@ -38,7 +41,14 @@ void ManagerImpl::SettleRestartChecks(uint64_t upto, const std::vector<RankStatu
       for (auto& [id, room] : rooms) {
         if (room->restart_check == 0 || room->restart_check > upto) continue;
         room->restart_check = 0;
-        if (auto blocker = NewRoomBlockerLocked()) fail(*room, *blocker);
+        const FailureRecord* dead = nullptr;
+        if constexpr (std::is_same_v<std::decay_t<decltype(*room)>, SenderRoom>)
+          dead = DeadFlowRankLocked(*room);
+        if (auto blocker = NewRoomBlockerLocked()) {
+          fail(*room, *blocker);
+        } else if (dead != nullptr) {
+          fail(*room, *dead);
+        }
       }
     };
     settle(senders_, [&](SenderRoom& r, const FailureRecord& f)
@@ -47,6 +57,14 @@ void ManagerImpl::SettleRestartChecks(uint64_t upto, const std::vector<RankStatu
                            KVB_REQUIRES(mu_) { FailReceiverLocked(r, f, out); });
   }
   Flush(out);
+}
+
+// Prefill: metadata adopted while the check was pending skipped
+// RefuseMetaLocked's dead-rank rule; it is applied here.
+const FailureRecord* ManagerImpl::DeadFlowRankLocked(const SenderRoom& room) const {
+  for (const auto& [tp, flow] : room.flows)
+    if (const FailureRecord* dead = DeadRankOfInstanceLocked(flow.decode)) return dead;
+  return nullptr;
 }
 
 void ManagerImpl::ForgetRestartedRanks() {

@@ -9,13 +9,14 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <mutex>
+#include <list>
+#include <memory>
 #include <string>
 #include <thread>
-#include <vector>
 
 namespace kvbridge::internal {
 
@@ -39,8 +40,7 @@ class StallProxy {
   ~StallProxy() {
     stop_ = true;
     if (acceptor_.joinable()) acceptor_.join();
-    std::lock_guard<std::mutex> lock(mu_);
-    for (std::thread& t : relays_) t.join();
+    for (Relaying& r : relays_) r.thread.join();
     if (listen_fd_ >= 0) close(listen_fd_);
   }
   StallProxy(const StallProxy&) = delete;
@@ -60,20 +60,42 @@ class StallProxy {
     return a;
   }
 
+  // One relay thread per connection; finished ones are joined here.
+  struct Relaying {
+    std::shared_ptr<std::atomic<bool>> done = std::make_shared<std::atomic<bool>>(false);
+    std::thread thread;
+  };
+
   void AcceptLoop() {
     while (!stop_) {
+      std::erase_if(relays_, [](Relaying& r) {
+        if (!r.done->load()) return false;
+        r.thread.join();
+        return true;
+      });
       pollfd p{listen_fd_, POLLIN, 0};
       if (poll(&p, 1, 20) <= 0) continue;
       const int client = accept(listen_fd_, nullptr, nullptr);
       if (client < 0) continue;
-      std::lock_guard<std::mutex> lock(mu_);
-      relays_.emplace_back([this, client] { Relay(client); });
+      Relaying& r = relays_.emplace_back();
+      r.thread = std::thread([this, client, done = r.done] {
+        Relay(client);
+        done->store(true);
+      });
     }
+  }
+
+  // Sends give up after 1 s: a side that stopped reading cannot hold the
+  // relay (and the destructor's join) for ever.
+  static void BoundSends(int fd) {
+    timeval t{1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &t, sizeof(t));
   }
 
   // One connection, until either side closes or the proxy stops; the
   // upstream connection is made when the first bytes may pass.
   void Relay(int client) {
+    BoundSends(client);
     int server = -1;
     while (!stop_) {
       if (stalled_) {
@@ -84,9 +106,10 @@ class StallProxy {
         server = socket(AF_INET, SOCK_STREAM, 0);
         sockaddr_in a = Loopback(upstream_port_);
         if (server < 0 || connect(server, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) break;
+        BoundSends(server);
       }
       pollfd p[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
-      if (poll(p, 2, 20) <= 0) continue;
+      if (poll(p, 2, 20) <= 0 || stalled_) continue;  // stalled meanwhile: nothing passes
       if (!Pass(p[0], server) || !Pass(p[1], client)) break;
     }
     close(client);
@@ -112,8 +135,7 @@ class StallProxy {
   int upstream_port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<bool> stalled_{false};
-  std::mutex mu_;
-  std::vector<std::thread> relays_;  // one per connection, joined at the end
+  std::list<Relaying> relays_;  // the acceptor's; joined when done, or at the end
   std::thread acceptor_;
 };
 
