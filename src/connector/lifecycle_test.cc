@@ -14,8 +14,10 @@
 namespace kvbridge::internal {
 namespace {
 
-// Runs one request of `pages` pages from prefill[p] to decode[d] (1 -> 1).
-void Transfer(TestCluster& c, uint64_t room, KVPoll expect = KVPoll::kSuccess) {
+// Runs one request from prefill[0] to decode[0] until its receiver reaches
+// `expect`; `keep`, if given, takes that receiver.
+void Transfer(TestCluster& c, uint64_t room, KVPoll expect = KVPoll::kSuccess,
+              std::unique_ptr<KVReceiver>* keep = nullptr) {
   std::vector<int32_t> src{1, 2, 3}, dst{7, 8, 9};
   auto rx = std::move(KVReceiver::Create(*c.decode[0].manager, room)).value();
   auto tx = std::move(KVSender::Create(*c.prefill[0].manager, room)).value();
@@ -28,6 +30,7 @@ void Transfer(TestCluster& c, uint64_t room, KVPoll expect = KVPoll::kSuccess) {
   ASSERT_TRUE(tx->Send(src).ok());
   ASSERT_TRUE(WaitFor([&] { return rx->Poll() == expect; }));
   EXPECT_EQ(c.decode[0].pool->CountCorruptPages(room, dst), 0u);
+  if (keep != nullptr) *keep = std::move(rx);
 }
 
 // A new process at `role` tp `tp`'s position: a manager with `mo` (the
@@ -349,16 +352,8 @@ TEST(GroupFailureWaitTest, AskingWhyTheGroupFailedWaitsForNoRegistryThatStoppedA
   auto c = TestCluster::Create(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_TRUE(proxy && proxy->ok());
-  std::vector<int32_t> src{1, 2}, dst{5, 6};
-  auto rx = std::move(KVReceiver::Create(*(*c)->decode[0].manager, 1)).value();
-  auto tx = std::move(KVSender::Create(*(*c)->prefill[0].manager, 1)).value();
-  (*c)->prefill[0].pool->Fill(1, src, 0, {});
-  ASSERT_TRUE(rx->Init(0).ok());
-  ASSERT_TRUE(rx->SendMetadata(dst, 0, {}).ok());
-  ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kWaitingForInput; }));
-  ASSERT_TRUE(tx->Init(2, 0).ok());
-  ASSERT_TRUE(tx->Send(src).ok());
-  ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kSuccess; }));
+  std::unique_ptr<KVReceiver> rx;
+  ASSERT_NO_FATAL_FAILURE(Transfer(**c, 1, KVPoll::kSuccess, &rx));
   proxy->Stall();
   std::optional<FailureRecord> why;
   std::atomic<bool> returned{false};

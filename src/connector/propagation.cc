@@ -123,10 +123,11 @@ FailureRecord ManagerImpl::GroupFailure(const Room& room) {
   // a registry that does not answer holds it up no longer than the wait.
   // A real wait of the caller's thread (the I/O shell), so on the system's
   // clock, not the core's.
-  const auto wait = opts_.heartbeat_interval * 4;
+  constexpr int kReads = 4;
+  const auto wait = opts_.heartbeat_interval * kReads;
   const auto deadline = std::chrono::steady_clock::now() + wait;
   for (int wakes = 0;; ++wakes) {
-    if (wakes < 4) WakeRegistryRound();
+    if (wakes < kReads) WakeRegistryRound();
     MutexLock lock(mu_);
     const auto now = std::chrono::steady_clock::now();
     if (known() || now >= deadline) break;
