@@ -48,6 +48,10 @@ void ManagerImpl::SettleRestartChecks(uint64_t upto, const std::vector<RankStatu
           fail(*room, *blocker);
         } else if (dead != nullptr) {
           fail(*room, *dead);
+        } else if constexpr (std::is_same_v<std::decay_t<decltype(*room)>, SenderRoom>) {
+          // Passed: what waited for the check (last notices, Success) goes.
+          for (auto& [tp, flow] : room->flows) SendFinalNoteLocked(*room, flow, out);
+          UpdateSenderStateLocked(*room);
         }
       }
     };

@@ -8,7 +8,9 @@
 namespace kvbridge::internal {
 
 void ManagerImpl::SendFinalNoteLocked(SenderRoom& room, SenderFlow& flow, Outbox& out) {
-  if (flow.inflight > 0 || !flow.final_note || room.failure) return;
+  // A room awaiting its restart check sends it once the check passed it
+  // (SettleRestartChecks): decode would take Success from it.
+  if (flow.inflight > 0 || !flow.final_note || room.failure || room.restart_check != 0) return;
   Peer* peer = FindPeerLocked(flow.peer_key);
   // Its writes completed: it waits for none posted since (other requests').
   if (peer != nullptr && !peer->failed) Send(out, *peer, *flow.final_note, Lane::kUnfenced);

@@ -328,8 +328,8 @@ void ManagerImpl::UpdateSenderStateLocked(SenderRoom& room) {
   KVPoll next;
   if (!all_meta) {
     next = KVPoll::kBootstrapping;
-  } else if (room.last_posted && room.inflight == 0) {
-    next = KVPoll::kSuccess;
+  } else if (room.last_posted && room.inflight == 0 && room.restart_check == 0) {
+    next = KVPoll::kSuccess;  // never before its restart check passed it
   } else if ((room.pages_sent == 0 || room.cp_dummy) && !room.last_posted) {
     next = KVPoll::kWaitingForInput;
   } else {
