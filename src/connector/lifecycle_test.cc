@@ -44,6 +44,44 @@ void Restart(TestCluster& c, Role role, int tp, const ManagerOptions& mo) {
   (role == Role::kPrefill ? c.prefill : c.decode)[tp].manager = std::move(restarted).value();
 }
 
+// The record of `origin`'s death, as a transport error would say it.
+FailureRecord DeathOf(const RankId& origin) {
+  FailureRecord r;
+  r.origin = origin;
+  r.cause = FailureCause::kPeerExited;
+  r.detail = "process exited";
+  r.phase = Phase::kTransferring;
+  r.mechanism = "transport error";
+  r.detected_at = std::chrono::system_clock::now();
+  r.last_sign_of_life = r.detected_at;
+  return r;
+}
+
+// Publishes `record` to the registry at `server` as a slow detector would:
+// a rank of the other role (the registry takes a rank's death from it) and
+// of another instance (no sibling of any rank in these tests, so its
+// silence fails nothing), registered for the purpose on `near`'s host. The
+// registry takes records only from a registered rank, in its own name.
+void PublishDeath(const std::string& server, const RankId& near, FailureRecord record) {
+  auto client =
+      BootstrapClient::Create(server, std::chrono::seconds(5), AuthTokenFromEnvironment());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  RankRecord detector;
+  detector.role = record.origin.role == Role::kPrefill ? RankRole::kDecode : RankRole::kPrefill;
+  detector.rank_ip = "127.0.0.1";
+  detector.page_size = 16;
+  detector.kv_cache_dtype = "bfloat16";
+  detector.host = near.host;
+  detector.incarnation = near.incarnation ^ 0x77;
+  detector.instance = "slow-detector";
+  ASSERT_TRUE((*client)->RegisterRank(detector).ok());
+  record.detected_by = near;
+  record.detected_by.role = detector.role == RankRole::kDecode ? Role::kDecode : Role::kPrefill;
+  record.detected_by.incarnation = detector.incarnation;
+  record.detected_by.instance = detector.instance;
+  ASSERT_TRUE((*client)->PublishFailure(FailureRecordToJson(record)).ok());
+}
+
 double Scrape(int port, const std::string& name, const std::string& labels_have) {
   httplib::Client cli("127.0.0.1", port);
   auto res = cli.Get("/metrics");
@@ -177,6 +215,58 @@ TEST(RestartTest, RestartedDecodeSiblingNoLongerBlocksNewReceivers) {
   TransferAll(**c, ++room);
 }
 
+// Success is final, so a request awaiting its restart check must not reach
+// it before the check: the check may still fail it. Here decode tp0 has
+// read that its sibling decode tp1 died (a record published for the test;
+// tp1 lives on); prefill, which reads the registry through a stalled proxy,
+// knows nothing of it and sends the request whole. Decode tp0's check,
+// behind a stalled proxy too, fails when its read times out (2 s), naming
+// tp1. Before, the receiver took Success from prefill's last notice while
+// its check was pending, and the check could no longer fail it.
+TEST(RestartTest, AReceiverAwaitingItsRestartCheckDoesNotSucceedBeforeIt) {
+  std::unique_ptr<StallProxy> near, far;  // decode tp0's registry; the others'
+  ClusterOptions o;
+  o.prefill_tp = 1;
+  o.decode_tp = 2;
+  o.tweak = [&](ManagerOptions& m) {
+    TolerantLiveness(m);
+    m.heartbeat_misses = 400;  // no rank counts the registry lost within 20 s
+    if (!near) {
+      near = std::make_unique<StallProxy>(m.bootstrap_addr);
+      far = std::make_unique<StallProxy>(m.bootstrap_addr);
+    }
+    const bool reader = m.role == Role::kDecode && m.parallel.tp_rank == 0;
+    m.bootstrap_addr = (reader ? near : far)->address();
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(near && near->ok() && far && far->ok());
+  TransferAll(**c, 1);  // decode tp0 knows its sources: no lookup needed
+  far->Stall();
+  KVManager& decode = *(*c)->decode[0].manager;
+  const RankId sibling = (*c)->decode[1].manager->self();
+  ASSERT_NO_FATAL_FAILURE(PublishDeath((*c)->bootstrap_address(), decode.self(), DeathOf(sibling)));
+  ASSERT_TRUE(WaitFor([&] { return decode.RecentRankFailure().has_value(); }));
+  ASSERT_TRUE(decode.RecentRankFailure()->origin.SameRank(sibling));
+  near->Stall();
+  Request r{.room = 2};
+  r.src = {1, 2, 3};
+  r.dst = {7, 8, 9};
+  Start(**c, r, false);
+  ASSERT_EQ(decode.Stats().rooms_awaiting_restart_check, 1u);
+  SendChunks(r, {3});
+  // Prefill, which knows of no death, delivers everything.
+  ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kSuccess; }))
+      << KVPollName(r.senders[0]->Poll());
+  KVReceiver& held = *r.receivers[0];
+  ASSERT_TRUE(WaitFor([&] { return held.Poll() == KVPoll::kFailed; }, std::chrono::seconds(10)))
+      << "decode tp0 ended " << KVPollName(held.Poll())
+      << ", which its restart check could not undo";
+  EXPECT_TRUE(held.Failure()->origin.SameRank(sibling)) << held.Failure()->Message();
+  near->Resume();  // the managers deregister through them
+  far->Resume();
+}
+
 // A failure record about a process that was already replaced at its
 // position (read late from the registry, or from a slow detector) names a
 // process no live request involves: it fails nothing, on the sibling or on
@@ -194,37 +284,13 @@ TEST(RestartTest, LateRecordAboutAReplacedProcessFailsNoLiveRequest) {
   Start(**c, r, false);
   // prefill tp1's previous process (an incarnation the ranks never heard
   // of) exited; the record of it reaches the registry only now.
-  FailureRecord late;
-  late.origin = (*c)->prefill[1].manager->self();
-  late.origin.incarnation ^= 0x5a5a5a5a5a5a5a5aull;
-  late.origin.pid += 1;
-  late.cause = FailureCause::kPeerExited;
-  late.detail = "process exited";
-  late.phase = Phase::kTransferring;
-  late.mechanism = "transport error";
-  late.detected_at = std::chrono::system_clock::now();
-  late.last_sign_of_life = late.detected_at;
+  RankId gone = (*c)->prefill[1].manager->self();
+  gone.incarnation ^= 0x5a5a5a5a5a5a5a5aull;
+  gone.pid += 1;
   const uint64_t sibling_stale = sibling.Stats().stale_messages_dropped;
   const uint64_t decode_stale = decode.Stats().stale_messages_dropped;
-  auto client = BootstrapClient::Create(sibling.options().bootstrap_addr, std::chrono::seconds(5),
-                                        AuthTokenFromEnvironment());
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
-  // The registry takes records only from a registered rank, in its own name:
-  // the slow detector is a decode rank of another instance (no sibling of
-  // any rank here, so its silence fails nothing).
-  RankRecord detector;
-  detector.role = RankRole::kDecode;
-  detector.rank_ip = "127.0.0.1";
-  detector.page_size = 16;
-  detector.kv_cache_dtype = "bfloat16";
-  detector.host = decode.self().host;
-  detector.incarnation = decode.self().incarnation ^ 0x77;
-  detector.instance = "slow-detector";
-  ASSERT_TRUE((*client)->RegisterRank(detector).ok());
-  late.detected_by = decode.self();
-  late.detected_by.incarnation = detector.incarnation;
-  late.detected_by.instance = detector.instance;
-  ASSERT_TRUE((*client)->PublishFailure(FailureRecordToJson(late)).ok());
+  ASSERT_NO_FATAL_FAILURE(
+      PublishDeath(sibling.options().bootstrap_addr, decode.self(), DeathOf(gone)));
   ASSERT_TRUE(WaitFor([&] {
     return sibling.Stats().stale_messages_dropped > sibling_stale &&
            decode.Stats().stale_messages_dropped > decode_stale;

@@ -435,6 +435,7 @@ class ManagerImpl {
   void OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& out) KVB_REQUIRES(mu_);
   void SendMetaLocked(ReceiverRoom& room, Outbox& out) KVB_REQUIRES(mu_);
   void OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out) KVB_REQUIRES(mu_);
+  void SucceedReceiverLocked(ReceiverRoom& room) KVB_REQUIRES(mu_);
   void OnPrefillRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out)
       KVB_REQUIRES(mu_);
   void OnQuiesced(const RankId& from, const QuiescedMsg& msg, Outbox& out) KVB_REQUIRES(mu_);

@@ -434,13 +434,21 @@ void ManagerImpl::OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out
     room.phase = Phase::kDone;  // every write landed: the write rule's kDone
     for (ReceiverSource& s : room.sources) SettleSourceLocked(room, s, FindPeerLocked(s.peer_key));
     room.quiesced.store(true, std::memory_order_release);
-    ++succeeded_;
-    if (metrics_)
-      metrics_->Finished(true, std::chrono::duration<double>(Now() - room.created).count());
-    changes_.Set(room, KVPoll::kSuccess);
-  } else {
-    changes_.Set(room, KVPoll::kTransferring);
+    // Awaiting its restart check, it stays Transferring: the check may
+    // still fail it, and Success is final (SettleRestartChecks).
+    if (room.restart_check == 0) {
+      SucceedReceiverLocked(room);
+      return;
+    }
   }
+  changes_.Set(room, KVPoll::kTransferring);
+}
+
+void ManagerImpl::SucceedReceiverLocked(ReceiverRoom& room) {
+  ++succeeded_;
+  if (metrics_)
+    metrics_->Finished(true, std::chrono::duration<double>(Now() - room.created).count());
+  changes_.Set(room, KVPoll::kSuccess);
 }
 
 void ManagerImpl::OnPrefillRoomFailed(const RankId& from, const RoomFailedMsg& msg, Outbox& out) {

@@ -6,8 +6,10 @@
 // once) reads who is alive and fails each such room a record still blocks.
 // Meanwhile the room goes on as any new request does (it may adopt
 // metadata, even transfer): only the dead rank's record is not held
-// against it until the check; the check can then fail it at any stage short
-// of Success, and its writes are fenced as any failed room's are.
+// against it until the check; the check can then fail it at any stage, and
+// its writes are fenced as any failed room's are. Success waits for the
+// check (it is final): a sender holds its last notices, a receiver whose
+// every write landed stays Transferring.
 #include "common/log.h"
 #include "connector/manager_impl.h"
 
@@ -52,6 +54,8 @@ void ManagerImpl::SettleRestartChecks(uint64_t upto, const std::vector<RankStatu
           // Passed: what waited for the check (last notices, Success) goes.
           for (auto& [tp, flow] : room->flows) SendFinalNoteLocked(*room, flow, out);
           UpdateSenderStateLocked(*room);
+        } else if (room->phase == Phase::kDone && !room->failure) {
+          SucceedReceiverLocked(*room);  // every write had landed (OnNotify)
         }
       }
     };
