@@ -98,6 +98,13 @@ struct ParallelLayout {
   int pp_rank = 0;
   int cp_size = 1;
   int cp_rank = 0;
+  // Decode context parallelism (sglang's KVArgs dcp_size/dcp_rank; decode
+  // only, MLA only): the ranks of a dcp group hold the same latent cache,
+  // each only the tokens at positions p with p % dcp_size == dcp_rank
+  // (counted from the request's first token), at row p / dcp_size of the
+  // request's pages.
+  int dcp_size = 1;
+  int dcp_rank = 0;
 };
 
 // Which wire carries bytes to peers on this host.

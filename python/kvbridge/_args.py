@@ -49,6 +49,10 @@ class ParallelLayout:
     pp_rank: int = 0
     cp_size: int = 1
     cp_rank: int = 0
+    # Decode context parallelism (decode only, MLA only): this rank holds
+    # the tokens at positions p with p % dcp_size == dcp_rank.
+    dcp_size: int = 1
+    dcp_rank: int = 0
 
 
 class KVArgs:

@@ -324,6 +324,10 @@ def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVAr
     ours.memory_kind = "vram" if str(getattr(server_args, "device", "cuda")) == "cuda" else "dram"
     ours.parallel = placement(args, server_args, mode)
     _check_layouts_it_cannot_place(args, ours.parallel, mode)
+    dcp = int(getattr(args, "dcp_size", 1) or 1)
+    if dcp > 1:  # sglang's KVArgs say it (decode; the C++ core checks MLA and the rank)
+        ours.parallel = dataclasses.replace(ours.parallel, dcp_size=dcp,
+                                            dcp_rank=int(getattr(args, "dcp_rank", 0) or 0))
     ours.state_slice_dims, ours.state_slice_outer, ours.state_slice_groups = state_sharding(
         args, ours.parallel.tp_size)
     return ours
@@ -331,17 +335,18 @@ def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVAr
 
 def _check_layouts_it_cannot_place(args: Any, parallel: ParallelLayout, mode: str) -> None:
     """KV layouts kvbridge would copy to the wrong place, refused by name
-    before any rank starts (docs/sglang.md, A9): decode context parallelism
-    (sglang's own CommonKVManager refuses it too unless a backend declares
-    supports_dcp_transfer: its pages are stored loc % dcp_size == dcp_rank)
-    and compressed MLA (DeepSeek V4, mla_compression_ratios) under pipeline
-    parallelism (its flat buffer lists are ordered by compression bucket,
-    not by layer, so a stage's buffers are not a layer range)."""
+    before any rank starts (docs/sglang.md, A9): context parallelism on the
+    prefill server's KV (kvbridge moves DCP into a decode server only,
+    from a prefill server with dcp 1) and compressed MLA (DeepSeek V4,
+    mla_compression_ratios) under pipeline parallelism (its flat buffer
+    lists are ordered by compression bucket, not by layer, so a stage's
+    buffers are not a layer range)."""
     dcp = int(getattr(args, "dcp_size", 1) or 1)
-    if dcp > 1:
+    if dcp > 1 and mode != "decode":
         raise kvbridge.UnimplementedError(
-            None, f"dcp_size {dcp} on the {mode} server: kvbridge does not implement DCP-aware "
-            "KV transfer (supports_dcp_transfer is False); run with --dcp-size 1")
+            None, f"dcp_size {dcp} on the {mode} server: kvbridge moves decode context "
+            "parallelism into a decode server only, from a prefill server with dcp_size 1; "
+            "run the prefill server with --dcp-size 1")
     if getattr(args, "mla_compression_ratios", None) and parallel.pp_size > 1:
         raise kvbridge.UnimplementedError(
             None, f"compressed MLA (mla_compression_ratios) with pp_size {parallel.pp_size} on "
@@ -414,6 +419,11 @@ class KVBridgeKVManager(BaseKVManager):
         self.is_mla_backend = bool(is_mla_backend)
         self._mode = str(getattr(disaggregation_mode, "value", disaggregation_mode)).lower()
         self._args = to_kvbridge_args(args, server_args, self._mode)
+        if self._args.parallel.dcp_size > 1 and not self.is_mla_backend:
+            # sglang refuses this topology too ("Unsupported PD DCP topology").
+            raise kvbridge.UnimplementedError(
+                None, f"dcp_size {self._args.parallel.dcp_size} without MLA on the decode "
+                "server: decode context parallelism is moved for an MLA cache only")
         self.kv_item_lens_sum = sum(self._args.kv_item_lens)
         self.state_item_lens_sum = sum(self._args.state_item_lens)
         self.bootstrap_host = getattr(server_args, "host", None) or "127.0.0.1"
@@ -428,7 +438,8 @@ class KVBridgeKVManager(BaseKVManager):
         # rank's transfer metrics): only cp rank 0 sends, so none is "all".
         self.enable_all_cp_ranks_for_transfer = False
         self.is_dummy_cp_rank = self._mode == "prefill" and self.attn_cp_rank != 0
-        self.supports_dcp_transfer = False  # dcp_size > 1 is refused (A9)
+        # Decode DCP (MLA) is moved token by token; prefill DCP is refused (A9).
+        self.supports_dcp_transfer = True
         self.pp_rank = self._args.parallel.pp_rank
         self.prefill_info_table: Dict[str, Any] = {}
         self._cores: Dict[str, _Manager] = {}

@@ -167,12 +167,22 @@ def test_context_parallel_places_cp_ranks_and_refuses_what_it_does_not_do(monkey
 
 
 def test_layouts_kvbridge_cannot_place_are_refused_by_name():  # A9
+    # Decode context parallelism: decode's KVArgs place the rank in its dcp
+    # group (an MLA cache only: the C++ core refuses MHA by name); prefill's
+    # KV is never context-parallel in kvbridge, refused before any rank starts.
     dcp = SgPool("decode").args
-    dcp.dcp_size, dcp.dcp_rank = 2, 0
-    with pytest.raises(kvbridge.UnimplementedError, match="dcp_size 2 on the decode server"):
+    dcp.dcp_size, dcp.dcp_rank = 2, 1
+    lay = sg.to_kvbridge_args(dcp, server_args(1), "decode").parallel
+    assert (lay.dcp_size, lay.dcp_rank, lay.tp_size) == (2, 1, 1)
+    with pytest.raises(kvbridge.UnimplementedError, match="dcp_size 2 without MLA"):
         sg.KVBridgeKVManager(dcp, "decode", server_args(1))
+    pdcp = SgPool("prefill").args
+    pdcp.dcp_size, pdcp.dcp_rank = 2, 0
+    with pytest.raises(kvbridge.UnimplementedError, match="dcp_size 2 on the prefill server"):
+        sg.KVBridgeKVManager(pdcp, "prefill", server_args(1))
     dcp.dcp_size = 1  # DCP off: placed as before
-    assert sg.to_kvbridge_args(dcp, server_args(1), "decode").parallel.pp_size == 1
+    lay = sg.to_kvbridge_args(dcp, server_args(1), "decode").parallel
+    assert (lay.pp_size, lay.dcp_size, lay.dcp_rank) == (1, 1, 0)
     v4 = SgPool("prefill").args
     v4.mla_compression_ratios, v4.pp_rank = [4, 128], 1
     staged = server_args(1)

@@ -267,6 +267,32 @@ uint64_t KvPool::CountCorruptPages(uint64_t room, std::span<const int32_t> pages
   return corrupt;
 }
 
+uint64_t KvPool::CountCorruptDcpRows(uint64_t room, std::span<const int32_t> pages,
+                                     int64_t prefill_pages, int dcp_size, int dcp_rank) const {
+  const uint64_t hb = head_bytes();
+  const uint64_t page = static_cast<uint64_t>(opts_.shape.page_size);
+  const uint64_t tokens = static_cast<uint64_t>(prefill_pages) * page;
+  uint64_t corrupt = 0;
+  for (size_t b = 0; b < kv_.size(); ++b) {
+    for (uint64_t p = static_cast<uint64_t>(dcp_rank); p < tokens; p += dcp_size) {
+      const uint64_t row = p / dcp_size;
+      if (row / page >= pages.size()) {
+        ++corrupt;  // no page for it
+        continue;
+      }
+      const uint8_t* at = kv_[b] + static_cast<uint64_t>(pages[row / page]) * item_len_ +
+                          (row % page) * kv_heads_ * hb;
+      const uint64_t seed = Seed(room, GlobalBuffer(b), p / page);
+      bool ok = true;
+      for (int h = 0; ok && h < kv_heads_; ++h)
+        ok =
+            RunMatches(at + h * hb, hb, RunSeed(seed, static_cast<int>(p % page), first_head_ + h));
+      corrupt += ok ? 0 : 1;
+    }
+  }
+  return corrupt;
+}
+
 bool KvPool::AuxMatches(uint64_t room, int64_t aux_index) const {
   for (size_t b = 0; b < aux_.size(); ++b)
     if (!RunMatches(aux_[b] + aux_index * opts_.shape.aux_item_len, opts_.shape.aux_item_len,

@@ -92,6 +92,13 @@ class KvPool {
   // positions that are a multiple of `stride`.
   uint64_t CountCorruptPages(uint64_t room, std::span<const int32_t> pages,
                              int64_t first_position = 0, int stride = 1) const;
+  // Decode, under decode context parallelism: counts rows (per kv buffer)
+  // that differ from the pattern among the tokens of a request of
+  // `prefill_pages` pages (from its first page after decode's prefix) that
+  // dcp rank `dcp_rank` of `dcp_size` holds: token p at row p / dcp_size of
+  // `pages` (page row / page_size, row % page_size in it).
+  uint64_t CountCorruptDcpRows(uint64_t room, std::span<const int32_t> pages, int64_t prefill_pages,
+                               int dcp_size, int dcp_rank) const;
   bool AuxMatches(uint64_t room, int64_t aux_index) const;
   bool StateMatches(uint64_t room, std::span<const int32_t> state) const;
   // Overwrites pages with a filler (decode, before reuse).

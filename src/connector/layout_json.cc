@@ -151,6 +151,48 @@ Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
   return l;
 }
 
+namespace {
+
+std::vector<BufferSpan> Spans(const std::vector<uint64_t>& ptrs, const std::vector<uint64_t>& lens,
+                              const std::vector<uint64_t>& items) {
+  std::vector<BufferSpan> out;
+  for (size_t i = 0; i < ptrs.size(); ++i) out.push_back({ptrs[i], lens[i], items[i]});
+  return out;
+}
+
+}  // namespace
+
+Result<RankLayout> LayoutFromOptions(const ManagerOptions& opts) {
+  const KVArgs& a = opts.args;
+  const ParallelLayout& p = opts.parallel;
+  RankLayout layout;
+  layout.is_mla = opts.is_mla;
+  layout.page_size = a.page_size;
+  layout.dtype = a.dtype;
+  layout.tp_size = p.tp_size;
+  layout.tp_rank = p.tp_rank;
+  layout.dcp_size = p.dcp_size;
+  layout.dcp_rank = p.dcp_rank;
+  if (opts.role == Role::kPrefill && p.dcp_size != 1)
+    return InvalidArgumentError(fmt::format(
+        "dcp_size {} on a prefill rank: decode context parallelism is for decode", p.dcp_size));
+  layout.total_kv_heads = a.total_kv_head_num;
+  layout.kv_heads = opts.is_mla ? 1 : a.kv_head_num;
+  int per_layer = opts.is_mla ? 1 : 2;
+  layout.start_layer = a.prefill_start_layer;
+  layout.end_layer =
+      a.prefill_end_layer >= 0
+          ? a.prefill_end_layer
+          : a.prefill_start_layer + static_cast<int>(a.kv_data_ptrs.size()) / per_layer;
+  layout.kv = Spans(a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens);
+  layout.kv_layer_ids = a.kv_layer_ids;
+  layout.aux = Spans(a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens);
+  layout.state = Spans(a.state_data_ptrs, a.state_data_lens, a.state_item_lens);
+  KVB_RETURN_IF_ERROR(StateLayoutFromArgs(a, layout));
+  KVB_RETURN_IF_ERROR(CheckLayout(layout).WithContext("KVArgs"));
+  return layout;
+}
+
 Status StateLayoutFromArgs(const KVArgs& a, RankLayout& layout) {
   const size_t n = layout.state.size();
   if (!a.state_buffer_types.empty() && a.state_buffer_types.size() != n)

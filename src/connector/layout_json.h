@@ -17,5 +17,8 @@ Result<RankLayout> LayoutFromJson(const nlohmann::json& j);
 // The state part of a rank's layout from its KVArgs, with `layout.state`
 // already set: state types and sharding. InvalidArgument naming the field.
 Status StateLayoutFromArgs(const KVArgs& args, RankLayout& layout);
+// A rank's layout from its options (KVArgs, parallel layout, MLA), checked
+// (CheckLayout); InvalidArgument for a prefill rank with dcp_size > 1.
+Result<RankLayout> LayoutFromOptions(const ManagerOptions& options);
 
 }  // namespace kvbridge::internal

@@ -74,13 +74,6 @@ Status ValidateOptions(const ManagerOptions& o) {
   return Status();
 }
 
-std::vector<BufferSpan> Spans(const std::vector<uint64_t>& ptrs, const std::vector<uint64_t>& lens,
-                              const std::vector<uint64_t>& items) {
-  std::vector<BufferSpan> out;
-  for (size_t i = 0; i < ptrs.size(); ++i) out.push_back({ptrs[i], lens[i], items[i]});
-  return out;
-}
-
 }  // namespace
 
 ManagerImpl::ManagerImpl(const ManagerOptions& options, CoreHooks hooks)
@@ -130,27 +123,8 @@ void ManagerImpl::SetIdentity() {
 }
 
 Status ManagerImpl::SetLayout() {
-  const KVArgs& a = opts_.args;
-  const ParallelLayout& p = opts_.parallel;
-  layout_.is_mla = opts_.is_mla;
-  layout_.page_size = a.page_size;
-  layout_.dtype = a.dtype;
-  layout_.tp_size = p.tp_size;
-  layout_.tp_rank = p.tp_rank;
-  layout_.total_kv_heads = a.total_kv_head_num;
-  layout_.kv_heads = opts_.is_mla ? 1 : a.kv_head_num;
-  int per_layer = opts_.is_mla ? 1 : 2;
-  layout_.start_layer = a.prefill_start_layer;
-  layout_.end_layer =
-      a.prefill_end_layer >= 0
-          ? a.prefill_end_layer
-          : a.prefill_start_layer + static_cast<int>(a.kv_data_ptrs.size()) / per_layer;
-  layout_.kv = Spans(a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens);
-  layout_.kv_layer_ids = a.kv_layer_ids;
-  layout_.aux = Spans(a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens);
-  layout_.state = Spans(a.state_data_ptrs, a.state_data_lens, a.state_item_lens);
-  KVB_RETURN_IF_ERROR(StateLayoutFromArgs(a, layout_));
-  return CheckLayout(layout_).WithContext("KVArgs");
+  KVB_ASSIGN_OR_RETURN(layout_, LayoutFromOptions(opts_));
+  return Status();
 }
 
 Status ManagerImpl::StartTransport(const std::string& token) {

@@ -138,6 +138,8 @@ void PutLayout(WireWriter& w, const RankLayout& l) {
   for (int32_t id : l.state_layer_ids) w.U32(static_cast<uint32_t>(int64_t{id} + 1));
   w.U32(static_cast<uint32_t>(l.state_type_names.size()));
   for (const std::string& name : l.state_type_names) w.Bytes(name);
+  w.I64(l.dcp_size);
+  w.I64(l.dcp_rank);
 }
 // Layer ids: none, or one per kv buffer, each in [0, INT_MAX].
 bool GetLayerIds(WireReader& r, RankLayout* l) {
@@ -227,7 +229,9 @@ bool GetLayout(WireReader& r, RankLayout* l) {
          r.Int("start_layer", &l->start_layer, 0, INT_MAX) &&
          r.Int("end_layer", &l->end_layer, 0, INT_MAX) && GetSpans(r, "kv", &l->kv) &&
          GetSpans(r, "aux", &l->aux) && GetSpans(r, "state", &l->state) && GetSharding(r, l) &&
-         GetLayerIds(r, l) && GetStateMeta(r, l);
+         GetLayerIds(r, l) && GetStateMeta(r, l) &&
+         r.Int("dcp_size", &l->dcp_size, 1, kMaxParallelSize) &&
+         r.Int("dcp_rank", &l->dcp_rank, 0, kMaxParallelSize - 1);
 }
 int64_t Micros(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();

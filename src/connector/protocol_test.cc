@@ -455,6 +455,24 @@ TEST(ProtocolLimitsTest, StateTypeNamesInAHelloAreBoundedInCountAndLength) {
   ExpectRejected(bytes, "state type name count");
 }
 
+// Decode context parallelism ends the layout: dcp_size in [1, the rank
+// limit], dcp_rank below it (CheckLayout then wants rank < size, MLA).
+TEST(ProtocolLimitsTest, DcpSizeAndRankInAHelloRoundTripAndAreBounded) {
+  const RankId from = Rank(Role::kDecode, 0);
+  HelloMsg h = HelloWithTwoStateTypes();
+  h.layout.dcp_size = 4;
+  h.layout.dcp_rank = 3;
+  auto m = DecodeMessage(EncodeMessage(from, h));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(std::get<HelloMsg>(m->body).layout.dcp_size, 4);
+  EXPECT_EQ(std::get<HelloMsg>(m->body).layout.dcp_rank, 3);
+  h.layout.dcp_size = 0;
+  ExpectRejected(EncodeMessage(from, h), "dcp_size");
+  h.layout.dcp_size = 2;
+  h.layout.dcp_rank = -1;
+  ExpectRejected(EncodeMessage(from, h), "dcp_rank");
+}
+
 // The handshake's fixed-size fields are exactly their size: a proof one
 // byte short is refused naming it, never padded.
 TEST(ProtocolLimitsTest, ShortNonceOrProofIsRejectedNamingTheField) {

@@ -331,11 +331,12 @@ Status ManagerImpl::ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& ro
     } else if (!layout_.aux.empty() && (aux_index < 0 || aux_index >= aux_rows)) {
       bad = InvalidArgumentError(fmt::format("room {}: aux index {} out of range [0, {})",
                                              room->room, aux_index, aux_rows));
-    } else if (decode_prefix_len < 0 || decode_prefix_len % layout_.page_size != 0) {
-      bad =
-          InvalidArgumentError(fmt::format("room {}: decode prefix length {} is not a "
-                                           "non-negative multiple of page size {}",
-                                           room->room, decode_prefix_len, layout_.page_size));
+    } else if (decode_prefix_len < 0 ||
+               decode_prefix_len % (int64_t{layout_.page_size} * layout_.dcp_size) != 0) {
+      bad = InvalidArgumentError(fmt::format(
+          "room {}: decode prefix length {} is not a non-negative multiple of {} {}", room->room,
+          decode_prefix_len, int64_t{layout_.page_size} * layout_.dcp_size,
+          layout_.dcp_size > 1 ? "(page size x dcp size, the virtual page)" : "(the page size)"));
     } else {
       bad = CheckPageIndices(layout_, pages, /*unique=*/true);
       // No state buffers: the indices are moot (prefill plans nothing).

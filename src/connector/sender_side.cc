@@ -7,6 +7,20 @@
 #include "connector/manager_impl.h"
 
 namespace kvbridge::internal {
+
+// Decode's page list against the pages prefill sends after its prefix: one
+// per page, or under decode context parallelism one per dcp_size.
+static Status CheckDestinationCount(int rank, const SenderFlow& flow, int64_t num_pages,
+                                    const RankLayout& decode) {
+  const int64_t sent = num_pages - flow.meta.prefix_pages;
+  if (static_cast<int64_t>(flow.meta.pages.size()) == DestinationPageCount(decode, sent))
+    return Status();
+  return InvalidArgumentError(fmt::format(
+      "decode tp{} sent {} destination pages, prefill has {} to send{}", rank,
+      flow.meta.pages.size(), sent,
+      decode.dcp_size > 1 ? fmt::format(" (one per {} under dcp)", decode.dcp_size) : ""));
+}
+
 namespace {
 
 // KVSender::Timing(): the system's steady clock, which the application
@@ -92,12 +106,11 @@ Status ManagerImpl::SenderInit(SenderRoom& room, int64_t num_pages, int64_t aux_
       room.num_pages = num_pages;
       room.aux_index = aux_index;
       for (auto& [rank, flow] : room.flows) {
-        int64_t want = num_pages - flow.meta.prefix_pages;
-        if (flow.slice && static_cast<int64_t>(flow.meta.pages.size()) != want) {
-          result = InvalidArgumentError(
-              fmt::format("room {}: decode tp{} sent {} destination pages, prefill has {} to send",
-                          room.room, rank, flow.meta.pages.size(), want));
-          break;
+        const Peer* peer = FindPeerLocked(flow.peer_key);
+        if (flow.slice && peer != nullptr) {
+          result = CheckDestinationCount(rank, flow, num_pages, peer->layout)
+                       .WithContext(fmt::format("room {}", room.room));
+          if (!result.ok()) break;
         }
       }
     }
@@ -178,15 +191,20 @@ Result<Outbox::Post> ManagerImpl::PlanFlowChunkLocked(const std::shared_ptr<Send
   if (peer == nullptr || peer->failed)
     return UnavailableError(fmt::format("decode tp{} is not connected", rank));
   std::vector<int32_t> src, dst;
+  const bool dcp = peer->layout.dcp_size > 1;  // token by token (PlanKvDcpTokens)
+  const int64_t first_page = std::max<int64_t>(room.pages_sent - flow.meta.prefix_pages, 0);
   for (size_t i = 0; i < pages.size(); ++i) {
     int64_t pos = room.pages_sent + static_cast<int64_t>(i);
     if (pos < flow.meta.prefix_pages) continue;
     src.push_back(pages[i]);
-    dst.push_back(flow.meta.pages[pos - flow.meta.prefix_pages]);
+    if (!dcp) dst.push_back(flow.meta.pages[pos - flow.meta.prefix_pages]);
   }
   // A flow of no heads carries state slices only (ComputeFlows).
   std::vector<CopyRun> runs;
-  if (flow.slice->num_heads > 0) {
+  if (dcp) {
+    KVB_ASSIGN_OR_RETURN(runs,
+                         PlanKvDcpTokens(layout_, peer->layout, src, flow.meta.pages, first_page));
+  } else if (flow.slice->num_heads > 0) {
     KVB_ASSIGN_OR_RETURN(runs, PlanKvPages(layout_, peer->layout, *flow.slice, src, dst));
   }
   if (last && flow.carries_aux && room.aux_index >= 0 && flow.meta.aux_index >= 0 &&
@@ -507,11 +525,7 @@ Status ManagerImpl::CheckFlowMeta(const SenderRoom& room, const Peer& peer, cons
                                             flow.meta.aux_index, Rows(peer.layout.aux)));
   KVB_RETURN_IF_ERROR(CheckStateSlots("decode state index", peer.layout.state,
                                       peer.layout.state_types, flow.meta.state));
-  if (room.initialized &&
-      static_cast<int64_t>(flow.meta.pages.size()) != room.num_pages - flow.meta.prefix_pages)
-    return InvalidArgumentError(
-        fmt::format("decode tp{} sent {} destination pages, prefill has {} to send", from.tp,
-                    flow.meta.pages.size(), room.num_pages - flow.meta.prefix_pages));
+  if (room.initialized) return CheckDestinationCount(from.tp, flow, room.num_pages, peer.layout);
   return Status();
 }
 

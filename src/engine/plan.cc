@@ -150,6 +150,16 @@ Status CheckLayout(const RankLayout& l) {
                                                l.start_layer, l.end_layer, l.end_layer,
                                                l.start_layer));
   }
+  if (l.dcp_size < 1 || l.dcp_rank < 0 || l.dcp_rank >= l.dcp_size) {
+    return FailedPreconditionError(
+        fmt::format("dcp_rank {} out of range [0, dcp_size {})", l.dcp_rank, l.dcp_size));
+  }
+  if (l.dcp_size > 1 && !l.is_mla) {
+    return FailedPreconditionError(fmt::format(
+        "dcp_size {} without MLA: decode context parallelism is moved for an MLA cache only "
+        "(sglang refuses it for MHA/GQA too)",
+        l.dcp_size));
+  }
   const int expected_heads =
       l.is_mla ? 1 : HeadsOfRank(l.total_kv_heads, l.tp_size, l.tp_rank).count;
   if (l.kv_heads != expected_heads) {
@@ -196,6 +206,12 @@ Result<std::vector<uint32_t>> CompatiblePairs(const RankLayout& prefill, const R
     return FailedPreconditionError(fmt::format("{} mismatch: prefill {}, decode {}", what, p, d));
   };
   if (prefill.is_mla != decode.is_mla) return mismatch("is_mla", prefill.is_mla, decode.is_mla);
+  if (prefill.dcp_size != 1) {
+    return FailedPreconditionError(
+        fmt::format("prefill dcp_size {}: decode context parallelism is for decode; a prefill "
+                    "server runs with dcp_size 1",
+                    prefill.dcp_size));
+  }
   if (prefill.page_size != decode.page_size) {
     return mismatch("page size", prefill.page_size, decode.page_size);
   }

@@ -82,6 +82,10 @@ struct RankLayout {
   std::vector<int32_t> state_layer_ids;
   // Per state buffer (or empty: none is sliced); exchanged in the handshake.
   std::vector<StateSharding> state_sharding;
+  // Decode context parallelism (ParallelLayout::dcp_size/dcp_rank): MLA
+  // only; a prefill layout has 1. Exchanged in the handshake.
+  int dcp_size = 1;
+  int dcp_rank = 0;
 };
 
 // Whether prefill's state buffer `p` moves as slices into decode's buffer
@@ -224,6 +228,24 @@ struct CopyRun {
 Result<std::vector<CopyRun>> PlanKvPages(const RankLayout& prefill, const RankLayout& decode,
                                          const HeadSlice& slice, std::span<const int32_t> src_pages,
                                          std::span<const int32_t> dst_pages);
+
+// Decode context parallelism (decode.dcp_size > 1, MLA): `src_pages` are
+// prefill's pages [first_page, first_page + n) of the request, counted
+// after decode's prefix; `dst_pages` are all of decode's pages of the
+// request (the same list on every rank of the dcp group, one per
+// page_size * dcp_size tokens). Token p of the request (p from the first
+// page after the prefix) belongs to dcp rank p % dcp_size and lands in row
+// p / dcp_size, in page dst_pages[row / page_size] at row % page_size. One
+// run per token this rank owns, per paired kv buffer (a token's rows are
+// never contiguous on prefill). InvalidArgument when decode has too few
+// pages for a token or an index is out of range.
+Result<std::vector<CopyRun>> PlanKvDcpTokens(const RankLayout& prefill, const RankLayout& decode,
+                                             std::span<const int32_t> src_pages,
+                                             std::span<const int32_t> dst_pages,
+                                             int64_t first_page);
+// How many destination pages decode gives for `src_pages` pages of prefill:
+// one per page, or under decode context parallelism one per dcp_size.
+int64_t DestinationPageCount(const RankLayout& decode, int64_t src_pages);
 
 // Aux: row `src_index` of every aux buffer to row `dst_index`. InvalidArgument
 // for an index outside either side's rows; no runs (and no index check) when

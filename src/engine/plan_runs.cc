@@ -96,6 +96,55 @@ Result<std::vector<CopyRun>> PlanKvPages(const RankLayout& prefill, const RankLa
   return runs;
 }
 
+Result<std::vector<CopyRun>> PlanKvDcpTokens(const RankLayout& prefill, const RankLayout& decode,
+                                             std::span<const int32_t> src_pages,
+                                             std::span<const int32_t> dst_pages,
+                                             int64_t first_page) {
+  KVB_ASSIGN_OR_RETURN(std::vector<uint32_t> pairs, CompatiblePairs(prefill, decode));
+  if (decode.dcp_size < 2)
+    return InvalidArgumentError(
+        fmt::format("decode dcp_size {}: no context parallelism to plan for", decode.dcp_size));
+  if (first_page < 0 || first_page > INT32_MAX)
+    return InvalidArgumentError(fmt::format("first page {} out of range", first_page));
+  KVB_RETURN_IF_ERROR(CheckPageIndices(prefill, src_pages, /*unique=*/false).WithContext("source"));
+  KVB_RETURN_IF_ERROR(
+      CheckPageIndices(decode, dst_pages, /*unique=*/false).WithContext("destination"));
+  const uint64_t page = static_cast<uint64_t>(prefill.page_size);
+  const uint64_t dcp = static_cast<uint64_t>(decode.dcp_size);
+  const uint64_t begin = static_cast<uint64_t>(first_page) * page;
+  const uint64_t end = begin + src_pages.size() * page;
+  // The first position of the chunk this rank owns, then every dcp-th.
+  const uint64_t first = begin + (decode.dcp_rank + dcp - begin % dcp) % dcp;
+  std::vector<CopyRun> runs;
+  if (first >= end) return runs;
+  const uint64_t last = first + (end - 1 - first) / dcp * dcp;
+  if (last / dcp / page >= dst_pages.size())
+    return InvalidArgumentError(
+        fmt::format("decode dcp rank {} of {} gave {} pages; token {} of the request needs {}",
+                    decode.dcp_rank, dcp, dst_pages.size(), last, last / dcp / page + 1));
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const uint32_t sb = static_cast<uint32_t>(i);
+    const uint32_t db = pairs[i];
+    const uint64_t src_item = prefill.kv[sb].item_len;
+    const uint64_t dst_item = decode.kv[db].item_len;
+    const uint64_t token = src_item / page;  // CheckCompatible: the same on both sides
+    for (uint64_t p = first; p < end; p += dcp) {
+      const uint64_t src_off =
+          static_cast<uint64_t>(src_pages[(p - begin) / page]) * src_item + (p % page) * token;
+      const uint64_t row = p / dcp;
+      const uint64_t dst_off =
+          static_cast<uint64_t>(dst_pages[row / page]) * dst_item + (row % page) * token;
+      Append(runs, {BufferClass::kKv, sb, src_off, db, dst_off, token});
+    }
+  }
+  return runs;
+}
+
+int64_t DestinationPageCount(const RankLayout& decode, int64_t src_pages) {
+  if (decode.dcp_size <= 1) return src_pages;
+  return (src_pages + decode.dcp_size - 1) / decode.dcp_size;
+}
+
 Result<std::vector<CopyRun>> PlanAux(const RankLayout& prefill, const RankLayout& decode,
                                      int64_t src_index, int64_t dst_index) {
   KVB_RETURN_IF_ERROR(CheckCompatible(prefill, decode));

@@ -1,0 +1,93 @@
+// sglang's decode context parallelism (KVArgs dcp_size/dcp_rank on the
+// decode server, MLA; docs/sglang.md row A9): the ranks of a dcp group give
+// the same page list, one page per dcp_size of prefill's, and each holds in
+// those pages only the tokens it owns (position p on rank p % dcp_size, at
+// row p / dcp_size).
+#include <gtest/gtest.h>
+
+#include "connector/connector_test_util.h"
+
+namespace kvbridge::internal {
+namespace {
+
+// prefill tp1 -> decode tp2, the decode ranks dcp ranks 0 and 1 of one group.
+ClusterOptions DcpCluster() {
+  ClusterOptions o;
+  o.shape.mla = true;
+  o.shape.total_kv_heads = 1;
+  o.prefill_tp = 1;
+  o.decode_tp = 2;
+  o.tweak = [](ManagerOptions& m) {
+    if (m.role != Role::kDecode) return;
+    m.parallel.dcp_size = 2;
+    m.parallel.dcp_rank = m.parallel.tp_rank;
+  };
+  return o;
+}
+
+TEST(DecodeContextParallelTest, EachDcpRankHoldsItsTokensAtTheirRows) {
+  auto c = TestCluster::Create(DcpCluster());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Request r{.room = 1};
+  r.src = {3, 9, 4, 12, 7};  // 5 pages of 4 tokens
+  r.dst = {6, 2, 11};        // one per two of prefill's, the same on both ranks
+  for (auto& d : (*c)->decode) d.pool->Scrub(r.dst, 0xdd);
+  Start(**c, r, false);
+  SendChunks(r, {2, 3});  // the second chunk starts at token 8: rank 0's again
+  ASSERT_NO_FATAL_FAILURE(WaitForSuccess(r));
+  for (int rank = 0; rank < 2; ++rank) {
+    const KvPool& pool = *(*c)->decode[rank].pool;
+    EXPECT_EQ(pool.CountCorruptDcpRows(1, r.dst, 5, 2, rank), 0u) << "dcp rank " << rank;
+    // Read as if it held every token (no dcp), the pages are not the request.
+    EXPECT_GT(pool.CountCorruptPages(1, r.dst), 0u) << "dcp rank " << rank;
+    EXPECT_TRUE(pool.AuxMatches(1, r.dst_aux)) << "dcp rank " << rank;
+    EXPECT_TRUE(pool.StateMatches(1, r.dst_state)) << "dcp rank " << rank;
+  }
+}
+
+// Decode's prefix must be whole virtual pages (page size x dcp size), as
+// sglang requires; and a page list of prefill's length (not one per dcp
+// size) is refused by prefill, naming the counts.
+TEST(DecodeContextParallelTest, APrefixOrPageListThatDoesNotFitIsRefusedByName) {
+  auto c = TestCluster::Create(DcpCluster());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto rx = std::move(KVReceiver::Create(*(*c)->decode[0].manager, 7)).value();
+  ASSERT_TRUE(rx->Init(0).ok());
+  std::vector<int32_t> dst{1, 2};
+  Status s = rx->SendMetadata(dst, 0, {}, /*decode_prefix_len=*/4);  // one page of 4
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("multiple of 8 (page size x dcp size"), std::string::npos)
+      << s.ToString();
+
+  // A page list of prefill's length: two too many under dcp 2.
+  const std::vector<int32_t> src{3, 9, 4, 12}, four{6, 2, 11, 5};
+  std::vector<std::unique_ptr<KVReceiver>> receivers;
+  for (auto& d : (*c)->decode) {
+    receivers.push_back(std::move(KVReceiver::Create(*d.manager, 8)).value());
+    ASSERT_TRUE(receivers.back()->Init(0).ok());
+    ASSERT_TRUE(receivers.back()->SendMetadata(four, 0, {}).ok());
+  }
+  auto tx = std::move(KVSender::Create(*(*c)->prefill[0].manager, 8)).value();
+  ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kWaitingForInput; }));
+  s = tx->Init(static_cast<int64_t>(src.size()), 0);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("sent 4 destination pages, prefill has 4 to send (one per 2 under "
+                             "dcp)"),
+            std::string::npos)
+      << s.ToString();
+  for (auto& rx8 : receivers) EXPECT_TRUE(WaitFor([&] { return rx8->Poll() == KVPoll::kFailed; }));
+}
+
+// Context parallelism is decode's: a prefill rank with dcp_size > 1 is
+// refused when it is created, by name.
+TEST(DecodeContextParallelTest, APrefillRankWithDcpIsRefusedWhenCreated) {
+  ClusterOptions o = DcpCluster();
+  o.tweak = [](ManagerOptions& m) { m.parallel.dcp_size = 2; };
+  auto c = TestCluster::Create(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("dcp_size 2 on a prefill rank"), std::string::npos)
+      << c.status().ToString();
+}
+
+}  // namespace
+}  // namespace kvbridge::internal

@@ -1,0 +1,131 @@
+// Decode context parallelism (PlanKvDcpTokens): prefill's pages, token by
+// token, into the rows of the decode rank that owns each token.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include "engine/plan.h"
+#include "engine/plan_test_util.h"
+
+namespace kvbridge::internal {
+namespace {
+
+using testing::LayoutSpec;
+using testing::MakeLayout;
+
+RankLayout Mla(int page_size, int layers, uint64_t pages, int dcp_size = 1, int dcp_rank = 0) {
+  LayoutSpec s;
+  s.mla = true;
+  s.page_size = page_size;
+  s.total_heads = 1;
+  s.end_layer = layers;
+  s.pages = pages;
+  s.aux_buffers = 0;
+  RankLayout l = MakeLayout(s);
+  l.dcp_size = dcp_size;
+  l.dcp_rank = dcp_rank;
+  return l;
+}
+
+// Page 2 tokens of 4 bytes (one layer): dcp rank 1 of 2 owns positions 1
+// and 3, which land in rows 0 and 1 of decode's one page.
+TEST(PlanKvDcpTest, EachOwnedTokenIsOneRunToItsRow) {
+  const RankLayout p = Mla(2, 1, 8);
+  const RankLayout d = Mla(2, 1, 8, 2, 1);
+  std::vector<int32_t> src{5, 3}, dst{6};
+  auto runs = PlanKvDcpTokens(p, d, src, dst, 0);
+  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+  const std::vector<CopyRun> want{{BufferClass::kKv, 0, 5 * 8 + 4, 0, 6 * 8 + 0, 4},
+                                  {BufferClass::kKv, 0, 3 * 8 + 4, 0, 6 * 8 + 4, 4}};
+  EXPECT_EQ(*runs, want);
+}
+
+// The storage rule sglang states for a dcp group, checked on bytes: token
+// p of the request lives on rank p % dcp at row p / dcp of the request's
+// pages. Every token of every layer, sent in two chunks, lands exactly
+// there on exactly one rank, and no other row of any rank is written.
+TEST(PlanKvDcpTest, EveryTokenLandsOnTheRankThatOwnsItAtItsRow) {
+  constexpr int kPage = 4, kLayers = 2, kDcp = 3, kPages = 7;  // 28 tokens
+  const RankLayout p = Mla(kPage, kLayers, 16);
+  const std::vector<int32_t> src{9, 2, 14, 0, 5, 11, 7};
+  const std::vector<int32_t> dst{12, 4, 8};  // ceil(7 / 3) pages, same on every rank
+  const uint64_t token = p.kv[0].item_len / kPage;
+  // Prefill's memory: each token row of layer L at position q holds bytes
+  // 100 * L + q (the position in the request, not in the page).
+  std::vector<std::vector<uint8_t>> prefill(kLayers, std::vector<uint8_t>(p.kv[0].length, 0xee));
+  for (int l = 0; l < kLayers; ++l)
+    for (int q = 0; q < kPages * kPage; ++q)
+      for (uint64_t b = 0; b < token; ++b)
+        prefill[l][src[q / kPage] * p.kv[0].item_len + (q % kPage) * token + b] =
+            static_cast<uint8_t>(100 * l + q);
+  std::map<int, int> landed;  // position -> times
+  for (int rank = 0; rank < kDcp; ++rank) {
+    const RankLayout d = Mla(kPage, kLayers, 16, kDcp, rank);
+    std::vector<std::vector<uint8_t>> decode(kLayers, std::vector<uint8_t>(d.kv[0].length, 0xdd));
+    for (auto [first, n] : {std::pair{0, 3}, std::pair{3, 4}}) {
+      std::span<const int32_t> chunk(src.data() + first, n);
+      auto runs = PlanKvDcpTokens(p, d, chunk, dst, first);
+      ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+      for (const CopyRun& r : *runs) {
+        ASSERT_EQ(r.cls, BufferClass::kKv);
+        ASSERT_LE(r.dst_offset + r.length, decode[r.dst_buffer].size());
+        std::copy_n(prefill[r.src_buffer].begin() + r.src_offset, r.length,
+                    decode[r.dst_buffer].begin() + r.dst_offset);
+      }
+    }
+    for (int l = 0; l < kLayers; ++l) {
+      for (uint64_t page = 0; page < 16; ++page) {
+        const auto at = std::find(dst.begin(), dst.end(), static_cast<int32_t>(page));
+        for (int row = 0; row < kPage; ++row) {
+          const int local = static_cast<int>(at - dst.begin()) * kPage + row;
+          const int q = local * kDcp + rank;  // the position this row holds
+          const bool written = at != dst.end() && q < kPages * kPage;
+          const uint8_t want = written ? static_cast<uint8_t>(100 * l + q) : 0xdd;
+          for (uint64_t b = 0; b < token; ++b)
+            ASSERT_EQ(decode[l][page * d.kv[0].item_len + row * token + b], want)
+                << "rank " << rank << " layer " << l << " page " << page << " row " << row;
+          if (written && l == 0) ++landed[q];
+        }
+      }
+    }
+  }
+  ASSERT_EQ(landed.size(), static_cast<size_t>(kPages * kPage));
+  for (auto [q, times] : landed) EXPECT_EQ(times, 1) << "position " << q;
+}
+
+TEST(PlanKvDcpTest, TooFewDestinationPagesAreRefusedByName) {
+  const RankLayout p = Mla(2, 1, 8);
+  const RankLayout d = Mla(2, 1, 8, 2, 0);
+  std::vector<int32_t> src{1, 2, 3}, dst{4};  // 6 tokens: rank 0 needs rows 0..2, 2 pages
+  auto runs = PlanKvDcpTokens(p, d, src, dst, 0);
+  ASSERT_FALSE(runs.ok());
+  EXPECT_EQ(runs.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(runs.status().message().find("gave 1 pages"), std::string::npos)
+      << runs.status().ToString();
+  EXPECT_FALSE(PlanKvDcpTokens(p, d, src, std::vector<int32_t>{4, 99}, 0).ok());  // past the pool
+  EXPECT_FALSE(PlanKvDcpTokens(p, Mla(2, 1, 8), src, dst, 0).ok());  // decode without dcp
+  EXPECT_FALSE(PlanKvDcpTokens(p, d, src, dst, -1).ok());
+}
+
+TEST(PlanKvDcpTest, DestinationPagesAreOnePerDcpSizeOfPrefillPages) {
+  EXPECT_EQ(DestinationPageCount(Mla(2, 1, 8), 7), 7);
+  EXPECT_EQ(DestinationPageCount(Mla(2, 1, 8, 3, 2), 7), 3);
+  EXPECT_EQ(DestinationPageCount(Mla(2, 1, 8, 3, 2), 6), 2);
+  EXPECT_EQ(DestinationPageCount(Mla(2, 1, 8, 3, 2), 0), 0);
+}
+
+TEST(PlanKvDcpTest, LayoutsDcpCannotServeAreRefusedByName) {
+  RankLayout mha = MakeLayout(LayoutSpec{});
+  mha.dcp_size = 2;
+  EXPECT_NE(CheckLayout(mha).message().find("without MLA"), std::string::npos);
+  RankLayout bad_rank = Mla(2, 1, 8, 2, 2);
+  EXPECT_NE(CheckLayout(bad_rank).message().find("dcp_rank 2 out of range"), std::string::npos);
+  const Status prefill_dcp = CheckCompatible(Mla(2, 1, 8, 2, 0), Mla(2, 1, 8, 2, 0));
+  EXPECT_EQ(prefill_dcp.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(prefill_dcp.message().find("prefill dcp_size 2"), std::string::npos);
+  EXPECT_TRUE(CheckCompatible(Mla(2, 1, 8), Mla(2, 1, 8, 2, 1)).ok());
+}
+
+}  // namespace
+}  // namespace kvbridge::internal
