@@ -201,11 +201,10 @@ Result<Outbox::Post> ManagerImpl::PlanFlowChunkLocked(const std::shared_ptr<Send
   }
   // A flow of no heads carries state slices only (ComputeFlows).
   std::vector<CopyRun> runs;
-  if (dcp) {
-    KVB_ASSIGN_OR_RETURN(runs,
-                         PlanKvDcpTokens(layout_, peer->layout, src, flow.meta.pages, first_page));
-  } else if (flow.slice->num_heads > 0) {
-    KVB_ASSIGN_OR_RETURN(runs, PlanKvPages(layout_, peer->layout, *flow.slice, src, dst));
+  if (flow.slice->num_heads > 0) {
+    KVB_ASSIGN_OR_RETURN(
+        runs, dcp ? PlanKvDcpTokens(layout_, peer->layout, src, flow.meta.pages, first_page)
+                  : PlanKvPages(layout_, peer->layout, *flow.slice, src, dst));
   }
   if (last && flow.carries_aux && room.aux_index >= 0 && flow.meta.aux_index >= 0 &&
       !layout_.aux.empty()) {
