@@ -45,6 +45,43 @@ TEST(DecodeContextParallelTest, EachDcpRankHoldsItsTokensAtTheirRows) {
   }
 }
 
+// With decode's prefix (whole virtual pages: 2 pages of 3 tokens under dcp
+// 2) prefill skips those pages; a chunk that starts at token 3 (odd) starts
+// with rank 1's token, and ownership still counts from the first token
+// after the prefix.
+TEST(DecodeContextParallelTest, APrefixAndAChunkStartingMidGroupKeepEveryTokenInPlace) {
+  ClusterOptions o = DcpCluster();
+  o.shape.page_size = 3;
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const uint64_t room = 3;
+  const std::vector<int32_t> after{3, 9, 4, 12, 7}, dst{6, 2, 11};
+  const int64_t src_aux = 1, dst_aux = 2;
+  const std::vector<int32_t> src_state{3}, dst_state{5};
+  std::vector<std::unique_ptr<KVReceiver>> rx;
+  for (auto& d : (*c)->decode) {
+    rx.push_back(std::move(KVReceiver::Create(*d.manager, room)).value());
+    ASSERT_TRUE(rx.back()->Init(0).ok());
+    ASSERT_TRUE(rx.back()->SendMetadata(dst, dst_aux, dst_state, /*decode_prefix_len=*/6).ok());
+  }
+  auto tx = std::move(KVSender::Create(*(*c)->prefill[0].manager, room)).value();
+  ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kWaitingForInput; }));
+  (*c)->prefill[0].pool->Fill(room, after, src_aux, src_state);  // positions from the prefix on
+  ASSERT_TRUE(tx->Init(7, src_aux).ok());
+  const std::vector<int32_t> first{20, 21, 3}, rest{9, 4, 12, 7};  // 20, 21: decode's prefix
+  ASSERT_TRUE(tx->Send(first).ok());
+  ASSERT_TRUE(tx->Send(rest, src_state).ok());
+  ASSERT_TRUE(WaitFor([&] {
+    return tx->Poll() == KVPoll::kSuccess && rx[0]->Poll() == KVPoll::kSuccess &&
+           rx[1]->Poll() == KVPoll::kSuccess;
+  })) << KVPollName(tx->Poll());
+  for (int rank = 0; rank < 2; ++rank) {
+    const KvPool& pool = *(*c)->decode[rank].pool;
+    EXPECT_EQ(pool.CountCorruptDcpRows(room, dst, 5, 2, rank), 0u) << "dcp rank " << rank;
+    EXPECT_TRUE(pool.AuxMatches(room, dst_aux)) << "dcp rank " << rank;
+  }
+}
+
 // Decode's prefix must be whole virtual pages (page size x dcp size), as
 // sglang requires; and a page list of prefill's length (not one per dcp
 // size) is refused by prefill, naming the counts.
@@ -76,6 +113,20 @@ TEST(DecodeContextParallelTest, APrefixOrPageListThatDoesNotFitIsRefusedByName) 
             std::string::npos)
       << s.ToString();
   for (auto& rx8 : receivers) EXPECT_TRUE(WaitFor([&] { return rx8->Poll() == KVPoll::kFailed; }));
+
+  // A prefix longer than the request: under dcp its page count rounds to 0,
+  // which must not pass for an empty request.
+  receivers.clear();
+  for (auto& d : (*c)->decode) {
+    receivers.push_back(std::move(KVReceiver::Create(*d.manager, 9)).value());
+    ASSERT_TRUE(receivers.back()->Init(0).ok());
+    ASSERT_TRUE(receivers.back()->SendMetadata({}, 0, {}, /*decode_prefix_len=*/8).ok());
+  }
+  tx = std::move(KVSender::Create(*(*c)->prefill[0].manager, 9)).value();
+  ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kWaitingForInput; }));
+  s = tx->Init(1, 0);
+  EXPECT_NE(s.message().find("prefix of 2 pages is longer than the request's 1"), std::string::npos)
+      << s.ToString();
 }
 
 // Context parallelism is decode's: a prefill rank with dcp_size > 1 is

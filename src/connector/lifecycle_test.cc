@@ -259,7 +259,7 @@ TEST(RestartTest, AReceiverAwaitingItsRestartCheckDoesNotSucceedBeforeIt) {
   ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kSuccess; }))
       << KVPollName(r.senders[0]->Poll());
   KVReceiver& held = *r.receivers[0];
-  ASSERT_TRUE(WaitFor([&] { return held.Poll() == KVPoll::kFailed; }, std::chrono::seconds(10)))
+  ASSERT_TRUE(WaitFor([&] { return held.Poll() == KVPoll::kFailed; }, std::chrono::seconds(30)))
       << "decode tp0 ended " << KVPollName(held.Poll())
       << ", which its restart check could not undo";
   EXPECT_TRUE(held.Failure()->origin.SameRank(sibling)) << held.Failure()->Message();

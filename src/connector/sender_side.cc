@@ -9,16 +9,21 @@
 namespace kvbridge::internal {
 
 // Decode's page list against the pages prefill sends after its prefix: one
-// per page, or under decode context parallelism one per dcp_size.
+// per page, or under decode context parallelism (`decode`, when known) one
+// per dcp_size.
 static Status CheckDestinationCount(int rank, const SenderFlow& flow, int64_t num_pages,
-                                    const RankLayout& decode) {
+                                    const RankLayout* decode) {
   const int64_t sent = num_pages - flow.meta.prefix_pages;
-  if (static_cast<int64_t>(flow.meta.pages.size()) == DestinationPageCount(decode, sent))
-    return Status();
+  if (sent < 0)
+    return InvalidArgumentError(
+        fmt::format("decode tp{}'s prefix of {} pages is longer than the request's {}", rank,
+                    flow.meta.prefix_pages, num_pages));
+  const int dcp = decode != nullptr ? decode->dcp_size : 1;
+  const int64_t want = decode != nullptr ? DestinationPageCount(*decode, sent) : sent;
+  if (static_cast<int64_t>(flow.meta.pages.size()) == want) return Status();
   return InvalidArgumentError(fmt::format(
       "decode tp{} sent {} destination pages, prefill has {} to send{}", rank,
-      flow.meta.pages.size(), sent,
-      decode.dcp_size > 1 ? fmt::format(" (one per {} under dcp)", decode.dcp_size) : ""));
+      flow.meta.pages.size(), sent, dcp > 1 ? fmt::format(" (one per {} under dcp)", dcp) : ""));
 }
 
 namespace {
@@ -107,8 +112,8 @@ Status ManagerImpl::SenderInit(SenderRoom& room, int64_t num_pages, int64_t aux_
       room.aux_index = aux_index;
       for (auto& [rank, flow] : room.flows) {
         const Peer* peer = FindPeerLocked(flow.peer_key);
-        if (flow.slice && peer != nullptr) {
-          result = CheckDestinationCount(rank, flow, num_pages, peer->layout)
+        if (flow.slice) {
+          result = CheckDestinationCount(rank, flow, num_pages, peer ? &peer->layout : nullptr)
                        .WithContext(fmt::format("room {}", room.room));
           if (!result.ok()) break;
         }
@@ -197,7 +202,12 @@ Result<Outbox::Post> ManagerImpl::PlanFlowChunkLocked(const std::shared_ptr<Send
     int64_t pos = room.pages_sent + static_cast<int64_t>(i);
     if (pos < flow.meta.prefix_pages) continue;
     src.push_back(pages[i]);
-    if (!dcp) dst.push_back(flow.meta.pages[pos - flow.meta.prefix_pages]);
+    if (dcp) continue;
+    const int64_t at = pos - flow.meta.prefix_pages;
+    if (at >= static_cast<int64_t>(flow.meta.pages.size()))  // Init and Meta checked the count
+      return InvalidArgumentError(
+          fmt::format("decode tp{} gave no page for position {}", rank, at));
+    dst.push_back(flow.meta.pages[at]);
   }
   // A flow of no heads carries state slices only (ComputeFlows).
   std::vector<CopyRun> runs;
@@ -524,7 +534,14 @@ Status ManagerImpl::CheckFlowMeta(const SenderRoom& room, const Peer& peer, cons
                                             flow.meta.aux_index, Rows(peer.layout.aux)));
   KVB_RETURN_IF_ERROR(CheckStateSlots("decode state index", peer.layout.state,
                                       peer.layout.state_types, flow.meta.state));
-  if (room.initialized) return CheckDestinationCount(from.tp, flow, room.num_pages, peer.layout);
+  // Under dcp the prefix is whole virtual pages (decode checks it too): a
+  // shifted one would move every token to another rank.
+  const int dcp = peer.layout.dcp_size;
+  if (dcp > 1 && flow.meta.prefix_pages % dcp != 0)
+    return InvalidArgumentError(
+        fmt::format("decode tp{}'s prefix of {} pages is not whole virtual pages of {} under dcp",
+                    from.tp, flow.meta.prefix_pages, dcp));
+  if (room.initialized) return CheckDestinationCount(from.tp, flow, room.num_pages, &peer.layout);
   return Status();
 }
 

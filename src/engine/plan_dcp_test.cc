@@ -2,6 +2,7 @@
 // token, into the rows of the decode rank that owns each token.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
@@ -43,30 +44,40 @@ TEST(PlanKvDcpTest, EachOwnedTokenIsOneRunToItsRow) {
 
 // The storage rule sglang states for a dcp group, checked on bytes: token
 // p of the request lives on rank p % dcp at row p / dcp of the request's
-// pages. Every token of every layer, sent in two chunks, lands exactly
-// there on exactly one rank, and no other row of any rank is written.
-TEST(PlanKvDcpTest, EveryTokenLandsOnTheRankThatOwnsItAtItsRow) {
-  constexpr int kPage = 4, kLayers = 2, kDcp = 3, kPages = 7;  // 28 tokens
-  const RankLayout p = Mla(kPage, kLayers, 16);
-  const std::vector<int32_t> src{9, 2, 14, 0, 5, 11, 7};
-  const std::vector<int32_t> dst{12, 4, 8};  // ceil(7 / 3) pages, same on every rank
-  const uint64_t token = p.kv[0].item_len / kPage;
+// pages. Every token of every layer, sent in the chunks `split` (pages per
+// chunk), lands exactly there on exactly one rank, and no other row of any
+// rank is written.
+void ExpectStorageRule(int page_size, int dcp, const std::vector<int>& split) {
+  constexpr int kLayers = 2;
+  constexpr uint64_t kSlots = 16;
+  const RankLayout p = Mla(page_size, kLayers, kSlots);
+  std::vector<int32_t> src;
+  for (int n : split)
+    for (int i = 0; i < n; ++i) src.push_back(static_cast<int32_t>((src.size() * 5 + 3) % kSlots));
+  const int pages = static_cast<int>(src.size());
+  std::vector<int32_t> dst;  // one per dcp pages of prefill's, the same on every rank
+  for (int i = 0; i < (pages + dcp - 1) / dcp; ++i)
+    dst.push_back(static_cast<int32_t>(kSlots - 1 - 2 * i));
+  const int tokens = pages * page_size;
+  const uint64_t token = p.kv[0].item_len / page_size;
   // Prefill's memory: each token row of layer L at position q holds bytes
   // 100 * L + q (the position in the request, not in the page).
   std::vector<std::vector<uint8_t>> prefill(kLayers, std::vector<uint8_t>(p.kv[0].length, 0xee));
   for (int l = 0; l < kLayers; ++l)
-    for (int q = 0; q < kPages * kPage; ++q)
+    for (int q = 0; q < tokens; ++q)
       for (uint64_t b = 0; b < token; ++b)
-        prefill[l][src[q / kPage] * p.kv[0].item_len + (q % kPage) * token + b] =
+        prefill[l][src[q / page_size] * p.kv[0].item_len + (q % page_size) * token + b] =
             static_cast<uint8_t>(100 * l + q);
   std::map<int, int> landed;  // position -> times
-  for (int rank = 0; rank < kDcp; ++rank) {
-    const RankLayout d = Mla(kPage, kLayers, 16, kDcp, rank);
+  for (int rank = 0; rank < dcp; ++rank) {
+    const RankLayout d = Mla(page_size, kLayers, kSlots, dcp, rank);
     std::vector<std::vector<uint8_t>> decode(kLayers, std::vector<uint8_t>(d.kv[0].length, 0xdd));
-    for (auto [first, n] : {std::pair{0, 3}, std::pair{3, 4}}) {
+    int first = 0;
+    for (int n : split) {
       std::span<const int32_t> chunk(src.data() + first, n);
       auto runs = PlanKvDcpTokens(p, d, chunk, dst, first);
       ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+      first += n;
       for (const CopyRun& r : *runs) {
         ASSERT_EQ(r.cls, BufferClass::kKv);
         ASSERT_LE(r.dst_offset + r.length, decode[r.dst_buffer].size());
@@ -75,23 +86,35 @@ TEST(PlanKvDcpTest, EveryTokenLandsOnTheRankThatOwnsItAtItsRow) {
       }
     }
     for (int l = 0; l < kLayers; ++l) {
-      for (uint64_t page = 0; page < 16; ++page) {
-        const auto at = std::find(dst.begin(), dst.end(), static_cast<int32_t>(page));
-        for (int row = 0; row < kPage; ++row) {
-          const int local = static_cast<int>(at - dst.begin()) * kPage + row;
-          const int q = local * kDcp + rank;  // the position this row holds
-          const bool written = at != dst.end() && q < kPages * kPage;
+      for (uint64_t slot = 0; slot < kSlots; ++slot) {
+        const auto at = std::find(dst.begin(), dst.end(), static_cast<int32_t>(slot));
+        for (int row = 0; row < page_size; ++row) {
+          const int local = static_cast<int>(at - dst.begin()) * page_size + row;
+          const int q = local * dcp + rank;  // the position this row holds
+          const bool written = at != dst.end() && q < tokens;
           const uint8_t want = written ? static_cast<uint8_t>(100 * l + q) : 0xdd;
           for (uint64_t b = 0; b < token; ++b)
-            ASSERT_EQ(decode[l][page * d.kv[0].item_len + row * token + b], want)
-                << "rank " << rank << " layer " << l << " page " << page << " row " << row;
+            ASSERT_EQ(decode[l][slot * d.kv[0].item_len + row * token + b], want)
+                << "rank " << rank << " layer " << l << " page " << slot << " row " << row;
           if (written && l == 0) ++landed[q];
         }
       }
     }
   }
-  ASSERT_EQ(landed.size(), static_cast<size_t>(kPages * kPage));
+  ASSERT_EQ(landed.size(), static_cast<size_t>(tokens));
   for (auto [q, times] : landed) EXPECT_EQ(times, 1) << "position " << q;
+}
+
+TEST(PlanKvDcpTest, EveryTokenLandsOnTheRankThatOwnsItAtItsRow) {
+  ExpectStorageRule(4, 3, {3, 4});  // chunks start where rank 0 owns
+}
+
+// A chunk whose first token another rank owns (page size 1 or 2 with dcp
+// 3): ownership wraps around from the chunk's first token.
+TEST(PlanKvDcpTest, ChunksThatStartMidGroupWrapOwnershipAround) {
+  ExpectStorageRule(2, 3, {1, 3, 3});
+  ExpectStorageRule(1, 3, {1, 2, 5});
+  ExpectStorageRule(3, 2, {1, 1, 3});
 }
 
 TEST(PlanKvDcpTest, TooFewDestinationPagesAreRefusedByName) {

@@ -141,8 +141,8 @@ Result<std::vector<CopyRun>> PlanKvDcpTokens(const RankLayout& prefill, const Ra
 }
 
 int64_t DestinationPageCount(const RankLayout& decode, int64_t src_pages) {
-  if (decode.dcp_size <= 1) return src_pages;
-  return (src_pages + decode.dcp_size - 1) / decode.dcp_size;
+  if (decode.dcp_size <= 1 || src_pages <= 0) return src_pages;
+  return src_pages / decode.dcp_size + (src_pages % decode.dcp_size != 0);
 }
 
 Result<std::vector<CopyRun>> PlanAux(const RankLayout& prefill, const RankLayout& decode,
