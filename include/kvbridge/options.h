@@ -98,6 +98,14 @@ struct ParallelLayout {
   int pp_rank = 0;
   int cp_size = 1;
   int cp_rank = 0;
+  // sglang's every-cp-rank transfer (SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER,
+  // or a hybrid MLA backend), with prefill cp_size > 1: each prefill cp rank
+  // sends its share of every request's pages (cp rank r of C: the r-th of C
+  // nearly equal runs of the pages after decode's prefix; whole state and aux
+  // from cp rank 0 only) and a decode rank reads from every cp rank. Both
+  // servers set it alike. Off: cp rank 0 sends everything, the others are
+  // dummy senders.
+  bool all_cp_ranks = false;
   // Decode context parallelism (sglang's KVArgs dcp_size/dcp_rank; decode
   // only, MLA only): the ranks of a dcp group hold the same latent cache,
   // each only the tokens at positions p with p % dcp_size == dcp_rank

@@ -49,6 +49,9 @@ class ParallelLayout:
     pp_rank: int = 0
     cp_size: int = 1
     cp_rank: int = 0
+    # sglang's every-cp-rank transfer: each prefill cp rank sends its share
+    # of the pages and decode reads every cp rank (set alike on both servers).
+    all_cp_ranks: bool = False
     # Decode context parallelism (decode only, MLA only): this rank holds
     # the tokens at positions p with p % dcp_size == dcp_rank.
     dcp_size: int = 1

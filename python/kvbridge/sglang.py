@@ -244,25 +244,29 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _all_cp_ranks(args: Any) -> bool:
+    """Whether every prefill cp rank transfers (sglang's
+    enable_all_cp_ranks_for_transfer): SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER
+    or a hybrid MLA backend. Each cp rank then sends its share of the pages."""
+    return (_env_flag("SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER")
+            or bool(getattr(args, "is_hybrid_mla_backend", False)))
+
+
 def _check_cp(args: Any, server_args: Any, mode: str, cp: int) -> None:
-    """sglang's cp modes that kvbridge does not do, refused by name: every cp
-    rank transferring (SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER, DSA layer
-    split, hybrid MLA) and a decode server with cp > 1 (sglang's decode
-    asserts cp 1). The default (prefill cp rank 0 sends, the others are dummy
-    ranks) works."""
+    """sglang's cp modes that kvbridge does not do, refused by name: the DSA
+    layer split (each cp rank sends its layers, not its pages) and a decode
+    server with cp > 1 (sglang's decode asserts cp 1). The default (prefill
+    cp rank 0 sends, the others are dummy ranks) and every cp rank sending
+    its share of the pages work."""
     why = None
-    if _env_flag("SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER"):
-        why = "SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER is set: unset it"
-    elif getattr(args, "is_hybrid_mla_backend", False):
-        why = "a hybrid MLA backend transfers from every cp rank"
-    elif getattr(server_args, "enable_dsa_cache_layer_split", False):
-        why = "--enable-dsa-cache-layer-split transfers from every cp rank"
+    if getattr(server_args, "enable_dsa_cache_layer_split", False):
+        why = ("--enable-dsa-cache-layer-split splits the cp ranks' KV by layer, which "
+               "kvbridge does not do")
     elif mode == "decode":
         why = "a decode server takes no context parallelism: run it with cp 1"
     if why is not None:
         raise kvbridge.UnimplementedError(
-            None, f"attention context parallelism (attn_cp_size {cp}) on the {mode} server: "
-            f"kvbridge's sglang backend sends every request from prefill cp rank 0 only; {why}")
+            None, f"attention context parallelism (attn_cp_size {cp}) on the {mode} server: {why}")
 
 
 def placement(args: Any, server_args: Any, mode: str) -> ParallelLayout:
@@ -297,10 +301,10 @@ def placement(args: Any, server_args: Any, mode: str) -> ParallelLayout:
                 system_dp_rank if mode == "decode" else 0)
         return ParallelLayout(tp_size=attn_tp, tp_rank=attn_tp_rank, dp_size=attn_dp,
                               dp_rank=attn_dp_rank, pp_size=pp, pp_rank=pp_rank,
-                              cp_size=cp, cp_rank=cp_rank)
+                              cp_size=cp, cp_rank=cp_rank, all_cp_ranks=_all_cp_ranks(args))
     return ParallelLayout(tp_size=tp, tp_rank=rank % tp, dp_size=dp,
                           dp_rank=system_dp_rank if dp > 1 else 0, pp_size=pp, pp_rank=pp_rank,
-                          cp_size=cp, cp_rank=cp_rank)
+                          cp_size=cp, cp_rank=cp_rank, all_cp_ranks=_all_cp_ranks(args))
 
 
 def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVArgs:
@@ -435,9 +439,10 @@ class KVBridgeKVManager(BaseKVManager):
         self.attn_cp_size = self._args.parallel.cp_size
         self.attn_cp_rank = self._args.parallel.cp_rank
         # sglang's cp attributes (its prefill scheduler skips a dummy cp
-        # rank's transfer metrics): only cp rank 0 sends, so none is "all".
-        self.enable_all_cp_ranks_for_transfer = False
-        self.is_dummy_cp_rank = self._mode == "prefill" and self.attn_cp_rank != 0
+        # rank's transfer metrics): by default only cp rank 0 sends.
+        self.enable_all_cp_ranks_for_transfer = self._args.parallel.all_cp_ranks
+        self.is_dummy_cp_rank = (self._mode == "prefill" and self.attn_cp_rank != 0
+                                 and not self.enable_all_cp_ranks_for_transfer)
         # Decode DCP (MLA) is moved token by token; prefill DCP is refused (A9).
         self.supports_dcp_transfer = True
         self.pp_rank = self._args.parallel.pp_rank

@@ -89,6 +89,7 @@ ParallelLayout ParallelFromDict(const py::dict& d) {
   p.pp_rank = Field<int>(d, "pp_rank", p.pp_rank, &seen);
   p.cp_size = Field<int>(d, "cp_size", p.cp_size, &seen);
   p.cp_rank = Field<int>(d, "cp_rank", p.cp_rank, &seen);
+  p.all_cp_ranks = Field<bool>(d, "all_cp_ranks", p.all_cp_ranks, &seen);
   p.dcp_size = Field<int>(d, "dcp_size", p.dcp_size, &seen);
   p.dcp_rank = Field<int>(d, "dcp_rank", p.dcp_rank, &seen);
   RejectUnknown(d, seen, "ParallelLayout");

@@ -154,13 +154,17 @@ def test_context_parallel_places_cp_ranks_and_refuses_what_it_does_not_do(monkey
         sg.placement(SgPool("decode").args, server_args(1), "decode")
     layer_split = server_args(1)
     layer_split.enable_dsa_cache_layer_split = True
-    with pytest.raises(kvbridge.UnimplementedError, match="enable-dsa-cache-layer-split"):
+    with pytest.raises(kvbridge.UnimplementedError, match="enable-dsa-cache-layer-split splits"):
         sg.placement(SgPool("prefill").args, layer_split, "prefill")
+    # Every cp rank sending its share: sglang's variable, or a hybrid MLA
+    # backend, on either server (decode then reads every cp rank).
+    assert not lay.all_cp_ranks
     monkeypatch.setenv("SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER", "1")
-    with pytest.raises(kvbridge.UnimplementedError,
-                       match="attn_cp_size 2.*ALL_CP_RANKS_TRANSFER is set"):
-        sg.KVBridgeKVManager(SgPool("prefill").args, "prefill", server_args(1))
+    assert sg.placement(SgPool("prefill").args, server_args(1), "prefill").all_cp_ranks
     monkeypatch.delenv("SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER")
+    hybrid = SgPool("prefill").args
+    hybrid.is_hybrid_mla_backend = True
+    assert sg.placement(hybrid, server_args(1), "prefill").all_cp_ranks
     par.attn_cp_size, par.attn_cp_rank = 1, 0  # cp 1 is placed as before
     lay = sg.placement(SgPool("prefill").args, server_args(1), "prefill")
     assert (lay.tp_size, lay.cp_size, lay.cp_rank) == (1, 1, 0)
@@ -232,6 +236,55 @@ def test_prefill_cp_rank_zero_sends_the_others_are_dummies(bootstrap, monkeypatc
         for b in range(len(p0.kv)):
             assert np.array_equal(d.kv[b][dst], p0.kv[b][src]), f"buffer {b}"
         for x in (tx, dummy, rx):
+            x.clear()
+    finally:
+        dm.close()
+        pm1.close()
+        pm0.close()
+
+
+def test_every_cp_rank_sends_its_share_of_the_pages(bootstrap, monkeypatch):  # M10
+    # SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER on both servers: prefill cp
+    # rank 0 sends the first 3 of 5 pages, cp rank 1 the last 2 (sglang's
+    # split); decode reads both. Each prefill pool holds garbage where the
+    # other's share is, so decode holds the request only if each sent its own.
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER", "1")
+    port = int(bootstrap.rsplit(":", 1)[1])
+    par = _sglang_parallel(monkeypatch, attn_cp_size=2, attn_cp_rank=0)
+    p0, p1, d, ref = SgPool("prefill"), SgPool("prefill"), SgPool("decode"), SgPool("prefill")
+    pm0 = sg.KVBridgeKVManager(p0.args, "prefill", server_args(port, port=30000))
+    par.attn_cp_rank = 1
+    pm1 = sg.KVBridgeKVManager(p1.args, "prefill", server_args(port, port=30000))
+    par.attn_cp_size, par.attn_cp_rank = 1, 0  # the decode server has no cp
+    dm = sg.KVBridgeKVManager(d.args, "decode", server_args(port, port=30001))
+    try:
+        assert (pm0.is_dummy_cp_rank, pm1.is_dummy_cp_rank) == (False, False)
+        assert dm.enable_all_cp_ranks_for_transfer
+        room = 41
+        src, dst = np.array([4, 5, 6, 7, 8], np.int32), np.array([9, 10, 11, 12, 13], np.int32)
+        for pool in (p0, p1, ref):
+            pool.fill(room, src)
+        for b in range(len(p0.kv)):
+            p0.kv[b][src[3:]] = 0xA5A5  # cp rank 1's share
+            p1.kv[b][src[:3]] = 0x5A5A  # cp rank 0's share
+        rx = sg.KVBridgeKVReceiver(dm, bootstrap, room)
+        tx0 = sg.KVBridgeKVSender(pm0, bootstrap, room, [0], 0)
+        tx1 = sg.KVBridgeKVSender(pm1, bootstrap, room, [0], 0)
+        wait_until(lambda: dm.try_ensure_parallel_info(bootstrap), what="both cp ranks listed")
+        rx.init(0)
+        wait_until(lambda: rx.poll() != KVPoll.Bootstrapping, what="decode handshake")
+        rx.send_metadata(dst, 1, None)
+        for tx in (tx0, tx1):
+            wait_until(lambda: tx.poll() != KVPoll.Bootstrapping, what="prefill metadata")
+            tx.init(len(src), 1)
+            tx.send(src[:2], None)
+            tx.send(src[2:], None)
+        wait_until(lambda: all(x.poll() in (KVPoll.Success, KVPoll.Failed) for x in (rx, tx0, tx1)),
+                   what="transfer")
+        assert rx.poll() == KVPoll.Success, rx.failure()
+        for b in range(len(d.kv)):
+            assert np.array_equal(d.kv[b][dst], ref.kv[b][src]), f"buffer {b}"
+        for x in (tx0, tx1, rx):
             x.clear()
     finally:
         dm.close()

@@ -34,6 +34,7 @@ Result<CpRank> MakeCpRank(TestCluster& c, const ClusterOptions& o, int cp_size, 
   ManagerOptions mo;
   mo.role = Role::kPrefill;
   mo.args = r.pool->Args();
+  if (o.tweak) o.tweak(mo);
   mo.parallel.cp_size = cp_size;
   mo.parallel.cp_rank = cp_rank;
   mo.is_mla = o.shape.mla;
@@ -86,6 +87,42 @@ TEST(ContextParallelTest, OnlyCpRankZeroSendsAndTheOthersSucceedOnTheirLastChunk
   Status over = (*again)->Send(std::span(r.src).first(2));
   EXPECT_EQ(over.code(), StatusCode::kInvalidArgument) << over.ToString();
   EXPECT_EQ((*again)->Poll(), KVPoll::kFailed);
+}
+
+// sglang's every-cp-rank transfer (all_cp_ranks on both servers): cp rank r
+// of 2 sends its share of the pages (of 5: cp rank 0 the first 3, cp rank 1
+// the last 2), whole state and aux come from cp rank 0 only; decode reads
+// both and succeeds once both sent their last chunk. Each pool holds
+// garbage where the other rank's share is, and each rank's bytes written
+// are exactly its share's.
+TEST(ContextParallelTest, WithEveryCpRankSendingEachSendsItsShareOfThePages) {
+  ClusterOptions o;
+  o.tweak = [](ManagerOptions& m) {
+    m.parallel.all_cp_ranks = true;
+    if (m.role == Role::kPrefill) m.parallel.cp_size = 2;
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto cp1 = MakeCpRank(**c, o, 2, 1);
+  ASSERT_TRUE(cp1.ok()) << cp1.status().ToString();
+  Request r{.room = 61, .src = {1, 2, 3, 4, 5}, .dst = {20, 21, 22, 23, 24}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, r, /*senders_first=*/false));
+  auto tx1 = KVSender::Create(*cp1->manager, r.room);
+  ASSERT_TRUE(tx1.ok()) << tx1.status().ToString();
+  ASSERT_TRUE(WaitFor([&] { return (*tx1)->Poll() == KVPoll::kWaitingForInput; }))
+      << "cp rank 1 got no metadata: " << KVPollName((*tx1)->Poll());
+  cp1->pool->Fill(r.room, r.src, r.src_aux, r.src_state);
+  const std::vector<int32_t> share0{1, 2, 3}, share1{4, 5};
+  (*c)->prefill[0].pool->Scrub(share1, 0xa5);
+  cp1->pool->Scrub(share0, 0x5a);
+  ASSERT_TRUE((*tx1)->Init(static_cast<int64_t>(r.src.size()), r.src_aux).ok());
+  r.senders.push_back(std::move(tx1).value());
+  ASSERT_NO_FATAL_FAILURE(SendChunks(r, {2, 3}));  // the share boundary inside a chunk
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, r));
+  const uint64_t page = cp1->pool->page_bytes() * cp1->pool->num_kv_buffers();
+  EXPECT_EQ(cp1->manager->Stats().bytes_written, 2 * page) << "cp rank 1 wrote beyond its share";
+  EXPECT_GE((*c)->prefill[0].manager->Stats().bytes_written, 3 * page);
+  EXPECT_LT((*c)->prefill[0].manager->Stats().bytes_written, 4 * page);
 }
 
 TEST(ContextParallelTest, ADecodeRankWithCpIsRefusedByName) {

@@ -231,16 +231,22 @@ Result<std::vector<ManagerImpl::SourcePosition>> ManagerImpl::SourcePositions(
   }
   KVB_ASSIGN_OR_RETURN(std::vector<int> stages,
                        PrefillStagesOfDecode(info.pp_size, opts_.parallel.pp_size, self_.pp));
+  // Every prefill cp rank sends its share when all transfer; else cp rank 0
+  // sends everything.
+  const int cp_ranks = opts_.parallel.all_cp_ranks ? std::max(info.attn_cp_size, 1) : 1;
   std::vector<SourcePosition> positions;
-  for (int pp : stages) {
-    for (auto [tp, dummy] : ranks) {
-      SourcePosition at;
-      at.position.role = Role::kPrefill;
-      at.position.dp = room.prefill_dp_rank;
-      at.position.tp = tp;
-      at.position.pp = pp;
-      at.dummy = dummy;
-      positions.push_back(at);
+  for (int cp = 0; cp < cp_ranks; ++cp) {
+    for (int pp : stages) {
+      for (auto [tp, dummy] : ranks) {
+        SourcePosition at;
+        at.position.role = Role::kPrefill;
+        at.position.dp = room.prefill_dp_rank;
+        at.position.cp = cp;
+        at.position.tp = tp;
+        at.position.pp = pp;
+        at.dummy = dummy;
+        positions.push_back(at);
+      }
     }
   }
   return positions;

@@ -55,7 +55,7 @@ Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
     if (it != senders_.end() && it->second->live)
       return FailedPreconditionError(fmt::format("room {} already has a live sender", room));
     r = std::make_shared<SenderRoom>(room, Now(), WallNow());
-    r->cp_dummy = self_.role == Role::kPrefill && self_.cp != 0;
+    r->cp_dummy = self_.role == Role::kPrefill && self_.cp != 0 && !opts_.parallel.all_cp_ranks;
     senders_[room] = r;
     SenderInbox::ForNewSender waiting = inbox_.TakeForNewSender(room);
     if (auto blocker = NewRoomBlockerLocked()) check = BlockNewRoomLocked(*r, *blocker, out);
@@ -197,24 +197,31 @@ Result<Outbox::Post> ManagerImpl::PlanFlowChunkLocked(const std::shared_ptr<Send
     return UnavailableError(fmt::format("decode tp{} is not connected", rank));
   std::vector<int32_t> src, dst;
   const bool dcp = peer->layout.dcp_size > 1;  // token by token (PlanKvDcpTokens)
-  const int64_t first_page = std::max<int64_t>(room.pages_sent - flow.meta.prefix_pages, 0);
+  // Every cp rank transferring: this rank's share of the pages after the prefix.
+  const PageShare own = opts_.parallel.all_cp_ranks
+                            ? CpPageShare(room.num_pages - flow.meta.prefix_pages,
+                                          opts_.parallel.cp_size, opts_.parallel.cp_rank)
+                            : PageShare{0, room.num_pages};
+  int64_t first_page = -1;  // of the pages this chunk sends, after the prefix
   for (size_t i = 0; i < pages.size(); ++i) {
     int64_t pos = room.pages_sent + static_cast<int64_t>(i);
     if (pos < flow.meta.prefix_pages) continue;
+    const int64_t rel = pos - flow.meta.prefix_pages;
+    if (rel < own.first || rel >= own.first + own.count) continue;
+    if (first_page < 0) first_page = rel;
     src.push_back(pages[i]);
     if (dcp) continue;
-    const int64_t at = pos - flow.meta.prefix_pages;
-    if (at >= static_cast<int64_t>(flow.meta.pages.size()))  // Init and Meta checked the count
+    if (rel >= static_cast<int64_t>(flow.meta.pages.size()))  // Init and Meta checked the count
       return InvalidArgumentError(
-          fmt::format("decode tp{} gave no page for position {}", rank, at));
-    dst.push_back(flow.meta.pages[at]);
+          fmt::format("decode tp{} gave no page for position {}", rank, rel));
+    dst.push_back(flow.meta.pages[rel]);
   }
   // A flow of no heads carries state slices only (ComputeFlows).
   std::vector<CopyRun> runs;
   if (flow.slice->num_heads > 0) {
-    KVB_ASSIGN_OR_RETURN(
-        runs, dcp ? PlanKvDcpTokens(layout_, peer->layout, src, flow.meta.pages, first_page)
-                  : PlanKvPages(layout_, peer->layout, *flow.slice, src, dst));
+    KVB_ASSIGN_OR_RETURN(runs, dcp ? PlanKvDcpTokens(layout_, peer->layout, src, flow.meta.pages,
+                                                     std::max<int64_t>(first_page, 0))
+                                   : PlanKvPages(layout_, peer->layout, *flow.slice, src, dst));
   }
   if (last && flow.carries_aux && room.aux_index >= 0 && flow.meta.aux_index >= 0 &&
       !layout_.aux.empty()) {
@@ -229,9 +236,10 @@ Result<Outbox::Post> ManagerImpl::PlanFlowChunkLocked(const std::shared_ptr<Send
   if (last && (!state.empty() || !flow.meta.state.empty())) {
     KVB_ASSIGN_OR_RETURN(
         std::vector<CopyRun> st,
-        PlanState(
-            layout_, peer->layout, state, flow.meta.state,
-            StateShare{.whole = flow.carries_state, .slices = true, .last_stage = last_stage}));
+        PlanState(layout_, peer->layout, state, flow.meta.state,
+                  StateShare{.whole = flow.carries_state,
+                             .slices = self_.cp == 0,  // every cp rank holds the same state
+                             .last_stage = last_stage}));
     runs.insert(runs.end(), st.begin(), st.end());
   }
   NotifyMsg note{room.room, flow.meta.generation, flow.next_chunk, last,
@@ -510,7 +518,7 @@ Status ManagerImpl::ShapeFlowLocked(SenderRoom& room, const RankId& from, Sender
     int lowest = s.prefill_rank;
     for (const HeadSlice& o : FlowsToDecode(flows, from.tp))
       lowest = std::min(lowest, o.prefill_rank);
-    flow.carries_state = lowest == self_.tp;
+    flow.carries_state = lowest == self_.tp && self_.cp == 0;
     flow.carries_aux = flow.carries_state && self_.pp == opts_.parallel.pp_size - 1;
     break;
   }

@@ -243,6 +243,18 @@ Result<std::vector<CopyRun>> PlanKvDcpTokens(const RankLayout& prefill, const Ra
                                              std::span<const int32_t> src_pages,
                                              std::span<const int32_t> dst_pages,
                                              int64_t first_page);
+// sglang's share of prefill cp rank `cp_rank` of `cp_size` when every cp
+// rank transfers: of `pages` pages (after decode's prefix), positions
+// [first, first + count), base = pages / cp_size each and one more for the
+// first pages % cp_size ranks, in rank order.
+struct PageShare {
+  int64_t first = 0;
+  int64_t count = 0;
+
+  friend bool operator==(const PageShare&, const PageShare&) = default;
+};
+PageShare CpPageShare(int64_t pages, int cp_size, int cp_rank);
+
 // How many destination pages decode gives for `src_pages` pages of prefill:
 // one per page, or under decode context parallelism one per dcp_size.
 int64_t DestinationPageCount(const RankLayout& decode, int64_t src_pages);

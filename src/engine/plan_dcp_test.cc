@@ -150,5 +150,19 @@ TEST(PlanKvDcpTest, LayoutsDcpCannotServeAreRefusedByName) {
   EXPECT_TRUE(CheckCompatible(Mla(2, 1, 8), Mla(2, 1, 8, 2, 1)).ok());
 }
 
+// sglang's split of a request's pages among prefill cp ranks when every cp
+// rank transfers: base pages each, one more for the first (pages % C).
+TEST(CpPageShareTest, PagesSplitInRankOrderWithTheRemainderFirst) {
+  EXPECT_EQ(CpPageShare(5, 2, 0), (PageShare{0, 3}));
+  EXPECT_EQ(CpPageShare(5, 2, 1), (PageShare{3, 2}));
+  EXPECT_EQ(CpPageShare(7, 3, 0), (PageShare{0, 3}));
+  EXPECT_EQ(CpPageShare(7, 3, 1), (PageShare{3, 2}));
+  EXPECT_EQ(CpPageShare(7, 3, 2), (PageShare{5, 2}));
+  EXPECT_EQ(CpPageShare(1, 3, 0), (PageShare{0, 1}));
+  EXPECT_EQ(CpPageShare(1, 3, 2), (PageShare{1, 0}));  // a rank with no page
+  EXPECT_EQ(CpPageShare(0, 2, 0), (PageShare{}));
+  EXPECT_EQ(CpPageShare(4, 2, 2), (PageShare{}));  // out of range
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

@@ -140,6 +140,12 @@ Result<std::vector<CopyRun>> PlanKvDcpTokens(const RankLayout& prefill, const Ra
   return runs;
 }
 
+PageShare CpPageShare(int64_t pages, int cp_size, int cp_rank) {
+  if (pages <= 0 || cp_size < 1 || cp_rank < 0 || cp_rank >= cp_size) return {};
+  const int64_t base = pages / cp_size, rem = pages % cp_size;
+  return {cp_rank * base + std::min<int64_t>(cp_rank, rem), base + (cp_rank < rem ? 1 : 0)};
+}
+
 int64_t DestinationPageCount(const RankLayout& decode, int64_t src_pages) {
   if (decode.dcp_size <= 1 || src_pages <= 0) return src_pages;
   return src_pages / decode.dcp_size + (src_pages % decode.dcp_size != 0);
