@@ -5,6 +5,7 @@ shows."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import inspect
 import json
@@ -197,10 +198,11 @@ def test_layouts_kvbridge_cannot_place_are_refused_by_name():  # A9
     assert sg.to_kvbridge_args(v4, server_args(1), "prefill").parallel.pp_size == 1
 
 
-def test_prefill_cp_rank_zero_sends_the_others_are_dummies(bootstrap, monkeypatch):  # M10
-    # sglang's default cp transfer: decode reads the request from prefill cp
-    # rank 0; cp rank 1's sender says WaitingForInput at once and Success on
-    # its last chunk, and sends nothing.
+@contextlib.contextmanager
+def _prefill_cp2_and_decode(bootstrap, monkeypatch):
+    """Prefill cp ranks 0 and 1 (attn_cp_size 2) and a decode server (cp 1)
+    through the adapter, on `bootstrap`: (pools p0, p1, d, managers pm0, pm1,
+    dm), closed on the way out."""
     port = int(bootstrap.rsplit(":", 1)[1])
     par = _sglang_parallel(monkeypatch, attn_cp_size=2, attn_cp_rank=0)
     p0, p1, d = SgPool("prefill"), SgPool("prefill"), SgPool("decode")
@@ -210,6 +212,18 @@ def test_prefill_cp_rank_zero_sends_the_others_are_dummies(bootstrap, monkeypatc
     par.attn_cp_size, par.attn_cp_rank = 1, 0  # the decode server has no cp
     dm = sg.KVBridgeKVManager(d.args, "decode", server_args(port, port=30001))
     try:
+        yield p0, p1, d, pm0, pm1, dm
+    finally:
+        dm.close()
+        pm1.close()
+        pm0.close()
+
+
+def test_prefill_cp_rank_zero_sends_the_others_are_dummies(bootstrap, monkeypatch):  # M10
+    # sglang's default cp transfer: decode reads the request from prefill cp
+    # rank 0; cp rank 1's sender says WaitingForInput at once and Success on
+    # its last chunk, and sends nothing.
+    with _prefill_cp2_and_decode(bootstrap, monkeypatch) as (p0, p1, d, pm0, pm1, dm):
         assert (pm0.is_dummy_cp_rank, pm1.is_dummy_cp_rank) == (False, True)
         room, src, dst = 31, np.array([4, 5, 6], np.int32), np.array([9, 10, 11], np.int32)
         dummy = sg.KVBridgeKVSender(pm1, bootstrap, room, [0], 0)
@@ -237,10 +251,6 @@ def test_prefill_cp_rank_zero_sends_the_others_are_dummies(bootstrap, monkeypatc
             assert np.array_equal(d.kv[b][dst], p0.kv[b][src]), f"buffer {b}"
         for x in (tx, dummy, rx):
             x.clear()
-    finally:
-        dm.close()
-        pm1.close()
-        pm0.close()
 
 
 def test_every_cp_rank_sends_its_share_of_the_pages(bootstrap, monkeypatch):  # M10
@@ -249,15 +259,8 @@ def test_every_cp_rank_sends_its_share_of_the_pages(bootstrap, monkeypatch):  # 
     # split); decode reads both. Each prefill pool holds garbage where the
     # other's share is, so decode holds the request only if each sent its own.
     monkeypatch.setenv("SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER", "1")
-    port = int(bootstrap.rsplit(":", 1)[1])
-    par = _sglang_parallel(monkeypatch, attn_cp_size=2, attn_cp_rank=0)
-    p0, p1, d, ref = SgPool("prefill"), SgPool("prefill"), SgPool("decode"), SgPool("prefill")
-    pm0 = sg.KVBridgeKVManager(p0.args, "prefill", server_args(port, port=30000))
-    par.attn_cp_rank = 1
-    pm1 = sg.KVBridgeKVManager(p1.args, "prefill", server_args(port, port=30000))
-    par.attn_cp_size, par.attn_cp_rank = 1, 0  # the decode server has no cp
-    dm = sg.KVBridgeKVManager(d.args, "decode", server_args(port, port=30001))
-    try:
+    ref = SgPool("prefill")
+    with _prefill_cp2_and_decode(bootstrap, monkeypatch) as (p0, p1, d, pm0, pm1, dm):
         assert (pm0.is_dummy_cp_rank, pm1.is_dummy_cp_rank) == (False, False)
         assert dm.enable_all_cp_ranks_for_transfer
         room = 41
@@ -286,10 +289,6 @@ def test_every_cp_rank_sends_its_share_of_the_pages(bootstrap, monkeypatch):  # 
             assert np.array_equal(d.kv[b][dst], ref.kv[b][src]), f"buffer {b}"
         for x in (tx0, tx1, rx):
             x.clear()
-    finally:
-        dm.close()
-        pm1.close()
-        pm0.close()
 
 
 def test_placement_system_dp():  # A11
