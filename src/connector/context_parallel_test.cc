@@ -1,8 +1,9 @@
-// sglang's prefill context parallelism (attn_cp_size > 1) in its default
-// transfer mode (common/conn.py, docs/sglang.md row M10): decode reads every
-// request from prefill cp rank 0; the other cp ranks are dummy senders
-// (WaitingForInput at once, Success on the last chunk, nothing sent); a
-// decode rank takes no cp.
+// sglang's prefill context parallelism (attn_cp_size > 1; common/conn.py,
+// docs/sglang.md row M10). Default mode: decode reads every request from
+// prefill cp rank 0; the other cp ranks are dummy senders (WaitingForInput
+// at once, Success on the last chunk, nothing sent). Every cp rank sending
+// (all_cp_ranks): each sends its share of the pages. A decode rank takes no
+// cp; the two modes mixed are refused by name.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -123,6 +124,31 @@ TEST(ContextParallelTest, WithEveryCpRankSendingEachSendsItsShareOfThePages) {
   EXPECT_EQ(cp1->manager->Stats().bytes_written, 2 * page) << "cp rank 1 wrote beyond its share";
   EXPECT_GE((*c)->prefill[0].manager->Stats().bytes_written, 3 * page);
   EXPECT_LT((*c)->prefill[0].manager->Stats().bytes_written, 4 * page);
+}
+
+// The two modes mixed would lose pages silently (decode reading cp rank 0
+// only while it sends its share) or send them twice: a request fails at
+// once with a layout mismatch naming the setting, either way round.
+TEST(ContextParallelTest, TheTwoCpModesMixedAreRefusedByName) {
+  for (bool prefill_all : {true, false}) {
+    ClusterOptions o;
+    o.tweak = [prefill_all](ManagerOptions& m) {
+      const bool prefill = m.role == Role::kPrefill;
+      if (prefill) m.parallel.cp_size = 2;
+      m.parallel.all_cp_ranks = prefill == prefill_all;
+    };
+    auto c = TestCluster::Create(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    auto cp1 = MakeCpRank(**c, o, 2, 1);
+    ASSERT_TRUE(cp1.ok()) << cp1.status().ToString();
+    auto rx = std::move(KVReceiver::Create(*(*c)->decode[0].manager, 71)).value();
+    ASSERT_TRUE(rx->Init(0).ok());
+    ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kFailed; }, std::chrono::seconds(10)))
+        << "prefill all " << prefill_all << ": " << KVPollName(rx->Poll());
+    EXPECT_EQ(rx->Failure()->cause, FailureCause::kLayoutMismatch) << rx->Failure()->Message();
+    EXPECT_NE(rx->Failure()->detail.find("cp transfer mode mismatch"), std::string::npos)
+        << rx->Failure()->Message();
+  }
 }
 
 TEST(ContextParallelTest, ADecodeRankWithCpIsRefusedByName) {

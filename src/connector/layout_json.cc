@@ -86,7 +86,9 @@ nlohmann::json LayoutToJson(const RankLayout& l) {
           {"kv_layer_ids", l.kv_layer_ids},
           {"state_types", l.state_types},
           {"state_layer_ids", l.state_layer_ids},
-          {"state_type_names", l.state_type_names}};
+          {"state_type_names", l.state_type_names},
+          {"cp_size", l.cp_size},
+          {"all_cp_ranks", l.all_cp_ranks}};
 }
 
 Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
@@ -148,6 +150,16 @@ Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
       return InvalidArgumentError("layout field 'state_type_names' malformed");
     l.state_type_names = it->get<std::vector<std::string>>();
   }
+  // Optional: prefill's cp size and transfer mode (none: cp 1, cp rank 0 sends).
+  if (auto it = j.find("cp_size"); it != j.end()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > kMaxParallelSize)
+      return InvalidArgumentError("layout field 'cp_size' malformed");
+    l.cp_size = it->get<int>();
+  }
+  if (auto it = j.find("all_cp_ranks"); it != j.end()) {
+    if (!it->is_boolean()) return InvalidArgumentError("layout field 'all_cp_ranks' malformed");
+    l.all_cp_ranks = it->get<bool>();
+  }
   return l;
 }
 
@@ -173,6 +185,8 @@ Result<RankLayout> LayoutFromOptions(const ManagerOptions& opts) {
   layout.tp_rank = p.tp_rank;
   layout.dcp_size = p.dcp_size;
   layout.dcp_rank = p.dcp_rank;
+  layout.cp_size = p.cp_size;
+  layout.all_cp_ranks = p.all_cp_ranks;
   if (opts.role == Role::kPrefill && p.dcp_size != 1)
     return InvalidArgumentError(fmt::format(
         "dcp_size {} on a prefill rank: decode context parallelism is for decode", p.dcp_size));

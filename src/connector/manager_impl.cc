@@ -58,8 +58,8 @@ Status ValidateOptions(const ManagerOptions& o) {
   }
   if (o.role == Role::kDecode && p.cp_size > 1)  // as sglang's decode asserts
     return InvalidArgumentError(fmt::format(
-        "cp size {} on a decode rank: decode takes no context parallelism (cp 1); prefill cp "
-        "rank 0 sends every request, the other cp ranks send nothing",
+        "cp size {} on a decode rank: decode takes no context parallelism (cp 1); it reads "
+        "from prefill cp rank 0, or from every cp rank with all_cp_ranks",
         p.cp_size));
   if (o.heartbeat_interval.count() <= 0 || o.heartbeat_misses < 1)
     return InvalidArgumentError("heartbeat_interval and heartbeat_misses must be positive");

@@ -140,6 +140,8 @@ void PutLayout(WireWriter& w, const RankLayout& l) {
   for (const std::string& name : l.state_type_names) w.Bytes(name);
   w.I64(l.dcp_size);
   w.I64(l.dcp_rank);
+  w.I64(l.cp_size);
+  w.U8(l.all_cp_ranks ? 1 : 0);
 }
 // Layer ids: none, or one per kv buffer, each in [0, INT_MAX].
 bool GetLayerIds(WireReader& r, RankLayout* l) {
@@ -214,6 +216,14 @@ bool GetSharding(WireReader& r, RankLayout* l) {
   }
   return true;
 }
+// A flag is one byte, 0 or 1.
+bool GetFlag(WireReader& r, std::string_view what, bool* v) {
+  uint8_t b;
+  if (!r.U8(&b)) return r.Fail(fmt::format("{} missing", what));
+  if (b > 1) return r.Fail(fmt::format("{} is {}, not 0 or 1", what, b));
+  *v = b == 1;
+  return true;
+}
 // Only bounds here: whether the layout is consistent and fits ours is
 // CheckCompatible's verdict, which the HelloAck carries back to the peer.
 bool GetLayout(WireReader& r, RankLayout* l) {
@@ -231,7 +241,9 @@ bool GetLayout(WireReader& r, RankLayout* l) {
          GetSpans(r, "aux", &l->aux) && GetSpans(r, "state", &l->state) && GetSharding(r, l) &&
          GetLayerIds(r, l) && GetStateMeta(r, l) &&
          r.Int("dcp_size", &l->dcp_size, 1, kMaxParallelSize) &&
-         r.Int("dcp_rank", &l->dcp_rank, 0, kMaxParallelSize - 1);
+         r.Int("dcp_rank", &l->dcp_rank, 0, kMaxParallelSize - 1) &&
+         r.Int("layout cp_size", &l->cp_size, 1, kMaxParallelSize) &&
+         GetFlag(r, "all_cp_ranks", &l->all_cp_ranks);
 }
 int64_t Micros(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();

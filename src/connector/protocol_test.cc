@@ -471,6 +471,22 @@ TEST(ProtocolLimitsTest, DcpSizeAndRankInAHelloRoundTripAndAreBounded) {
   h.layout.dcp_size = 2;
   h.layout.dcp_rank = -1;
   ExpectRejected(EncodeMessage(from, h), "dcp_rank");
+  // Then prefill's cp size and whether every cp rank sends: a flag is 0 or 1.
+  h.layout.dcp_rank = 0;
+  h.layout.cp_size = 3;
+  h.layout.all_cp_ranks = true;
+  m = DecodeMessage(EncodeMessage(from, h));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(std::get<HelloMsg>(m->body).layout.cp_size, 3);
+  EXPECT_TRUE(std::get<HelloMsg>(m->body).layout.all_cp_ranks);
+  std::string bytes = EncodeMessage(from, h);
+  h.layout.all_cp_ranks = false;
+  const std::string off = EncodeMessage(from, h);
+  ASSERT_EQ(bytes.size(), off.size());
+  const auto flag = std::mismatch(bytes.begin(), bytes.end(), off.begin()).first - bytes.begin();
+  ASSERT_LT(static_cast<size_t>(flag), bytes.size());
+  bytes[flag] = 2;
+  ExpectRejected(bytes, "all_cp_ranks is 2");
 }
 
 // The handshake's fixed-size fields are exactly their size: a proof one

@@ -100,17 +100,22 @@ void ManagerImpl::TellWitnessesLocked(const ReceiverRoom& room, const FailureRec
   }
 }
 
-// Every prefill rank of `room`'s dp (its sources and its witnesses).
-static std::vector<RankId> PrefillRanksOfDp(const ReceiverRoom& room, const ParallelInfo& info) {
+// Every prefill rank of `room`'s dp (its sources and its witnesses): of cp
+// rank 0, or of every cp rank when each sends its share (`all_cp`).
+static std::vector<RankId> PrefillRanksOfDp(const ReceiverRoom& room, const ParallelInfo& info,
+                                            bool all_cp) {
   std::vector<RankId> ranks;
-  for (int pp = 0; pp < info.pp_size; ++pp) {
-    for (int tp = 0; tp < info.attn_tp_size; ++tp) {
-      RankId at;
-      at.role = Role::kPrefill;
-      at.dp = room.prefill_dp_rank;
-      at.tp = tp;
-      at.pp = pp;
-      ranks.push_back(at);
+  for (int cp = 0; cp < (all_cp ? std::max(info.attn_cp_size, 1) : 1); ++cp) {
+    for (int pp = 0; pp < info.pp_size; ++pp) {
+      for (int tp = 0; tp < info.attn_tp_size; ++tp) {
+        RankId at;
+        at.role = Role::kPrefill;
+        at.dp = room.prefill_dp_rank;
+        at.cp = cp;
+        at.tp = tp;
+        at.pp = pp;
+        ranks.push_back(at);
+      }
     }
   }
   return ranks;
@@ -120,7 +125,7 @@ static std::vector<RankId> PrefillRanksOfDp(const ReceiverRoom& room, const Para
 // room's dp that it reads nothing from (its witnesses): it detects their
 // death itself and tells them when a room fails here (TellWitnessesLocked).
 void ManagerImpl::EnsureWitnesses(const ReceiverRoom& room, const ParallelInfo& info) {
-  for (const RankId& at : PrefillRanksOfDp(room, info)) {
+  for (const RankId& at : PrefillRanksOfDp(room, info, opts_.parallel.all_cp_ranks)) {
     {
       // Sources are connected already; a failed witness is looked up again
       // (it may have restarted) once a heartbeat interval at most.
@@ -139,7 +144,7 @@ void ManagerImpl::EnsureWitnesses(const ReceiverRoom& room, const ParallelInfo& 
 }
 
 bool ManagerImpl::WitnessesMetLocked(const ReceiverRoom& room, const ParallelInfo& info) {
-  for (const RankId& at : PrefillRanksOfDp(room, info)) {
+  for (const RankId& at : PrefillRanksOfDp(room, info, opts_.parallel.all_cp_ranks)) {
     const Peer* known = FindPeerLocked(PeerKey(at));
     if (known == nullptr || known->failed) return false;
   }

@@ -150,6 +150,7 @@ Status CheckLayout(const RankLayout& l) {
                                                l.start_layer, l.end_layer, l.end_layer,
                                                l.start_layer));
   }
+  if (l.cp_size < 1) return FailedPreconditionError(fmt::format("cp_size {} < 1", l.cp_size));
   if (l.dcp_size < 1 || l.dcp_rank < 0 || l.dcp_rank >= l.dcp_size) {
     return FailedPreconditionError(
         fmt::format("dcp_rank {} out of range [0, dcp_size {})", l.dcp_rank, l.dcp_size));
@@ -206,6 +207,14 @@ Result<std::vector<uint32_t>> CompatiblePairs(const RankLayout& prefill, const R
     return FailedPreconditionError(fmt::format("{} mismatch: prefill {}, decode {}", what, p, d));
   };
   if (prefill.is_mla != decode.is_mla) return mismatch("is_mla", prefill.is_mla, decode.is_mla);
+  if (prefill.cp_size > 1 && prefill.all_cp_ranks != decode.all_cp_ranks) {
+    auto on = [](bool b) { return b ? "every cp rank sends" : "cp rank 0 sends"; };
+    return FailedPreconditionError(fmt::format(
+        "cp transfer mode mismatch: prefill (cp size {}) {}, decode {}; set "
+        "SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER (or a hybrid MLA backend) alike on both "
+        "servers",
+        prefill.cp_size, on(prefill.all_cp_ranks), on(decode.all_cp_ranks)));
+  }
   if (prefill.dcp_size != 1) {
     return FailedPreconditionError(
         fmt::format("prefill dcp_size {}: decode context parallelism is for decode; a prefill "

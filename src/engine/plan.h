@@ -86,6 +86,12 @@ struct RankLayout {
   // only; a prefill layout has 1. Exchanged in the handshake.
   int dcp_size = 1;
   int dcp_rank = 0;
+  // Prefill context parallelism (ParallelLayout::cp_size, all_cp_ranks):
+  // whether every cp rank sends its share must be set alike on both sides
+  // when prefill's cp size is above 1 (CheckCompatible). Exchanged in the
+  // handshake and the registry.
+  int cp_size = 1;
+  bool all_cp_ranks = false;
 };
 
 // Whether prefill's state buffer `p` moves as slices into decode's buffer
