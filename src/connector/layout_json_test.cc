@@ -91,6 +91,39 @@ TEST(LayoutJsonTest, LayerIdsRoundTripAndMalformedOnesAreRefusedByName) {
   }
 }
 
+// Prefill's cp size and transfer mode: they round-trip, default to cp 1
+// and cp rank 0 sending when absent, and anything else is refused by name.
+TEST(LayoutJsonTest, CpSizeAndModeRoundTripAndMalformedOnesAreRefusedByName) {
+  RankLayout l = Sharded();
+  l.cp_size = 4;
+  l.all_cp_ranks = true;
+  auto back = LayoutFromJson(LayoutToJson(l));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->cp_size, 4);
+  EXPECT_TRUE(back->all_cp_ranks);
+  nlohmann::json j = LayoutToJson(l);
+  j.erase("cp_size");
+  j.erase("all_cp_ranks");
+  back = LayoutFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->cp_size, 1);
+  EXPECT_FALSE(back->all_cp_ranks);
+  for (const char* bad : {R"("x")", "0", "-1", "1025", "18446744073709551615", "1.5", "[2]"}) {
+    j = LayoutToJson(l);
+    j["cp_size"] = nlohmann::json::parse(bad);
+    back = LayoutFromJson(j);
+    ASSERT_FALSE(back.ok()) << bad;
+    EXPECT_EQ(back.status().message(), "layout field 'cp_size' malformed") << bad;
+  }
+  for (const char* bad : {"1", R"("true")", "null", "{}"}) {
+    j = LayoutToJson(l);
+    j["all_cp_ranks"] = nlohmann::json::parse(bad);
+    back = LayoutFromJson(j);
+    ASSERT_FALSE(back.ok()) << bad;
+    EXPECT_EQ(back.status().message(), "layout field 'all_cp_ranks' malformed") << bad;
+  }
+}
+
 // State types and layer ids: they round-trip (-1: a buffer without), a
 // layout without them reads as none, anything but one per state buffer in
 // range is refused; KVArgs' list must be one per state buffer.
