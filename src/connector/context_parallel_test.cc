@@ -126,6 +126,63 @@ TEST(ContextParallelTest, WithEveryCpRankSendingEachSendsItsShareOfThePages) {
   EXPECT_LT((*c)->prefill[0].manager->Stats().bytes_written, 4 * page);
 }
 
+// Every cp rank of 3 sending, behind decode's prefix of 2 pages: the shares
+// split the 2 pages after it (cp rank 0 the first, cp rank 1 the second),
+// so cp rank 2's share is empty. It writes nothing and still concludes:
+// decode's request succeeds only once all three sent their last chunk.
+TEST(ContextParallelTest, WithEveryCpRankSendingThePrefixIsSkippedAndAnEmptyShareConcludes) {
+  ClusterOptions o;
+  o.tweak = [](ManagerOptions& m) {
+    m.parallel.all_cp_ranks = true;
+    if (m.role == Role::kPrefill) m.parallel.cp_size = 3;
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto cp1 = MakeCpRank(**c, o, 3, 1);
+  auto cp2 = MakeCpRank(**c, o, 3, 2);
+  ASSERT_TRUE(cp1.ok() && cp2.ok()) << cp1.status().ToString() << cp2.status().ToString();
+  const uint64_t room = 81;
+  const std::vector<int32_t> after{3, 4}, dst{20, 21};  // the pages after the prefix
+  const int64_t src_aux = 1, dst_aux = 2;
+  const std::vector<int32_t> src_state{3}, dst_state{5};
+  auto rx = std::move(KVReceiver::Create(*(*c)->decode[0].manager, room)).value();
+  ASSERT_TRUE(rx->Init(0).ok());
+  ASSERT_TRUE(rx->SendMetadata(dst, dst_aux, dst_state, 2 * o.shape.page_size).ok());
+  std::vector<std::unique_ptr<KVSender>> tx;
+  for (KVManager* m : {(*c)->prefill[0].manager.get(), cp1->manager.get(), cp2->manager.get()}) {
+    tx.push_back(std::move(KVSender::Create(*m, room)).value());
+    ASSERT_TRUE(WaitFor([&] { return tx.back()->Poll() == KVPoll::kWaitingForInput; }))
+        << "cp rank " << tx.size() - 1 << ": " << KVPollName(tx.back()->Poll());
+  }
+  // Each pool holds the request only where its own share is.
+  (*c)->prefill[0].pool->Fill(room, after, src_aux, src_state);
+  (*c)->prefill[0].pool->Scrub(std::vector<int32_t>{4}, 0xa5);
+  cp1->pool->Fill(room, after, src_aux, src_state);
+  cp1->pool->Scrub(std::vector<int32_t>{3}, 0x5a);
+  cp2->pool->Fill(room, after, src_aux, src_state);
+  cp2->pool->Scrub(after, 0x3c);
+  for (auto& t : tx) {
+    ASSERT_TRUE(t->Init(4, src_aux).ok());
+    ASSERT_TRUE(t->Send(std::vector<int32_t>{30, 31, 3}).ok());  // 30, 31: decode's prefix
+  }
+  EXPECT_EQ(rx->Poll(), KVPoll::kWaitingForInput) << "succeeded before any last chunk";
+  for (auto& t : tx) ASSERT_TRUE(t->Send(std::vector<int32_t>{4}, src_state).ok());
+  ASSERT_TRUE(WaitFor([&] {
+    for (auto& t : tx)
+      if (t->Poll() != KVPoll::kSuccess) return false;
+    return rx->Poll() == KVPoll::kSuccess;
+  })) << "receiver "
+      << KVPollName(rx->Poll()) << ", cp rank 2 " << KVPollName(tx[2]->Poll());
+  const KvPool& pool = *(*c)->decode[0].pool;
+  EXPECT_EQ(pool.CountCorruptPages(room, dst), 0u);
+  EXPECT_TRUE(pool.AuxMatches(room, dst_aux));
+  EXPECT_TRUE(pool.StateMatches(room, dst_state));
+  const uint64_t page = cp1->pool->page_bytes() * cp1->pool->num_kv_buffers();
+  EXPECT_EQ(cp1->manager->Stats().bytes_written, page) << "cp rank 1 wrote beyond its share";
+  EXPECT_EQ(cp2->manager->Stats().bytes_written, 0u) << "cp rank 2's share is empty";
+  EXPECT_EQ(cp2->manager->Stats().rooms_succeeded, 1u);
+}
+
 // The two modes mixed would lose pages silently (decode reading cp rank 0
 // only while it sends its share) or send them twice: a request fails at
 // once with a layout mismatch naming the setting, either way round.

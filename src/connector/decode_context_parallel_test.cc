@@ -129,6 +129,41 @@ TEST(DecodeContextParallelTest, APrefixOrPageListThatDoesNotFitIsRefusedByName) 
       << s.ToString();
 }
 
+// Prefill does not take decode's word for its prefix: metadata from a dcp
+// rank whose prefix is not whole virtual pages (1 page under dcp 2: every
+// token would move to the other rank's rows) fails the request by name, as
+// from a decode that skipped its own check.
+TEST(DecodeContextParallelTest, PrefillRefusesAPrefixThatIsNotWholeVirtualPages) {
+  auto c = TestCluster::Create(DcpCluster());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Request warm{.room = 1};
+  warm.src = {3, 9};
+  warm.dst = {6};
+  Start(**c, warm, false);  // the handshake with both dcp ranks is done
+  SendChunks(warm, {2});
+  ASSERT_NO_FATAL_FAILURE(WaitForSuccess(warm));
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  KVManager& decode = *(*c)->decode[0].manager;
+  auto tx = std::move(KVSender::Create(prefill, 11)).value();
+  MetaMsg meta;
+  meta.room = 11;
+  meta.generation = 9001;
+  meta.decode_tp_size = 2;
+  meta.pages = {5};
+  meta.aux_index = 0;
+  meta.prefix_pages = 1;
+  ASSERT_TRUE(
+      ManagerAccess::Of(decode)
+          .transport()
+          .SendMessage(ProvenEndpoint(decode, prefill.self()), EncodeMessage(decode.self(), meta))
+          .ok());
+  ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kFailed; })) << KVPollName(tx->Poll());
+  EXPECT_EQ(tx->Failure()->cause, FailureCause::kInvalidRequest) << tx->Failure()->Message();
+  EXPECT_NE(tx->Failure()->detail.find("prefix of 1 pages is not whole virtual pages of 2"),
+            std::string::npos)
+      << tx->Failure()->Message();
+}
+
 // Context parallelism is decode's: a prefill rank with dcp_size > 1 is
 // refused when it is created, by name.
 TEST(DecodeContextParallelTest, APrefillRankWithDcpIsRefusedWhenCreated) {

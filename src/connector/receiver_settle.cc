@@ -100,12 +100,12 @@ void ManagerImpl::TellWitnessesLocked(const ReceiverRoom& room, const FailureRec
   }
 }
 
-// Every prefill rank of `room`'s dp (its sources and its witnesses): of cp
-// rank 0, or of every cp rank when each sends its share (`all_cp`).
+// Every prefill rank of `room`'s dp (its sources and its witnesses) of the
+// cp ranks that send (SendingCpRanks).
 static std::vector<RankId> PrefillRanksOfDp(const ReceiverRoom& room, const ParallelInfo& info,
                                             bool all_cp) {
   std::vector<RankId> ranks;
-  for (int cp = 0; cp < (all_cp ? std::max(info.attn_cp_size, 1) : 1); ++cp) {
+  for (int cp = 0; cp < SendingCpRanks(info.attn_cp_size, all_cp); ++cp) {
     for (int pp = 0; pp < info.pp_size; ++pp) {
       for (int tp = 0; tp < info.attn_tp_size; ++tp) {
         RankId at;

@@ -231,9 +231,7 @@ Result<std::vector<ManagerImpl::SourcePosition>> ManagerImpl::SourcePositions(
   }
   KVB_ASSIGN_OR_RETURN(std::vector<int> stages,
                        PrefillStagesOfDecode(info.pp_size, opts_.parallel.pp_size, self_.pp));
-  // Every prefill cp rank sends its share when all transfer; else cp rank 0
-  // sends everything.
-  const int cp_ranks = opts_.parallel.all_cp_ranks ? std::max(info.attn_cp_size, 1) : 1;
+  const int cp_ranks = SendingCpRanks(info.attn_cp_size, opts_.parallel.all_cp_ranks);
   std::vector<SourcePosition> positions;
   for (int cp = 0; cp < cp_ranks; ++cp) {
     for (int pp : stages) {

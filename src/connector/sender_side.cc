@@ -55,7 +55,8 @@ Result<std::shared_ptr<SenderRoom>> ManagerImpl::NewSender(uint64_t room) {
     if (it != senders_.end() && it->second->live)
       return FailedPreconditionError(fmt::format("room {} already has a live sender", room));
     r = std::make_shared<SenderRoom>(room, Now(), WallNow());
-    r->cp_dummy = self_.role == Role::kPrefill && self_.cp != 0 && !opts_.parallel.all_cp_ranks;
+    r->cp_dummy = self_.role == Role::kPrefill &&
+                  self_.cp >= SendingCpRanks(opts_.parallel.cp_size, opts_.parallel.all_cp_ranks);
     senders_[room] = r;
     SenderInbox::ForNewSender waiting = inbox_.TakeForNewSender(room);
     if (auto blocker = NewRoomBlockerLocked()) check = BlockNewRoomLocked(*r, *blocker, out);

@@ -260,6 +260,11 @@ struct PageShare {
   friend bool operator==(const PageShare&, const PageShare&) = default;
 };
 PageShare CpPageShare(int64_t pages, int cp_size, int cp_rank);
+// How many prefill cp ranks (0 .. n-1) send to each decode rank: every one
+// of `prefill_cp_size` when each sends its share, else cp rank 0 alone (the
+// others are sglang's dummy cp ranks). The one reading of the cp mode that
+// decode's sources and witnesses share.
+int SendingCpRanks(int prefill_cp_size, bool all_cp_ranks);
 
 // How many destination pages decode gives for `src_pages` pages of prefill:
 // one per page, or under decode context parallelism one per dcp_size.

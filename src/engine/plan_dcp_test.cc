@@ -152,6 +152,13 @@ TEST(PlanKvDcpTest, LayoutsDcpCannotServeAreRefusedByName) {
 
 // sglang's split of a request's pages among prefill cp ranks when every cp
 // rank transfers: base pages each, one more for the first (pages % C).
+TEST(CpPageShareTest, EveryCpRankSendsOnlyInTheEveryRankMode) {
+  EXPECT_EQ(SendingCpRanks(4, true), 4);
+  EXPECT_EQ(SendingCpRanks(4, false), 1);  // cp rank 0; the others are dummies
+  EXPECT_EQ(SendingCpRanks(1, true), 1);
+  EXPECT_EQ(SendingCpRanks(0, true), 1);  // an info without cp: one rank
+}
+
 TEST(CpPageShareTest, PagesSplitInRankOrderWithTheRemainderFirst) {
   EXPECT_EQ(CpPageShare(5, 2, 0), (PageShare{0, 3}));
   EXPECT_EQ(CpPageShare(5, 2, 1), (PageShare{3, 2}));

@@ -140,6 +140,10 @@ Result<std::vector<CopyRun>> PlanKvDcpTokens(const RankLayout& prefill, const Ra
   return runs;
 }
 
+int SendingCpRanks(int prefill_cp_size, bool all_cp_ranks) {
+  return all_cp_ranks ? std::max(prefill_cp_size, 1) : 1;
+}
+
 PageShare CpPageShare(int64_t pages, int cp_size, int cp_rank) {
   if (pages <= 0 || cp_size < 1 || cp_rank < 0 || cp_rank >= cp_size) return {};
   const int64_t base = pages / cp_size, rem = pages % cp_size;
