@@ -84,6 +84,13 @@ struct KVArgs {
   int total_kv_head_num = 1;    // kv heads of the model
   int prefill_start_layer = 0;  // first layer in kv buffers
   int prefill_end_layer = -1;   // one past the last; -1 = derived from kv buffers
+  // sglang's num_draft_entries: the last N kv buffers are a draft (MTP)
+  // model's, after the target model's. Without kv_layer_ids they pair tail
+  // to tail. Under decode context parallelism a decode rank holds every
+  // draft token, in pages dcp_size times wider than prefill's (page i of
+  // the request at 1/dcp_size of page dst[i / dcp_size]), so they move page
+  // by page to every rank of the group, not token by token.
+  int num_draft_entries = 0;
   MemoryKind memory_kind = MemoryKind::kDram;
   std::string dtype = "bfloat16";  // compared between prefill and decode
 };

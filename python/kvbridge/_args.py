@@ -84,6 +84,9 @@ class KVArgs:
         self.total_kv_head_num = 1
         self.prefill_start_layer = 0
         self.prefill_end_layer: Optional[int] = None
+        # sglang's num_draft_entries: the last N kv buffers are a draft
+        # (MTP) model's (C++ KVArgs::num_draft_entries).
+        self.num_draft_entries = 0
         self.dtype = "bfloat16"
         self.memory_kind = "dram"
         self.gpu_id = 0
@@ -125,7 +128,8 @@ class KVArgs:
         d.update(engine_rank=int(self.engine_rank), page_size=int(self.page_size),
                  kv_head_num=int(self.kv_head_num), total_kv_head_num=int(self.total_kv_head_num),
                  prefill_start_layer=int(self.prefill_start_layer),
-                 prefill_end_layer=-1 if end is None else int(end), dtype=str(self.dtype),
+                 prefill_end_layer=-1 if end is None else int(end),
+                 num_draft_entries=int(self.num_draft_entries), dtype=str(self.dtype),
                  memory_kind=str(self.memory_kind))
         return d
 

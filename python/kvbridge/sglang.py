@@ -318,7 +318,7 @@ def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVAr
             raise kvbridge.InvalidArgumentError(
                 None, f"KVArgs.{name} ({type(value).__name__}): {e}") from None
     for name in ("engine_rank", "page_size", "kv_head_num", "total_kv_head_num",
-                 "prefill_start_layer", "prefill_end_layer"):
+                 "prefill_start_layer", "prefill_end_layer", "num_draft_entries"):
         if getattr(args, name, None) is not None:
             setattr(ours, name, getattr(args, name))
     ours.state_buffer_types = state_types_of(args)

@@ -69,6 +69,7 @@ KVArgs ArgsFromDict(const py::dict& d) {
   a.total_kv_head_num = Field<int>(d, "total_kv_head_num", a.total_kv_head_num, &seen);
   a.prefill_start_layer = Field<int>(d, "prefill_start_layer", a.prefill_start_layer, &seen);
   a.prefill_end_layer = Field<int>(d, "prefill_end_layer", a.prefill_end_layer, &seen);
+  a.num_draft_entries = Field<int>(d, "num_draft_entries", a.num_draft_entries, &seen);
   a.dtype = Field<std::string>(d, "dtype", a.dtype, &seen);
   std::string kind = Field<std::string>(d, "memory_kind", "dram", &seen);
   if (kind != "dram" && kind != "vram")

@@ -188,6 +188,14 @@ def test_layouts_kvbridge_cannot_place_are_refused_by_name():  # A9
     dcp.dcp_size = 1  # DCP off: placed as before
     lay = sg.to_kvbridge_args(dcp, server_args(1), "decode").parallel
     assert (lay.pp_size, lay.dcp_size, lay.dcp_rank) == (1, 1, 0)
+    # Draft (MTP) entries: sglang's count reaches the C++ layout, which
+    # bounds it by the kv buffers.
+    dcp.num_draft_entries = 1
+    assert sg.to_kvbridge_args(dcp, server_args(1), "decode").to_dict()["num_draft_entries"] == 1
+    drafted = SgPool("prefill").args  # prefill makes its C++ manager at once
+    drafted.num_draft_entries = 99
+    with pytest.raises(kvbridge.FailedPreconditionError, match="num_draft_entries 99 out of range"):
+        sg.KVBridgeKVManager(drafted, "prefill", server_args(1))
     v4 = SgPool("prefill").args
     v4.mla_compression_ratios, v4.pp_rank = [4, 128], 1
     staged = server_args(1)

@@ -5,6 +5,10 @@
 // row p / dcp_size).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
+#include <vector>
+
 #include "connector/connector_test_util.h"
 
 namespace kvbridge::internal {
@@ -79,6 +83,71 @@ TEST(DecodeContextParallelTest, APrefixAndAChunkStartingMidGroupKeepEveryTokenIn
     const KvPool& pool = *(*c)->decode[rank].pool;
     EXPECT_EQ(pool.CountCorruptDcpRows(room, dst, 5, 2, rank), 0u) << "dcp rank " << rank;
     EXPECT_TRUE(pool.AuxMatches(room, dst_aux)) << "dcp rank " << rank;
+  }
+}
+
+// sglang's draft (MTP) entries under dcp (KVArgs num_draft_entries: the
+// tail of the kv buffers): each decode rank holds every draft token, in
+// pages dcp_size times wider than prefill's, while the target's tokens stay
+// sharded. One draft buffer per rank here, after the pool's.
+TEST(DecodeContextParallelTest, DraftEntriesReachEveryDcpRankWhole) {
+  ClusterOptions o = DcpCluster();
+  struct Draft {
+    Role role;
+    int tp;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<std::unique_ptr<Draft>> drafts;  // outlive the cluster
+  o.tweak = [base = o.tweak, &drafts](ManagerOptions& m) {
+    base(m);
+    const uint64_t wide = m.role == Role::kDecode ? 2 : 1;
+    const uint64_t item = m.args.kv_item_lens[0] * wide;
+    const uint64_t pages = m.args.kv_data_lens[0] / m.args.kv_item_lens[0];
+    drafts.push_back(std::make_unique<Draft>(
+        Draft{m.role, m.parallel.tp_rank, std::vector<uint8_t>(pages * item, 0xdd)}));
+    m.args.kv_data_ptrs.push_back(reinterpret_cast<uint64_t>(drafts.back()->bytes.data()));
+    m.args.kv_data_lens.push_back(pages * item);
+    m.args.kv_item_lens.push_back(item);
+    m.args.num_draft_entries = 1;
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(drafts.size(), 3u);
+  const uint64_t page = static_cast<uint64_t>(o.shape.page_size);
+  const uint64_t token = (*c)->prefill[0].pool->page_bytes() / page;
+  Request r{.room = 5};
+  r.src = {3, 9, 4, 12, 7};
+  r.dst = {6, 2, 11};
+  const uint64_t tokens = r.src.size() * page;
+  Start(**c, r, false);
+  for (auto& d : drafts) {
+    if (d->role != Role::kPrefill) continue;
+    for (uint64_t t = 0; t < tokens; ++t)  // token t's row holds 0x40 + t
+      std::fill_n(d->bytes.begin() + r.src[t / page] * page * token + (t % page) * token, token,
+                  static_cast<uint8_t>(0x40 + t));
+  }
+  SendChunks(r, {2, 3});
+  ASSERT_NO_FATAL_FAILURE(WaitForSuccess(r));
+  for (auto& d : drafts) {
+    if (d->role != Role::kDecode) continue;
+    const uint64_t wide = 2 * page;  // draft rows per decode page
+    for (uint64_t slot = 0; slot < d->bytes.size() / (wide * token); ++slot) {
+      const auto at = std::find(r.dst.begin(), r.dst.end(), static_cast<int32_t>(slot));
+      for (uint64_t row = 0; row < wide; ++row) {
+        const uint64_t t = static_cast<uint64_t>(at - r.dst.begin()) * wide + row;
+        const uint8_t want =
+            at != r.dst.end() && t < tokens ? static_cast<uint8_t>(0x40 + t) : 0xdd;
+        ASSERT_EQ(d->bytes[(slot * wide + row) * token], want)
+            << "decode tp" << d->tp << " draft page " << slot << " row " << row;
+        ASSERT_EQ(d->bytes[(slot * wide + row + 1) * token - 1], want)
+            << "decode tp" << d->tp << " draft page " << slot << " row " << row;
+      }
+    }
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    const KvPool& pool = *(*c)->decode[rank].pool;
+    EXPECT_EQ(pool.CountCorruptDcpRows(5, r.dst, 5, 2, rank), 0u) << "dcp rank " << rank;
+    EXPECT_TRUE(pool.AuxMatches(5, r.dst_aux)) << "dcp rank " << rank;
   }
 }
 

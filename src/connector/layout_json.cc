@@ -88,7 +88,8 @@ nlohmann::json LayoutToJson(const RankLayout& l) {
           {"state_layer_ids", l.state_layer_ids},
           {"state_type_names", l.state_type_names},
           {"cp_size", l.cp_size},
-          {"all_cp_ranks", l.all_cp_ranks}};
+          {"all_cp_ranks", l.all_cp_ranks},
+          {"num_draft_entries", l.num_draft_entries}};
 }
 
 Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
@@ -160,6 +161,13 @@ Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
     if (!it->is_boolean()) return InvalidArgumentError("layout field 'all_cp_ranks' malformed");
     l.all_cp_ranks = it->get<bool>();
   }
+  // Optional: draft entries at the tail of kv (none: 0).
+  if (auto it = j.find("num_draft_entries"); it != j.end()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 ||
+        it->get<int64_t>() > static_cast<int64_t>(l.kv.size()))
+      return InvalidArgumentError("layout field 'num_draft_entries' malformed");
+    l.num_draft_entries = it->get<int>();
+  }
   return l;
 }
 
@@ -200,6 +208,7 @@ Result<RankLayout> LayoutFromOptions(const ManagerOptions& opts) {
           : a.prefill_start_layer + static_cast<int>(a.kv_data_ptrs.size()) / per_layer;
   layout.kv = Spans(a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens);
   layout.kv_layer_ids = a.kv_layer_ids;
+  layout.num_draft_entries = a.num_draft_entries;  // CheckLayout bounds it
   layout.aux = Spans(a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens);
   layout.state = Spans(a.state_data_ptrs, a.state_data_lens, a.state_item_lens);
   KVB_RETURN_IF_ERROR(StateLayoutFromArgs(a, layout));

@@ -124,6 +124,29 @@ TEST(LayoutJsonTest, CpSizeAndModeRoundTripAndMalformedOnesAreRefusedByName) {
   }
 }
 
+TEST(LayoutJsonTest, DraftEntryCountRoundTripsAndMalformedOnesAreRefusedByName) {
+  RankLayout l = Sharded();
+  ASSERT_GE(l.kv.size(), 1u);
+  l.num_draft_entries = 1;
+  auto back = LayoutFromJson(LayoutToJson(l));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->num_draft_entries, 1);
+  nlohmann::json j = LayoutToJson(l);
+  j.erase("num_draft_entries");  // a layout from before draft entries: none
+  back = LayoutFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->num_draft_entries, 0);
+  const std::string past = std::to_string(l.kv.size() + 1);
+  for (const std::string bad :
+       {std::string(R"("1")"), std::string("-1"), past, std::string("1.5"), std::string("null")}) {
+    j = LayoutToJson(l);
+    j["num_draft_entries"] = nlohmann::json::parse(bad);
+    back = LayoutFromJson(j);
+    ASSERT_FALSE(back.ok()) << bad;
+    EXPECT_EQ(back.status().message(), "layout field 'num_draft_entries' malformed") << bad;
+  }
+}
+
 // State types and layer ids: they round-trip (-1: a buffer without), a
 // layout without them reads as none, anything but one per state buffer in
 // range is refused; KVArgs' list must be one per state buffer.

@@ -489,6 +489,22 @@ TEST(ProtocolLimitsTest, DcpSizeAndRankInAHelloRoundTripAndAreBounded) {
   ExpectRejected(bytes, "all_cp_ranks is 2");
 }
 
+// The draft entry count (sglang's num_draft_entries) travels last in a
+// Hello's layout, bounded by the layout's own kv buffers.
+TEST(ProtocolLimitsTest, DraftEntryCountInAHelloRoundTripsAndIsBoundedByTheKvBuffers) {
+  const RankId from = Rank(Role::kDecode, 0);
+  HelloMsg h = HelloWithTwoStateTypes();
+  ASSERT_GE(h.layout.kv.size(), 1u);
+  h.layout.num_draft_entries = static_cast<int>(h.layout.kv.size());
+  auto m = DecodeMessage(EncodeMessage(from, h));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(std::get<HelloMsg>(m->body).layout.num_draft_entries, h.layout.num_draft_entries);
+  h.layout.num_draft_entries = static_cast<int>(h.layout.kv.size()) + 1;
+  ExpectRejected(EncodeMessage(from, h), "num_draft_entries");
+  h.layout.num_draft_entries = -1;
+  ExpectRejected(EncodeMessage(from, h), "num_draft_entries");
+}
+
 // The handshake's fixed-size fields are exactly their size: a proof one
 // byte short is refused naming it, never padded.
 TEST(ProtocolLimitsTest, ShortNonceOrProofIsRejectedNamingTheField) {

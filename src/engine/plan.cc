@@ -20,6 +20,12 @@ namespace {
 
 int NumLayers(const RankLayout& l) { return l.end_layer - l.start_layer; }
 
+// The target model's kv buffers: all but the draft entries at the tail.
+size_t TargetKvCount(const RankLayout& l) {
+  const size_t draft = static_cast<size_t>(std::max(l.num_draft_entries, 0));
+  return l.kv.size() > draft ? l.kv.size() - draft : 0;
+}
+
 size_t CountOf(const RankLayout& l, int32_t layer_id) {
   return static_cast<size_t>(std::count(l.kv_layer_ids.begin(), l.kv_layer_ids.end(), layer_id));
 }
@@ -27,6 +33,7 @@ size_t CountOf(const RankLayout& l, int32_t layer_id) {
 // "layer 3 (K)" by range, "model layer 3 (kv[5])" by id.
 std::string DescribeKvBuffer(const RankLayout& l, size_t i) {
   if (!l.kv_layer_ids.empty()) return fmt::format("model layer {} (kv[{}])", l.kv_layer_ids[i], i);
+  if (IsDraftKv(l, i)) return fmt::format("draft entry {} (kv[{}])", i - TargetKvCount(l), i);
   const size_t np = static_cast<size_t>(NumLayers(l));
   if (l.is_mla || np == 0) return fmt::format("layer {}", l.start_layer + static_cast<int>(i));
   return fmt::format("layer {} ({})", l.start_layer + static_cast<int>(i % np), i < np ? "K" : "V");
@@ -61,14 +68,17 @@ Status CheckSameItems(const std::vector<BufferSpan>& p, const std::vector<Buffer
   return Status::Ok();
 }
 
-// Without layer ids, the kv buffers are the layer range: one per layer
-// (MLA) or K then V per layer (MHA).
+// Without layer ids, the kv buffers before the draft entries are the layer
+// range: one per layer (MLA) or K then V per layer (MHA).
 Status CheckRangeCount(const RankLayout& l) {
   const size_t expected_buffers = static_cast<size_t>(NumLayers(l)) * (l.is_mla ? 1 : 2);
-  if (l.kv.size() != expected_buffers) {
+  if (TargetKvCount(l) != expected_buffers) {
     return FailedPreconditionError(fmt::format(
-        "kv buffer count {} for {} layers [{}, {}) ({}), expected {}", l.kv.size(), NumLayers(l),
-        l.start_layer, l.end_layer, l.is_mla ? "MLA" : "MHA K and V", expected_buffers));
+        "kv buffer count {} for {} layers [{}, {}) ({}), expected {}{}", TargetKvCount(l),
+        NumLayers(l), l.start_layer, l.end_layer, l.is_mla ? "MLA" : "MHA K and V",
+        expected_buffers,
+        l.num_draft_entries > 0 ? fmt::format(" (and {} draft entries)", l.num_draft_entries)
+                                : ""));
   }
   return Status::Ok();
 }
@@ -115,6 +125,14 @@ Result<std::vector<uint32_t>> PairByRange(const RankLayout& prefill, const RankL
   pairs.reserve(prefill.kv.size());
   for (int half = 0; half < (prefill.is_mla ? 1 : 2); ++half)
     for (int i = 0; i < np; ++i) pairs.push_back(static_cast<uint32_t>(half * nd + i + offset));
+  // The draft entries, tail to tail.
+  if (prefill.num_draft_entries != decode.num_draft_entries)
+    return FailedPreconditionError(
+        fmt::format("draft entry count mismatch: prefill {}, decode {} (without kv_layer_ids "
+                    "they pair tail to tail)",
+                    prefill.num_draft_entries, decode.num_draft_entries));
+  for (size_t j = 0; j < static_cast<size_t>(prefill.num_draft_entries); ++j)
+    pairs.push_back(static_cast<uint32_t>(TargetKvCount(decode) + j));
   return pairs;
 }
 
@@ -132,7 +150,13 @@ Result<std::vector<uint32_t>> PairKvBuffers(const RankLayout& prefill, const Ran
   return pairs;
 }
 
+bool IsDraftKv(const RankLayout& l, size_t b) { return b < l.kv.size() && b >= TargetKvCount(l); }
+
 Status CheckLayout(const RankLayout& l) {
+  if (l.num_draft_entries < 0 || static_cast<size_t>(l.num_draft_entries) > l.kv.size())
+    return FailedPreconditionError(
+        fmt::format("num_draft_entries {} out of range [0, {}] (kv buffers)", l.num_draft_entries,
+                    l.kv.size()));
   if (l.page_size < 1) return FailedPreconditionError(fmt::format("page_size {} < 1", l.page_size));
   if (l.tp_size < 1) return FailedPreconditionError(fmt::format("tp_size {} < 1", l.tp_size));
   if (l.tp_rank < 0 || l.tp_rank >= l.tp_size) {
@@ -231,12 +255,21 @@ Result<std::vector<uint32_t>> CompatiblePairs(const RankLayout& prefill, const R
     return mismatch("total kv heads", prefill.total_kv_heads, decode.total_kv_heads);
   }
   KVB_ASSIGN_OR_RETURN(std::vector<uint32_t> pairs, PairKvBuffers(prefill, decode));
-  // Bytes per head per token, compared for every buffer prefill sends.
+  // Bytes per head per token, compared for every buffer prefill sends. Under
+  // decode dcp a draft entry's decode page holds dcp_size of prefill's.
   for (size_t i = 0; i < pairs.size(); ++i) {
     const BufferSpan& p = prefill.kv[i];
     const BufferSpan& d = decode.kv[pairs[i]];
+    const bool draft = IsDraftKv(prefill, i);
+    if (decode.dcp_size > 1 && draft != IsDraftKv(decode, pairs[i]))
+      return FailedPreconditionError(fmt::format(
+          "draft entry mismatch under dcp: {} is {} on prefill, {} is {} on decode",
+          DescribeKvBuffer(prefill, i), draft ? "a draft entry" : "the target's",
+          DescribeKvBuffer(decode, pairs[i]), draft ? "the target's" : "a draft entry"));
+    const uint64_t widen = draft && decode.dcp_size > 1 ? uint64_t(decode.dcp_size) : 1;
     const uint64_t p_bytes = p.item_len / (uint64_t(prefill.page_size) * prefill.kv_heads);
-    const uint64_t d_bytes = d.item_len / (uint64_t(decode.page_size) * decode.kv_heads);
+    const uint64_t d_per = uint64_t(decode.page_size) * decode.kv_heads * widen;
+    const uint64_t d_bytes = d.item_len % d_per == 0 ? d.item_len / d_per : 0;
     if (p_bytes != d_bytes) {
       return FailedPreconditionError(
           fmt::format("bytes per head per token mismatch for {}: prefill {}, decode {}",

@@ -92,7 +92,13 @@ struct RankLayout {
   // handshake and the registry.
   int cp_size = 1;
   bool all_cp_ranks = false;
+  // The last num_draft_entries kv buffers are a draft model's
+  // (KVArgs::num_draft_entries). Exchanged in the handshake.
+  int num_draft_entries = 0;
 };
+
+// Whether kv buffer `b` of `l` is a draft model's (the last num_draft_entries).
+bool IsDraftKv(const RankLayout& l, size_t b);
 
 // Whether prefill's state buffer `p` moves as slices into decode's buffer
 // `d` (its pair): their tp sizes differ and both shard it (dim > 0).
@@ -243,8 +249,11 @@ Result<std::vector<CopyRun>> PlanKvPages(const RankLayout& prefill, const RankLa
 // page after the prefix) belongs to dcp rank p % dcp_size and lands in row
 // p / dcp_size, in page dst_pages[row / page_size] at row % page_size. One
 // run per token this rank owns, per paired kv buffer (a token's rows are
-// never contiguous on prefill). InvalidArgument when decode has too few
-// pages for a token or an index is out of range.
+// never contiguous on prefill). The draft entries (num_draft_entries) go to
+// every rank whole: page q (from the first page after the prefix) into the
+// (q % dcp_size)-th part of decode's page dst_pages[q / dcp_size], one run
+// per page per buffer. InvalidArgument when decode has too few pages for a
+// token or a draft page, or an index is out of range.
 Result<std::vector<CopyRun>> PlanKvDcpTokens(const RankLayout& prefill, const RankLayout& decode,
                                              std::span<const int32_t> src_pages,
                                              std::span<const int32_t> dst_pages,

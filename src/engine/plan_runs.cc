@@ -96,6 +96,39 @@ Result<std::vector<CopyRun>> PlanKvPages(const RankLayout& prefill, const RankLa
   return runs;
 }
 
+namespace {
+
+// The draft entries under decode dcp: every rank holds every draft token,
+// in pages dcp_size times wider than prefill's, so page q of the request
+// (after the prefix) is one run into the (q % dcp)-th part of decode's page
+// dst_pages[q / dcp].
+Status AppendDcpDraftPages(const RankLayout& prefill, const RankLayout& decode,
+                           const std::vector<uint32_t>& pairs, std::span<const int32_t> src_pages,
+                           std::span<const int32_t> dst_pages, uint64_t first_page,
+                           std::vector<CopyRun>& runs) {
+  const uint64_t dcp = static_cast<uint64_t>(decode.dcp_size);
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    if (!IsDraftKv(prefill, i)) continue;
+    const uint64_t src_item = prefill.kv[i].item_len;
+    const uint64_t dst_item = decode.kv[pairs[i]].item_len;  // dcp x src_item (CheckCompatible)
+    for (size_t j = 0; j < src_pages.size(); ++j) {
+      const uint64_t q = first_page + j;
+      if (q / dcp >= dst_pages.size())
+        return InvalidArgumentError(
+            fmt::format("decode dcp rank {} of {} gave {} pages; draft page {} of the request "
+                        "needs {}",
+                        decode.dcp_rank, dcp, dst_pages.size(), q, q / dcp + 1));
+      Append(runs, {BufferClass::kKv, static_cast<uint32_t>(i),
+                    static_cast<uint64_t>(src_pages[j]) * src_item, pairs[i],
+                    static_cast<uint64_t>(dst_pages[q / dcp]) * dst_item + (q % dcp) * src_item,
+                    src_item});
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
 Result<std::vector<CopyRun>> PlanKvDcpTokens(const RankLayout& prefill, const RankLayout& decode,
                                              std::span<const int32_t> src_pages,
                                              std::span<const int32_t> dst_pages,
@@ -116,13 +149,15 @@ Result<std::vector<CopyRun>> PlanKvDcpTokens(const RankLayout& prefill, const Ra
   // The first position of the chunk this rank owns, then every dcp-th.
   const uint64_t first = begin + (decode.dcp_rank + dcp - begin % dcp) % dcp;
   std::vector<CopyRun> runs;
-  if (first >= end) return runs;
-  const uint64_t last = first + (end - 1 - first) / dcp * dcp;
-  if (last / dcp / page >= dst_pages.size())
-    return InvalidArgumentError(
-        fmt::format("decode dcp rank {} of {} gave {} pages; token {} of the request needs {}",
-                    decode.dcp_rank, dcp, dst_pages.size(), last, last / dcp / page + 1));
-  for (size_t i = 0; i < pairs.size(); ++i) {
+  if (first < end) {
+    const uint64_t last = first + (end - 1 - first) / dcp * dcp;
+    if (last / dcp / page >= dst_pages.size())
+      return InvalidArgumentError(
+          fmt::format("decode dcp rank {} of {} gave {} pages; token {} of the request needs {}",
+                      decode.dcp_rank, dcp, dst_pages.size(), last, last / dcp / page + 1));
+  }
+  for (size_t i = 0; i < pairs.size() && first < end; ++i) {
+    if (IsDraftKv(prefill, i)) continue;
     const uint32_t sb = static_cast<uint32_t>(i);
     const uint32_t db = pairs[i];
     const uint64_t src_item = prefill.kv[sb].item_len;
@@ -137,6 +172,8 @@ Result<std::vector<CopyRun>> PlanKvDcpTokens(const RankLayout& prefill, const Ra
       Append(runs, {BufferClass::kKv, sb, src_off, db, dst_off, token});
     }
   }
+  KVB_RETURN_IF_ERROR(AppendDcpDraftPages(prefill, decode, pairs, src_pages, dst_pages,
+                                          static_cast<uint64_t>(first_page), runs));
   return runs;
 }
 
