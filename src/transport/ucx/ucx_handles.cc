@@ -87,6 +87,18 @@ UcpEp::~UcpEp() {
   if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
 }
 
+Result<UcpWorker> CreateWorker(ucp_context_h context, int* efd) {
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread uses it
+  ucp_worker_h worker = nullptr;
+  ucs_status_t s = ucp_worker_create(context, &wp, &worker);
+  if (s != UCS_OK) return FromUcs(s, "worker create");
+  UcpWorker out(worker);
+  if (ucp_worker_get_efd(worker, efd) != UCS_OK) *efd = -1;
+  return out;
+}
+
 Result<std::string> WorkerAddress(ucp_worker_h worker, bool network_only) {
   ucp_worker_attr_t attr{};
   attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS | UCP_WORKER_ATTR_FIELD_ADDRESS_FLAGS;

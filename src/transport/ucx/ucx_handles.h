@@ -102,6 +102,9 @@ class UcpEp {
   ucp_ep_h ep_ = nullptr;
 };
 
+// A worker of `context` for the progress thread alone (single-threaded
+// mode); `efd` gets its wakeup fd, or -1 when it has none.
+Result<UcpWorker> CreateWorker(ucp_context_h context, int* efd);
 // This worker's address as bytes; with `network_only`, of its network
 // devices only (UCP_WORKER_ADDRESS_FLAG_NET_ONLY; empty when it has none).
 Result<std::string> WorkerAddress(ucp_worker_h worker, bool network_only = false);

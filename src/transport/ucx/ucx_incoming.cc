@@ -353,7 +353,7 @@ ucs_status_t UcxTransport::OnDataAm(const void* header, size_t header_length, vo
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
     p.memh = memh;
   }
-  ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_.get(), data, dst, count, &p);
+  ucs_status_ptr_t req = ucp_am_recv_data_nbx(progressing_, data, dst, count, &p);
   if (UCS_PTR_IS_PTR(req)) {
     if (grant != 0) {
       // Landing until ReceiveDone: RevokeGrant waits for it.

@@ -93,23 +93,20 @@ Status UcxTransport::Init() {
   if (s != UCS_OK) return FromUcs(s, "init");
   context_ = UcpContext(ctx);
 
-  ucp_worker_params_t wp{};
-  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread uses it
-  ucp_worker_h worker = nullptr;
-  s = ucp_worker_create(context_.get(), &wp, &worker);
-  if (s != UCS_OK) return FromUcs(s, "worker create");
-  worker_ = UcpWorker(worker);
-  if (ucp_worker_get_efd(worker_.get(), &worker_efd_) != UCS_OK) worker_efd_ = -1;
+  KVB_ASSIGN_OR_RETURN(worker_, CreateWorker(context_.get(), &worker_efd_));
+  KVB_ASSIGN_OR_RETURN(net_worker_, CreateWorker(context_.get(), &net_worker_efd_));
   const char* gather = std::getenv("KVBRIDGE_UCX_GATHER");
   if (options_.gather_bytes > 0 && !(gather != nullptr && std::string_view(gather) == "0"))
-    max_gather_pieces_ = MaxGatherPieces(worker_.get());
-  KVB_RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmData, DataAmCallback, this));
-  KVB_RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmMessage, MessageAmCallback, this));
-  KVB_RETURN_IF_ERROR(SetAmHandler(worker_.get(), kAmAck, AckAmCallback, this));
+    max_gather_pieces_ =
+        std::min(MaxGatherPieces(worker_.get()), MaxGatherPieces(net_worker_.get()));
+  for (ucp_worker_h w : {worker_.get(), net_worker_.get()}) {
+    KVB_RETURN_IF_ERROR(SetAmHandler(w, kAmData, DataAmCallback, this));
+    KVB_RETURN_IF_ERROR(SetAmHandler(w, kAmMessage, MessageAmCallback, this));
+    KVB_RETURN_IF_ERROR(SetAmHandler(w, kAmAck, AckAmCallback, this));
+  }
 
   KVB_ASSIGN_OR_RETURN(std::string worker_address, WorkerAddress(worker_.get()));
-  KVB_ASSIGN_OR_RETURN(std::string network_address, WorkerAddress(worker_.get(), true));
+  KVB_ASSIGN_OR_RETURN(std::string network_address, WorkerAddress(net_worker_.get(), true));
   address_ = EncodeAddress(AddressBlob{ThisHost(), std::move(worker_address), network_address});
   network_address_ = network_address.empty()
                          ? address_
@@ -132,7 +129,8 @@ Status UcxTransport::Init() {
     writer_threads_.emplace_back([this] { WriterLoop(); });
   KVB_LOG_INFO("ucx transport {}: up (tls={}, same_host_paths={}, keepalive={}ms, wakeup={})",
                options_.name, options_.tls.empty() ? "default" : options_.tls,
-               options_.same_host_paths, options_.keepalive_interval.count(), worker_efd_ >= 0);
+               options_.same_host_paths, options_.keepalive_interval.count(),
+               worker_efd_ >= 0 && net_worker_efd_ >= 0);
   return Status::Ok();
 }
 
@@ -171,6 +169,7 @@ UcxTransport::~UcxTransport() {
     std::lock_guard<std::mutex> lock(mu_);
     regions_.clear();  // ucp_mem_unmap before the context goes
   }
+  net_worker_.reset();
   worker_.reset();
   context_.reset();
   if (wake_fd_ >= 0) close(wake_fd_);
@@ -229,7 +228,10 @@ void UcxTransport::ProgressLoop() {
     const Clock::time_point now = Clock::now();
     {
       StepWatch::Scope step(step_, "UCX progress (taking arriving data and acks)", now);
-      did |= ucp_worker_progress(worker_.get()) != 0;
+      for (ucp_worker_h w : {worker_.get(), net_worker_.get()}) {
+        progressing_ = w;
+        did |= ucp_worker_progress(w) != 0;
+      }
     }
     PollClosing();
     if (did) {
@@ -245,13 +247,16 @@ void UcxTransport::ProgressLoop() {
       continue;
     }
     if (did) continue;
-    if (worker_efd_ >= 0 && ucp_worker_arm(worker_.get()) == UCS_ERR_BUSY) continue;
+    const bool wakeup = worker_efd_ >= 0 && net_worker_efd_ >= 0;
+    if (wakeup && (ucp_worker_arm(worker_.get()) == UCS_ERR_BUSY ||
+                   ucp_worker_arm(net_worker_.get()) == UCS_ERR_BUSY))
+      continue;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!commands_.empty()) continue;
     }
-    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {worker_efd_, POLLIN, 0}};
-    poll(fds, worker_efd_ >= 0 ? 2 : 1, worker_efd_ >= 0 ? idle_ms : 1);
+    pollfd fds[3] = {{wake_fd_, POLLIN, 0}, {worker_efd_, POLLIN, 0}, {net_worker_efd_, POLLIN, 0}};
+    poll(fds, wakeup ? 3 : 1, wakeup ? idle_ms : 1);
     uint64_t drained;
     [[maybe_unused]] ssize_t n = read(wake_fd_, &drained, sizeof(drained));
   }
@@ -409,7 +414,7 @@ Result<PeerId> UcxTransport::ConnectTo(std::string_view peer_address, bool netwo
     ucs_status_t s = UCS_ERR_UNREACHABLE;
     if (network_only && !blob.network_address.empty()) {
       ep.address = reinterpret_cast<const ucp_address_t*>(blob.network_address.data());
-      s = ucp_ep_create(worker_.get(), &ep, &handle);
+      s = ucp_ep_create(net_worker_.get(), &ep, &handle);
       if (s != UCS_OK)
         KVB_LOG_WARN("ucx transport {}: no network endpoint to {} ({}); connecting as usual",
                      options_.name, peer->name, ucs_status_string(s));

@@ -360,11 +360,20 @@ class UcxTransport final : public Transport {
   bool force_put_ = false;
   UcpContext context_;
   UcpWorker worker_;
+  // Endpoints over the network only (ConnectOverNetwork, and peers that
+  // connect to network_address_) live on a worker of their own: UCX pairs
+  // the k-th endpoint one worker makes to another with the k-th made back
+  // (its wire-up matches them by sequence number) and UCX 1.13 aborts the
+  // process when the two were made for different transports.
+  UcpWorker net_worker_;
+  // The worker being progressed: the one an AM callback's data arrived on.
+  ucp_worker_h progressing_ = nullptr;
   size_t max_gather_pieces_ = 0;  // < 2: no gathering
   std::string address_;
   std::string network_address_;  // its worker address is the network-only one
   int wake_fd_ = -1;
   int worker_efd_ = -1;  // -1: no wakeup support, poll with a short timeout
+  int net_worker_efd_ = -1;
   std::thread progress_thread_;
   std::thread::id progress_id_;
   std::atomic<bool> stopping_{false};
