@@ -137,7 +137,9 @@ TEST(UcxNetworkTest, NetworkAndUsualEndpointsMadeBothWaysAreNeverPairedByUcx) {
     const bool network = from_a != (round % 2 == 1);
     auto& [t, peer] = eps[i];
     ASSERT_TRUE(t->ImportRegion(peer, (from_a ? b_region : a_region)->remote_key).ok());
-    if (network) EXPECT_EQ(t->WireTo(peer), "tcp") << "endpoint " << i;
+    if (network) {
+      EXPECT_EQ(t->WireTo(peer), "tcp") << "endpoint " << i;
+    }
   }
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(at_a.size(), kEach);
