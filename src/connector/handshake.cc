@@ -273,7 +273,15 @@ void ManagerImpl::OnHelloProof(const RankId& from, const HelloProofMsg& p) {
   const SessionKeys keys = handshake_->Keys(t);
   const AuthTransport::Binding b{keys.prefill_to_decode, pending.hello.session,
                                  keys.decode_to_prefill, p.session, from};
-  AcceptHello(from, std::move(pending.hello), pending.tpeer, b);
+  if (hooks_.manual_ticks) {  // scripted tests: no acceptor thread
+    AcceptHello(from, std::move(pending.hello), pending.tpeer, b);
+    return;
+  }
+  {
+    MutexLock lock(mu_);
+    accepts_.push_back(PendingAccept{from, std::move(pending.hello), pending.tpeer, b});
+  }
+  Wake(&accept_wake_);
 }
 
 bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Binding& b,
@@ -342,7 +350,7 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
 
 void ManagerImpl::AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer,
                               AuthTransport::Binding b) {
-  // Runs on a transport thread; ImportRegion is allowed there.
+  // The acceptor thread (AcceptRound); in scripted tests the caller's.
   std::lock_guard<std::mutex> resolve(resolve_mu_);
   Outbox out;
   PeerId stale = 0;

@@ -265,18 +265,10 @@ Status ManagerImpl::RegisterSelf() {
   return Status();
 }
 
-void ManagerImpl::WakeRegistryRound() {
+void ManagerImpl::Wake(bool* flag) {
   {
     std::lock_guard<std::mutex> lock(ticker_mu_);
-    registry_wake_ = true;
-  }
-  ticker_cv_.notify_all();
-}
-
-void ManagerImpl::WakeResolver() {
-  {
-    std::lock_guard<std::mutex> lock(ticker_mu_);
-    resolver_wake_ = true;
+    *flag = true;
   }
   ticker_cv_.notify_all();
 }
@@ -293,6 +285,7 @@ void ManagerImpl::StartThreads() {
   if (hooks_.manual_ticks) return;
   resolver_ = std::thread([this] { EveryHeartbeat([this] { ResolveRound(); }, &resolver_wake_); });
   fencer_ = std::thread([this] { EveryHeartbeat([this] { FenceRound(); }); });
+  acceptor_ = std::thread([this] { EveryHeartbeat([this] { AcceptRound(); }, &accept_wake_); });
 }
 
 ManagerImpl::~ManagerImpl() {
@@ -306,6 +299,7 @@ ManagerImpl::~ManagerImpl() {
   if (beat_thread_.joinable()) beat_thread_.join();
   if (resolver_.joinable()) resolver_.join();
   if (fencer_.joinable()) fencer_.join();
+  if (acceptor_.joinable()) acceptor_.join();
   if (registry_) registry_->SetChangeCallback(nullptr);
   // Transport threads may still deliver messages and completions, which flush
   // more work: now nothing reaches the engine or the transport, and the engine

@@ -8,7 +8,8 @@
 //
 // Threads: transport threads deliver messages (OnMessage) and peer failures
 // (OnPeerFailure); the engine thread posts writes; the ticker thread sends
-// heartbeats, checks liveness and phase deadlines, and retries bootstrap.
+// heartbeats, checks liveness and phase deadlines; the acceptor thread takes
+// proven Hellos (AcceptRound); the rest: StartThreads.
 #pragma once
 
 #include <atomic>
@@ -180,7 +181,7 @@ class ManagerImpl {
   void OnHello(const RankId& from, HelloMsg hello, std::string_view bytes);
   // Decode: checks prefill's proof, binds the session, proves itself.
   void OnHelloChallenge(const RankId& from, const HelloChallengeMsg& c);
-  // Prefill: checks decode's proof; then AcceptHello.
+  // Prefill: checks decode's proof; then queues it for AcceptRound.
   void OnHelloProof(const RankId& from, const HelloProofMsg& p);
   // Prefill: a proven Hello: replaces an old incarnation, imports the
   // regions and answers (sealed) on `tpeer`, bound to `b`.
@@ -200,10 +201,16 @@ class ManagerImpl {
   // the ticker, registry, beat, fence and resolver threads is one such loop. With `wake`
   // (guarded by ticker_mu_), also as soon as it is set (and clears it).
   void EveryHeartbeat(const std::function<void()>& round, bool* wake = nullptr);
-  // Runs the registry thread's round now (etcd's watch saw a change); the
-  // resolver's (a new receiver to resolve).
-  void WakeRegistryRound();
-  void WakeResolver();
+  // Runs now the round of the thread whose `flag` (guarded by ticker_mu_) is
+  // set: registry (etcd's watch saw a change), resolver, acceptor.
+  void Wake(bool* flag);
+  void WakeRegistryRound() { Wake(&registry_wake_); }
+  void WakeResolver() { Wake(&resolver_wake_); }
+  // Acceptor thread: AcceptHello for each proven Hello queued (accepts_).
+  // It maps the peer's regions (a same-host mapping fills its page tables,
+  // ~0.07 s/GiB), so never on a transport thread, whose stall would silence
+  // this rank to every peer.
+  void AcceptRound();
   // Lookups, connects and handshake retries the ticker asks for: they wait on
   // the network, so they run on the resolver thread, never delaying a beat.
   void ResolveRound();
@@ -335,16 +342,10 @@ class ManagerImpl {
   // Publishes the failure records queued for the registry (RegistryRound);
   // `answered_before` is when the registry answered the round before this.
   void PublishQueued(std::chrono::system_clock::time_point answered_before);
-  // The registry refused this incarnation's heartbeat (FailedPrecondition:
-  // e.g. etcd expired its record lease while this rank could not reach it,
-  // so every rank counts it dead, with no failure record naming it). Read
-  // after the round's records (a record that fenced it is applied as such):
-  // when another process holds the position now this one stops for good;
-  // otherwise it is fenced as if a record named it, and rejoins.
-  struct HeartbeatRefusal {
-    uint64_t incarnation = 0;  // the incarnation the refused heartbeat was of
-    std::string why;
-  };
+  // The registry refused this incarnation's heartbeat (HeartbeatRefusal).
+  // Read after the round's records (a record that fenced it is applied as
+  // such): when another process holds the position now this one stops for
+  // good; otherwise it is fenced as if a record named it, and rejoins.
   void ApplyHeartbeatRefusalLocked(const HeartbeatRefusal& refusal,
                                    const std::vector<RankStatus>& ranks, Outbox& out)
       KVB_REQUIRES(mu_);
@@ -414,10 +415,6 @@ class ManagerImpl {
   Result<ParallelInfo> PrefillParallelInfo();
   // Fails `room` when a rank of its prefill instance is dead, not restarted.
   Status FailIfSourceInstanceDead(const std::shared_ptr<ReceiverRoom>& room);
-  struct SourcePosition {
-    RankId position;     // role, dp, tp, pp; process filled when connected
-    bool dummy = false;  // sends no pages to this rank, only its notices
-  };
   // The prefill positions `room` hears from, by the two sides' layouts.
   Result<std::vector<SourcePosition>> SourcePositions(const ReceiverRoom& room,
                                                       const ParallelInfo& info) const;
@@ -578,11 +575,14 @@ class ManagerImpl {
   std::atomic<bool> stop_{false};  // set under ticker_mu_; a long round reads it too
   bool registry_wake_ = false;     // guarded by ticker_mu_: etcd's watch saw a change
   bool resolver_wake_ = false;     // guarded by ticker_mu_: a receiver to resolve
+  bool accept_wake_ = false;       // guarded by ticker_mu_: a Hello to accept
   std::thread ticker_;
   std::thread registry_thread_;
   std::thread beat_thread_;  // BeatRound: heartbeats never wait for the registry reads
   std::thread resolver_;
-  std::thread fencer_;  // FenceRound
+  std::thread fencer_;    // FenceRound
+  std::thread acceptor_;  // AcceptRound
+  std::vector<PendingAccept> accepts_ KVB_GUARDED_BY(mu_);
   // Prefill: Hellos challenged, not yet proven, by session id (kMaxPendingHellos).
   std::map<uint64_t, PendingHello> pending_hellos_ KVB_GUARDED_BY(mu_);
   std::atomic<uint64_t> unauth_dropped_{0};

@@ -1,5 +1,6 @@
 // The state a manager keeps for each rank it exchanges messages with (a
-// Peer), guarded by ManagerImpl::mu_, and what it shows of it.
+// Peer), guarded by ManagerImpl::mu_, what it shows of it, and the small
+// records its handshake and registry rounds pass along.
 #pragma once
 
 #include <chrono>
@@ -7,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "connector/auth_transport.h"
 #include "connector/peer_auth.h"
 #include "connector/protocol.h"
 #include "connector/rooms.h"
@@ -25,6 +27,28 @@ struct PendingHello {
   Nonce nonce{};
   PeerId tpeer = 0;
   SteadyTime at;
+};
+
+// A Hello whose proof checked, for the acceptor thread (AcceptRound).
+struct PendingAccept {
+  RankId from;
+  HelloMsg hello;
+  PeerId tpeer = 0;
+  AuthTransport::Binding binding;
+};
+
+// Why the registry refused this incarnation's heartbeat (FailedPrecondition:
+// e.g. etcd expired its record lease while this rank could not reach it, so
+// every rank counts it dead, with no failure record naming it).
+struct HeartbeatRefusal {
+  uint64_t incarnation = 0;  // the incarnation the refused heartbeat was of
+  std::string why;
+};
+
+// A prefill position a decode room hears from (SourcePositions).
+struct SourcePosition {
+  RankId position;     // role, dp, tp, pp; process filled when connected
+  bool dummy = false;  // sends no pages to this rank, only its notices
 };
 
 // The unrevoked grant of a peer replaced at its position before the fence

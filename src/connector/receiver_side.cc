@@ -212,8 +212,8 @@ Status ManagerImpl::FailIfSourceInstanceDead(const std::shared_ptr<ReceiverRoom>
   return Status();
 }
 
-Result<std::vector<ManagerImpl::SourcePosition>> ManagerImpl::SourcePositions(
-    const ReceiverRoom& room, const ParallelInfo& info) const {
+Result<std::vector<SourcePosition>> ManagerImpl::SourcePositions(const ReceiverRoom& room,
+                                                                 const ParallelInfo& info) const {
   if (room.prefill_dp_rank >= info.attn_dp_size)
     return InvalidArgumentError(fmt::format("prefill dp rank {} out of range [0, {})",
                                             room.prefill_dp_rank, info.attn_dp_size));
