@@ -6,11 +6,14 @@
 // message to the rank, so that its peers heard nothing from it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "connector/connector_test_util.h"
+#include "connector/registry_test_util.h"
 #include "transport/forwarding_transport.h"
 
 namespace kvbridge::internal {
@@ -24,12 +27,29 @@ class HeldImports : public ForwardingTransport {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (hold_) {
+        held_peer_ = peer;
         ++waiting_;
         cv_.notify_all();
         cv_.wait(lock, [&] { return !hold_; });
       }
     }
     return ForwardingTransport::ImportRegion(peer, key);
+  }
+  void Disconnect(PeerId peer) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      disconnected_.push_back(peer);
+      cv_.notify_all();
+    }
+    ForwardingTransport::Disconnect(peer);
+  }
+  // Whether the endpoint an import was held for is disconnected within `timeout`.
+  bool WaitForHeldPeerDisconnected(std::chrono::seconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] {
+      return held_peer_ != 0 && std::find(disconnected_.begin(), disconnected_.end(), held_peer_) !=
+                                    disconnected_.end();
+    });
   }
   void Hold() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -51,6 +71,8 @@ class HeldImports : public ForwardingTransport {
   std::condition_variable cv_;
   bool hold_ = false;
   int waiting_ = 0;
+  PeerId held_peer_ = 0;
+  std::vector<PeerId> disconnected_;
 };
 
 // Prefill tp1 -> decode tp2. Decode tp0 meets prefill; then decode tp1's
@@ -92,6 +114,40 @@ TEST(AcceptorTest, AHelloBeingAcceptedHoldsNoMessageFromAnotherPeer) {
     auto p = PeerAt(ManagerAccess::Of(prefill), d1.self());
     return p.has_value() && p->ready && !p->failed;
   })) << "decode tp1 was never accepted";
+}
+
+// Prefill rejoins (a record declared this incarnation failed) while decode
+// tp1's Hello is being accepted: the proof named the old incarnation, so the
+// acceptance is dropped (its endpoint closed, no answer) instead of
+// installing a ready peer on a session the rejoin has ended.
+TEST(AcceptorTest, AnAcceptanceOutlivedByARejoinIsDropped) {
+  HeldImports* held = nullptr;
+  ClusterOptions o;
+  o.decode_tp = 2;
+  o.wrap = [&held](std::unique_ptr<Transport> t, Role role, int) -> std::unique_ptr<Transport> {
+    if (role != Role::kPrefill) return t;
+    auto h = std::make_unique<HeldImports>(std::move(t));
+    held = h.get();
+    return h;
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  KVManager& d0 = *(*c)->decode[0].manager;
+  KVManager& d1 = *(*c)->decode[1].manager;
+  const uint64_t before = prefill.self().incarnation;
+  held->Hold();
+  auto rx1 = std::move(KVReceiver::Create(d1, 1)).value();
+  ASSERT_TRUE(rx1->Init(0).ok());
+  ASSERT_TRUE(held->WaitForHeldImport(std::chrono::seconds(10))) << "decode tp1 sent no Hello";
+  ASSERT_NO_FATAL_FAILURE(
+      PublishDeath((*c)->bootstrap_address(), d0.self(), DeathOf(prefill.self())));
+  ASSERT_TRUE(WaitFor([&] { return prefill.self().incarnation != before; }))
+      << "prefill never rejoined";
+  held->Release();
+  // Barrier: the acceptance ended by closing the endpoint it was for.
+  EXPECT_TRUE(held->WaitForHeldPeerDisconnected(std::chrono::seconds(10)))
+      << "the outdated acceptance kept its endpoint";
 }
 
 }  // namespace

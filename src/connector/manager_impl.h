@@ -184,8 +184,10 @@ class ManagerImpl {
   // Prefill: checks decode's proof; then queues it for AcceptRound.
   void OnHelloProof(const RankId& from, const HelloProofMsg& p);
   // Prefill: a proven Hello: replaces an old incarnation, imports the
-  // regions and answers (sealed) on `tpeer`, bound to `b`.
-  void AcceptHello(const RankId& from, HelloMsg hello, PeerId tpeer, AuthTransport::Binding b);
+  // regions, answers (sealed) on its endpoint, bound to its binding.
+  void AcceptHello(PendingAccept accept);
+  // Outdated: this rank rejoined since the proof, or a record killed `a.from`.
+  bool StaleAcceptLocked(const PendingAccept& a) const KVB_REQUIRES(mu_);
   // Carries out what a proven Hello on `*fresh` does to the peer at its
   // position (hello_rule.h): true when that peer stays (answered again on
   // its endpoint, or failed: with sglang's server it may take `*fresh`, set
@@ -206,10 +208,8 @@ class ManagerImpl {
   void Wake(bool* flag);
   void WakeRegistryRound() { Wake(&registry_wake_); }
   void WakeResolver() { Wake(&resolver_wake_); }
-  // Acceptor thread: AcceptHello for each proven Hello queued (accepts_).
-  // It maps the peer's regions (a same-host mapping fills its page tables,
-  // ~0.07 s/GiB), so never on a transport thread, whose stall would silence
-  // this rank to every peer.
+  // Acceptor thread: AcceptHello for each proven Hello queued (accepts_),
+  // never on a transport thread (accept.cc).
   void AcceptRound();
   // Lookups, connects and handshake retries the ticker asks for: they wait on
   // the network, so they run on the resolver thread, never delaying a beat.

@@ -264,15 +264,6 @@ void ManagerImpl::EveryHeartbeat(const std::function<void()>& round, bool* wake)
   }
 }
 
-void ManagerImpl::AcceptRound() {
-  std::vector<PendingAccept> todo;
-  {
-    MutexLock lock(mu_);
-    todo.swap(accepts_);
-  }
-  for (PendingAccept& a : todo) AcceptHello(a.from, std::move(a.hello), a.tpeer, a.binding);
-}
-
 void ManagerImpl::ResolveRound() {
   std::set<std::string> retry_hello;
   {

@@ -46,6 +46,8 @@ bool ManagerImpl::RetirePeersLocked(const FailureRecord& why, Outbox& out) {
   // incarnation before it is registered).
   for (auto& [session, pending] : pending_hellos_) out.disconnect.push_back(pending.tpeer);
   pending_hellos_.clear();
+  for (const PendingAccept& a : accepts_) out.disconnect.push_back(a.tpeer);  // proven, not taken
+  accepts_.clear();
   hello_retries_.clear();
   inbox_.DropAllMeta();
   return all_fenced;
