@@ -75,21 +75,25 @@ class HeldImports : public ForwardingTransport {
   std::vector<PeerId> disconnected_;
 };
 
-// Prefill tp1 -> decode tp2. Decode tp0 meets prefill; then decode tp1's
-// Hello is accepted while prefill's region imports are held. Decode tp0's
-// heartbeats, which arrive meanwhile, are still heard: no message waits
-// behind an acceptance.
-TEST(AcceptorTest, AHelloBeingAcceptedHoldsNoMessageFromAnotherPeer) {
-  HeldImports* held = nullptr;
+// Prefill tp1 -> decode tp2, prefill's transport in HeldImports (`*held`).
+Result<std::unique_ptr<TestCluster>> HeldCluster(HeldImports** held) {
   ClusterOptions o;
   o.decode_tp = 2;
-  o.wrap = [&held](std::unique_ptr<Transport> t, Role role, int) -> std::unique_ptr<Transport> {
+  o.wrap = [held](std::unique_ptr<Transport> t, Role role, int) -> std::unique_ptr<Transport> {
     if (role != Role::kPrefill) return t;
     auto h = std::make_unique<HeldImports>(std::move(t));
-    held = h.get();
+    *held = h.get();
     return h;
   };
-  auto c = TestCluster::Create(o);
+  return TestCluster::Create(o);
+}
+
+// Decode tp0 meets prefill; then decode tp1's Hello is accepted while
+// prefill's region imports are held. Decode tp0's heartbeats, which arrive
+// meanwhile, are still heard: no message waits behind an acceptance.
+TEST(AcceptorTest, AHelloBeingAcceptedHoldsNoMessageFromAnotherPeer) {
+  HeldImports* held = nullptr;
+  auto c = HeldCluster(&held);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_NE(held, nullptr);
   KVManager& prefill = *(*c)->prefill[0].manager;
@@ -122,15 +126,7 @@ TEST(AcceptorTest, AHelloBeingAcceptedHoldsNoMessageFromAnotherPeer) {
 // installing a ready peer on a session the rejoin has ended.
 TEST(AcceptorTest, AnAcceptanceOutlivedByARejoinIsDropped) {
   HeldImports* held = nullptr;
-  ClusterOptions o;
-  o.decode_tp = 2;
-  o.wrap = [&held](std::unique_ptr<Transport> t, Role role, int) -> std::unique_ptr<Transport> {
-    if (role != Role::kPrefill) return t;
-    auto h = std::make_unique<HeldImports>(std::move(t));
-    held = h.get();
-    return h;
-  };
-  auto c = TestCluster::Create(o);
+  auto c = HeldCluster(&held);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   KVManager& prefill = *(*c)->prefill[0].manager;
   KVManager& d0 = *(*c)->decode[0].manager;
