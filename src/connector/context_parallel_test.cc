@@ -49,6 +49,17 @@ Result<CpRank> MakeCpRank(TestCluster& c, const ClusterOptions& o, int cp_size, 
   return r;
 }
 
+// Both servers in sglang's every-cp-rank mode, prefill with `cp_size` cp
+// ranks (the cluster's prefill rank is cp rank 0; MakeCpRank adds others).
+ClusterOptions EveryCpRankSends(int cp_size) {
+  ClusterOptions o;
+  o.tweak = [cp_size](ManagerOptions& m) {
+    m.parallel.all_cp_ranks = true;
+    if (m.role == Role::kPrefill) m.parallel.cp_size = cp_size;
+  };
+  return o;
+}
+
 TEST(ContextParallelTest, OnlyCpRankZeroSendsAndTheOthersSucceedOnTheirLastChunk) {
   ClusterOptions o;
   o.tweak = [](ManagerOptions& m) {
@@ -97,11 +108,7 @@ TEST(ContextParallelTest, OnlyCpRankZeroSendsAndTheOthersSucceedOnTheirLastChunk
 // garbage where the other rank's share is, and each rank's bytes written
 // are exactly its share's.
 TEST(ContextParallelTest, WithEveryCpRankSendingEachSendsItsShareOfThePages) {
-  ClusterOptions o;
-  o.tweak = [](ManagerOptions& m) {
-    m.parallel.all_cp_ranks = true;
-    if (m.role == Role::kPrefill) m.parallel.cp_size = 2;
-  };
+  const ClusterOptions o = EveryCpRankSends(2);
   auto c = TestCluster::Create(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   auto cp1 = MakeCpRank(**c, o, 2, 1);
@@ -131,11 +138,7 @@ TEST(ContextParallelTest, WithEveryCpRankSendingEachSendsItsShareOfThePages) {
 // so cp rank 2's share is empty. It writes nothing and still concludes, as
 // do decode's request and the other two cp ranks.
 TEST(ContextParallelTest, WithEveryCpRankSendingThePrefixIsSkippedAndAnEmptyShareConcludes) {
-  ClusterOptions o;
-  o.tweak = [](ManagerOptions& m) {
-    m.parallel.all_cp_ranks = true;
-    if (m.role == Role::kPrefill) m.parallel.cp_size = 3;
-  };
+  const ClusterOptions o = EveryCpRankSends(3);
   auto c = TestCluster::Create(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   auto cp1 = MakeCpRank(**c, o, 3, 1);
