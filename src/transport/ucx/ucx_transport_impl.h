@@ -1,9 +1,10 @@
 // UcxTransport: the Transport over UCX plus the same-host fast paths.
 //
-// Threads. One UCX context (RMA + AM + WAKEUP) and one worker, owned by a
-// progress thread that makes every UCX call. Other threads hand it closures
-// through a mutex-protected queue and wake it with an eventfd; when idle it
-// sleeps in poll() on that eventfd and the worker's event fd (armed), waking
+// Threads. One UCX context (RMA + AM + WAKEUP) and two workers (the usual
+// one and net_worker_, for network-only endpoints), owned by a progress
+// thread that makes every UCX call. Other threads hand it closures through
+// a mutex-protected queue and wake it with an eventfd; when idle it sleeps
+// in poll() on that eventfd and both workers' event fds (armed), waking
 // at least every keepalive interval so UCX keepalive runs. Blocking calls
 // (RegisterMemory, Connect, ImportRegion, ...) wait for their closure; made
 // on the progress thread itself (from a callback) they run inline. PostWrites
