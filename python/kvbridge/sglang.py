@@ -706,21 +706,22 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
         self._quiet(self._s.init, int(num_kv_indices) + self._prefix_pages, aux_index)
 
     def send(self, kv_indices: Any, state_indices: Optional[List] = None,
-             token_position_offset: int = 0) -> None:
-        """One chunk. `token_position_offset`: the request's token position of
-        the chunk's first index (sglang's send_kv_chunk start index); 0 means
-        not given. kvbridge places chunks in order, so a given offset must be
-        where this chunk starts (decode's prefix plus the pages sent so far);
-        any other offset fails the request (invalid_request, naming both)."""
-        page_size = int(self.kv_mgr._args.page_size)
-        expected = (self._prefix_pages + self._pages) * page_size
-        if token_position_offset and int(token_position_offset) != expected:
-            self._s.reject(
-                f"token_position_offset {int(token_position_offset)} is not where this chunk "
-                f"starts (token {expected}: {self._prefix_pages} prefix pages and {self._pages} "
-                f"pages sent, page_size {page_size}); kvbridge sends chunks in order")
-            log.warning("room %s: token_position_offset %s refused (chunk starts at %s)",
-                        self.bootstrap_room, token_position_offset, expected)
+             num_kv_tokens: Optional[int] = None, token_position_offset: int = 0) -> None:
+        """One chunk. `num_kv_tokens` (newer sglang: `send(page_indices,
+        state_indices, num_kv_tokens=...)`): the tokens this chunk's pages
+        hold, the last page possibly partial; kvbridge writes whole pages (a
+        partial page's unused rows land in the request's own page), so it
+        only checks that the count fits the pages. `token_position_offset`
+        (an older base class's third parameter, which no scheduler passed):
+        the request's token position of the chunk's first index; 0 means not
+        given. kvbridge places chunks in order, so a given offset must be
+        where this chunk starts (decode's prefix plus the pages sent so far).
+        Either one wrong fails the request (invalid_request, naming the
+        values)."""
+        refusal = self._chunk_refusal(len(kv_indices), num_kv_tokens, token_position_offset)
+        if refusal:
+            self._s.reject(refusal)
+            log.warning("room %s: %s", self.bootstrap_room, refusal)
             return
         pages = kv_indices  # an int32 array reaches C++ without a copy
         self._pages += len(kv_indices)
@@ -737,6 +738,23 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
             return
         self._states += sum(1 for i in (state or []) if i >= 0)
         self._quiet(self._s.send, pages, state)
+
+    def _chunk_refusal(self, num_pages: int, num_kv_tokens: Optional[int],
+                       token_position_offset: int) -> Optional[str]:
+        """Why the chunk about to be sent must fail the request, or None."""
+        page_size = int(self.kv_mgr._args.page_size)
+        if num_kv_tokens is not None:
+            n = int(num_kv_tokens)
+            if n < 0 or n > num_pages * page_size:
+                return (f"num_kv_tokens {n} does not fit the chunk's {num_pages} pages of "
+                        f"{page_size} tokens (0 to {num_pages * page_size})")
+        expected = (self._prefix_pages + self._pages) * page_size
+        if token_position_offset and int(token_position_offset) != expected:
+            return (f"token_position_offset {int(token_position_offset)} is not where this chunk "
+                    f"starts (token {expected}: {self._prefix_pages} prefix pages and "
+                    f"{self._pages} pages sent, page_size {page_size}); kvbridge sends chunks "
+                    f"in order")
+        return None
 
     def should_send_kv_chunk(self, num_pages: int, last_chunk: bool) -> bool:
         return num_pages > 0 or last_chunk  # an empty last chunk still sends aux/state

@@ -212,7 +212,8 @@ def run_sg_rank(spec: SgSpec, states, progress, go, done, results) -> None:
                         progress[spec.index] |= 1 << slot[room]  # only the last chunk left
                     elif tx.should_send_kv_chunk(k, last):
                         tx.send(src[sent:sent + k],
-                                state_payload(spec.state_types, 8 + slot[room]) if last else None)
+                                state_payload(spec.state_types, 8 + slot[room]) if last else None,
+                                num_kv_tokens=k * s.page_size)  # newer sglang passes it
                         inflight[room][1] = sent + k
                 p = group_poll(room, tx)
                 if p == KVPoll.Success:

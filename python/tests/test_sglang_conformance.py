@@ -38,7 +38,9 @@ INTERFACE = {
         "__init__": ["mgr", "bootstrap_addr", "bootstrap_room", "dest_tp_ranks", "pp_rank",
                      "req_has_disagg_prefill_dp_rank"],
         "init": ["num_kv_indices", "aux_index"],
-        "send": ["kv_indices", "state_indices", "token_position_offset"],
+        # the newest base class's order; an older one had token_position_offset
+        # third, which no scheduler passed (the adapter takes it by keyword)
+        "send": ["kv_indices", "state_indices", "num_kv_tokens"],
         "pop_decode_prefix_len": [],
         "should_send_kv_chunk": ["num_pages", "last_chunk"],
         "get_transfer_metric": [],
@@ -60,7 +62,7 @@ INTERFACE = {
 }
 # Parameters sglang gives a default, so callers may leave them out.
 OPTIONAL = {"is_mla_backend", "req_has_disagg_prefill_dp_rank", "aux_index", "state_indices",
-            "token_position_offset", "bootstrap_room", "decode_prefix_len"}
+            "num_kv_tokens", "token_position_offset", "bootstrap_room", "decode_prefix_len"}
 
 
 def test_abstract_interface():
@@ -334,9 +336,13 @@ def pair(bootstrap):
 
 def run_sglang_order(pair: Pair, room: int, src: np.ndarray, dst: np.ndarray, aux: int = 1,
                      prefix_pages: int = 0, chunks=(2,), prefill_state=None,
-                     decode_state=None, offsets: bool = False, kv_pairs=None):
+                     decode_state=None, offsets: bool = False, kv_pairs=None,
+                     last_tokens=None):
     """One request in sglang's order; returns (sender, receiver) at Success.
-    kv_pairs[b]: the decode buffer prefill buffer b lands in (default b)."""
+    kv_pairs[b]: the decode buffer prefill buffer b lands in (default b).
+    Each chunk goes as the newest sglang sends it (num_kv_tokens by keyword:
+    whole pages, the last chunk `last_tokens` if given), or with `offsets` as
+    an older base class declared it (token_position_offset, no count)."""
     rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, room)  # R1: before the prefill is known
     assert rx.poll() == KVPoll.Bootstrapping and rx.conclude_state is None
     tx = sg.KVBridgeKVSender(pair.pm, pair.addr, room, [0], 0)
@@ -359,9 +365,13 @@ def run_sglang_order(pair: Pair, room: int, src: np.ndarray, dst: np.ndarray, au
     for i, n in enumerate(chunks):
         last = i == len(chunks) - 1
         if tx.should_send_kv_chunk(n, last):
-            # token_position_offset: the chunk's first token in the request
-            offset = (prefix_pages + pos) * page_size if offsets else 0
-            tx.send(src[pos:pos + n], prefill_state if last else None, offset)
+            state = prefill_state if last else None
+            if offsets:  # token_position_offset: the chunk's first token in the request
+                tx.send(src[pos:pos + n], state,
+                        token_position_offset=(prefix_pages + pos) * page_size)
+            else:
+                tokens = last_tokens if last and last_tokens is not None else n * page_size
+                tx.send(src[pos:pos + n], state, num_kv_tokens=tokens)
         pos += n
     wait_until(lambda: rx.poll() in (KVPoll.Success, KVPoll.Failed) and
                tx.poll() in (KVPoll.Success, KVPoll.Failed), what="transfer")
@@ -422,13 +432,45 @@ def test_token_position_offset_elsewhere_fails_naming_both(pair):  # S3
     wait_until(lambda: tx.poll() != KVPoll.Bootstrapping, what="prefill metadata")
     tx.init(2, 1)
     page_size = pair.p.args.page_size
-    tx.send(src[:1], None, 0)  # not given: fine
-    tx.send(src[1:], None, 3 * page_size)  # this chunk starts at token page_size
+    tx.send(src[:1], None, token_position_offset=0)  # not given: fine
+    tx.send(src[1:], None, token_position_offset=3 * page_size)  # it starts at token page_size
     assert tx.poll() == KVPoll.Failed
     reason = tx.failure().failure_reason
     assert f"token_position_offset {3 * page_size}" in reason and f"token {page_size}" in reason
     wait_until(lambda: rx.poll() == KVPoll.Failed, what="decode told")
     assert f"token_position_offset {3 * page_size}" in rx.failure().failure_reason
+    tx.clear()
+    rx.clear()
+
+
+def test_num_kv_tokens_with_a_partial_last_page_succeeds(pair):  # S3
+    # The newest sglang passes each chunk's token count by keyword; the last
+    # page of a request is usually partial. Every page lands whole.
+    src, dst = np.array([12, 13, 14], np.int32), np.array([60, 61, 62], np.int32)
+    tx, rx = run_sglang_order(pair, 29, src, dst, chunks=(2, 1), last_tokens=1)
+    tx.clear()
+    rx.clear()
+
+
+def test_num_kv_tokens_beyond_the_chunks_pages_fails_naming_it(pair):  # S3
+    src, dst = np.array([30, 31], np.int32), np.array([50, 51], np.int32)
+    rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, 30)
+    tx = sg.KVBridgeKVSender(pair.pm, pair.addr, 30, [0], 0)
+    assert pair.dm.try_ensure_parallel_info(pair.addr)
+    rx.init(0)
+    wait_until(lambda: rx.poll() != KVPoll.Bootstrapping, what="decode handshake")
+    rx.send_metadata(dst, 1, None)
+    wait_until(lambda: tx.poll() != KVPoll.Bootstrapping, what="prefill metadata")
+    tx.init(2, 1)
+    page_size = pair.p.args.page_size
+    tx.send(src[:1], None, num_kv_tokens=page_size)  # a whole page: fine
+    assert tx.poll() != KVPoll.Failed, tx.failure()
+    tx.send(src[1:], None, num_kv_tokens=page_size + 1)  # one page cannot hold it
+    assert tx.poll() == KVPoll.Failed
+    reason = tx.failure().failure_reason
+    assert f"num_kv_tokens {page_size + 1}" in reason and "1 pages" in reason
+    wait_until(lambda: rx.poll() == KVPoll.Failed, what="decode told")
+    assert f"num_kv_tokens {page_size + 1}" in rx.failure().failure_reason
     tx.clear()
     rx.clear()
 
