@@ -445,6 +445,11 @@ class KVBridgeKVManager(BaseKVManager):
                                  and not self.enable_all_cp_ranks_for_transfer)
         # Decode DCP (MLA) is moved token by token; prefill DCP is refused (A9).
         self.supports_dcp_transfer = True
+        # Newer sglang decodes may hold a failed request's pages until every
+        # prefill rank acknowledges a drain (deferred KV release). kvbridge
+        # needs no such hold: a receiver reports Failed only once quiesced.
+        self.enable_deferred_decode_kv_release = False
+        self.supports_deferred_decode_kv_release = False
         self.pp_rank = self._args.parallel.pp_rank
         self.prefill_info_table: Dict[str, Any] = {}
         self._cores: Dict[str, _Manager] = {}
@@ -796,6 +801,9 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
         self.bootstrap_addr = bootstrap_addr
         self.bootstrap_room = bootstrap_room
         self.require_staging = False
+        # sglang's deferred release holds pages only for a receiver that told
+        # prefill of its abort; kvbridge's Failed already means quiesced.
+        self.abort_notified = False
         self._r: Optional[_Receiver] = None
         self._early: Optional[kvbridge.KVTransferError] = None  # failed before init
         self._reason: Optional[str] = None  # set by fail()

@@ -728,6 +728,21 @@ def test_submit_prefill_recompute_that_fails_fails_the_request(bootstrap):  # M7
         web.close()
 
 
+def test_deferred_release_is_declined(pair):  # R11
+    # A newer decode holds a failed request's pages only when the backend
+    # enables deferred release and the receiver says it told prefill of an
+    # abort; kvbridge declines both (its Failed already means quiesced).
+    assert pair.dm.enable_deferred_decode_kv_release is False
+    assert pair.dm.supports_deferred_decode_kv_release is False
+    rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, 45)
+    assert rx.abort_notified is False
+    rx.init(0)
+    rx.abort()
+    wait_until(lambda: rx.poll() == KVPoll.Failed, what="aborted receiver fails")
+    assert rx.abort_notified is False  # sglang's immediate-release path
+    rx.clear()
+
+
 def test_conclude_state(pair):  # S10, R8
     tx = sg.KVBridgeKVSender(pair.pm, pair.addr, 44, [0], 0)
     assert tx.conclude_state is None
