@@ -421,26 +421,37 @@ def test_token_position_offset_places_each_chunk(pair):  # S3
     rx.clear()
 
 
-def test_token_position_offset_elsewhere_fails_naming_both(pair):  # S3
+def second_chunk_refused(pair, room, first: dict, second: dict) -> str:
+    """Sends two one-page chunks with the keyword arguments given; the
+    second must fail the request on both sides. Returns prefill's reason,
+    after checking that decode was told the same."""
     src, dst = np.array([30, 31], np.int32), np.array([50, 51], np.int32)
-    rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, 28)
-    tx = sg.KVBridgeKVSender(pair.pm, pair.addr, 28, [0], 0)
+    rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, room)
+    tx = sg.KVBridgeKVSender(pair.pm, pair.addr, room, [0], 0)
     assert pair.dm.try_ensure_parallel_info(pair.addr)
     rx.init(0)
     wait_until(lambda: rx.poll() != KVPoll.Bootstrapping, what="decode handshake")
     rx.send_metadata(dst, 1, None)
     wait_until(lambda: tx.poll() != KVPoll.Bootstrapping, what="prefill metadata")
     tx.init(2, 1)
-    page_size = pair.p.args.page_size
-    tx.send(src[:1], None, token_position_offset=0)  # not given: fine
-    tx.send(src[1:], None, token_position_offset=3 * page_size)  # it starts at token page_size
+    tx.send(src[:1], None, **first)
+    assert tx.poll() != KVPoll.Failed, tx.failure()
+    tx.send(src[1:], None, **second)
     assert tx.poll() == KVPoll.Failed
     reason = tx.failure().failure_reason
-    assert f"token_position_offset {3 * page_size}" in reason and f"token {page_size}" in reason
     wait_until(lambda: rx.poll() == KVPoll.Failed, what="decode told")
-    assert f"token_position_offset {3 * page_size}" in rx.failure().failure_reason
+    assert rx.failure().failure_reason == reason
     tx.clear()
     rx.clear()
+    return reason
+
+
+def test_token_position_offset_elsewhere_fails_naming_both(pair):  # S3
+    page_size = pair.p.args.page_size
+    reason = second_chunk_refused(pair, 28, {"token_position_offset": 0},  # 0: not given
+                                  {"token_position_offset": 3 * page_size})
+    # the second chunk starts at token page_size
+    assert f"token_position_offset {3 * page_size}" in reason and f"token {page_size}" in reason
 
 
 def test_num_kv_tokens_with_a_partial_last_page_succeeds(pair):  # S3
@@ -453,26 +464,10 @@ def test_num_kv_tokens_with_a_partial_last_page_succeeds(pair):  # S3
 
 
 def test_num_kv_tokens_beyond_the_chunks_pages_fails_naming_it(pair):  # S3
-    src, dst = np.array([30, 31], np.int32), np.array([50, 51], np.int32)
-    rx = sg.KVBridgeKVReceiver(pair.dm, pair.addr, 30)
-    tx = sg.KVBridgeKVSender(pair.pm, pair.addr, 30, [0], 0)
-    assert pair.dm.try_ensure_parallel_info(pair.addr)
-    rx.init(0)
-    wait_until(lambda: rx.poll() != KVPoll.Bootstrapping, what="decode handshake")
-    rx.send_metadata(dst, 1, None)
-    wait_until(lambda: tx.poll() != KVPoll.Bootstrapping, what="prefill metadata")
-    tx.init(2, 1)
     page_size = pair.p.args.page_size
-    tx.send(src[:1], None, num_kv_tokens=page_size)  # a whole page: fine
-    assert tx.poll() != KVPoll.Failed, tx.failure()
-    tx.send(src[1:], None, num_kv_tokens=page_size + 1)  # one page cannot hold it
-    assert tx.poll() == KVPoll.Failed
-    reason = tx.failure().failure_reason
+    reason = second_chunk_refused(pair, 30, {"num_kv_tokens": page_size},  # a whole page
+                                  {"num_kv_tokens": page_size + 1})  # one page cannot hold it
     assert f"num_kv_tokens {page_size + 1}" in reason and "1 pages" in reason
-    wait_until(lambda: rx.poll() == KVPoll.Failed, what="decode told")
-    assert f"num_kv_tokens {page_size + 1}" in rx.failure().failure_reason
-    tx.clear()
-    rx.clear()
 
 
 def test_decode_prefix_len_is_skipped(pair):  # O5, S4
