@@ -50,6 +50,7 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
       for (auto& [rank, flow] : room->flows)
         facts.flows_use_it = facts.flows_use_it || flow.peer_key == old->key;
   }
+  facts.declared_dead = applied_.count({PeerKey(from), from.incarnation}) > 0;
   const OldPeerFate fate = FateOfOldPeer(facts);
   switch (fate) {
     case OldPeerFate::kNone:
@@ -81,6 +82,23 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
                        std::string(path.ok() ? DataPathName(*path) : std::string_view())});
       break;
     }
+    case OldPeerFate::kToldItFailed: {
+      // Answered on its new session, which AcceptHello then closes; it
+      // learns the record from the registry (peers' word about it is not
+      // taken there), fences itself and comes back as a new incarnation.
+      const FailureRecord why = DeclaredFailedRecordLocked(from);
+      auth_->Bind(*fresh, b);
+      // Urgent: on its way before AcceptHello closes the endpoint.
+      out.urgent.emplace_back(
+          *fresh, EncodeMessage(Self(), HelloAckMsg{kRefusedAsDeclaredFailed,
+                                                    "a failure record declared this process "
+                                                    "failed: " +
+                                                        why.Message(),
+                                                    transport_->Address(), ""}));
+      KVB_LOG_WARN("{} said Hello, but a failure record declared that process failed: refused ({})",
+                   from.ToString(), why.Message());
+      break;
+    }
     case OldPeerFate::kReplaced:
     case OldPeerFate::kReplacedRestarted:
       if (fate == OldPeerFate::kReplaced) {
@@ -96,6 +114,18 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
       break;
   }
   return KeepsOldPeer(fate);
+}
+
+FailureRecord ManagerImpl::DeclaredFailedRecordLocked(const RankId& from) const {
+  auto it = dead_ranks_.find(PeerKey(from));
+  if (it != dead_ranks_.end() && it->second.origin.incarnation == from.incarnation)
+    return it->second;
+  // Applied as late news of a replaced process, or its record gave way to
+  // its successor's acceptance: what this rank knows, said as a record.
+  return MakeRecord(from, FailureCause::kPeerExited,
+                    "a failure record about this process was applied here and another "
+                    "incarnation has taken its place",
+                    Phase::kBootstrapping, "handshake");
 }
 
 namespace {
@@ -156,7 +186,10 @@ void ManagerImpl::AcceptHello(PendingAccept a) {
   // thread: a completed write is word from decode (see OnChunkDone). On
   // the same-host paths a write completes here, whatever decode's state.
   peer->acks_prove_life = path.ok() && *path == DataPath::kUcxRendezvous;
-  HelloAckMsg ack{verdict.code(), verdict.message(), transport_->Address(), path_name};
+  // kRefusedAsDeclaredFailed says only that (KeepOldPeerLocked).
+  const StatusCode code =
+      verdict.code() == kRefusedAsDeclaredFailed ? StatusCode::kFailedPrecondition : verdict.code();
+  HelloAckMsg ack{code, verdict.message(), transport_->Address(), path_name};
   out.messages.emplace_back(tpeer, EncodeMessage(Self(), ack));
   if (!verdict.ok()) {
     KVB_LOG_WARN("refusing {}: {}", from.ToString(), verdict.ToString());

@@ -51,6 +51,11 @@ class HeldImports : public ForwardingTransport {
                                     disconnected_.end();
     });
   }
+  // Whether `n` endpoints have been disconnected, within `timeout`.
+  bool WaitForDisconnects(size_t n, std::chrono::seconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return disconnected_.size() >= n; });
+  }
   void Hold() {
     std::lock_guard<std::mutex> lock(mu_);
     hold_ = true;
@@ -144,6 +149,55 @@ TEST(AcceptorTest, AnAcceptanceOutlivedByARejoinIsDropped) {
   // Barrier: the acceptance ended by closing the endpoint it was for.
   EXPECT_TRUE(held->WaitForHeldPeerDisconnected(std::chrono::seconds(10)))
       << "the outdated acceptance kept its endpoint";
+}
+
+// A decode process that a record declared failed, alive and not yet told,
+// says Hello to a prefill rank that holds the record (here it reached
+// prefill alone) and no peer there. Prefill refuses it, as often as it
+// tries, and never makes it a peer; decode takes the refusal for no failure
+// of prefill's. Once the registry tells it, it fences itself (its request
+// fails naming that process) and comes back as a new incarnation, which
+// prefill accepts. Before, prefill made the declared-failed process a peer.
+TEST(AcceptorTest, AHelloFromAProcessDeclaredFailedIsRefusedUntilItRejoins) {
+  HeldImports* prefill_transport = nullptr;  // nothing held: it counts endpoints closed
+  auto c = HeldCluster(&prefill_transport);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  KVManager& d1 = *(*c)->decode[1].manager;
+  const RankId declared = d1.self();
+  const uint64_t prefill_incarnation = prefill.self().incarnation;
+  FailureRecord death = DeathOf(declared);
+  death.detected_by = prefill.self();
+  ManagerAccess::Of(prefill).ApplyRecordForTest(death, false);
+  auto rx = std::move(KVReceiver::Create(d1, 1)).value();
+  ASSERT_TRUE(rx->Init(0).ok());  // its Hello
+  // Barrier: refused twice (its first Hello and one sent again).
+  ASSERT_TRUE(prefill_transport->WaitForDisconnects(2, std::chrono::seconds(20)))
+      << "prefill did not refuse the Hello twice";
+  std::optional<PeerSnapshot> held = PeerAt(ManagerAccess::Of(prefill), declared);
+  EXPECT_FALSE(held.has_value() && held->id.incarnation == declared.incarnation && held->ready)
+      << "prefill made the declared-failed process a peer";
+  EXPECT_EQ(rx->Poll(), KVPoll::kBootstrapping)
+      << rx->Failure().value_or(FailureRecord{}).Message();
+  std::optional<FailureRecord> blamed = d1.RecentRankFailure();
+  EXPECT_FALSE(blamed.has_value()) << "decode blamed a refusal on " << blamed->Message();
+  EXPECT_EQ(prefill.self().incarnation, prefill_incarnation);
+  // The registry tells it (prefill publishes the record).
+  ManagerAccess::Of(prefill).ApplyRecordForTest(death, true);
+  ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kFailed; })) << KVPollName(rx->Poll());
+  std::optional<FailureRecord> why = rx->Failure();
+  ASSERT_TRUE(why.has_value());
+  EXPECT_TRUE(why->origin.SameRank(declared) && why->origin.incarnation == declared.incarnation)
+      << why->Message();
+  EXPECT_EQ(why->cause, FailureCause::kPeerExited) << why->Message();
+  ASSERT_TRUE(WaitFor([&] { return d1.Stats().rejoins == 1; })) << "decode tp1 never rejoined";
+  EXPECT_NE(d1.self().incarnation, declared.incarnation);
+  Request r{.room = 2};
+  r.src = {1, 2, 3};
+  r.dst = {7, 8, 9};
+  Start(**c, r, false);
+  SendChunks(r, {2, 1});
+  ExpectDelivered(**c, r);
 }
 
 }  // namespace

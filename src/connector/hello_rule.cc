@@ -6,7 +6,9 @@
 
 namespace kvbridge::internal {
 
-OldPeerFate FateOfOldPeer(const OldPeerFacts& f) {
+namespace {
+
+OldPeerFate FateOfHeldPeer(const OldPeerFacts& f) {
   if (!f.exists) return OldPeerFate::kNone;
   // A peer this rank retired when it rejoined is replaced like a restarted
   // one: the new session is this incarnation's.
@@ -15,9 +17,18 @@ OldPeerFate FateOfOldPeer(const OldPeerFacts& f) {
   return f.flows_use_it ? OldPeerFate::kAnsweredAgain : OldPeerFate::kReplaced;
 }
 
+}  // namespace
+
+OldPeerFate FateOfOldPeer(const OldPeerFacts& f) {
+  const OldPeerFate fate = FateOfHeldPeer(f);
+  // Where the Hello would make a new peer, a declared-failed process is told instead.
+  if (f.declared_dead && !KeepsOldPeer(fate)) return OldPeerFate::kToldItFailed;
+  return fate;
+}
+
 bool KeepsOldPeer(OldPeerFate fate) {
   return fate == OldPeerFate::kStaysFailed || fate == OldPeerFate::kTakesNewSession ||
-         fate == OldPeerFate::kAnsweredAgain;
+         fate == OldPeerFate::kAnsweredAgain || fate == OldPeerFate::kToldItFailed;
 }
 
 std::string NewIncarnationDetail(const RankId& old, const RankId& now) {

@@ -25,6 +25,10 @@ struct OldPeerFacts {
   // session closed when it failed.
   bool failure_notice = false;
   bool flows_use_it = false;  // a request writes to it over our endpoint
+  // A record applied here declared the Hello's very process (its position
+  // and incarnation) failed: it lives on (it was stopped or cut off) and
+  // has not yet heard so.
+  bool declared_dead = false;
 };
 
 enum class OldPeerFate {
@@ -39,10 +43,16 @@ enum class OldPeerFate {
   kReplacedRestarted,  // another process at the position (or one this rank
                        // retired): failed unless it already was, dropped, and
                        // the Hello makes a new peer
+  kToldItFailed,       // the Hello's process was declared failed: it makes no
+                       // peer and replaces none; it is sent the record (it
+                       // fences itself and rejoins) and its endpoint is closed
 };
 
 OldPeerFate FateOfOldPeer(const OldPeerFacts& f);
 
+// A proven Hello never makes a peer of a process declared failed here:
+// every other rank holds its requests failed, so serving it would let its
+// new requests straddle the record.
 // Whether the held peer stays (the Hello makes no new one).
 bool KeepsOldPeer(OldPeerFate fate);
 

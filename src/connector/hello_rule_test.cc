@@ -79,6 +79,37 @@ TEST(HelloRuleTest, APeerThisRankRetiredOrNeverReadyIsReplacedLikeARestartedOne)
   EXPECT_EQ(FateOfOldPeer(unready), OldPeerFate::kReplacedRestarted);
 }
 
+// A process a record declared failed here (stopped or cut off, alive, not
+// yet told) never becomes a peer by its Hello: wherever its Hello would
+// make one, it is told; where the held peer stays anyway, nothing changes.
+TEST(HelloRuleTest, AProcessDeclaredFailedIsToldAndNeverMadeAPeer) {
+  OldPeerFacts none;
+  OldPeerFacts retired = Held();
+  retired.retired = true;
+  OldPeerFacts unready = Held();
+  unready.ready = false;
+  OldPeerFacts other = Held();  // another incarnation, older or newer, healthy
+  other.same_incarnation = false;
+  OldPeerFacts idle = Held();  // nothing flows: its own Hello would replace it
+  for (OldPeerFacts f : {none, retired, unready, other, idle}) {
+    const OldPeerFate before = FateOfOldPeer(f);
+    ASSERT_FALSE(KeepsOldPeer(before)) << static_cast<int>(before);
+    f.declared_dead = true;
+    EXPECT_EQ(FateOfOldPeer(f), OldPeerFate::kToldItFailed) << static_cast<int>(before);
+  }
+  EXPECT_TRUE(KeepsOldPeer(OldPeerFate::kToldItFailed));  // makes none, replaces none
+  OldPeerFacts failed = Held();  // failed by that record: stays failed, as before
+  failed.failed = true;
+  failed.declared_dead = true;
+  EXPECT_EQ(FateOfOldPeer(failed), OldPeerFate::kStaysFailed);
+  failed.failure_notice = true;
+  EXPECT_EQ(FateOfOldPeer(failed), OldPeerFate::kTakesNewSession);
+  OldPeerFacts flowing = Held();
+  flowing.flows_use_it = true;
+  flowing.declared_dead = true;
+  EXPECT_EQ(FateOfOldPeer(flowing), OldPeerFate::kAnsweredAgain);
+}
+
 // The record of a peer a new incarnation replaces says which it was: the
 // same process (host, boot, pid) rejoining, or another process.
 TEST(HelloRuleTest, TheRecordOfAReplacedPeerSaysWhetherItsProcessRejoinedOrWasReplaced) {

@@ -381,6 +381,7 @@ void ManagerImpl::Flush(Outbox& out) {
   out.posts.clear();
   for (PeerId p : out.disconnect) transport_->Disconnect(p);
   out.disconnect.clear();
+  if (std::exchange(out.wake_registry, false)) WakeRegistryRound();
   flushing_.fetch_sub(1);
 }
 
@@ -494,6 +495,17 @@ void ManagerImpl::OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& o
     return;
   }
   if (peer.failed) return;
+  if (ack.code == kRefusedAsDeclaredFailed) {
+    // Prefill holds a record that declared this very process failed. Not
+    // prefill's failure: its answer is a sign of life, the endpoint it
+    // closes is let go here, the handshake is tried again meanwhile, and the
+    // registry, asked now, tells this rank (it fences itself and meets
+    // prefill again as a new incarnation).
+    KVB_LOG_WARN("{} refused this process's handshake: {}", peer.key, ack.message);
+    by_tpeer_.erase(peer.tpeer);
+    out.wake_registry = true;
+    return;
+  }
   if (ack.code != StatusCode::kOk) {
     FailPeerLocked(peer, FailureCause::kLayoutMismatch, ack.message, "handshake", out);
     return;

@@ -118,8 +118,10 @@ class ManagerImpl {
   std::vector<PeerSnapshot> Peers() const;
   // KVManager::TakeChangedRooms (FailedPrecondition unless list_room_changes).
   Result<std::vector<uint64_t>> TakeChangedRooms();
-  // Tests: judge liveness as across machines (no /proc's ten-limit grace).
+  // Tests: judge liveness as across machines (no /proc's ten-limit grace);
+  // apply a record here as if the registry had said it (and publish it).
   void JudgeLivenessAsRemoteForTest() { liveness_as_remote_ = true; }
+  void ApplyRecordForTest(const FailureRecord& record, bool publish);
   // Best effort from a dying process (fatal signal, std::terminate): tell
   // peers and the registry who died and why. Never blocks for long.
   void LastWords(const std::string& reason);
@@ -166,8 +168,7 @@ class ManagerImpl {
   // its endpoint, to close once the lock is let go.
   PeerId RetirePrefillPeerLocked(Peer& old, Peer& fresh, bool same, Outbox& out) KVB_REQUIRES(mu_);
   HelloMsg MakeHello() const;
-  // Sends the Hello to the prefill rank at `key` again on a new endpoint and
-  // drops the old one (the Hello on it got no answer).
+  // Sends the Hello to `key` again on a new endpoint; drops the unanswered one.
   void RetryHello(const std::string& key);
   // Whether a decoded message may be applied: a plain one only when it is a
   // handshake message this role takes; a sealed one only when it names the
@@ -189,12 +190,13 @@ class ManagerImpl {
   // Outdated: this rank rejoined since the proof, or a record killed `a.from`.
   bool StaleAcceptLocked(const PendingAccept& a) const KVB_REQUIRES(mu_);
   // Carries out what a proven Hello on `*fresh` does to the peer at its
-  // position (hello_rule.h): true when that peer stays (answered again on
-  // its endpoint, or failed: with sglang's server it may take `*fresh`, set
-  // to 0, to be told or to tell); else it is gone and `stale` names its
-  // endpoint.
+  // position (hello_rule.h): true when the Hello makes no peer (the held one
+  // stays; with sglang's server it may take `*fresh`, set to 0; a process
+  // declared failed is told); else the held one is gone, `stale` its endpoint.
   bool KeepOldPeerLocked(const RankId& from, const AuthTransport::Binding& b, Outbox& out,
                          PeerId* fresh, PeerId* stale) KVB_REQUIRES(mu_);
+  // The record that declared `from`'s process failed (made up if none is kept).
+  FailureRecord DeclaredFailedRecordLocked(const RankId& from) const KVB_REQUIRES(mu_);
   void Tick();
   // Ticker: says once per step that the transport's delivery thread is stuck
   // in it (Transport::DeliveryBusy) when it has lasted half the silence limit.
@@ -295,8 +297,7 @@ class ManagerImpl {
   // bad input, abort, deadline, layout): kept for GroupFailure and applied to
   // this rank's use of the room id when it is the same request.
   void ApplyRoomFailureLocked(const FailureRecord& record, Outbox& out) KVB_REQUIRES(mu_);
-  // The same request: the room id matches and this use of it began before
-  // the record was detected.
+  // The same request: the room id matches, this use began before the detection.
   template <typename Room>
   static bool SameRequest(const Room& room, const FailureRecord& record);
   // A room record from another rank about `room`'s request, if one came.
@@ -542,8 +543,7 @@ class ManagerImpl {
   // Why the registry last refused this incarnation's heartbeat (till one is taken).
   std::optional<HeartbeatRefusal> heartbeat_refused_ KVB_GUARDED_BY(mu_);
   bool registry_reached_ = false;  // beat thread only: a heartbeat answered
-  // When the registry last answered a heartbeat.
-  std::chrono::system_clock::time_point registry_answered_ KVB_GUARDED_BY(mu_){};
+  std::chrono::system_clock::time_point registry_answered_ KVB_GUARDED_BY(mu_){};  // beat answered
   // registry_answered_ as the previous RegistryRound found it (registry
   // thread only): blame gathered after it is judged against it.
   std::chrono::system_clock::time_point answered_seen_{};

@@ -39,6 +39,8 @@ struct Outbox {
   std::vector<Post> posts;
   // Endpoints to close after the rest (a cut-off peer's connection).
   std::vector<PeerId> disconnect;
+  // The registry thread is woken once the rest is done (a round now).
+  bool wake_registry = false;
 };
 
 }  // namespace kvbridge::internal

@@ -521,6 +521,16 @@ void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
   Flush(out);
 }
 
+void ManagerImpl::ApplyRecordForTest(const FailureRecord& record, bool publish) {
+  Outbox out;
+  {
+    MutexLock lock(mu_);
+    ApplyRankFailureLocked(record, out);
+    if (publish) PublishLocked(record);
+  }
+  Flush(out);
+}
+
 void ManagerImpl::LastWords(const std::string& reason) {
   FailureRecord r =
       MakeRecord(Self(), FailureCause::kLocalError, reason, Phase::kTransferring, "last words");

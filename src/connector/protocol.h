@@ -73,6 +73,11 @@ struct HelloProofMsg {
   uint64_t session = 0;  // prefill's session id from the challenge
   Digest proof{};        // HandshakeAuth::Prove(kDecode, transcript)
 };
+// A HelloAck with this code refuses a process that a failure record held by
+// prefill declared failed (hello_rule.h, kToldItFailed): not a failure of
+// prefill; decode learns the record from its registry. Never the code of
+// another refusal (AcceptHello gives those FailedPrecondition instead).
+inline constexpr StatusCode kRefusedAsDeclaredFailed = StatusCode::kPermissionDenied;
 struct HelloAckMsg {
   StatusCode code = StatusCode::kOk;
   std::string message;
