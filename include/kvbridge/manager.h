@@ -68,6 +68,10 @@ struct ManagerStats {
   // it, unless it has; KVSender/KVReceiver::Create never ask the registry).
   uint64_t rooms_awaiting_restart_check = 0;
   uint64_t peers_connected = 0;
+  // Decode: handshakes the prefill ranks held now refused because a failure
+  // record declared this process failed (it fences itself once its
+  // registry says so, and rejoins).
+  uint64_t handshakes_refused_as_declared_failed = 0;
   // Liveness rounds the ticker ran (heartbeats sent, silences and deadlines
   // checked): one per heartbeat interval while nothing holds it up.
   uint64_t heartbeat_rounds = 0;

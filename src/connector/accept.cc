@@ -26,9 +26,9 @@ void ManagerImpl::AcceptRound() {
 // An acceptance waits in the queue and while the regions are mapped; what
 // changed meanwhile outdates it: this rank rejoined (the proof named the old
 // incarnation), or a record declared `from` dead since the proof (it would
-// otherwise come back as a ready peer the record can no longer reach). A
-// process declared dead before its Hello is judged as before, by what this
-// rank holds at its position (KeepOldPeerLocked).
+// otherwise come back as a ready peer the record can no longer reach): no
+// answer. A process declared dead before its proof is refused, with an
+// answer (KeepOldPeerLocked, kToldItFailed).
 bool ManagerImpl::StaleAcceptLocked(const PendingAccept& a) const {
   if (a.own_incarnation != incarnation_.load()) return true;
   return !a.dead_when_proven && applied_.count({PeerKey(a.from), a.from.incarnation}) > 0;
@@ -82,23 +82,9 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
                        std::string(path.ok() ? DataPathName(*path) : std::string_view())});
       break;
     }
-    case OldPeerFate::kToldItFailed: {
-      // Answered on its new session, which AcceptHello then closes; it
-      // learns the record from the registry (peers' word about it is not
-      // taken there), fences itself and comes back as a new incarnation.
-      const FailureRecord why = DeclaredFailedRecordLocked(from);
-      auth_->Bind(*fresh, b);
-      // Urgent: on its way before AcceptHello closes the endpoint.
-      out.urgent.emplace_back(
-          *fresh, EncodeMessage(Self(), HelloAckMsg{kRefusedAsDeclaredFailed,
-                                                    "a failure record declared this process "
-                                                    "failed: " +
-                                                        why.Message(),
-                                                    transport_->Address(), ""}));
-      KVB_LOG_WARN("{} said Hello, but a failure record declared that process failed: refused ({})",
-                   from.ToString(), why.Message());
+    case OldPeerFate::kToldItFailed:
+      RefuseDeclaredFailedLocked(from, b, *fresh, out);
       break;
-    }
     case OldPeerFate::kReplaced:
     case OldPeerFate::kReplacedRestarted:
       if (fate == OldPeerFate::kReplaced) {
@@ -116,16 +102,36 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
   return KeepsOldPeer(fate);
 }
 
-FailureRecord ManagerImpl::DeclaredFailedRecordLocked(const RankId& from) const {
+// Answered on its new session, which AcceptHello then closes; it learns the
+// record from the registry (peers' word about it is not taken there),
+// fences itself and comes back as a new incarnation.
+void ManagerImpl::RefuseDeclaredFailedLocked(const RankId& from, const AuthTransport::Binding& b,
+                                             PeerId fresh, Outbox& out) {
+  FailureRecord why;
   auto it = dead_ranks_.find(PeerKey(from));
-  if (it != dead_ranks_.end() && it->second.origin.incarnation == from.incarnation)
-    return it->second;
-  // Applied as late news of a replaced process, or its record gave way to
-  // its successor's acceptance: what this rank knows, said as a record.
-  return MakeRecord(from, FailureCause::kPeerExited,
-                    "a failure record about this process was applied here and another "
-                    "incarnation has taken its place",
-                    Phase::kBootstrapping, "handshake");
+  if (it != dead_ranks_.end() && it->second.origin.incarnation == from.incarnation) {
+    why = it->second;
+  } else {
+    // Applied as late news of a replaced process, or its record gave way to
+    // its successor's acceptance: what this rank knows, said as a record.
+    why = MakeRecord(from, FailureCause::kPeerExited,
+                     "a failure record about this process was applied here and another "
+                     "incarnation has taken its place",
+                     Phase::kBootstrapping, "handshake");
+  }
+  auth_->Bind(fresh, b);
+  // Urgent: on its way before AcceptHello closes the endpoint.
+  out.urgent.emplace_back(
+      fresh, EncodeMessage(Self(), HelloAckMsg{kRefusedAsDeclaredFailed,
+                                               "a failure record declared this process failed: " +
+                                                   why.Message(),
+                                               transport_->Address(), ""}));
+  // With sglang's server no registry keeps records: a failure this rank
+  // detected is told here, as to a failed peer (the notice rule).
+  if (sglang_registry_ && IsFailureNotice(why, from, Self()))
+    out.urgent.emplace_back(fresh, EncodeMessage(Self(), RankFailedMsg{why}));
+  KVB_LOG_WARN("{} said Hello, but a failure record declared that process failed: refused ({})",
+               from.ToString(), why.Message());
 }
 
 namespace {

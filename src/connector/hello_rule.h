@@ -44,16 +44,17 @@ enum class OldPeerFate {
                        // retired): failed unless it already was, dropped, and
                        // the Hello makes a new peer
   kToldItFailed,       // the Hello's process was declared failed: it makes no
-                       // peer and replaces none; it is sent the record (it
-                       // fences itself and rejoins) and its endpoint is closed
+                       // peer and replaces none; it is refused, naming the
+                       // record, and its endpoint is closed (its registry
+                       // fences it; it rejoins as a new incarnation)
 };
-
-OldPeerFate FateOfOldPeer(const OldPeerFacts& f);
 
 // A proven Hello never makes a peer of a process declared failed here:
 // every other rank holds its requests failed, so serving it would let its
 // new requests straddle the record.
-// Whether the held peer stays (the Hello makes no new one).
+OldPeerFate FateOfOldPeer(const OldPeerFacts& f);
+
+// Whether the Hello makes no new peer (the held one, if any, stays).
 bool KeepsOldPeer(OldPeerFate fate);
 
 // What the held peer's record says (cause peer_exited) when a new

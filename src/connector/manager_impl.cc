@@ -489,23 +489,29 @@ void ManagerImpl::OnMessage(std::string_view bytes, const RankId* proven) {
 }
 
 void ManagerImpl::OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& out) {
+  if (ack.code == kRefusedAsDeclaredFailed) {
+    // Prefill holds a record that declared this very process failed. Not
+    // prefill's failure: its answer is a sign of life, the endpoint it
+    // closes is let go here, the handshake is tried again meanwhile, and the
+    // registry, asked now, tells this rank (it fences itself and meets
+    // prefill again as a new incarnation). One refusal per attempt, and
+    // none of a session already answered: a peer cannot use it to drop an
+    // endpoint in use or to drive registry rounds.
+    if (peer.acked || peer.refused_attempt == peer.hello_attempts) return;
+    peer.refused_attempt = peer.hello_attempts;
+    ++peer.refusals;
+    peer.notice = false;  // met again to tell it: that session is refused too
+    KVB_LOG_WARN("{} refused this process's handshake: {}", peer.key, ack.message);
+    by_tpeer_.erase(peer.tpeer);
+    out.wake_registry = true;
+    return;
+  }
   if (peer.notice) {  // met again only to be told (MeetPrefillAgain); OnMessage tells it
     peer.notice = false;
     peer.acked = true;
     return;
   }
   if (peer.failed) return;
-  if (ack.code == kRefusedAsDeclaredFailed) {
-    // Prefill holds a record that declared this very process failed. Not
-    // prefill's failure: its answer is a sign of life, the endpoint it
-    // closes is let go here, the handshake is tried again meanwhile, and the
-    // registry, asked now, tells this rank (it fences itself and meets
-    // prefill again as a new incarnation).
-    KVB_LOG_WARN("{} refused this process's handshake: {}", peer.key, ack.message);
-    by_tpeer_.erase(peer.tpeer);
-    out.wake_registry = true;
-    return;
-  }
   if (ack.code != StatusCode::kOk) {
     FailPeerLocked(peer, FailureCause::kLayoutMismatch, ack.message, "handshake", out);
     return;
@@ -573,7 +579,10 @@ ManagerStats ManagerImpl::Stats() const {
   s.unauthenticated_messages_dropped = unauth_dropped_;
   s.pending_metadata = inbox_.held_metadata();
   s.heartbeat_rounds = heartbeat_seq_.load();
-  for (auto& [key, p] : peers_) s.peers_connected += (p->ready && !p->failed) ? 1 : 0;
+  for (auto& [key, p] : peers_) {
+    s.peers_connected += (p->ready && !p->failed) ? 1 : 0;
+    s.handshakes_refused_as_declared_failed += p->refusals;
+  }
   return s;
 }
 

@@ -195,8 +195,8 @@ class ManagerImpl {
   // declared failed is told); else the held one is gone, `stale` its endpoint.
   bool KeepOldPeerLocked(const RankId& from, const AuthTransport::Binding& b, Outbox& out,
                          PeerId* fresh, PeerId* stale) KVB_REQUIRES(mu_);
-  // The record that declared `from`'s process failed (made up if none is kept).
-  FailureRecord DeclaredFailedRecordLocked(const RankId& from) const KVB_REQUIRES(mu_);
+  void RefuseDeclaredFailedLocked(const RankId& from, const AuthTransport::Binding& b, PeerId fresh,
+                                  Outbox& out) KVB_REQUIRES(mu_);  // kToldItFailed
   void Tick();
   // Ticker: says once per step that the transport's delivery thread is stuck
   // in it (Transport::DeliveryBusy) when it has lasted half the silence limit.

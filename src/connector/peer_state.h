@@ -101,6 +101,11 @@ struct Peer {
   // Challenges that came for an earlier Hello of ours (sent again since) or
   // for one answered already: the peer hears us but its answers come late.
   int late_challenges = 0;
+  // Handshakes prefill refused because a record it holds declared this
+  // process failed (kRefusedAsDeclaredFailed), and the attempt refused last
+  // (one refusal per attempt is taken; later ones are dropped).
+  int refusals = 0;
+  int refused_attempt = 0;
   // Prefill side: a write to this peer completes only when the peer's
   // process acknowledged it (UCX active messages), so its completion counts
   // as hearing from the peer. Not on the same-host paths, where a write
