@@ -31,7 +31,13 @@ void ManagerImpl::AcceptRound() {
 // answer (KeepOldPeerLocked, kToldItFailed).
 bool ManagerImpl::StaleAcceptLocked(const PendingAccept& a) const {
   if (a.own_incarnation != incarnation_.load()) return true;
-  return !a.dead_when_proven && applied_.count({PeerKey(a.from), a.from.incarnation}) > 0;
+  return !a.dead_when_proven && DeclaredFailedLocked(a.from);
+}
+
+// The process `id` (its position and incarnation) was declared failed by a
+// record this rank applied (or by its own detection).
+bool ManagerImpl::DeclaredFailedLocked(const RankId& id) const {
+  return applied_.count({PeerKey(id), id.incarnation}) > 0;
 }
 
 bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Binding& b,
@@ -50,7 +56,7 @@ bool ManagerImpl::KeepOldPeerLocked(const RankId& from, const AuthTransport::Bin
       for (auto& [rank, flow] : room->flows)
         facts.flows_use_it = facts.flows_use_it || flow.peer_key == old->key;
   }
-  facts.declared_dead = applied_.count({PeerKey(from), from.incarnation}) > 0;
+  facts.declared_dead = DeclaredFailedLocked(from);
   const OldPeerFate fate = FateOfOldPeer(facts);
   switch (fate) {
     case OldPeerFate::kNone:

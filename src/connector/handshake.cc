@@ -276,7 +276,7 @@ void ManagerImpl::OnHelloProof(const RankId& from, const HelloProofMsg& p) {
   PendingAccept a{from, std::move(pending.hello), pending.tpeer, b, incarnation_.load()};
   {
     MutexLock lock(mu_);
-    a.dead_when_proven = applied_.count({PeerKey(from), from.incarnation}) > 0;
+    a.dead_when_proven = DeclaredFailedLocked(from);
     if (!hooks_.manual_ticks) accepts_.push_back(std::move(a));
   }
   if (hooks_.manual_ticks) {  // scripted tests: no acceptor thread

@@ -189,6 +189,7 @@ class ManagerImpl {
   void AcceptHello(PendingAccept accept);
   // Outdated: this rank rejoined since the proof, or a record killed `a.from`.
   bool StaleAcceptLocked(const PendingAccept& a) const KVB_REQUIRES(mu_);
+  bool DeclaredFailedLocked(const RankId& id) const KVB_REQUIRES(mu_);  // a record applied here
   // Carries out what a proven Hello on `*fresh` does to the peer at its
   // position (hello_rule.h): true when the Hello makes no peer (the held one
   // stays; with sglang's server it may take `*fresh`, set to 0; a process
@@ -210,8 +211,7 @@ class ManagerImpl {
   void Wake(bool* flag);
   void WakeRegistryRound() { Wake(&registry_wake_); }
   void WakeResolver() { Wake(&resolver_wake_); }
-  // Acceptor thread: AcceptHello for each proven Hello queued (accepts_),
-  // never on a transport thread (accept.cc).
+  // Acceptor thread: AcceptHello for each proven Hello queued (accept.cc).
   void AcceptRound();
   // Lookups, connects and handshake retries the ticker asks for: they wait on
   // the network, so they run on the resolver thread, never delaying a beat.

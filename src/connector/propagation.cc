@@ -219,7 +219,7 @@ void ManagerImpl::ApplyRankFailureLocked(const FailureRecord& r, Outbox& out,
   facts.about_self = r.origin.SameRank(Self());
   facts.current_incarnation = r.origin.incarnation == incarnation_.load();
   facts.this_rank_failed = fatal_.has_value();
-  facts.applied = applied_.count({key, r.origin.incarnation}) > 0;
+  facts.applied = DeclaredFailedLocked(r.origin);
   // Asked by JudgeRankFailure before it returns, so under mu_ (which the
   // analysis cannot see through std::function).
   facts.replaced = [&]() KVB_NO_THREAD_SAFETY_ANALYSIS { return ReplacedLocked(r.origin, live); };
@@ -490,10 +490,9 @@ void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {
     ForgetRestartedLocked(ranks);
     for (const RankStatus& s : ranks) {
       const RankId id = RankIdOf(s.record);
-      const std::string key = PeerKey(id);
       if (fatal_ || !IsSibling(id)) continue;
       if (s.state == Liveness::kAlive && s.age <= limit) continue;
-      if (applied_.count({key, id.incarnation}) || s.dead_by_seq != 0) continue;
+      if (DeclaredFailedLocked(id) || s.dead_by_seq != 0) continue;
       const ProcessState ps = LocalProcessState(id);
       if (ps == ProcessState::kRunning && s.age <= limit * 10) continue;  // busy, not failed
       const bool remote = ps == ProcessState::kUnknown && !OnThisHost(id);
