@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import numbers
 import os
 import re
 import sys
@@ -749,6 +750,8 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
         """Why the chunk about to be sent must fail the request, or None."""
         page_size = int(self.kv_mgr._args.page_size)
         if num_kv_tokens is not None:
+            if isinstance(num_kv_tokens, bool) or not isinstance(num_kv_tokens, numbers.Integral):
+                return f"num_kv_tokens {num_kv_tokens!r} is not an integer"
             n = int(num_kv_tokens)
             if n < 0 or n > num_pages * page_size:
                 return (f"num_kv_tokens {n} does not fit the chunk's {num_pages} pages of "

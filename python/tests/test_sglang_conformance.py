@@ -470,6 +470,18 @@ def test_num_kv_tokens_beyond_the_chunks_pages_fails_naming_it(pair):  # S3
     assert f"num_kv_tokens {page_size + 1}" in reason and "1 pages" in reason
 
 
+@pytest.mark.parametrize("room,bad,says", [
+    (31, "4", "is not an integer"), (32, 1.5, "is not an integer"),
+    (33, True, "is not an integer"), (34, [4], "is not an integer"),
+    (35, -1, "does not fit"), (36, 2 ** 70, "does not fit")])
+def test_num_kv_tokens_of_a_wrong_type_or_size_fails_naming_it(pair, room, bad, says):  # S3
+    page_size = pair.p.args.page_size
+    reason = second_chunk_refused(pair, room, {"num_kv_tokens": np.int32(page_size)},
+                                  {"num_kv_tokens": bad})
+    assert f"num_kv_tokens {bad!r}" in reason or f"num_kv_tokens {bad}" in reason, reason
+    assert says in reason, reason
+
+
 def test_decode_prefix_len_is_skipped(pair):  # O5, S4
     # decode holds 3 pages already: it sends the 2 new ones, prefill's init
     # counts 2 and its chunk holds 2 (run_sglang_order checks every byte).
