@@ -25,12 +25,16 @@ void ManagerImpl::AcceptRound() {
 
 // An acceptance waits in the queue and while the regions are mapped; what
 // changed meanwhile outdates it: this rank rejoined (the proof named the old
-// incarnation), or a record declared `from` dead since the proof (it would
-// otherwise come back as a ready peer the record can no longer reach): no
-// answer. A process declared dead before its proof is refused, with an
-// answer (KeepOldPeerLocked, kToldItFailed).
+// incarnation), a record declared `from` dead since the proof (it would
+// otherwise come back as a ready peer the record can no longer reach), or
+// the transport reported its endpoint failed (no peer held it to fail, so
+// it would be installed ready on a dead endpoint): no answer. A process
+// declared dead before its proof is refused, with an answer
+// (KeepOldPeerLocked, kToldItFailed).
 bool ManagerImpl::StaleAcceptLocked(const PendingAccept& a) const {
   if (a.own_incarnation != incarnation_.load()) return true;
+  auto accepting = accepting_.find(a.tpeer);
+  if (accepting != accepting_.end() && accepting->second) return true;
   return !a.dead_when_proven && DeclaredFailedLocked(a.from);
 }
 
@@ -157,6 +161,23 @@ Status ImportRegions(Transport& transport, const HelloMsg& hello, Peer& peer) {
   return import(hello.state_keys, &peer.remote.state);
 }
 
+// Decode rank `a.from` (at `key`) as its proven Hello describes it, on
+// `a.tpeer`, last heard now.
+std::unique_ptr<Peer> PeerOfHello(const PendingAccept& a, std::string key, SteadyTime now,
+                                  WallTime wall_now) {
+  auto peer = std::make_unique<Peer>();
+  peer->last_heard = now;
+  peer->last_heard_wall = wall_now;
+  peer->key = std::move(key);
+  peer->shared_key = SharedKey(peer->key);
+  peer->id = Shared<RankId>(a.from);
+  peer->address = a.hello.address;
+  peer->layout = a.hello.layout;
+  peer->tp_size = a.hello.tp_size;
+  peer->tpeer = a.tpeer;
+  return peer;
+}
+
 }  // namespace
 
 void ManagerImpl::AcceptHello(PendingAccept a) {
@@ -171,6 +192,7 @@ void ManagerImpl::AcceptHello(PendingAccept a) {
     MutexLock lock(mu_);
     outdated = StaleAcceptLocked(a);
     if (!outdated) keep_old = KeepOldPeerLocked(from, a.binding, out, &tpeer, &stale);
+    if (outdated || keep_old) accepting_.erase(a.tpeer);  // an old peer may hold it now
   }
   Flush(out);
   if (outdated || keep_old) {
@@ -179,16 +201,7 @@ void ManagerImpl::AcceptHello(PendingAccept a) {
   }
   if (stale != 0) transport_->Disconnect(stale);
 
-  auto peer = std::make_unique<Peer>();
-  peer->last_heard = Now();
-  peer->last_heard_wall = WallNow();
-  peer->key = PeerKey(from);
-  peer->shared_key = SharedKey(peer->key);
-  peer->id = Shared<RankId>(from);
-  peer->address = a.hello.address;
-  peer->layout = a.hello.layout;
-  peer->tp_size = a.hello.tp_size;
-  peer->tpeer = tpeer;
+  std::unique_ptr<Peer> peer = PeerOfHello(a, PeerKey(from), Now(), WallNow());
   auth_->Bind(tpeer, a.binding);
   Status verdict = CheckCompatible(layout_, a.hello.layout);
   if (verdict.ok()) verdict = ImportRegions(*transport_, a.hello, *peer);
@@ -205,6 +218,10 @@ void ManagerImpl::AcceptHello(PendingAccept a) {
   out.messages.emplace_back(tpeer, EncodeMessage(Self(), ack));
   if (!verdict.ok()) {
     KVB_LOG_WARN("refusing {}: {}", from.ToString(), verdict.ToString());
+    {
+      MutexLock lock(mu_);
+      accepting_.erase(tpeer);
+    }
     Flush(out);
     transport_->Disconnect(tpeer);
     return;
@@ -221,6 +238,7 @@ void ManagerImpl::AcceptHello(PendingAccept a) {
   {
     MutexLock lock(mu_);
     outdated = StaleAcceptLocked(a);  // it may have changed while the regions were mapped
+    accepting_.erase(tpeer);
     if (!outdated) {
       dead_ranks_.erase(peer->key);
       peer->ready = true;

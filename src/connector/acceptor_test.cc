@@ -35,6 +35,31 @@ class HeldImports : public ForwardingTransport {
     }
     return ForwardingTransport::ImportRegion(peer, key);
   }
+  // Keeps the manager's handler, so that a test can report a failure.
+  void SetPeerFailureHandler(PeerFailureHandler h) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      on_failure_ = h;
+    }
+    ForwardingTransport::SetPeerFailureHandler(std::move(h));
+  }
+  // Reports the endpoint an import is held for failed, as the transport
+  // would on a connection reset.
+  void FailHeldPeer(const Status& why) {
+    PeerFailureHandler h;
+    PeerId peer = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      h = on_failure_;
+      peer = held_peer_;
+    }
+    ASSERT_TRUE(h && peer != 0);
+    h(peer, why);
+  }
+  PeerId held_peer() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_peer_;
+  }
   void Disconnect(PeerId peer) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -73,6 +98,7 @@ class HeldImports : public ForwardingTransport {
   int waiting_ = 0;
   PeerId held_peer_ = 0;
   std::vector<PeerId> disconnected_;
+  PeerFailureHandler on_failure_;
 };
 
 // Prefill tp1 -> decode tp2, prefill's transport in HeldImports (`*held`).
@@ -144,6 +170,37 @@ TEST(AcceptorTest, AnAcceptanceOutlivedByARejoinIsDropped) {
   // Barrier: the acceptance ended by closing the endpoint it was for.
   EXPECT_TRUE(held->WaitForHeldPeerDisconnected(std::chrono::seconds(10)))
       << "the outdated acceptance kept its endpoint";
+}
+
+// The transport reports the endpoint of decode tp1's Hello failed while
+// the Hello is being accepted (regions being mapped), before any peer holds
+// that endpoint. The acceptance is dropped (the endpoint closed, no answer),
+// and decode tp1's Hello sent again is accepted on a new endpoint. Before,
+// the report found no peer and was lost: decode tp1 was installed, ready,
+// on the endpoint its transport had called failed.
+TEST(AcceptorTest, AnEndpointThatFailsWhileItsHelloIsAcceptedIsDropped) {
+  HeldImports* held = nullptr;
+  auto c = HeldCluster(&held);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  KVManager& d1 = *(*c)->decode[1].manager;
+  held->Hold();
+  auto rx1 = std::move(KVReceiver::Create(d1, 1)).value();
+  ASSERT_TRUE(rx1->Init(0).ok());
+  ASSERT_TRUE(held->WaitForHeldImport(std::chrono::seconds(10))) << "decode tp1 sent no Hello";
+  const PeerId failed = held->held_peer();
+  ASSERT_NO_FATAL_FAILURE(held->FailHeldPeer(Status(StatusCode::kUnavailable, "connection reset")));
+  held->Release();
+  // Barrier: the acceptance ended by closing the endpoint it was for.
+  EXPECT_TRUE(held->WaitForHeldPeerDisconnected(std::chrono::seconds(10)))
+      << "decode tp1 was accepted on an endpoint its transport reported failed";
+  ASSERT_TRUE(
+      WaitFor([&] { return rx1->Poll() == KVPoll::kWaitingForInput; }, std::chrono::seconds(20)))
+      << KVPollName(rx1->Poll()) << " " << rx1->Failure().value_or(FailureRecord{}).Message();
+  std::optional<PeerSnapshot> p = PeerAt(ManagerAccess::Of(prefill), d1.self());
+  ASSERT_TRUE(p.has_value());
+  EXPECT_TRUE(p->ready && !p->failed);
+  EXPECT_NE(p->endpoint, failed) << "decode tp1's peer holds the endpoint reported failed";
 }
 
 // The record of `declared`'s death, as prefill would have detected it.

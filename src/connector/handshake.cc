@@ -277,6 +277,7 @@ void ManagerImpl::OnHelloProof(const RankId& from, const HelloProofMsg& p) {
   {
     MutexLock lock(mu_);
     a.dead_when_proven = DeclaredFailedLocked(from);
+    accepting_[a.tpeer] = false;
     if (!hooks_.manual_ticks) accepts_.push_back(std::move(a));
   }
   if (hooks_.manual_ticks) {  // scripted tests: no acceptor thread

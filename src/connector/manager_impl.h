@@ -184,10 +184,9 @@ class ManagerImpl {
   void OnHelloChallenge(const RankId& from, const HelloChallengeMsg& c);
   // Prefill: checks decode's proof; then queues it for AcceptRound.
   void OnHelloProof(const RankId& from, const HelloProofMsg& p);
-  // Prefill: a proven Hello: replaces an old incarnation, imports the
-  // regions, answers (sealed) on its endpoint, bound to its binding.
+  // Prefill: a proven Hello: old peer's fate, regions imported, sealed answer.
   void AcceptHello(PendingAccept accept);
-  // Outdated: this rank rejoined since the proof, or a record killed `a.from`.
+  // Outdated: a rejoin here, a record on `a.from`, its endpoint failed.
   bool StaleAcceptLocked(const PendingAccept& a) const KVB_REQUIRES(mu_);
   bool DeclaredFailedLocked(const RankId& id) const KVB_REQUIRES(mu_);  // a record applied here
   // Carries out what a proven Hello on `*fresh` does to the peer at its
@@ -202,12 +201,10 @@ class ManagerImpl {
   // Ticker: says once per step that the transport's delivery thread is stuck
   // in it (Transport::DeliveryBusy) when it has lasted half the silence limit.
   void WarnStuckDelivery(std::chrono::microseconds silence_limit);
-  // Runs `round` every heartbeat interval until the manager stops; each of
-  // the ticker, registry, beat, fence and resolver threads is one such loop. With `wake`
-  // (guarded by ticker_mu_), also as soon as it is set (and clears it).
+  // Runs `round` every heartbeat interval until the manager stops (each
+  // thread's loop); with `wake` (ticker_mu_), also once it is set (cleared).
   void EveryHeartbeat(const std::function<void()>& round, bool* wake = nullptr);
-  // Runs now the round of the thread whose `flag` (guarded by ticker_mu_) is
-  // set: registry (etcd's watch saw a change), resolver, acceptor.
+  // Runs now the round whose `flag` (ticker_mu_) is set: registry, resolver, acceptor.
   void Wake(bool* flag);
   void WakeRegistryRound() { Wake(&registry_wake_); }
   void WakeResolver() { Wake(&resolver_wake_); }
@@ -583,6 +580,9 @@ class ManagerImpl {
   std::thread fencer_;    // FenceRound
   std::thread acceptor_;  // AcceptRound
   std::vector<PendingAccept> accepts_ KVB_GUARDED_BY(mu_);
+  // Endpoints of proven Hellos from the proof to the peer's installation:
+  // true once the transport reported one failed (no peer holds it yet).
+  std::map<PeerId, bool> accepting_ KVB_GUARDED_BY(mu_);
   // Prefill: Hellos challenged, not yet proven, by session id (kMaxPendingHellos).
   std::map<uint64_t, PendingHello> pending_hellos_ KVB_GUARDED_BY(mu_);
   std::atomic<uint64_t> unauth_dropped_{0};

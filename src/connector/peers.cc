@@ -15,7 +15,17 @@ void ManagerImpl::OnPeerFailure(PeerId tpeer, const Status& why) {
   {
     MutexLock lock(mu_);
     auto it = by_tpeer_.find(tpeer);
-    if (it == by_tpeer_.end() || it->second->failed) return;
+    if (it == by_tpeer_.end()) {
+      // A proven Hello's endpoint, no peer's yet: its acceptance is dropped.
+      auto accepting = accepting_.find(tpeer);
+      if (accepting != accepting_.end() && !accepting->second) {
+        accepting->second = true;
+        KVB_LOG_INFO("the endpoint of a Hello being accepted failed ({}): not accepted",
+                     why.ToString());
+      }
+      return;
+    }
+    if (it->second->failed) return;
     Peer& peer = *it->second;
     auto [cause, detail] = TransportErrorCause(peer.id, why);
     FailPeerLocked(peer, cause, std::move(detail), "transport error", out);

@@ -46,7 +46,10 @@ bool ManagerImpl::RetirePeersLocked(const FailureRecord& why, Outbox& out) {
   // incarnation before it is registered).
   for (auto& [session, pending] : pending_hellos_) out.disconnect.push_back(pending.tpeer);
   pending_hellos_.clear();
-  for (const PendingAccept& a : accepts_) out.disconnect.push_back(a.tpeer);  // proven, not taken
+  for (const PendingAccept& a : accepts_) {  // proven, not taken
+    out.disconnect.push_back(a.tpeer);
+    accepting_.erase(a.tpeer);
+  }
   accepts_.clear();
   hello_retries_.clear();
   inbox_.DropAllMeta();
