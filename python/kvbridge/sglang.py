@@ -40,6 +40,7 @@ from kvbridge._api import KVManager as _Manager, KVPoll, KVReceiver as _Receiver
 from kvbridge._api import KVSender as _Sender
 from kvbridge._args import KVArgs, KVConfig, ParallelLayout
 from kvbridge._errors import from_record
+from kvbridge import _sglang_mla
 from kvbridge._sglang_state import state_sharding
 
 log = logging.getLogger("kvbridge.sglang")
@@ -335,28 +336,45 @@ def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVAr
                                             dcp_rank=int(getattr(args, "dcp_rank", 0) or 0))
     ours.state_slice_dims, ours.state_slice_outer, ours.state_slice_groups = state_sharding(
         args, ours.parallel.tp_size)
+    _compressed_mla_layer_ids(args, ours)
     return ours
+
+
+def _compressed_mla_layer_ids(args: Any, ours: KVArgs) -> None:
+    """A compressed-MLA pool's buffers get their model layers where sglang
+    gave none (kvbridge/_sglang_mla.py), so that a pipeline stage's pair
+    with decode's."""
+    raw = getattr(args, "mla_compression_ratios", None)
+    try:
+        ratios = _ints(raw)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise kvbridge.InvalidArgumentError(
+            None, f"KVArgs.mla_compression_ratios ({type(raw).__name__}): {e}") from None
+    if not ratios:
+        return
+    if not ours.kv_layer_ids:
+        ours.kv_layer_ids = _sglang_mla.kv_layer_ids(args, ratios, len(ours.kv_data_ptrs),
+                                                     int(ours.num_draft_entries or 0))
+    if not ours.state_layer_ids and ours.state_type_names:
+        counts = [0] * len(ours.state_type_names)
+        for t in ours.state_buffer_types or [0] * len(ours.state_data_ptrs):
+            if 0 <= t < len(counts):
+                counts[t] += 1
+        ours.state_layer_ids = _sglang_mla.state_layer_ids(args, ratios, ours.state_type_names,
+                                                           counts)
 
 
 def _check_layouts_it_cannot_place(args: Any, parallel: ParallelLayout, mode: str) -> None:
     """KV layouts kvbridge would copy to the wrong place, refused by name
     before any rank starts (docs/sglang.md, A9): context parallelism on the
     prefill server's KV (kvbridge moves DCP into a decode server only,
-    from a prefill server with dcp 1) and compressed MLA (DeepSeek V4,
-    mla_compression_ratios) under pipeline parallelism (its flat buffer
-    lists are ordered by compression bucket, not by layer, so a stage's
-    buffers are not a layer range)."""
+    from a prefill server with dcp 1)."""
     dcp = int(getattr(args, "dcp_size", 1) or 1)
     if dcp > 1 and mode != "decode":
         raise kvbridge.UnimplementedError(
             None, f"dcp_size {dcp} on the {mode} server: kvbridge moves decode context "
             "parallelism into a decode server only, from a prefill server with dcp_size 1; "
             "run the prefill server with --dcp-size 1")
-    if getattr(args, "mla_compression_ratios", None) and parallel.pp_size > 1:
-        raise kvbridge.UnimplementedError(
-            None, f"compressed MLA (mla_compression_ratios) with pp_size {parallel.pp_size} on "
-            f"the {mode} server: kvbridge places a pipeline stage's buffers as a layer range, "
-            "which a compressed-MLA buffer list is not; run with pp 1")
 
 
 def _wildcard_to_loopback(host: str) -> str:

@@ -1,0 +1,99 @@
+"""Compressed MLA (sglang's ``KVArgs.mla_compression_ratios``, DeepSeek V4)
+as model-layer ids, so that a pipeline stage's buffers pair with decode's.
+
+sglang's compressed-MLA pools list their buffers by compression bucket, not
+by layer (its mooncake backend, ``_mla_slice_ptrs_for_pp``; docs/sglang.md,
+A9). With ``ratios[l]`` the compression of model layer l, and a stage
+holding layers [start, end):
+
+- kv buffers: the stage's ratio-4 layers, then their indexer buffers (the
+  same layers again), then its ratio-128 layers;
+- a ``SWA`` state component: the stage's SWA layers (as many as the
+  component has buffers beyond the ratio-4 ones), then the ratio-4 layers'
+  compress state, then their indexer compress state;
+- ``C128_STATE``: the stage's ratio-128 layers; ``SWA_RING``: its SWA layers.
+
+Each buffer gets the model layer it holds. A layer listed twice (a ratio-4
+layer's buffer and its indexer's) pairs by occurrence, as sglang pairs
+repeated layer ids (decode's earliest unused buffer of the same id). Ids
+sglang gives itself (``kv_layer_ids``, ``state_layer_ids``) are kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Sequence, Tuple
+
+import kvbridge
+
+# sglang's draft-model kv entries are numbered from here (its utils.py).
+_DRAFT_KV_LAYER_ID_BASE = 1_000_000
+
+
+def _error(message: str) -> kvbridge.InvalidArgumentError:
+    return kvbridge.InvalidArgumentError(None, f"compressed MLA (mla_compression_ratios): {message}")
+
+
+def _stage(args: Any, ratios: Sequence[int]) -> Tuple[int, int]:
+    """The stage's layer range [start, end): sglang's prefill_start_layer and
+    prefill_end_layer, the whole model where they are unset (decode)."""
+    start = getattr(args, "prefill_start_layer", None)
+    end = getattr(args, "prefill_end_layer", None)
+    start = 0 if start is None else start
+    end = len(ratios) if end is None else end
+    for name, v in (("prefill_start_layer", start), ("prefill_end_layer", end)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise _error(f"{name} {v!r:.40} is not an integer")
+    if not 0 <= start <= end <= len(ratios):
+        raise _error(f"layers [{start}, {end}) do not lie within the {len(ratios)} model layers "
+                     "the ratios describe")
+    return start, end
+
+
+def _layers(ratios: Sequence[int], start: int, end: int, ratio: int) -> List[int]:
+    return [layer for layer in range(start, end) if ratios[layer] == ratio]
+
+
+def kv_layer_ids(args: Any, ratios: Sequence[int], num_buffers: int, num_draft: int) -> List[int]:
+    """One model-layer id per kv buffer of a compressed-MLA pool (draft
+    entries, the last `num_draft`, get sglang's draft ids).
+    InvalidArgumentError naming both counts when the buffers are not the
+    stage's ratio-4 layers twice and its ratio-128 layers."""
+    start, end = _stage(args, ratios)
+    c4, c128 = _layers(ratios, start, end, 4), _layers(ratios, start, end, 128)
+    ids = c4 + c4 + c128
+    if len(ids) + num_draft != num_buffers:
+        raise _error(f"{num_buffers} kv buffers for layers [{start}, {end}), which hold "
+                     f"{len(c4)} ratio-4 layers (each with an indexer buffer), {len(c128)} "
+                     f"ratio-128 layers and {num_draft} draft entries: {len(ids) + num_draft} "
+                     "expected")
+    return ids + [_DRAFT_KV_LAYER_ID_BASE + i for i in range(num_draft)]
+
+
+def state_layer_ids(args: Any, ratios: Sequence[int], names: Sequence[str],
+                    counts: Sequence[int]) -> List[int]:
+    """One model-layer id per state buffer (components in order, `counts[i]`
+    buffers each), -1 for a component other than SWA, SWA_RING and
+    C128_STATE; [] when no component has ids."""
+    start, end = _stage(args, ratios)
+    c4, c128 = _layers(ratios, start, end, 4), _layers(ratios, start, end, 128)
+    out: List[int] = []
+    for name, n in zip(names, counts):
+        kind = str(name).upper()
+        if kind not in ("SWA", "SWA_RING", "C128_STATE"):
+            out.extend([-1] * n)
+            continue
+        if kind == "C128_STATE":
+            if n != len(c128):
+                raise _error(f"the C128_STATE state component has {n} buffers for layers "
+                             f"[{start}, {end}), which hold {len(c128)} ratio-128 layers")
+            out.extend(c128)
+            continue
+        compress = c4 + c4 if kind == "SWA" else []
+        swa = n - len(compress)  # the stage's SWA layers: [start, start + swa)
+        if not 0 <= swa <= end - start:
+            raise _error(f"the {kind} state component has {n} buffers for layers [{start}, "
+                         f"{end}), which hold {end - start} SWA layers at most"
+                         + (f" and {len(c4)} ratio-4 layers' two compress states"
+                            if compress else ""))
+        out.extend(list(range(start, start + swa)) + compress)
+    return out if any(v >= 0 for v in out) else []
