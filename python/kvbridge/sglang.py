@@ -469,6 +469,9 @@ class KVBridgeKVManager(BaseKVManager):
         # needs no such hold: a receiver reports Failed only once quiesced.
         self.enable_deferred_decode_kv_release = False
         self.supports_deferred_decode_kv_release = False
+        # Staging (mooncake's own buffers for gathering head slices) is off,
+        # as in sglang's common manager: kvbridge writes each slice in place.
+        self.enable_staging = False
         self.pp_rank = self._args.parallel.pp_rank
         self.prefill_info_table: Dict[str, Any] = {}
         self._cores: Dict[str, _Manager] = {}

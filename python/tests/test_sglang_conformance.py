@@ -740,6 +740,48 @@ def test_deferred_release_is_declined(pair):  # R11
     rx.clear()
 
 
+def test_staging_is_off_and_heads_of_another_tp_land_in_place(bootstrap):  # R9, A5
+    # sglang's common manager leaves staging off (enable_staging False, each
+    # receiver's require_staging False); kvbridge's too: prefill tp 1 writes
+    # each decode rank's head slice straight into decode tp 2's pages.
+    port = int(bootstrap.rsplit(":", 1)[1])
+    p = SgPool("prefill", heads=2)
+    pm = sg.KVBridgeKVManager(p.args, "prefill", server_args(port, port=30960))
+    ds = [SgPool("decode", tp_size=2, tp_rank=r, heads=2) for r in range(2)]
+    dms = [sg.KVBridgeKVManager(d.args, "decode", server_args(port, tp_size=2, port=30961))
+           for d in ds]
+    try:
+        assert all(dm.enable_staging is False for dm in dms)
+        src, dst = np.array([3, 8], np.int32), np.array([12, 5], np.int32)
+        rxs = [sg.KVBridgeKVReceiver(dm, bootstrap, 46) for dm in dms]
+        assert all(rx.require_staging is False for rx in rxs)
+        tx = sg.KVBridgeKVSender(pm, bootstrap, 46, [0, 1], 0)
+        for dm, rx in zip(dms, rxs):
+            assert dm.try_ensure_parallel_info(bootstrap)
+            rx.init(0)
+        wait_until(lambda: all(rx.poll() != KVPoll.Bootstrapping for rx in rxs),
+                   what="decode handshakes")
+        for rx in rxs:
+            assert rx.poll() == KVPoll.WaitingForInput, rx.failure()
+            rx.send_metadata(dst, 1, None)
+        wait_until(lambda: tx.poll() != KVPoll.Bootstrapping, what="prefill metadata")
+        p.fill(46, src)
+        tx.init(len(src), 1)
+        tx.send(src, None, num_kv_tokens=len(src) * p.args.page_size)
+        wait_until(lambda: all(rx.poll() in (KVPoll.Success, KVPoll.Failed) for rx in rxs),
+                   what="transfer")
+        for r, (d, rx) in enumerate(zip(ds, rxs)):
+            assert rx.poll() == KVPoll.Success, rx.failure()
+            for b in range(len(p.kv)):  # decode rank r holds head r of every page
+                assert np.array_equal(d.kv[b][dst][:, :, 0], p.kv[b][src][:, :, r]), (r, b)
+            rx.clear()
+        wait_until(lambda: tx.poll() == KVPoll.Success, what="prefill success")
+        tx.clear()
+    finally:
+        for m in dms + [pm]:
+            m.close()
+
+
 def test_conclude_state(pair):  # S10, R8
     tx = sg.KVBridgeKVSender(pair.pm, pair.addr, 44, [0], 0)
     assert tx.conclude_state is None
