@@ -2,7 +2,8 @@
  * loopback TCP from one page-aligned 256 MiB source, sender pinned to CPU 0
  * and receiver to CPU 1, no UCX and no kvbridge. Each message is an
  * optional header of H bytes and a 1 MiB payload at source offset A, sent
- * with one sendmsg; 2 GiB in all. Prints GB/s.
+ * with one sendmsg; 2 GiB in all; with a third argument "huge" the source
+ * is under MADV_HUGEPAGE. Prints GB/s.
  *
  *   cc -O2 -o /tmp/socket_copy bench/probes/socket_copy.c
  *   for i in $(seq 14); do perf record -q -a -F 999 -o /tmp/s$i.data -- /tmp/socket_copy 0 0; done
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -78,7 +80,9 @@ int main(int argc, char** argv) {
   int s = socket(AF_INET, SOCK_STREAM, 0), one = 1;
   if (connect(s, (void*)&a, sizeof a)) return 1;
   setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  char* src = aligned_alloc(4096, region + 4096);
+  /* A third argument "huge": the source under MADV_HUGEPAGE (2 MiB pages). */
+  char* src = aligned_alloc(2u << 20, region + (2u << 20));
+  if (argc > 3 && strcmp(argv[3], "huge") == 0) madvise(src, region + (2u << 20), MADV_HUGEPAGE);
   static char head[4096];
   memset(src, 7, region + 4096);
   memset(head, 1, sizeof head);
