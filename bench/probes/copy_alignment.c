@@ -24,6 +24,7 @@ int main(void) {
   const size_t total = 64u << 20, piece = 32u << 10, window = 8u << 20;
   char* src = aligned_alloc(4096, total + 4096);
   char* dst = aligned_alloc(4096, window + 8192);
+  if (src == NULL || dst == NULL) return 1;
   memset(src, 1, total + 4096);
   memset(dst, 0, window + 8192);
   const int offsets[] = {0, 1, 8, 16, 20, 32, 48, 63, 64, 4000};

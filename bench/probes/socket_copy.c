@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <netinet/tcp.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,20 +69,27 @@ int main(int argc, char** argv) {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof a;
   if (bind(ls, (void*)&a, sizeof a) || listen(ls, 1) || getsockname(ls, (void*)&a, &len)) return 1;
-  if (fork() == 0) {
+  pid_t receiver = fork();
+  if (receiver == 0) {
     pin(1);
     int c = accept(ls, 0, 0);
     char* b = malloc(message);
+    if (c < 0 || b == NULL) _exit(1);
     while (read(c, b, message) > 0) {
     }
     _exit(0);
   }
+  if (receiver < 0) return 1;
   pin(0);
   int s = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-  if (connect(s, (void*)&a, sizeof a)) return 1;
+  if (connect(s, (void*)&a, sizeof a)) {
+    kill(receiver, SIGKILL);
+    return 1;
+  }
   setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   /* A third argument "huge": the source under MADV_HUGEPAGE (2 MiB pages). */
   char* src = aligned_alloc(2u << 20, region + (2u << 20));
+  if (src == NULL) return 1;
   if (argc > 3 && strcmp(argv[3], "huge") == 0) madvise(src, region + (2u << 20), MADV_HUGEPAGE);
   static char head[4096];
   memset(src, 7, region + 4096);
