@@ -39,6 +39,13 @@ struct KVArgs {
   // the layer named; buffers decode has beyond that (a draft model, other
   // stages) are not written. Otherwise buffers pair by layer range.
   std::vector<int32_t> kv_layer_ids;
+  // sglang's mla_compression_ratios (DeepSeek V4): each model layer's
+  // compression, or empty. The core does not use it: a prefill rank
+  // publishes it in its registry layout, where a decode sglang adapter,
+  // whose KVArgs lack it, reads it to number its buffers as the prefill
+  // stages number theirs (python/kvbridge/_sglang_mla.py). Each >= 0, at
+  // most 4096 entries.
+  std::vector<int32_t> mla_compression_ratios;
   std::vector<uint64_t> aux_data_ptrs;
   std::vector<uint64_t> aux_data_lens;
   std::vector<uint64_t> aux_item_lens;

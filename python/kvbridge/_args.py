@@ -68,7 +68,8 @@ class KVArgs:
     _LIST_FIELDS = ("kv_data_ptrs", "kv_data_lens", "kv_item_lens", "aux_data_ptrs",
                     "aux_data_lens", "aux_item_lens", "state_data_ptrs", "state_data_lens",
                     "state_item_lens", "state_buffer_types", "state_slice_dims",
-                    "state_slice_outer", "kv_layer_ids", "state_layer_ids")
+                    "state_slice_outer", "kv_layer_ids", "state_layer_ids",
+                    "mla_compression_ratios")
 
     def __init__(self, **kwargs: Any):
         self.engine_rank = 0

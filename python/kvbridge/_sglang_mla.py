@@ -16,11 +16,18 @@ holding layers [start, end):
 Each buffer gets the model layer it holds. A layer listed twice (a ratio-4
 layer's buffer and its indexer's) pairs by occurrence, as sglang pairs
 repeated layer ids (decode's earliest unused buffer of the same id). Ids
-sglang gives itself (``kv_layer_ids``, ``state_layer_ids``) are kept.
+sglang gives itself (``kv_layer_ids``) are kept, and then the ratios are
+not published.
+
+sglang sets the ratios on prefill only. A prefill rank that numbered its
+buffers publishes them in its registry layout; a decode adapter whose
+KVArgs lack them takes them from there (``try_ensure_parallel_info``) and
+numbers its own buffers the same way, for the whole model (decode pp 1).
 """
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, List, Sequence, Tuple
 
 import kvbridge
@@ -33,16 +40,27 @@ def _error(message: str) -> kvbridge.InvalidArgumentError:
     return kvbridge.InvalidArgumentError(None, f"compressed MLA (mla_compression_ratios): {message}")
 
 
-def _stage(args: Any, ratios: Sequence[int]) -> Tuple[int, int]:
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _stage(args: Any, ratios: Sequence[int], pp_size: int) -> Tuple[int, int]:
     """The stage's layer range [start, end): sglang's prefill_start_layer and
-    prefill_end_layer, the whole model where they are unset (decode)."""
+    prefill_end_layer, the whole model where they are unset (a decode of pp
+    1; a decode stage without its range is refused by name)."""
     start = getattr(args, "prefill_start_layer", None)
     end = getattr(args, "prefill_end_layer", None)
+    if end is None and pp_size > 1:
+        raise kvbridge.UnimplementedError(
+            None, f"compressed MLA (mla_compression_ratios) in a pipeline stage of pp_size "
+            f"{pp_size} whose KVArgs give no prefill_end_layer: kvbridge cannot tell which "
+            "layers the stage's buffers hold; run decode with pp 1")
     start = 0 if start is None else start
     end = len(ratios) if end is None else end
     for name, v in (("prefill_start_layer", start), ("prefill_end_layer", end)):
-        if isinstance(v, bool) or not isinstance(v, int):
+        if not _is_int(v):
             raise _error(f"{name} {v!r:.40} is not an integer")
+    start, end = int(start), int(end)
     if not 0 <= start <= end <= len(ratios):
         raise _error(f"layers [{start}, {end}) do not lie within the {len(ratios)} model layers "
                      "the ratios describe")
@@ -53,12 +71,31 @@ def _layers(ratios: Sequence[int], start: int, end: int, ratio: int) -> List[int
     return [layer for layer in range(start, end) if ratios[layer] == ratio]
 
 
-def kv_layer_ids(args: Any, ratios: Sequence[int], num_buffers: int, num_draft: int) -> List[int]:
+def number_buffers(args: Any, ours: Any, ratios: Sequence[int], pp_size: int) -> None:
+    """Gives `ours` (kvbridge's KVArgs made from sglang's `args`) the model
+    layer of each kv buffer, and of each state buffer where sglang gave no
+    state ids, from `ratios`."""
+    draft = ours.num_draft_entries or 0
+    if not _is_int(draft) or not 0 <= draft <= len(ours.kv_data_ptrs):
+        raise _error(f"num_draft_entries {draft!r:.40} is not a count of the "
+                     f"{len(ours.kv_data_ptrs)} kv buffers")
+    ours.kv_layer_ids = kv_layer_ids(args, ratios, len(ours.kv_data_ptrs), int(draft), pp_size)
+    if not ours.state_layer_ids and ours.state_type_names:
+        counts = [0] * len(ours.state_type_names)
+        for t in ours.state_buffer_types or [0] * len(ours.state_data_ptrs):
+            if 0 <= t < len(counts):
+                counts[t] += 1
+        ours.state_layer_ids = state_layer_ids(args, ratios, ours.state_type_names, counts,
+                                               pp_size)
+
+
+def kv_layer_ids(args: Any, ratios: Sequence[int], num_buffers: int, num_draft: int,
+                 pp_size: int) -> List[int]:
     """One model-layer id per kv buffer of a compressed-MLA pool (draft
     entries, the last `num_draft`, get sglang's draft ids).
     InvalidArgumentError naming both counts when the buffers are not the
     stage's ratio-4 layers twice and its ratio-128 layers."""
-    start, end = _stage(args, ratios)
+    start, end = _stage(args, ratios, pp_size)
     c4, c128 = _layers(ratios, start, end, 4), _layers(ratios, start, end, 128)
     ids = c4 + c4 + c128
     if len(ids) + num_draft != num_buffers:
@@ -70,11 +107,11 @@ def kv_layer_ids(args: Any, ratios: Sequence[int], num_buffers: int, num_draft: 
 
 
 def state_layer_ids(args: Any, ratios: Sequence[int], names: Sequence[str],
-                    counts: Sequence[int]) -> List[int]:
+                    counts: Sequence[int], pp_size: int) -> List[int]:
     """One model-layer id per state buffer (components in order, `counts[i]`
     buffers each), -1 for a component other than SWA, SWA_RING and
     C128_STATE; [] when no component has ids."""
-    start, end = _stage(args, ratios)
+    start, end = _stage(args, ratios, pp_size)
     c4, c128 = _layers(ratios, start, end, 4), _layers(ratios, start, end, 128)
     out: List[int] = []
     for name, n in zip(names, counts):

@@ -343,25 +343,14 @@ def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVAr
 def _compressed_mla_layer_ids(args: Any, ours: KVArgs) -> None:
     """A compressed-MLA pool's buffers get their model layers where sglang
     gave none (kvbridge/_sglang_mla.py), so that a pipeline stage's pair
-    with decode's."""
-    raw = getattr(args, "mla_compression_ratios", None)
-    try:
-        ratios = _ints(raw)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise kvbridge.InvalidArgumentError(
-            None, f"KVArgs.mla_compression_ratios ({type(raw).__name__}): {e}") from None
-    if not ratios:
+    with decode's; the ratios are published only then."""
+    if not ours.mla_compression_ratios:
         return
-    if not ours.kv_layer_ids:
-        ours.kv_layer_ids = _sglang_mla.kv_layer_ids(args, ratios, len(ours.kv_data_ptrs),
-                                                     int(ours.num_draft_entries or 0))
-    if not ours.state_layer_ids and ours.state_type_names:
-        counts = [0] * len(ours.state_type_names)
-        for t in ours.state_buffer_types or [0] * len(ours.state_data_ptrs):
-            if 0 <= t < len(counts):
-                counts[t] += 1
-        ours.state_layer_ids = _sglang_mla.state_layer_ids(args, ratios, ours.state_type_names,
-                                                           counts)
+    if ours.kv_layer_ids:  # sglang numbered them: kept, the ratios not published
+        ours.mla_compression_ratios = []
+        return
+    _sglang_mla.number_buffers(args, ours, ours.mla_compression_ratios,
+                               ours.parallel.pp_size)
 
 
 def _check_layouts_it_cannot_place(args: Any, parallel: ParallelLayout, mode: str) -> None:
@@ -553,16 +542,22 @@ class KVBridgeKVManager(BaseKVManager):
         return True
 
     def _args_for(self, info: dict) -> KVArgs:
-        """Decode's args with what its KVArgs left unset taken from prefill."""
-        if getattr(self.kv_args, "total_kv_head_num", None) is not None:
-            return self._args
+        """Decode's args with what its KVArgs left unset taken from prefill:
+        the kv head counts, and a compressed-MLA pool's layer numbering
+        (sglang gives decode no mla_compression_ratios)."""
         total = info.get("total_kv_heads")
-        if total is None:
+        heads = getattr(self.kv_args, "total_kv_head_num", None) is None and total is not None
+        ratios = list(info.get("mla_compression_ratios") or [])
+        numbering = bool(ratios) and not self._args.kv_layer_ids
+        if not heads and not numbering:
             return self._args
         args = to_kvbridge_args(self.kv_args, self.server_args, self._mode)
-        args.total_kv_head_num = int(total)
-        tp = max(int(args.parallel.tp_size), 1)
-        args.kv_head_num = 1 if info.get("is_mla") else max(int(total) // tp, 1)
+        if heads:
+            args.total_kv_head_num = int(total)
+            tp = max(int(args.parallel.tp_size), 1)
+            args.kv_head_num = 1 if info.get("is_mla") else max(int(total) // tp, 1)
+        if numbering:
+            _sglang_mla.number_buffers(self.kv_args, args, ratios, args.parallel.pp_size)
         return args
 
     def core(self, bootstrap_addr: Optional[str] = None) -> _Manager:

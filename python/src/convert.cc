@@ -58,6 +58,7 @@ KVArgs ArgsFromDict(const py::dict& d) {
   a.state_item_lens = Field<U64s>(d, "state_item_lens", {}, &seen);
   a.state_buffer_types = Field<std::vector<int32_t>>(d, "state_buffer_types", {}, &seen);
   a.kv_layer_ids = Field<std::vector<int32_t>>(d, "kv_layer_ids", {}, &seen);
+  a.mla_compression_ratios = Field<std::vector<int32_t>>(d, "mla_compression_ratios", {}, &seen);
   a.state_layer_ids = Field<std::vector<int32_t>>(d, "state_layer_ids", {}, &seen);
   a.state_type_names = Field<std::vector<std::string>>(d, "state_type_names", {}, &seen);
   using U32s = std::vector<uint32_t>;

@@ -58,11 +58,13 @@ py::dict PrefillInfo(const std::string& address, double timeout_s) {
   d["complete"] = Complete(*info);
   d["total_kv_heads"] = py::none();
   d["is_mla"] = py::none();
+  d["mla_compression_ratios"] = py::list();
   if (first.ok()) {
     Result<internal::RankLayout> layout = internal::LayoutFromJson(first->layout);
     if (layout.ok()) {
       d["total_kv_heads"] = layout->total_kv_heads;
       d["is_mla"] = layout->is_mla;
+      d["mla_compression_ratios"] = layout->mla_compression_ratios;
     }
   }
   return d;

@@ -1,10 +1,11 @@
 """Compressed MLA (DeepSeek V4: KVArgs.mla_compression_ratios) from two
 prefill pipeline stages into one decode (docs/sglang.md, A9), through the
 adapter. The pools are laid out as sglang's compressed-MLA pools list them
-(by compression bucket, not by layer), and where each stage's buffers must
-land is computed as sglang's mooncake backend slices decode's lists for a
-stage (`_mla_slice_ptrs_for_pp`: offsets by counting ratios before the
-stage), not by layer ids."""
+(by compression bucket, not by layer), and, as sglang fills KVArgs, only
+prefill gives the ratios. Where each stage's buffers must land is computed
+as sglang's mooncake backend slices decode's lists for a stage
+(`_mla_slice_ptrs_for_pp`: offsets by counting ratios before the stage),
+not by layer ids."""
 
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ class MlaPool:
         a.state_data_lens = [[int(b.nbytes) for b in c] for c in comps]
         a.state_item_lens = [[int(b[0].nbytes) for b in c] for c in comps]
         a.page_size = PAGE_SIZE
-        a.mla_compression_ratios = list(RATIOS)
-        if mode == "prefill":
+        if mode == "prefill":  # sglang's decode sets no ratios
+            a.mla_compression_ratios = list(RATIOS)
             a.kv_head_num = a.total_kv_head_num = 1
             a.prefill_start_layer, a.prefill_end_layer = start, end
         self.args = a
@@ -122,9 +123,11 @@ def test_each_pipeline_stage_lands_where_sglang_slices_it(bootstrap):  # A9
             for b, into in enumerate(c128):
                 assert np.array_equal(d.c128[into][c128_rows[1]], pool.c128[b][c128_rows[0]]), \
                     f"stage {s} C128 state buffer {b} -> decode {into}"
+                written.add(("c128", into))
         # every decode buffer came from exactly one stage
         assert {into for kind, into in written if kind == "kv"} == set(range(len(d.kv)))
         assert {into for kind, into in written if kind == "swa"} == set(range(len(d.swa)))
+        assert {into for kind, into in written if kind == "c128"} == set(range(len(d.c128)))
         for tx in txs:
             wait_until(lambda: tx.poll() == KVPoll.Success, what="prefill success")
             tx.clear()
@@ -151,7 +154,14 @@ def test_buffers_that_do_not_fit_the_ratios_are_refused_naming_the_counts():  # 
         pool.args.mla_compression_ratios = bad
         with pytest.raises(kvbridge.InvalidArgumentError, match=words):
             sg.to_kvbridge_args(pool.args, sa, "prefill")
+    for draft in ("2", 1.5, True, 99):
+        pool = MlaPool("prefill", 0, 3)
+        pool.args.num_draft_entries = draft
+        with pytest.raises(kvbridge.InvalidArgumentError, match="num_draft_entries"):
+            sg.to_kvbridge_args(pool.args, sa, "prefill")
     pool = MlaPool("prefill", 0, 3)
+    pool.args.prefill_start_layer = np.int64(0)  # numpy integers are integers
+    assert sg.to_kvbridge_args(pool.args, sa, "prefill").kv_layer_ids == [0, 2, 0, 2, 1]
     pool.args.prefill_end_layer = 9  # beyond the six layers the ratios describe
     with pytest.raises(kvbridge.InvalidArgumentError, match=r"\[0, 9\) do not lie within"):
         sg.to_kvbridge_args(pool.args, sa, "prefill")
@@ -162,8 +172,27 @@ def test_buffers_that_do_not_fit_the_ratios_are_refused_naming_the_counts():  # 
         sg.to_kvbridge_args(pool.args, sa, "prefill")
 
 
-def test_ids_sglang_gives_are_kept():  # A9
+def test_ids_sglang_gives_are_kept_and_the_ratios_not_published():  # A9
     pool = MlaPool("prefill", 0, 3)
     pool.args.kv_layer_ids = [7, 8, 7, 8, 9]
-    assert sg.to_kvbridge_args(pool.args, server_args(1), "prefill").kv_layer_ids == \
-        [7, 8, 7, 8, 9]
+    ours = sg.to_kvbridge_args(pool.args, server_args(1), "prefill")
+    assert ours.kv_layer_ids == [7, 8, 7, 8, 9]
+    assert ours.mla_compression_ratios == []  # a decode numbers nothing from them
+
+
+def test_a_decode_stage_is_refused_by_name(bootstrap):  # A9
+    # Prefill publishes its ratios; a decode of pp 2, whose KVArgs say no
+    # stage range (as sglang's decode's), cannot number its buffers.
+    port = int(bootstrap.rsplit(":", 1)[1])
+    pool = MlaPool("prefill", 0, 6)
+    pm = sg.KVBridgeKVManager(pool.args, "prefill", server_args(port, port=30952), True)
+    d = MlaPool("decode", 0, 3)
+    sa = server_args(port, port=30953)
+    sa.pp_size = 2
+    dm = sg.KVBridgeKVManager(d.args, "decode", sa, True)
+    try:
+        with pytest.raises(kvbridge.UnimplementedError, match="no prefill_end_layer"):
+            dm.try_ensure_parallel_info(bootstrap)
+    finally:
+        dm.close()
+        pm.close()

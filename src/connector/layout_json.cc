@@ -89,7 +89,8 @@ nlohmann::json LayoutToJson(const RankLayout& l) {
           {"state_type_names", l.state_type_names},
           {"cp_size", l.cp_size},
           {"all_cp_ranks", l.all_cp_ranks},
-          {"num_draft_entries", l.num_draft_entries}};
+          {"num_draft_entries", l.num_draft_entries},
+          {"mla_compression_ratios", l.mla_compression_ratios}};
 }
 
 Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
@@ -132,6 +133,10 @@ Result<RankLayout> LayoutFromJson(const nlohmann::json& j) {
         (!l.kv_layer_ids.empty() && l.kv_layer_ids.size() != l.kv.size()))
       return InvalidArgumentError("layout field 'kv_layer_ids' malformed");
   }
+  // Optional: each model layer's compression (>= 0), or none.
+  if (auto it = j.find("mla_compression_ratios");
+      it != j.end() && !IntsFromJson(*it, &l.mla_compression_ratios))
+    return InvalidArgumentError("layout field 'mla_compression_ratios' malformed");
   // Optional: a state type (>= 0) and a layer id (-1: none) per state
   // buffer, or none (CheckLayout judges the values).
   for (auto [name, out, min] : {std::tuple{"state_types", &l.state_types, int64_t{0}},
@@ -208,6 +213,12 @@ Result<RankLayout> LayoutFromOptions(const ManagerOptions& opts) {
           : a.prefill_start_layer + static_cast<int>(a.kv_data_ptrs.size()) / per_layer;
   layout.kv = Spans(a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens);
   layout.kv_layer_ids = a.kv_layer_ids;
+  if (a.mla_compression_ratios.size() > kMaxBuffers ||
+      std::any_of(a.mla_compression_ratios.begin(), a.mla_compression_ratios.end(),
+                  [](int32_t r) { return r < 0; }))
+    return InvalidArgumentError(fmt::format(
+        "KVArgs: mla_compression_ratios must have at most {} entries, each >= 0", kMaxBuffers));
+  layout.mla_compression_ratios = a.mla_compression_ratios;
   layout.num_draft_entries = a.num_draft_entries;  // CheckLayout bounds it
   layout.aux = Spans(a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens);
   layout.state = Spans(a.state_data_ptrs, a.state_data_lens, a.state_item_lens);

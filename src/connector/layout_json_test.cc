@@ -147,6 +147,53 @@ TEST(LayoutJsonTest, DraftEntryCountRoundTripsAndMalformedOnesAreRefusedByName) 
   }
 }
 
+// sglang's compression ratios (DeepSeek V4), which a prefill rank publishes
+// for decode's sglang adapter: they round-trip, a layout without them
+// reads as none, and a malformed list from the wire is refused by name.
+TEST(LayoutJsonTest, CompressionRatiosRoundTripAndMalformedOnesAreRefusedByName) {
+  RankLayout l = Sharded();
+  l.mla_compression_ratios = {4, 128, 0, 4};
+  auto back = LayoutFromJson(LayoutToJson(l));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->mla_compression_ratios, (std::vector<int32_t>{4, 128, 0, 4}));
+  nlohmann::json j = LayoutToJson(l);
+  j.erase("mla_compression_ratios");  // a layout from before: none
+  back = LayoutFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->mla_compression_ratios.empty());
+  for (const std::string bad : {std::string("[-1]"), std::string(R"(["4"])"), std::string("[1.5]"),
+                                std::string("4"), std::string("[4294967296]")}) {
+    j = LayoutToJson(l);
+    j["mla_compression_ratios"] = nlohmann::json::parse(bad);
+    back = LayoutFromJson(j);
+    ASSERT_FALSE(back.ok()) << bad;
+    EXPECT_EQ(back.status().message(), "layout field 'mla_compression_ratios' malformed") << bad;
+  }
+  j = LayoutToJson(l);
+  j["mla_compression_ratios"] = std::vector<int>(4097, 4);  // more than kMaxBuffers layers
+  EXPECT_FALSE(LayoutFromJson(j).ok());
+}
+
+// A rank's own ratios: copied into its layout; a negative one refused by name.
+TEST(LayoutJsonTest, CompressionRatiosFromKVArgsAreCheckedAndPublished) {
+  ManagerOptions o;
+  o.is_mla = true;
+  o.args.page_size = 16;
+  o.args.kv_data_ptrs = {0x1000};
+  o.args.kv_data_lens = {4096};
+  o.args.kv_item_lens = {256};
+  o.args.kv_head_num = o.args.total_kv_head_num = 1;
+  o.args.mla_compression_ratios = {4, 0};
+  auto l = LayoutFromOptions(o);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->mla_compression_ratios, (std::vector<int32_t>{4, 0}));
+  o.args.mla_compression_ratios = {4, -1};
+  l = LayoutFromOptions(o);
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("mla_compression_ratios"), std::string::npos)
+      << l.status().ToString();
+}
+
 // State types and layer ids: they round-trip (-1: a buffer without), a
 // layout without them reads as none, anything but one per state buffer in
 // range is refused; KVArgs' list must be one per state buffer.

@@ -65,6 +65,9 @@ struct RankLayout {
   // The model layer of each kv buffer (KVArgs::kv_layer_ids), or empty;
   // exchanged in the handshake. See PairKvBuffers.
   std::vector<int32_t> kv_layer_ids;
+  // KVArgs::mla_compression_ratios: in the registry layout only (not in the
+  // Hello); never read by the plan.
+  std::vector<int32_t> mla_compression_ratios;
   std::vector<BufferSpan> aux;
   std::vector<BufferSpan> state;
   // The state type of each state buffer (sglang's state_types, e.g. mamba
