@@ -74,3 +74,14 @@ def wait_until(cond, timeout: float = 20.0, what: str = "condition") -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.002)
+
+
+
+def settle(txs, rx) -> None:
+    """The senders of a request that succeeded reach Success and are
+    cleared, then its receiver."""
+    from kvbridge import KVPoll  # the stand-ins themselves need no kvbridge
+    for tx in txs:
+        wait_until(lambda: tx.poll() == KVPoll.Success, what="prefill success")
+        tx.clear()
+    rx.clear()

@@ -17,7 +17,7 @@ import pytest
 import kvbridge
 from kvbridge import KVPoll
 from kvbridge import sglang as sg
-from sglang_standins import SgKVArgs, server_args, wait_until
+from sglang_standins import SgKVArgs, server_args, settle, wait_until
 
 RATIOS = [4, 128, 4, 0, 4, 128]  # layer 3: no compressed cache
 STAGES = [(0, 3), (3, 6)]
@@ -128,10 +128,7 @@ def test_each_pipeline_stage_lands_where_sglang_slices_it(bootstrap):  # A9
         assert {into for kind, into in written if kind == "kv"} == set(range(len(d.kv)))
         assert {into for kind, into in written if kind == "swa"} == set(range(len(d.swa)))
         assert {into for kind, into in written if kind == "c128"} == set(range(len(d.c128)))
-        for tx in txs:
-            wait_until(lambda: tx.poll() == KVPoll.Success, what="prefill success")
-            tx.clear()
-        rx.clear()
+        settle(txs, rx)
     finally:
         dm.close()
         for _, m in stages:

@@ -23,7 +23,7 @@ import pytest
 import kvbridge
 from kvbridge import KVPoll, KVTransferError, _kvbridge
 from kvbridge import sglang as sg
-from sglang_standins import SgPool, server_args, wait_until
+from sglang_standins import SgPool, server_args, settle, wait_until
 
 # Rows M1, M2, M5, M7, S1-S5, R1-R3, H9: method -> parameter names (after
 # self), in order, as sglang's base/common classes declare them.
@@ -1013,10 +1013,7 @@ def test_prefill_pp2_to_decode_pp1_through_the_adapter(bootstrap):  # A7
             k, v = pool.kv
             assert np.array_equal(d.kv[s][dst], k[src]), f"K of layer {s}"
             assert np.array_equal(d.kv[2 + s][dst], v[src]), f"V of layer {s}"
-        for tx in txs:
-            wait_until(lambda: tx.poll() == KVPoll.Success, what="prefill success")
-            tx.clear()
-        rx.clear()
+        settle(txs, rx)
     finally:
         dm.close()
         for _, m in stages:
