@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "connector/connector_test_util.h"
@@ -201,6 +204,137 @@ TEST(AcceptorTest, AnEndpointThatFailsWhileItsHelloIsAcceptedIsDropped) {
   ASSERT_TRUE(p.has_value());
   EXPECT_TRUE(p->ready && !p->failed);
   EXPECT_NE(p->endpoint, failed) << "decode tp1's peer holds the endpoint reported failed";
+}
+
+// Decode's transport: the second message it sends on its first endpoint
+// (after the Hello: its proof) is kept back until released.
+class HeldProofs : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  Status SendMessage(PeerId peer, std::string payload) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (++sent_[peer] == 2 && !kept_) {
+        kept_ = true;
+        held_.emplace_back(peer, std::move(payload));
+        cv_.notify_all();
+        return Status();
+      }
+    }
+    return ForwardingTransport::SendMessage(peer, std::move(payload));
+  }
+  bool WaitForHeldProof(std::chrono::seconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return !held_.empty(); });
+  }
+  void Release() {
+    std::vector<std::pair<PeerId, std::string>> held;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held.swap(held_);
+    }
+    for (auto& [peer, payload] : held) ForwardingTransport::SendMessage(peer, std::move(payload));
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<PeerId, int> sent_;
+  bool kept_ = false;
+  std::vector<std::pair<PeerId, std::string>> held_;
+};
+
+// Prefill's transport: the endpoints it connects (back to a decode rank
+// that said Hello), and a way to report one failed.
+class WatchedConnects : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  Result<PeerId> Connect(std::string_view address) override {
+    Result<PeerId> p = ForwardingTransport::Connect(address);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (p.ok()) connected_.push_back(*p);
+    return p;
+  }
+  void SetPeerFailureHandler(PeerFailureHandler h) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      on_failure_ = h;
+    }
+    ForwardingTransport::SetPeerFailureHandler(std::move(h));
+  }
+  void Disconnect(PeerId peer) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      disconnected_.push_back(peer);
+    }
+    ForwardingTransport::Disconnect(peer);
+  }
+  std::vector<PeerId> connected() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return connected_;
+  }
+  bool WasDisconnected(PeerId peer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::find(disconnected_.begin(), disconnected_.end(), peer) != disconnected_.end();
+  }
+  void Fail(PeerId peer, const Status& why) {
+    PeerFailureHandler h;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      h = on_failure_;
+    }
+    ASSERT_TRUE(h);
+    h(peer, why);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<PeerId> connected_, disconnected_;
+  PeerFailureHandler on_failure_;
+};
+
+// The transport reports the endpoint of decode's Hello failed after prefill
+// challenged it and before decode's proof arrives. Prefill forgets that
+// Hello (the endpoint closed; the proof, released afterwards, answers
+// nothing), and decode's Hello sent again is accepted on a new endpoint.
+// Before, the report found no peer and was lost, and the proof made decode
+// a ready peer on the endpoint its transport had called failed.
+TEST(AcceptorTest, AnEndpointThatFailsBeforeItsHelloIsProvenIsForgotten) {
+  HeldProofs* proofs = nullptr;
+  WatchedConnects* connects = nullptr;
+  ClusterOptions o;
+  o.wrap = [&](std::unique_ptr<Transport> t, Role role, int) -> std::unique_ptr<Transport> {
+    if (role == Role::kDecode) {
+      auto h = std::make_unique<HeldProofs>(std::move(t));
+      proofs = h.get();
+      return h;
+    }
+    auto w = std::make_unique<WatchedConnects>(std::move(t));
+    connects = w.get();
+    return w;
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(proofs != nullptr && connects != nullptr);
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  KVManager& d = *(*c)->decode[0].manager;
+  auto rx = std::move(KVReceiver::Create(d, 1)).value();
+  ASSERT_TRUE(rx->Init(0).ok());
+  ASSERT_TRUE(proofs->WaitForHeldProof(std::chrono::seconds(10))) << "decode sent no proof";
+  const std::vector<PeerId> back = connects->connected();
+  ASSERT_EQ(back.size(), 1u) << "prefill should have connected back once, to challenge";
+  ASSERT_NO_FATAL_FAILURE(connects->Fail(back[0], Status(StatusCode::kUnavailable, "reset")));
+  // Barrier: the failure was taken (the endpoint closed) before the proof goes.
+  EXPECT_TRUE(WaitFor([&] { return connects->WasDisconnected(back[0]); }))
+      << "prefill kept the endpoint its transport reported failed";
+  proofs->Release();
+  ASSERT_TRUE(
+      WaitFor([&] { return rx->Poll() == KVPoll::kWaitingForInput; }, std::chrono::seconds(20)))
+      << KVPollName(rx->Poll()) << " " << rx->Failure().value_or(FailureRecord{}).Message();
+  std::optional<PeerSnapshot> p = PeerAt(ManagerAccess::Of(prefill), d.self());
+  ASSERT_TRUE(p.has_value());
+  EXPECT_TRUE(p->ready && !p->failed);
+  EXPECT_NE(p->endpoint, back[0]) << "decode's peer holds the endpoint reported failed";
 }
 
 // The record of `declared`'s death, as prefill would have detected it.

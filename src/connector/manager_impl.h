@@ -58,8 +58,7 @@ uint64_t NewIncarnation();
 
 class ManagerImpl {
  public:
-  // `transport` replaces the UCX transport (tests: loopback, fault wrapper);
-  // `hooks`, a test's clock and ticking (core_hooks.h).
+  // Tests: `transport` replaces UCX's; `hooks`: clock, ticking (core_hooks.h).
   static Result<std::unique_ptr<ManagerImpl>> Create(const ManagerOptions& options,
                                                      std::unique_ptr<Transport> transport = {},
                                                      CoreHooks hooks = {});
@@ -188,6 +187,7 @@ class ManagerImpl {
   void AcceptHello(PendingAccept accept);
   // Outdated: a rejoin here, a record on `a.from`, its endpoint failed.
   bool StaleAcceptLocked(const PendingAccept& a) const KVB_REQUIRES(mu_);
+  void NoPeersEndpointFailedLocked(PeerId tpeer, const Status& why, Outbox& out) KVB_REQUIRES(mu_);
   bool DeclaredFailedLocked(const RankId& id) const KVB_REQUIRES(mu_);  // a record applied here
   // Carries out what a proven Hello on `*fresh` does to the peer at its
   // position (hello_rule.h): true when the Hello makes no peer (the held one

@@ -16,21 +16,36 @@ void ManagerImpl::OnPeerFailure(PeerId tpeer, const Status& why) {
     MutexLock lock(mu_);
     auto it = by_tpeer_.find(tpeer);
     if (it == by_tpeer_.end()) {
-      // A proven Hello's endpoint, no peer's yet: its acceptance is dropped.
-      auto accepting = accepting_.find(tpeer);
-      if (accepting != accepting_.end() && !accepting->second) {
-        accepting->second = true;
-        KVB_LOG_INFO("the endpoint of a Hello being accepted failed ({}): not accepted",
-                     why.ToString());
-      }
-      return;
+      NoPeersEndpointFailedLocked(tpeer, why, out);
+    } else if (!it->second->failed) {
+      Peer& peer = *it->second;
+      auto [cause, detail] = TransportErrorCause(peer.id, why);
+      FailPeerLocked(peer, cause, std::move(detail), "transport error", out);
     }
-    if (it->second->failed) return;
-    Peer& peer = *it->second;
-    auto [cause, detail] = TransportErrorCause(peer.id, why);
-    FailPeerLocked(peer, cause, std::move(detail), "transport error", out);
   }
   Flush(out);
+}
+
+// A Hello's endpoint that no peer holds yet failed. Challenged and not yet
+// proven: the Hello is forgotten (its proof, if it comes, answers nothing;
+// decode sends its Hello again). Proven: its acceptance is dropped
+// (StaleAcceptLocked). Either way no peer is made on it.
+void ManagerImpl::NoPeersEndpointFailedLocked(PeerId tpeer, const Status& why, Outbox& out) {
+  auto accepting = accepting_.find(tpeer);
+  if (accepting != accepting_.end()) {
+    if (!std::exchange(accepting->second, true))
+      KVB_LOG_INFO("the endpoint of a Hello being accepted failed ({}): not accepted",
+                   why.ToString());
+    return;
+  }
+  for (auto p = pending_hellos_.begin(); p != pending_hellos_.end(); ++p) {
+    if (p->second.tpeer != tpeer) continue;
+    KVB_LOG_INFO("the endpoint of {}'s Hello failed before its proof ({}): forgotten",
+                 p->second.from.ToString(), why.ToString());
+    pending_hellos_.erase(p);
+    out.disconnect.push_back(tpeer);
+    return;
+  }
 }
 
 std::pair<FailureCause, std::string> ManagerImpl::TransportErrorCause(const RankId& peer,
