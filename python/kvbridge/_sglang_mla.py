@@ -22,7 +22,8 @@ not published.
 sglang sets the ratios on prefill only. A prefill rank that numbered its
 buffers publishes them in its registry layout; a decode adapter whose
 KVArgs lack them takes them from there (``try_ensure_parallel_info``) and
-numbers its own buffers the same way, for the whole model (decode pp 1).
+numbers its own buffers the same way, for the whole model (decode pp 1;
+a decode stage is refused by name).
 """
 
 from __future__ import annotations
@@ -44,17 +45,26 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-def _stage(args: Any, ratios: Sequence[int], pp_size: int) -> Tuple[int, int]:
-    """The stage's layer range [start, end): sglang's prefill_start_layer and
-    prefill_end_layer, the whole model where they are unset (a decode of pp
-    1; a decode stage without its range is refused by name)."""
+def _stage(args: Any, ratios: Sequence[int], pp_size: int, mode: str) -> Tuple[int, int]:
+    """The layers [start, end) the buffers hold: a prefill rank's
+    prefill_start_layer and prefill_end_layer (the whole model where they
+    are unset and pp is 1); a decode of pp 1 holds the whole model, as
+    sglang's slicing counts it. A decode stage, and a prefill stage without
+    its range, are refused by name."""
+    if mode == "decode":
+        if pp_size > 1:
+            raise kvbridge.UnimplementedError(
+                None, f"compressed MLA (mla_compression_ratios) into a decode server of "
+                f"pp_size {pp_size}: kvbridge places a prefill stage's compressed-MLA buffers "
+                "only in a decode of pp 1; run decode with --pp-size 1")
+        return 0, len(ratios)
     start = getattr(args, "prefill_start_layer", None)
     end = getattr(args, "prefill_end_layer", None)
     if end is None and pp_size > 1:
         raise kvbridge.UnimplementedError(
-            None, f"compressed MLA (mla_compression_ratios) in a pipeline stage of pp_size "
+            None, f"compressed MLA (mla_compression_ratios) in a prefill stage of pp_size "
             f"{pp_size} whose KVArgs give no prefill_end_layer: kvbridge cannot tell which "
-            "layers the stage's buffers hold; run decode with pp 1")
+            "layers the stage's buffers hold")
     start = 0 if start is None else start
     end = len(ratios) if end is None else end
     for name, v in (("prefill_start_layer", start), ("prefill_end_layer", end)):
@@ -71,31 +81,39 @@ def _layers(ratios: Sequence[int], start: int, end: int, ratio: int) -> List[int
     return [layer for layer in range(start, end) if ratios[layer] == ratio]
 
 
-def number_buffers(args: Any, ours: Any, ratios: Sequence[int], pp_size: int) -> None:
-    """Gives `ours` (kvbridge's KVArgs made from sglang's `args`) the model
-    layer of each kv buffer, and of each state buffer where sglang gave no
-    state ids, from `ratios`."""
+# At most this many model layers (the C++ layout's bound on buffers).
+_MAX_LAYERS = 4096
+
+
+def number_buffers(args: Any, ours: Any, ratios: Sequence[int], pp_size: int,
+                   mode: str) -> None:
+    """Gives `ours` (kvbridge's KVArgs made from sglang's `args`, on the
+    `mode` server) the model layer of each kv buffer, and of each state
+    buffer where sglang gave no state ids, from `ratios`."""
+    if len(ratios) > _MAX_LAYERS or not all(0 <= r < 2**31 for r in ratios):
+        raise _error(f"{len(ratios)} ratios: at most {_MAX_LAYERS}, each in [0, 2**31)")
     draft = ours.num_draft_entries or 0
     if not _is_int(draft) or not 0 <= draft <= len(ours.kv_data_ptrs):
         raise _error(f"num_draft_entries {draft!r:.40} is not a count of the "
                      f"{len(ours.kv_data_ptrs)} kv buffers")
-    ours.kv_layer_ids = kv_layer_ids(args, ratios, len(ours.kv_data_ptrs), int(draft), pp_size)
+    ours.kv_layer_ids = kv_layer_ids(args, ratios, len(ours.kv_data_ptrs), int(draft), pp_size,
+                                     mode)
     if not ours.state_layer_ids and ours.state_type_names:
         counts = [0] * len(ours.state_type_names)
         for t in ours.state_buffer_types or [0] * len(ours.state_data_ptrs):
             if 0 <= t < len(counts):
                 counts[t] += 1
         ours.state_layer_ids = state_layer_ids(args, ratios, ours.state_type_names, counts,
-                                               pp_size)
+                                               pp_size, mode)
 
 
 def kv_layer_ids(args: Any, ratios: Sequence[int], num_buffers: int, num_draft: int,
-                 pp_size: int) -> List[int]:
+                 pp_size: int, mode: str) -> List[int]:
     """One model-layer id per kv buffer of a compressed-MLA pool (draft
     entries, the last `num_draft`, get sglang's draft ids).
     InvalidArgumentError naming both counts when the buffers are not the
     stage's ratio-4 layers twice and its ratio-128 layers."""
-    start, end = _stage(args, ratios, pp_size)
+    start, end = _stage(args, ratios, pp_size, mode)
     c4, c128 = _layers(ratios, start, end, 4), _layers(ratios, start, end, 128)
     ids = c4 + c4 + c128
     if len(ids) + num_draft != num_buffers:
@@ -107,11 +125,11 @@ def kv_layer_ids(args: Any, ratios: Sequence[int], num_buffers: int, num_draft: 
 
 
 def state_layer_ids(args: Any, ratios: Sequence[int], names: Sequence[str],
-                    counts: Sequence[int], pp_size: int) -> List[int]:
+                    counts: Sequence[int], pp_size: int, mode: str) -> List[int]:
     """One model-layer id per state buffer (components in order, `counts[i]`
     buffers each), -1 for a component other than SWA, SWA_RING and
     C128_STATE; [] when no component has ids."""
-    start, end = _stage(args, ratios, pp_size)
+    start, end = _stage(args, ratios, pp_size, mode)
     c4, c128 = _layers(ratios, start, end, 4), _layers(ratios, start, end, 128)
     out: List[int] = []
     for name, n in zip(names, counts):

@@ -336,11 +336,11 @@ def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVAr
                                             dcp_rank=int(getattr(args, "dcp_rank", 0) or 0))
     ours.state_slice_dims, ours.state_slice_outer, ours.state_slice_groups = state_sharding(
         args, ours.parallel.tp_size)
-    _compressed_mla_layer_ids(args, ours)
+    _compressed_mla_layer_ids(args, ours, mode)
     return ours
 
 
-def _compressed_mla_layer_ids(args: Any, ours: KVArgs) -> None:
+def _compressed_mla_layer_ids(args: Any, ours: KVArgs, mode: str) -> None:
     """A compressed-MLA pool's buffers get their model layers where sglang
     gave none (kvbridge/_sglang_mla.py), so that a pipeline stage's pair
     with decode's; the ratios are published only then."""
@@ -350,7 +350,7 @@ def _compressed_mla_layer_ids(args: Any, ours: KVArgs) -> None:
         ours.mla_compression_ratios = []
         return
     _sglang_mla.number_buffers(args, ours, ours.mla_compression_ratios,
-                               ours.parallel.pp_size)
+                               ours.parallel.pp_size, mode)
 
 
 def _check_layouts_it_cannot_place(args: Any, parallel: ParallelLayout, mode: str) -> None:
@@ -531,7 +531,14 @@ class KVBridgeKVManager(BaseKVManager):
             raise RuntimeError(f"Page size mismatch: prefill server has page_size={page_size}, "
                                f"but decode server has page_size={self._args.page_size}.")
         if addr not in self._cores:
-            self._cores[addr] = _Manager(self._args_for(info), self._mode, self._config(addr),
+            try:
+                args = self._args_for(info)
+            except kvbridge.KVTransferError as e:
+                # Refused by name (docs/sglang.md, A9): logged, never raised
+                # into sglang's decode loop, which would stop on it.
+                log.error("prefill at %s: cannot place its KV here: %s", bootstrap_addr, e)
+                return False
+            self._cores[addr] = _Manager(args, self._mode, self._config(addr),
                                          self.is_mla_backend)
         self.prefill_info_table[bootstrap_addr] = PrefillServerInfo(
             attn_tp_size=info["attn_tp_size"], attn_cp_size=info["attn_cp_size"] or 1,
@@ -557,7 +564,8 @@ class KVBridgeKVManager(BaseKVManager):
             tp = max(int(args.parallel.tp_size), 1)
             args.kv_head_num = 1 if info.get("is_mla") else max(int(total) // tp, 1)
         if numbering:
-            _sglang_mla.number_buffers(self.kv_args, args, ratios, args.parallel.pp_size)
+            _sglang_mla.number_buffers(self.kv_args, args, ratios, args.parallel.pp_size,
+                                       self._mode)
         return args
 
     def core(self, bootstrap_addr: Optional[str] = None) -> _Manager:

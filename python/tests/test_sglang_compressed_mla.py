@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
+import logging
+
 import numpy as np
 import pytest
 
 import kvbridge
-from kvbridge import KVPoll
+from kvbridge import KVPoll, _sglang_mla
 from kvbridge import sglang as sg
 from sglang_standins import SgKVArgs, server_args, settle, wait_until
 
@@ -146,7 +148,10 @@ def test_buffers_that_do_not_fit_the_ratios_are_refused_naming_the_counts():  # 
                        match=r"4 kv buffers for layers \[0, 3\).* 5 expected"):
         sg.to_kvbridge_args(pool.args, sa, "prefill")
     for bad, words in ((["x"], "KVArgs.mla_compression_ratios"),
-                       ([4, 4.5], "KVArgs.mla_compression_ratios")):
+                       ([4, 4.5], "KVArgs.mla_compression_ratios"),
+                       ([4, True], "KVArgs.mla_compression_ratios"),
+                       ([4, -1, 4, 0, 4, 128], r"6 ratios: at most 4096, each in \[0, 2\*\*31\)"),
+                       ([4, 2**40, 4, 0, 4, 128], "6 ratios"), ([0] * 5000, "5000 ratios")):
         pool = MlaPool("prefill", 0, 3)
         pool.args.mla_compression_ratios = bad
         with pytest.raises(kvbridge.InvalidArgumentError, match=words):
@@ -177,9 +182,9 @@ def test_ids_sglang_gives_are_kept_and_the_ratios_not_published():  # A9
     assert ours.mla_compression_ratios == []  # a decode numbers nothing from them
 
 
-def test_a_decode_stage_is_refused_by_name(bootstrap):  # A9
-    # Prefill publishes its ratios; a decode of pp 2, whose KVArgs say no
-    # stage range (as sglang's decode's), cannot number its buffers.
+def test_a_decode_stage_is_refused_by_name(bootstrap, caplog):  # A9
+    # Prefill publishes its ratios; a decode of pp 2 is refused by name,
+    # logged, and never raised into sglang's decode loop.
     port = int(bootstrap.rsplit(":", 1)[1])
     pool = MlaPool("prefill", 0, 6)
     pm = sg.KVBridgeKVManager(pool.args, "prefill", server_args(port, port=30952), True)
@@ -188,8 +193,12 @@ def test_a_decode_stage_is_refused_by_name(bootstrap):  # A9
     sa.pp_size = 2
     dm = sg.KVBridgeKVManager(d.args, "decode", sa, True)
     try:
-        with pytest.raises(kvbridge.UnimplementedError, match="no prefill_end_layer"):
-            dm.try_ensure_parallel_info(bootstrap)
+        with caplog.at_level(logging.ERROR, logger="kvbridge"):
+            assert dm.try_ensure_parallel_info(bootstrap) is False
+        assert "into a decode server of pp_size 2" in caplog.text, caplog.text
+        args = sg.to_kvbridge_args(d.args, sa, "decode")
+        with pytest.raises(kvbridge.UnimplementedError, match="into a decode server of pp_size 2"):
+            _sglang_mla.number_buffers(d.args, args, RATIOS, 2, "decode")
     finally:
         dm.close()
         pm.close()
