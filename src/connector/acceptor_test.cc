@@ -22,10 +22,56 @@
 namespace kvbridge::internal {
 namespace {
 
-// Prefill's transport, whose ImportRegion waits while held.
-class HeldImports : public ForwardingTransport {
+// A transport that keeps the manager's failure handler, so that a test can
+// report an endpoint failed as the transport would on a connection reset,
+// and records the endpoints the manager closes.
+class WatchedEndpoints : public ForwardingTransport {
  public:
   using ForwardingTransport::ForwardingTransport;
+  void SetPeerFailureHandler(PeerFailureHandler h) override {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      on_failure_ = h;
+    }
+    ForwardingTransport::SetPeerFailureHandler(std::move(h));
+  }
+  void Disconnect(PeerId peer) override {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      disconnected_.push_back(peer);
+      watch_cv_.notify_all();
+    }
+    ForwardingTransport::Disconnect(peer);
+  }
+  void Fail(PeerId peer, const Status& why) {
+    PeerFailureHandler h;
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      h = on_failure_;
+    }
+    ASSERT_TRUE(h && peer != 0);
+    h(peer, why);
+  }
+  // Whether the manager closes `peer` within `timeout`.
+  bool WaitForDisconnected(PeerId peer, std::chrono::seconds timeout) {
+    std::unique_lock<std::mutex> lock(watch_mu_);
+    return watch_cv_.wait_for(lock, timeout, [&] {
+      return peer != 0 &&
+             std::find(disconnected_.begin(), disconnected_.end(), peer) != disconnected_.end();
+    });
+  }
+
+ private:
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  std::vector<PeerId> disconnected_;
+  PeerFailureHandler on_failure_;
+};
+
+// Prefill's transport, whose ImportRegion waits while held.
+class HeldImports : public WatchedEndpoints {
+ public:
+  using WatchedEndpoints::WatchedEndpoints;
   Result<RemoteRegionId> ImportRegion(PeerId peer, std::string_view key) override {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -36,48 +82,12 @@ class HeldImports : public ForwardingTransport {
         cv_.wait(lock, [&] { return !hold_; });
       }
     }
-    return ForwardingTransport::ImportRegion(peer, key);
+    return WatchedEndpoints::ImportRegion(peer, key);
   }
-  // Keeps the manager's handler, so that a test can report a failure.
-  void SetPeerFailureHandler(PeerFailureHandler h) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      on_failure_ = h;
-    }
-    ForwardingTransport::SetPeerFailureHandler(std::move(h));
-  }
-  // Reports the endpoint an import is held for failed, as the transport
-  // would on a connection reset.
-  void FailHeldPeer(const Status& why) {
-    PeerFailureHandler h;
-    PeerId peer = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      h = on_failure_;
-      peer = held_peer_;
-    }
-    ASSERT_TRUE(h && peer != 0);
-    h(peer, why);
-  }
+  // The endpoint an import was held for (0: none yet).
   PeerId held_peer() {
     std::lock_guard<std::mutex> lock(mu_);
     return held_peer_;
-  }
-  void Disconnect(PeerId peer) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      disconnected_.push_back(peer);
-      cv_.notify_all();
-    }
-    ForwardingTransport::Disconnect(peer);
-  }
-  // Whether the endpoint an import was held for is disconnected within `timeout`.
-  bool WaitForHeldPeerDisconnected(std::chrono::seconds timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, timeout, [&] {
-      return held_peer_ != 0 && std::find(disconnected_.begin(), disconnected_.end(), held_peer_) !=
-                                    disconnected_.end();
-    });
   }
   void Hold() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -100,8 +110,6 @@ class HeldImports : public ForwardingTransport {
   bool hold_ = false;
   int waiting_ = 0;
   PeerId held_peer_ = 0;
-  std::vector<PeerId> disconnected_;
-  PeerFailureHandler on_failure_;
 };
 
 // Prefill tp1 -> decode tp2, prefill's transport in HeldImports (`*held`).
@@ -171,7 +179,7 @@ TEST(AcceptorTest, AnAcceptanceOutlivedByARejoinIsDropped) {
       << "prefill never rejoined";
   held->Release();
   // Barrier: the acceptance ended by closing the endpoint it was for.
-  EXPECT_TRUE(held->WaitForHeldPeerDisconnected(std::chrono::seconds(10)))
+  EXPECT_TRUE(held->WaitForDisconnected(held->held_peer(), std::chrono::seconds(10)))
       << "the outdated acceptance kept its endpoint";
 }
 
@@ -192,10 +200,10 @@ TEST(AcceptorTest, AnEndpointThatFailsWhileItsHelloIsAcceptedIsDropped) {
   ASSERT_TRUE(rx1->Init(0).ok());
   ASSERT_TRUE(held->WaitForHeldImport(std::chrono::seconds(10))) << "decode tp1 sent no Hello";
   const PeerId failed = held->held_peer();
-  ASSERT_NO_FATAL_FAILURE(held->FailHeldPeer(Status(StatusCode::kUnavailable, "connection reset")));
+  ASSERT_NO_FATAL_FAILURE(held->Fail(failed, Status(StatusCode::kUnavailable, "connection reset")));
   held->Release();
   // Barrier: the acceptance ended by closing the endpoint it was for.
-  EXPECT_TRUE(held->WaitForHeldPeerDisconnected(std::chrono::seconds(10)))
+  EXPECT_TRUE(held->WaitForDisconnected(held->held_peer(), std::chrono::seconds(10)))
       << "decode tp1 was accepted on an endpoint its transport reported failed";
   ASSERT_TRUE(
       WaitFor([&] { return rx1->Poll() == KVPoll::kWaitingForInput; }, std::chrono::seconds(20)))
@@ -244,53 +252,25 @@ class HeldProofs : public ForwardingTransport {
   std::vector<std::pair<PeerId, std::string>> held_;
 };
 
-// Prefill's transport: the endpoints it connects (back to a decode rank
-// that said Hello), and a way to report one failed.
-class WatchedConnects : public ForwardingTransport {
+// Prefill's transport: also the endpoints it connects (back to a decode
+// rank that said Hello).
+class WatchedConnects : public WatchedEndpoints {
  public:
-  using ForwardingTransport::ForwardingTransport;
+  using WatchedEndpoints::WatchedEndpoints;
   Result<PeerId> Connect(std::string_view address) override {
-    Result<PeerId> p = ForwardingTransport::Connect(address);
+    Result<PeerId> p = WatchedEndpoints::Connect(address);
     std::lock_guard<std::mutex> lock(mu_);
     if (p.ok()) connected_.push_back(*p);
     return p;
-  }
-  void SetPeerFailureHandler(PeerFailureHandler h) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      on_failure_ = h;
-    }
-    ForwardingTransport::SetPeerFailureHandler(std::move(h));
-  }
-  void Disconnect(PeerId peer) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      disconnected_.push_back(peer);
-    }
-    ForwardingTransport::Disconnect(peer);
   }
   std::vector<PeerId> connected() {
     std::lock_guard<std::mutex> lock(mu_);
     return connected_;
   }
-  bool WasDisconnected(PeerId peer) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return std::find(disconnected_.begin(), disconnected_.end(), peer) != disconnected_.end();
-  }
-  void Fail(PeerId peer, const Status& why) {
-    PeerFailureHandler h;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      h = on_failure_;
-    }
-    ASSERT_TRUE(h);
-    h(peer, why);
-  }
 
  private:
   std::mutex mu_;
-  std::vector<PeerId> connected_, disconnected_;
-  PeerFailureHandler on_failure_;
+  std::vector<PeerId> connected_;
 };
 
 // The transport reports the endpoint of decode's Hello failed after prefill
@@ -325,7 +305,7 @@ TEST(AcceptorTest, AnEndpointThatFailsBeforeItsHelloIsProvenIsForgotten) {
   ASSERT_EQ(back.size(), 1u) << "prefill should have connected back once, to challenge";
   ASSERT_NO_FATAL_FAILURE(connects->Fail(back[0], Status(StatusCode::kUnavailable, "reset")));
   // Barrier: the failure was taken (the endpoint closed) before the proof goes.
-  EXPECT_TRUE(WaitFor([&] { return connects->WasDisconnected(back[0]); }))
+  EXPECT_TRUE(connects->WaitForDisconnected(back[0], std::chrono::seconds(10)))
       << "prefill kept the endpoint its transport reported failed";
   proofs->Release();
   ASSERT_TRUE(
