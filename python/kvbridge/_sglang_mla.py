@@ -29,7 +29,7 @@ a decode stage is refused by name).
 from __future__ import annotations
 
 import numbers
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, NamedTuple, Sequence
 
 import kvbridge
 
@@ -45,7 +45,16 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-def _stage(args: Any, ratios: Sequence[int], pp_size: int, mode: str) -> Tuple[int, int]:
+class _Stage(NamedTuple):
+    """The model layers [start, end) a rank's buffers hold, and which of
+    them are ratio-4 and ratio-128 layers."""
+    start: int
+    end: int
+    c4: List[int]
+    c128: List[int]
+
+
+def _stage(args: Any, ratios: Sequence[int], pp_size: int, mode: str) -> _Stage:
     """The layers [start, end) the buffers hold: a prefill rank's
     prefill_start_layer and prefill_end_layer (the whole model where they
     are unset and pp is 1); a decode of pp 1 holds the whole model, as
@@ -57,7 +66,7 @@ def _stage(args: Any, ratios: Sequence[int], pp_size: int, mode: str) -> Tuple[i
                 None, f"compressed MLA (mla_compression_ratios) into a decode server of "
                 f"pp_size {pp_size}: kvbridge places a prefill stage's compressed-MLA buffers "
                 "only in a decode of pp 1; run decode with --pp-size 1")
-        return 0, len(ratios)
+        return _stage_of(ratios, 0, len(ratios))
     start = getattr(args, "prefill_start_layer", None)
     end = getattr(args, "prefill_end_layer", None)
     if end is None and pp_size > 1:
@@ -74,11 +83,13 @@ def _stage(args: Any, ratios: Sequence[int], pp_size: int, mode: str) -> Tuple[i
     if not 0 <= start <= end <= len(ratios):
         raise _error(f"layers [{start}, {end}) do not lie within the {len(ratios)} model layers "
                      "the ratios describe")
-    return start, end
+    return _stage_of(ratios, start, end)
 
 
-def _layers(ratios: Sequence[int], start: int, end: int, ratio: int) -> List[int]:
-    return [layer for layer in range(start, end) if ratios[layer] == ratio]
+def _stage_of(ratios: Sequence[int], start: int, end: int) -> _Stage:
+    layers = range(start, end)
+    return _Stage(start, end, [layer for layer in layers if ratios[layer] == 4],
+                  [layer for layer in layers if ratios[layer] == 128])
 
 
 # At most this many model layers (the C++ layout's bound on buffers).
@@ -96,25 +107,22 @@ def number_buffers(args: Any, ours: Any, ratios: Sequence[int], pp_size: int,
     if not _is_int(draft) or not 0 <= draft <= len(ours.kv_data_ptrs):
         raise _error(f"num_draft_entries {draft!r:.40} is not a count of the "
                      f"{len(ours.kv_data_ptrs)} kv buffers")
-    ours.kv_layer_ids = kv_layer_ids(args, ratios, len(ours.kv_data_ptrs), int(draft), pp_size,
-                                     mode)
+    stage = _stage(args, ratios, pp_size, mode)
+    ours.kv_layer_ids = kv_layer_ids(stage, len(ours.kv_data_ptrs), int(draft))
     if not ours.state_layer_ids and ours.state_type_names:
         counts = [0] * len(ours.state_type_names)
         for t in ours.state_buffer_types or [0] * len(ours.state_data_ptrs):
             if 0 <= t < len(counts):
                 counts[t] += 1
-        ours.state_layer_ids = state_layer_ids(args, ratios, ours.state_type_names, counts,
-                                               pp_size, mode)
+        ours.state_layer_ids = state_layer_ids(stage, ours.state_type_names, counts)
 
 
-def kv_layer_ids(args: Any, ratios: Sequence[int], num_buffers: int, num_draft: int,
-                 pp_size: int, mode: str) -> List[int]:
+def kv_layer_ids(stage: _Stage, num_buffers: int, num_draft: int) -> List[int]:
     """One model-layer id per kv buffer of a compressed-MLA pool (draft
     entries, the last `num_draft`, get sglang's draft ids).
     InvalidArgumentError naming both counts when the buffers are not the
     stage's ratio-4 layers twice and its ratio-128 layers."""
-    start, end = _stage(args, ratios, pp_size, mode)
-    c4, c128 = _layers(ratios, start, end, 4), _layers(ratios, start, end, 128)
+    start, end, c4, c128 = stage
     ids = c4 + c4 + c128
     if len(ids) + num_draft != num_buffers:
         raise _error(f"{num_buffers} kv buffers for layers [{start}, {end}), which hold "
@@ -124,13 +132,11 @@ def kv_layer_ids(args: Any, ratios: Sequence[int], num_buffers: int, num_draft: 
     return ids + [_DRAFT_KV_LAYER_ID_BASE + i for i in range(num_draft)]
 
 
-def state_layer_ids(args: Any, ratios: Sequence[int], names: Sequence[str],
-                    counts: Sequence[int], pp_size: int, mode: str) -> List[int]:
+def state_layer_ids(stage: _Stage, names: Sequence[str], counts: Sequence[int]) -> List[int]:
     """One model-layer id per state buffer (components in order, `counts[i]`
     buffers each), -1 for a component other than SWA, SWA_RING and
     C128_STATE; [] when no component has ids."""
-    start, end = _stage(args, ratios, pp_size, mode)
-    c4, c128 = _layers(ratios, start, end, 4), _layers(ratios, start, end, 128)
+    start, end, c4, c128 = stage
     out: List[int] = []
     for name, n in zip(names, counts):
         kind = str(name).upper()
