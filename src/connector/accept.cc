@@ -25,17 +25,15 @@ void ManagerImpl::AcceptRound() {
 
 // An acceptance waits in the queue and while the regions are mapped; what
 // changed meanwhile outdates it: this rank rejoined (the proof named the old
-// incarnation), a record declared `from` dead since the proof (it would
-// otherwise come back as a ready peer the record can no longer reach), or
-// the transport reported its endpoint failed (no peer held it to fail, so
-// it would be installed ready on a dead endpoint): no answer. A process
-// declared dead before its proof is refused, with an answer
-// (KeepOldPeerLocked, kToldItFailed).
+// incarnation), or the transport reported its endpoint failed (no peer held
+// it to fail, so it would be installed ready on a dead endpoint): the
+// session is over, no answer. A process a record declared dead, before its
+// proof or since, is not outdated but refused, with an answer
+// (RefuseDeclaredFailedLocked): one rule, whenever the record came.
 bool ManagerImpl::StaleAcceptLocked(const PendingAccept& a) const {
   if (a.own_incarnation != incarnation_.load()) return true;
   auto accepting = accepting_.find(a.tpeer);
-  if (accepting != accepting_.end() && accepting->second) return true;
-  return !a.dead_when_proven && DeclaredFailedLocked(a.from);
+  return accepting != accepting_.end() && accepting->second;
 }
 
 // The process `id` (its position and incarnation) was declared failed by a
@@ -178,6 +176,16 @@ std::unique_ptr<Peer> PeerOfHello(const PendingAccept& a, std::string key, Stead
   return peer;
 }
 
+// One line per peer (the transport logs each region at debug level).
+void LogConnected(const RankId& from, const std::string& path_name, const std::string& wire,
+                  const Peer& peer) {
+  KVB_LOG_INFO("connected to {} via {}{}{}: mapped {} regions ({} kv, {} aux, {} state)",
+               from.ToString(), path_name.empty() ? std::string("?") : path_name,
+               wire.empty() ? "" : " over ", wire,
+               peer.remote.kv.size() + peer.remote.aux.size() + peer.remote.state.size(),
+               peer.remote.kv.size(), peer.remote.aux.size(), peer.remote.state.size());
+}
+
 }  // namespace
 
 void ManagerImpl::AcceptHello(PendingAccept a) {
@@ -226,27 +234,28 @@ void ManagerImpl::AcceptHello(PendingAccept a) {
     transport_->Disconnect(tpeer);
     return;
   }
-  // One line per peer (the transport logs each region at debug level).
-  const std::string wire = transport_->WireTo(tpeer);
-  KVB_LOG_INFO("connected to {} via {}{}{}: mapped {} regions ({} kv, {} aux, {} state)",
-               from.ToString(), path_name.empty() ? std::string("?") : path_name,
-               wire.empty() ? "" : " over ", wire,
-               peer->remote.kv.size() + peer->remote.aux.size() + peer->remote.state.size(),
-               peer->remote.kv.size(), peer->remote.aux.size(), peer->remote.state.size());
+  LogConnected(from, path_name, transport_->WireTo(tpeer), *peer);
   const std::string key = peer->key;
   const std::string address = peer->address;
+  bool refused = false;
   {
     MutexLock lock(mu_);
-    outdated = StaleAcceptLocked(a);  // it may have changed while the regions were mapped
+    // Either may have changed while the regions were mapped.
+    outdated = StaleAcceptLocked(a);
+    refused = !outdated && DeclaredFailedLocked(from);
     accepting_.erase(tpeer);
-    if (!outdated) {
+    if (outdated || refused) out.messages.clear();  // not the acceptance
+    if (refused) {
+      RefuseDeclaredFailedLocked(from, a.binding, tpeer, out);
+    } else if (!outdated) {
       dead_ranks_.erase(peer->key);
       peer->ready = true;
       by_tpeer_[tpeer] = peer.get();
       peers_[peer->key] = std::move(peer);
     }
   }
-  if (outdated) {  // no answer: the session it proved is over
+  if (outdated || refused) {  // outdated: no answer, the session it proved is over
+    Flush(out);
     transport_->Disconnect(tpeer);
     return;
   }

@@ -241,7 +241,8 @@ class HeldProofs : public ForwardingTransport {
       std::lock_guard<std::mutex> lock(mu_);
       held.swap(held_);
     }
-    for (auto& [peer, payload] : held) ForwardingTransport::SendMessage(peer, std::move(payload));
+    for (auto& [peer, payload] : held)
+      EXPECT_TRUE(ForwardingTransport::SendMessage(peer, std::move(payload)).ok());
   }
 
  private:
@@ -387,6 +388,79 @@ TEST(AcceptorTest, AHelloFromAProcessDeclaredFailedIsRefusedUntilItRejoins) {
   // The registry tells it (prefill publishes the record).
   ManagerAccess::Of(prefill).ApplyRecordForTest(death, true);
   ExpectFencedThenServing(**c, *rx, declared, false);
+}
+
+// Decode's transport: after its proof (the second message on the first
+// endpoint it sends on) it sends nothing more, so it cannot say Hello again.
+class SilentAfterProof : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  Status SendMessage(PeerId peer, std::string payload) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (first_ == 0) first_ = peer;
+      if (proof_sent_) return Status();
+      proof_sent_ = peer == first_ && ++sent_ == 2;
+    }
+    return ForwardingTransport::SendMessage(peer, std::move(payload));
+  }
+  bool proof_sent() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return proof_sent_;
+  }
+
+ private:
+  std::mutex mu_;
+  PeerId first_ = 0;
+  int sent_ = 0;
+  bool proof_sent_ = false;
+};
+
+// A record declares decode tp1's process failed after its proof, while
+// prefill maps its regions. Prefill answers that very session with the
+// refusal, as it answers a Hello proven after the record, and makes it no
+// peer. Decode says nothing after its proof here, so the refusal it hears
+// can only be that answer. Before, the acceptance was dropped unanswered,
+// and decode learnt only from a Hello sent again.
+TEST(AcceptorTest, AProcessDeclaredFailedWhileItsHelloIsAcceptedIsAnswered) {
+  HeldImports* held = nullptr;
+  SilentAfterProof* silent = nullptr;
+  ClusterOptions o;
+  o.decode_tp = 2;
+  o.wrap = [&](std::unique_ptr<Transport> t, Role role, int rank) -> std::unique_ptr<Transport> {
+    if (role == Role::kPrefill) {
+      auto h = std::make_unique<HeldImports>(std::move(t));
+      held = h.get();
+      return h;
+    }
+    if (rank != 1) return t;
+    auto q = std::make_unique<SilentAfterProof>(std::move(t));
+    silent = q.get();
+    return q;
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(held != nullptr && silent != nullptr);
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  KVManager& d1 = *(*c)->decode[1].manager;
+  const RankId declared = d1.self();
+  held->Hold();
+  auto rx1 = std::move(KVReceiver::Create(d1, 1)).value();
+  ASSERT_TRUE(rx1->Init(0).ok());
+  ASSERT_TRUE(held->WaitForHeldImport(std::chrono::seconds(10))) << "decode tp1 sent no Hello";
+  ASSERT_TRUE(silent->proof_sent());
+  ManagerAccess::Of(prefill).ApplyRecordForTest(DeathDetectedBy(declared, prefill.self()), false);
+  held->Release();
+  ASSERT_TRUE(WaitFor([&] { return d1.Stats().handshakes_refused_as_declared_failed >= 1; },
+                      std::chrono::seconds(10)))
+      << "the acceptance of a process declared failed since its proof went unanswered";
+  EXPECT_TRUE(held->WaitForDisconnected(held->held_peer(), std::chrono::seconds(10)))
+      << "prefill kept the refused session's endpoint";
+  std::optional<PeerSnapshot> p = PeerAt(ManagerAccess::Of(prefill), declared);
+  EXPECT_FALSE(p.has_value() && p->id.incarnation == declared.incarnation && p->ready)
+      << "prefill made the declared-failed process a peer";
+  std::optional<FailureRecord> blamed = d1.RecentRankFailure();
+  EXPECT_FALSE(blamed.has_value()) << "decode blamed the refusal on " << blamed->Message();
 }
 
 // With sglang's server no registry keeps records: prefill, which detected

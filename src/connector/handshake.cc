@@ -276,7 +276,6 @@ void ManagerImpl::OnHelloProof(const RankId& from, const HelloProofMsg& p) {
   PendingAccept a{from, std::move(pending.hello), pending.tpeer, b, incarnation_.load()};
   {
     MutexLock lock(mu_);
-    a.dead_when_proven = DeclaredFailedLocked(from);
     accepting_[a.tpeer] = false;
     if (!hooks_.manual_ticks) accepts_.push_back(std::move(a));
   }

@@ -35,8 +35,7 @@ struct PendingAccept {
   HelloMsg hello;
   PeerId tpeer = 0;
   AuthTransport::Binding binding;
-  uint64_t own_incarnation = 0;   // this rank's, which the proof's transcript named
-  bool dead_when_proven = false;  // a record had declared `from` dead already
+  uint64_t own_incarnation = 0;  // this rank's, which the proof's transcript named
 };
 
 // Why the registry refused this incarnation's heartbeat (FailedPrecondition:
