@@ -31,6 +31,10 @@ bool KeepsOldPeer(OldPeerFate fate) {
          fate == OldPeerFate::kAnsweredAgain || fate == OldPeerFate::kToldItFailed;
 }
 
+bool TakesRefusal(bool acked, int refused_attempt, int hello_attempts) {
+  return !acked && refused_attempt != hello_attempts;
+}
+
 std::string NewIncarnationDetail(const RankId& old, const RankId& now) {
   if (SameProcess(HostOf(old), HostOf(now)))
     return fmt::format("rejoined as incarnation {:#x} (same process)", now.incarnation);

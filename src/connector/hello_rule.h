@@ -57,6 +57,14 @@ OldPeerFate FateOfOldPeer(const OldPeerFacts& f);
 // Whether the Hello makes no new peer (the held one, if any, stays).
 bool KeepsOldPeer(OldPeerFate fate);
 
+// Decode: whether a refusal of its Hello as declared failed
+// (kRefusedAsDeclaredFailed) is taken (its endpoint let go, a registry
+// round woken). One per Hello attempt (`hello_attempts`, the attempt whose
+// refusal was last taken: `refused_attempt`), none once a session was
+// answered (`acked`): a prefill process, hostile or confused, cannot use
+// the code to drop an endpoint in use or to drive registry rounds.
+bool TakesRefusal(bool acked, int refused_attempt, int hello_attempts);
+
 // What the held peer's record says (cause peer_exited) when a new
 // incarnation takes its position and the peer was not failed yet, on either
 // side: the same process (host and boot, pid) rejoined, or another process

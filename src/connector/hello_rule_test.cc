@@ -131,5 +131,34 @@ TEST(HelloRuleTest, TheRecordOfAReplacedPeerSaysWhetherItsProcessRejoinedOrWasRe
   EXPECT_EQ(NewIncarnationDetail(old, now), "restarted as pid 41");
 }
 
+// A hostile stream of refusals, as decode keeps its facts: each taken
+// refusal records its attempt (ManagerImpl::OnHelloAckLocked). However many
+// come, at most one per Hello attempt is taken, and none once a session
+// was answered.
+TEST(HelloRuleTest, AStreamOfRefusalsIsTakenOncePerAttemptAndNeverAfterAnAnswer) {
+  bool acked = false;
+  int refused_attempt = 0, hello_attempts = 0, taken = 0;
+  auto refusals = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      if (!TakesRefusal(acked, refused_attempt, hello_attempts)) continue;
+      refused_attempt = hello_attempts;
+      ++taken;
+    }
+  };
+  hello_attempts = 1;
+  refusals(50);
+  EXPECT_EQ(taken, 1) << "refusals of one attempt";
+  hello_attempts = 2;
+  refusals(50);
+  EXPECT_EQ(taken, 2) << "a second attempt's refusal is taken";
+  hello_attempts = 3;
+  acked = true;  // attempt 3 was answered
+  refusals(50);
+  EXPECT_EQ(taken, 2) << "refusals of an answered session";
+  hello_attempts = 4;  // a Hello sent again on an answered peer
+  refusals(50);
+  EXPECT_EQ(taken, 2) << "refusals after an answer, on a later attempt";
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

@@ -7,6 +7,7 @@
 #include "common/host_identity.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "connector/hello_rule.h"
 #include "connector/layout_json.h"
 #include "connector/room_failure_rule.h"
 #include "control/auth.h"
@@ -494,10 +495,9 @@ void ManagerImpl::OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& o
     // prefill's failure: its answer is a sign of life, the endpoint it
     // closes is let go here, the handshake is tried again meanwhile, and the
     // registry, asked now, tells this rank (it fences itself and meets
-    // prefill again as a new incarnation). One refusal per attempt, and
-    // none of a session already answered: a peer cannot use it to drop an
-    // endpoint in use or to drive registry rounds.
-    if (peer.acked || peer.refused_attempt == peer.hello_attempts) return;
+    // prefill again as a new incarnation). One refusal per attempt, none
+    // once answered (TakesRefusal, hello_rule.h).
+    if (!TakesRefusal(peer.acked, peer.refused_attempt, peer.hello_attempts)) return;
     peer.refused_attempt = peer.hello_attempts;
     ++peer.refusals;
     peer.notice = false;  // met again to tell it: that session is refused too
