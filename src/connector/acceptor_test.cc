@@ -463,6 +463,36 @@ TEST(AcceptorTest, AProcessDeclaredFailedWhileItsHelloIsAcceptedIsAnswered) {
   EXPECT_FALSE(blamed.has_value()) << "decode blamed the refusal on " << blamed->Message();
 }
 
+// The registry never confirms the record prefill holds (here it holds it
+// alone): decode's request, waiting for its handshake as sglang's decode
+// waits for WaitingForInput before SendMetadata, fails at its deadline
+// naming this process and the refusal. Before, it said "the application
+// did not call SendMetadata", which sent the operator to sglang.
+TEST(AcceptorTest, ARequestRefusedUntilItsDeadlineNamesTheRefusal) {
+  ClusterOptions o;
+  o.decode_tp = 2;
+  o.tweak = [](ManagerOptions& m) { m.waiting_timeout = std::chrono::milliseconds(1500); };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  KVManager& d1 = *(*c)->decode[1].manager;
+  const RankId declared = d1.self();
+  ManagerAccess::Of(prefill).ApplyRecordForTest(DeathDetectedBy(declared, prefill.self()), false);
+  auto rx = std::move(KVReceiver::Create(d1, 1)).value();
+  ASSERT_TRUE(rx->Init(0).ok());
+  ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kFailed; }, std::chrono::seconds(20)))
+      << KVPollName(rx->Poll());
+  const FailureRecord r = rx->Failure().value_or(FailureRecord{});
+  EXPECT_EQ(r.origin.role, Role::kDecode);
+  EXPECT_EQ(r.origin.tp, 1);
+  EXPECT_EQ(r.origin.incarnation, declared.incarnation);
+  EXPECT_NE(r.detail.find("prefill tp0 refused this process's handshake"), std::string::npos)
+      << r.Message();
+  EXPECT_NE(r.detail.find("a failure record declared this process failed"), std::string::npos)
+      << r.Message();
+  EXPECT_EQ(r.phase, Phase::kBootstrapping) << r.Message();
+}
+
 // With sglang's server no registry keeps records: prefill, which detected
 // the failure, tells the process itself with the refusal.
 TEST(AcceptorTest, WithSglangsServerTheRefusedProcessIsToldByTheDetector) {

@@ -2,11 +2,19 @@
 
 #include <fmt/format.h>
 
+#include <string_view>
+
 namespace kvbridge::internal {
 
 namespace {
 
 double Seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
+
+// A peer's sentence, to be followed by more of ours.
+std::string_view NoFinalStop(std::string_view words) {
+  while (!words.empty() && words.back() == '.') words.remove_suffix(1);
+  return words;
+}
 
 DeadlineBreach Breach(std::optional<RankId> origin, std::string detail, Phase phase) {
   DeadlineBreach b;
@@ -54,10 +62,29 @@ std::optional<DeadlineBreach> SenderDeadline(
                 fmt::format("{} within {:.1f} s", what, Seconds(timeouts.waiting)), phase);
 }
 
-std::optional<DeadlineBreach> ReceiverDeadline(const ReceiverRoom& room, SteadyTime now,
-                                               const PhaseTimeouts& timeouts) {
+std::optional<DeadlineBreach> ReceiverDeadline(
+    const ReceiverRoom& room, SteadyTime now, const PhaseTimeouts& timeouts,
+    const std::function<std::optional<PendingHandshake>(const ReceiverSource&)>& pending) {
   const auto elapsed = now - room.phase_since;
   if (elapsed <= timeouts.waiting) return std::nullopt;
+  if (!room.meta_given && room.poll() == KVPoll::kBootstrapping) {
+    for (const ReceiverSource& src : room.sources) {
+      const std::optional<PendingHandshake> h = pending(src);
+      if (!h) continue;
+      if (h->refusals > 0)
+        return Breach(std::nullopt,
+                      fmt::format("{} refused this process's handshake {} times in {:.1f} s: {}; "
+                                  "no registry told this process so, and it has not fenced "
+                                  "itself: restart it",
+                                  src.prefill->ShortName(), h->refusals, Seconds(elapsed),
+                                  NoFinalStop(h->refusal)),
+                      Phase::kBootstrapping);
+      return Breach(src.prefill.get(),
+                    fmt::format("handshake with {} not completed in {:.1f} s",
+                                src.prefill->ShortName(), Seconds(elapsed)),
+                    Phase::kBootstrapping);
+    }
+  }
   if (!room.meta_given)
     return Breach(std::nullopt, "the application did not call SendMetadata",
                   Phase::kWaitingForMetadata);

@@ -42,11 +42,24 @@ std::optional<DeadlineBreach> SenderDeadline(
     const SenderRoom& room, SteadyTime now, const PhaseTimeouts& timeouts,
     const std::function<std::optional<RankId>(int decode_tp)>& met_decode);
 
+// Decode: a source's handshake that has not completed, as the room's
+// deadline tells it: the refusals (kRefusedAsDeclaredFailed) its prefill
+// rank sent that were taken, and the last one's words.
+struct PendingHandshake {
+  int refusals = 0;
+  std::string refusal;
+};
+
 // Decode: an initialized room that has not failed or succeeded, with its
-// sources resolved. Past `waiting`: without metadata, the application that
-// did not call SendMetadata; with it, the first source (not a dummy) whose
+// sources resolved. Past `waiting`, without metadata: while a source's
+// handshake is pending (`pending(source)`; sglang's decode sends metadata
+// only once the room says WaitingForInput), that handshake: refused, this
+// process itself (a record declared it failed and no registry told it);
+// unanswered, that prefill rank. Otherwise the application that did not
+// call SendMetadata. With metadata, the first source (not a dummy) whose
 // last chunk never came.
-std::optional<DeadlineBreach> ReceiverDeadline(const ReceiverRoom& room, SteadyTime now,
-                                               const PhaseTimeouts& timeouts);
+std::optional<DeadlineBreach> ReceiverDeadline(
+    const ReceiverRoom& room, SteadyTime now, const PhaseTimeouts& timeouts,
+    const std::function<std::optional<PendingHandshake>(const ReceiverSource&)>& pending);
 
 }  // namespace kvbridge::internal

@@ -98,12 +98,16 @@ TEST(DeadlineRuleTest, WritesInFlightAreJudgedByTheTransferTimeoutNamingTheirDec
   EXPECT_EQ(b->phase, Phase::kTransferring);
 }
 
+// Every source's handshake completed.
+std::optional<PendingHandshake> Done(const ReceiverSource&) { return std::nullopt; }
+
 TEST(DeadlineRuleTest, AReceiverWithoutMetadataBlamesTheApplication) {
   ReceiverRoom room(9, 5, kT0, WallTime{});
   room.initialized = room.resolved = true;
   room.phase = Phase::kWaitingForMetadata;
-  EXPECT_FALSE(ReceiverDeadline(room, kT0 + kTimeouts.waiting, kTimeouts));
-  auto b = ReceiverDeadline(room, kT0 + kTimeouts.waiting + milliseconds(1), kTimeouts);
+  room.state = static_cast<int>(KVPoll::kWaitingForInput);  // its handshakes completed
+  EXPECT_FALSE(ReceiverDeadline(room, kT0 + kTimeouts.waiting, kTimeouts, Done));
+  auto b = ReceiverDeadline(room, kT0 + kTimeouts.waiting + milliseconds(1), kTimeouts, Done);
   ASSERT_TRUE(b);
   EXPECT_EQ(b->detail, "the application did not call SendMetadata");
   EXPECT_FALSE(b->origin);
@@ -121,14 +125,66 @@ TEST(DeadlineRuleTest, AReceiverNamesTheFirstSourceWhoseLastChunkNeverCame) {
   }
   room.sources[0].dummy = true;          // sends nothing to this rank
   room.sources[1].last_received = true;  // done
-  auto b = ReceiverDeadline(room, kT0 + milliseconds(31500), kTimeouts);
+  auto b = ReceiverDeadline(room, kT0 + milliseconds(31500), kTimeouts, Done);
   ASSERT_TRUE(b);
   ASSERT_TRUE(b->origin);
   EXPECT_EQ(b->origin->tp, 2);
   EXPECT_EQ(b->detail, "no chunk from prefill tp2 for 31.5 s");
   EXPECT_EQ(b->phase, Phase::kTransferring);
   room.sources[2].last_received = true;  // every source finished: nothing to blame
-  EXPECT_FALSE(ReceiverDeadline(room, kT0 + milliseconds(31500), kTimeouts));
+  EXPECT_FALSE(ReceiverDeadline(room, kT0 + milliseconds(31500), kTimeouts, Done));
+}
+
+// A room still bootstrapping (resolved, sglang's decode waiting for
+// WaitingForInput before SendMetadata) whose sources' handshakes did not
+// all complete: the deadline names that handshake, not the application.
+void MakeBootstrapping(ReceiverRoom& room) {
+  room.initialized = room.resolved = true;
+  room.phase = Phase::kBootstrapping;
+  for (int tp : {0, 1}) {
+    ReceiverSource s;
+    s.peer_key = SharedKey("prefill/" + std::to_string(tp));
+    s.prefill = Shared<RankId>(Rank(Role::kPrefill, tp));
+    room.sources.push_back(s);
+  }
+}
+
+TEST(DeadlineRuleTest, AHandshakeRefusedAsDeclaredFailedNamesThisProcessAndTheRecord) {
+  ReceiverRoom room(9, 5, kT0, WallTime{});
+  MakeBootstrapping(room);
+  auto pending = [](const ReceiverSource& s) -> std::optional<PendingHandshake> {
+    if (s.prefill->tp != 1) return std::nullopt;
+    return PendingHandshake{7, "a failure record declared this process failed: room 3: exited."};
+  };
+  EXPECT_FALSE(ReceiverDeadline(room, kT0 + kTimeouts.waiting, kTimeouts, pending));
+  auto b = ReceiverDeadline(room, kT0 + milliseconds(30500), kTimeouts, pending);
+  ASSERT_TRUE(b);
+  EXPECT_FALSE(b->origin) << "named " << b->origin->ShortName() << ", not this process";
+  EXPECT_EQ(
+      b->detail,
+      "prefill tp1 refused this process's handshake 7 times in 30.5 s: a failure record "
+      "declared this process failed: room 3: exited; no registry told this process so, and it "
+      "has not fenced itself: restart it");
+  EXPECT_EQ(b->phase, Phase::kBootstrapping);
+}
+
+TEST(DeadlineRuleTest, AHandshakeNeverAnsweredNamesThatPrefillRank) {
+  ReceiverRoom room(9, 5, kT0, WallTime{});
+  MakeBootstrapping(room);
+  auto pending = [](const ReceiverSource& s) -> std::optional<PendingHandshake> {
+    if (s.prefill->tp != 1) return std::nullopt;
+    return PendingHandshake{};
+  };
+  auto b = ReceiverDeadline(room, kT0 + milliseconds(30500), kTimeouts, pending);
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(b->origin);
+  EXPECT_EQ(b->origin->tp, 1);
+  EXPECT_EQ(b->detail, "handshake with prefill tp1 not completed in 30.5 s");
+  EXPECT_EQ(b->phase, Phase::kBootstrapping);
+  // Every handshake done and still no metadata: the application.
+  b = ReceiverDeadline(room, kT0 + milliseconds(30500), kTimeouts, Done);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->detail, "the application did not call SendMetadata");
 }
 
 }  // namespace

@@ -55,6 +55,10 @@ void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
 }
 
 void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
+  // The peers whose handshake is pending (few), for ReceiverDeadline.
+  std::map<std::string, PendingHandshake> handshakes;
+  for (const auto& [key, peer] : peers_)
+    if (!peer->acked) handshakes[key] = PendingHandshake{peer->refusals, peer->refusal};
   for (auto& [id, sp] : receivers_) {
     ReceiverRoom& room = *sp;
     WarnUnsettledLocked(room, now);
@@ -86,7 +90,10 @@ void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
           out);
       continue;
     }
-    if (auto b = ReceiverDeadline(room, now, TimeoutsOf(opts_)))
+    if (auto b = ReceiverDeadline(room, now, TimeoutsOf(opts_), [&](const ReceiverSource& s) {
+          auto it = handshakes.find(s.peer_key);
+          return it == handshakes.end() ? std::nullopt : std::optional(it->second);
+        }))
       FailReceiverLocked(room,
                          MakeRecord(b->origin.value_or(Self()), FailureCause::kDeadlineExceeded,
                                     std::move(b->detail), b->phase, b->mechanism),

@@ -500,6 +500,7 @@ void ManagerImpl::OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& o
     if (!TakesRefusal(peer.acked, peer.refused_attempt, peer.hello_attempts)) return;
     peer.refused_attempt = peer.hello_attempts;
     ++peer.refusals;
+    peer.refusal = ack.message.substr(0, Peer::kMaxRefusalText);
     peer.notice = false;  // met again to tell it: that session is refused too
     KVB_LOG_WARN("{} refused this process's handshake: {}", peer.key, ack.message);
     by_tpeer_.erase(peer.tpeer);

@@ -105,6 +105,8 @@ struct Peer {
   // (one refusal per attempt is taken; later ones are dropped).
   int refusals = 0;
   int refused_attempt = 0;
+  std::string refusal;  // the last one's words (at most kMaxRefusalText bytes)
+  static constexpr size_t kMaxRefusalText = 400;
   // Prefill side: a write to this peer completes only when the peer's
   // process acknowledged it (UCX active messages), so its completion counts
   // as hearing from the peer. Not on the same-host paths, where a write
