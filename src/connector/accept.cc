@@ -177,13 +177,13 @@ std::unique_ptr<Peer> PeerOfHello(const PendingAccept& a, std::string key, Stead
 }
 
 // One line per peer (the transport logs each region at debug level).
-void LogConnected(const RankId& from, const std::string& path_name, const std::string& wire,
-                  const Peer& peer) {
-  KVB_LOG_INFO("connected to {} via {}{}{}: mapped {} regions ({} kv, {} aux, {} state)",
-               from.ToString(), path_name.empty() ? std::string("?") : path_name,
-               wire.empty() ? "" : " over ", wire,
-               peer.remote.kv.size() + peer.remote.aux.size() + peer.remote.state.size(),
-               peer.remote.kv.size(), peer.remote.aux.size(), peer.remote.state.size());
+std::string ConnectedLine(const RankId& from, const std::string& path_name, const std::string& wire,
+                          const Peer& peer) {
+  return fmt::format("connected to {} via {}{}{}: mapped {} regions ({} kv, {} aux, {} state)",
+                     from.ToString(), path_name.empty() ? std::string("?") : path_name,
+                     wire.empty() ? "" : " over ", wire,
+                     peer.remote.kv.size() + peer.remote.aux.size() + peer.remote.state.size(),
+                     peer.remote.kv.size(), peer.remote.aux.size(), peer.remote.state.size());
 }
 
 }  // namespace
@@ -224,41 +224,35 @@ void ManagerImpl::AcceptHello(PendingAccept a) {
       verdict.code() == kRefusedAsDeclaredFailed ? StatusCode::kFailedPrecondition : verdict.code();
   HelloAckMsg ack{code, verdict.message(), transport_->Address(), path_name};
   out.messages.emplace_back(tpeer, EncodeMessage(Self(), ack));
-  if (!verdict.ok()) {
-    KVB_LOG_WARN("refusing {}: {}", from.ToString(), verdict.ToString());
-    {
-      MutexLock lock(mu_);
-      accepting_.erase(tpeer);
-    }
-    Flush(out);
-    transport_->Disconnect(tpeer);
-    return;
-  }
-  LogConnected(from, path_name, transport_->WireTo(tpeer), *peer);
+  const std::string connected = ConnectedLine(from, path_name, transport_->WireTo(tpeer), *peer);
   const std::string key = peer->key;
   const std::string address = peer->address;
-  bool refused = false;
+  bool refused = false, installed = false;
   {
     MutexLock lock(mu_);
-    // Either may have changed while the regions were mapped.
+    // Either may have changed while the regions were mapped; both come
+    // before the verdict on its layout and regions.
     outdated = StaleAcceptLocked(a);
     refused = !outdated && DeclaredFailedLocked(from);
     accepting_.erase(tpeer);
-    if (outdated || refused) out.messages.clear();  // not the acceptance
+    if (outdated || refused) out.messages.clear();  // neither the acceptance nor the verdict
     if (refused) {
       RefuseDeclaredFailedLocked(from, a.binding, tpeer, out);
-    } else if (!outdated) {
+    } else if (!outdated && verdict.ok()) {
       dead_ranks_.erase(peer->key);
       peer->ready = true;
       by_tpeer_[tpeer] = peer.get();
       peers_[peer->key] = std::move(peer);
+      installed = true;
     }
   }
-  if (outdated || refused) {  // outdated: no answer, the session it proved is over
+  if (!installed) {  // outdated: no answer, the session it proved is over
+    if (!outdated && !refused) KVB_LOG_WARN("refusing {}: {}", from.ToString(), verdict.ToString());
     Flush(out);
     transport_->Disconnect(tpeer);
     return;
   }
+  KVB_LOG_INFO("{}", connected);
   // The ack leaves before the heartbeat endpoint is opened: across hosts
   // that connect waits for TCP's handshake, a lost SYN costs 1 s, and an
   // ack held behind it came after decode had given up on its Hello.

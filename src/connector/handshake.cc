@@ -251,6 +251,7 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
 
 void ManagerImpl::OnHelloProof(const RankId& from, const HelloProofMsg& p) {
   PendingHello pending;
+  uint64_t own_incarnation = 0;
   {
     MutexLock lock(mu_);
     auto it = pending_hellos_.find(p.session);
@@ -262,22 +263,30 @@ void ManagerImpl::OnHelloProof(const RankId& from, const HelloProofMsg& p) {
     }
     pending = std::move(it->second);
     pending_hellos_.erase(it);
+    // Tracked from here, in the same step: a failure the transport reports
+    // on the endpoint while the proof is checked is not lost between the
+    // two (NoPeersEndpointFailedLocked).
+    accepting_[pending.tpeer] = false;
+    own_incarnation = incarnation_.load();
   }
   const std::string t = HandshakeAuth::Transcript(pending.digest, Self(), pending.nonce, p.session);
   Status verified = handshake_->Verify(Role::kDecode, t, p.proof, from.ToString());
   if (!verified.ok()) {
     DropUnauthenticated(verified.message());
+    {
+      MutexLock lock(mu_);
+      accepting_.erase(pending.tpeer);
+    }
     transport_->Disconnect(pending.tpeer);
     return;
   }
   const SessionKeys keys = handshake_->Keys(t);
   const AuthTransport::Binding b{keys.prefill_to_decode, pending.hello.session,
                                  keys.decode_to_prefill, p.session, from};
-  PendingAccept a{from, std::move(pending.hello), pending.tpeer, b, incarnation_.load()};
-  {
+  PendingAccept a{from, std::move(pending.hello), pending.tpeer, b, own_incarnation};
+  if (!hooks_.manual_ticks) {
     MutexLock lock(mu_);
-    accepting_[a.tpeer] = false;
-    if (!hooks_.manual_ticks) accepts_.push_back(std::move(a));
+    accepts_.push_back(std::move(a));
   }
   if (hooks_.manual_ticks) {  // scripted tests: no acceptor thread
     AcceptHello(std::move(a));

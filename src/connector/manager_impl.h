@@ -185,7 +185,7 @@ class ManagerImpl {
   void OnHelloProof(const RankId& from, const HelloProofMsg& p);
   // Prefill: a proven Hello: old peer's fate, regions imported, sealed answer.
   void AcceptHello(PendingAccept accept);
-  // Outdated: a rejoin here, a record on `a.from`, its endpoint failed.
+  // Outdated (no answer): a rejoin here since the proof, or its endpoint failed.
   bool StaleAcceptLocked(const PendingAccept& a) const KVB_REQUIRES(mu_);
   void NoPeersEndpointFailedLocked(PeerId tpeer, const Status& why, Outbox& out) KVB_REQUIRES(mu_);
   bool DeclaredFailedLocked(const RankId& id) const KVB_REQUIRES(mu_);  // a record applied here
