@@ -30,6 +30,7 @@ import os
 import re
 import sys
 import threading
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -44,6 +45,10 @@ from kvbridge import _sglang_mla
 from kvbridge._sglang_state import state_sharding
 
 log = logging.getLogger("kvbridge.sglang")
+
+# How long a prefill instance whose KV this decode cannot place stays
+# refused before its parallel info is asked again.
+_REFUSAL_RECHECK_S = 30.0
 
 try:  # subclass sglang's bases when present; stand-ins otherwise
     from sglang.srt.disaggregation.base.conn import (BaseKVBootstrapServer, BaseKVManager,
@@ -464,6 +469,12 @@ class KVBridgeKVManager(BaseKVManager):
         self.pp_rank = self._args.parallel.pp_rank
         self.prefill_info_table: Dict[str, Any] = {}
         self._cores: Dict[str, _Manager] = {}
+        # Prefill instances whose KV cannot be placed here (_args_for
+        # refused them): (when, why). Asked again only after
+        # _REFUSAL_RECHECK_S (a restart there may change its layout); meanwhile
+        # try_ensure_parallel_info says False at once and a receiver for
+        # that address fails with the reason.
+        self._refusals: Dict[str, Tuple[float, kvbridge.KVTransferError]] = {}
         self._core: Optional[_Manager] = None
         self._recompute_pool: Any = None  # made at the first retraction
         self._recompute_lock = threading.Lock()
@@ -513,6 +524,9 @@ class KVBridgeKVManager(BaseKVManager):
         if bootstrap_addr in self.prefill_info_table:
             return True
         addr = _norm_addr(bootstrap_addr)
+        refused = self._refusals.get(addr)
+        if refused is not None and time.monotonic() - refused[0] < _REFUSAL_RECHECK_S:
+            return False
         try:
             info = _kvbridge.prefill_info(addr, 5.0)
         except kvbridge.UnavailableError as e:
@@ -534,10 +548,13 @@ class KVBridgeKVManager(BaseKVManager):
             try:
                 args = self._args_for(info)
             except kvbridge.KVTransferError as e:
-                # Refused by name (docs/sglang.md, A9): logged, never raised
-                # into sglang's decode loop, which would stop on it.
+                # Refused by name (docs/sglang.md, A9): logged once per
+                # check, never raised into sglang's decode loop, which would
+                # stop on it; its receivers fail with it (core()).
                 log.error("prefill at %s: cannot place its KV here: %s", bootstrap_addr, e)
+                self._refusals[addr] = (time.monotonic(), e)
                 return False
+            self._refusals.pop(addr, None)
             self._cores[addr] = _Manager(args, self._mode, self._config(addr),
                                          self.is_mla_backend)
         self.prefill_info_table[bootstrap_addr] = PrefillServerInfo(
@@ -574,6 +591,8 @@ class KVBridgeKVManager(BaseKVManager):
             return self._core  # type: ignore[return-value]
         addr = _norm_addr(bootstrap_addr or "")
         if addr not in self._cores and not self.try_ensure_parallel_info(bootstrap_addr or ""):
+            if addr in self._refusals:
+                raise self._refusals[addr][1]
             raise kvbridge.UnavailableError(
                 None, f"prefill instance at {bootstrap_addr} not reachable or not fully "
                 f"registered yet")

@@ -196,6 +196,17 @@ def test_a_decode_stage_is_refused_by_name(bootstrap, caplog):  # A9
         with caplog.at_level(logging.ERROR, logger="kvbridge"):
             assert dm.try_ensure_parallel_info(bootstrap) is False
         assert "into a decode server of pp_size 2" in caplog.text, caplog.text
+        # Asked again (sglang asks each step while a request waits): no new
+        # lookup, no new log line; a receiver for that prefill fails with the
+        # reason, not with "not reachable".
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="kvbridge"):
+            assert dm.try_ensure_parallel_info(bootstrap) is False
+        assert "cannot place its KV here" not in caplog.text, caplog.text
+        rx = sg.KVBridgeKVReceiver(dm, bootstrap, 42)
+        rx.init(0)
+        assert rx.poll() == sg.KVPoll.Failed
+        assert "into a decode server of pp_size 2" in str(rx.failure()), rx.failure()
         args = sg.to_kvbridge_args(d.args, sa, "decode")
         with pytest.raises(kvbridge.UnimplementedError, match="into a decode server of pp_size 2"):
             _sglang_mla.number_buffers(d.args, args, RATIOS, 2, "decode")

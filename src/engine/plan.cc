@@ -136,6 +136,22 @@ Result<std::vector<uint32_t>> PairByRange(const RankLayout& prefill, const RankL
   return pairs;
 }
 
+// Range pairing takes target kv buffer i of `l` for layer start + i % n
+// (K then V; MLA once). Ids that say otherwise (a pool listed by
+// compression bucket, a hybrid pool's layers) would be contradicted.
+Status CheckIdsFollowRange(const RankLayout& l, const char* side) {
+  const int n = NumLayers(l);
+  for (size_t i = 0; i < TargetKvCount(l) && i < l.kv_layer_ids.size() && n > 0; ++i) {
+    const int64_t range = l.start_layer + static_cast<int64_t>(i % static_cast<size_t>(n));
+    if (l.kv_layer_ids[i] == range) continue;
+    return FailedPreconditionError(fmt::format(
+        "{} kv[{}] holds model layer {} by its kv_layer_ids, but pairing by layer range (the "
+        "other side gave none) would take it for layer {}; give both sides kv_layer_ids",
+        side, i, l.kv_layer_ids[i], range));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<std::vector<uint32_t>> PairKvBuffers(const RankLayout& prefill, const RankLayout& decode) {
@@ -143,10 +159,15 @@ Result<std::vector<uint32_t>> PairKvBuffers(const RankLayout& prefill, const Ran
   const bool d_ids = !decode.kv_layer_ids.empty();
   if (p_ids && d_ids) return PairByLayerId(prefill, decode);
   auto pairs = PairByRange(prefill, decode);
-  if (!pairs.ok() && p_ids != d_ids)
-    return pairs.status().WithContext(
-        fmt::format("kv_layer_ids given by {} only, so buffers pair by layer range",
-                    p_ids ? "prefill" : "decode"));
+  if (p_ids == d_ids) return pairs;
+  const std::string context = fmt::format(
+      "kv_layer_ids given by {} only, so buffers pair by "
+      "layer range",
+      p_ids ? "prefill" : "decode");
+  if (!pairs.ok()) return pairs.status().WithContext(context);
+  Status follows =
+      p_ids ? CheckIdsFollowRange(prefill, "prefill") : CheckIdsFollowRange(decode, "decode");
+  if (!follows.ok()) return follows.WithContext(context);
   return pairs;
 }
 

@@ -93,6 +93,31 @@ TEST(PairKvBuffersTest, IdsOnOneSideOnlyPairByRangeAndSaySo) {
                                      "range: decode layout: kv buffer count 4 for 4 layers"));
 }
 
+// Ids on one side that are not that side's layer range in order (sglang's
+// compressed-MLA pool lists its buffers by compression bucket): pairing by
+// range would write each buffer into another layer's, so it is refused,
+// naming the first buffer it would misplace.
+TEST(PairKvBuffersTest, OneSidedIdsThatAreNotTheLayerRangeAreRefused) {
+  // An MLA stage [3, 6) whose ratio-4 layers are 3 and 5, ratio-128 layer 4.
+  RankLayout p = MakeLayout({.mla = true, .start_layer = 3, .end_layer = 6});
+  p.kv_layer_ids = {3, 5, 4};
+  const RankLayout d = MakeLayout({.mla = true, .start_layer = 0, .end_layer = 8});
+  auto pairs = PairKvBuffers(p, d);
+  ASSERT_FALSE(pairs.ok()) << "paired by range against prefill's own ids";
+  EXPECT_EQ(pairs.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(pairs.status().message(),
+              HasSubstr("kv_layer_ids given by prefill only, so buffers pair by layer range: "
+                        "prefill kv[1] holds model layer 5 by its kv_layer_ids, but pairing by "
+                        "layer range (the other side gave none) would take it for layer 4"));
+  EXPECT_FALSE(CheckCompatible(p, d).ok());
+  // The same on decode's side.
+  RankLayout d_ids = d;
+  d_ids.kv_layer_ids = {0, 1, 2, 3, 4, 5, 7, 6};
+  auto back = PairKvBuffers(MakeLayout({.mla = true, .start_layer = 3, .end_layer = 6}), d_ids);
+  ASSERT_FALSE(back.ok());
+  EXPECT_THAT(back.status().message(), HasSubstr("decode kv[6] holds model layer 7"));
+}
+
 TEST(PairKvBuffersTest, BytesPerHeadAreComparedOnThePairsAndNameTheModelLayer) {
   RankLayout d = WithIds({}, {1, 3, 5, 1, 3, 5});
   d.kv[2].item_len *= 2;  // K of layer 5
