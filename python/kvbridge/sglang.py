@@ -405,6 +405,42 @@ def _norm_addr(addr: str) -> str:
     return addr.replace("localhost:", "127.0.0.1:").replace("0.0.0.0:", "127.0.0.1:")
 
 
+# sglang's defaults for its two phase timeouts (its environ.py: both 300 s).
+_SGLANG_PHASE_TIMEOUT_S = 300
+
+
+def _env_seconds(name: str) -> int:
+    """An sglang timeout variable (whole seconds, as its EnvInt reads it);
+    sglang's default where unset, and where unreadable or not positive
+    (logged: a typo must not turn a deadline off or make it 0)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return _SGLANG_PHASE_TIMEOUT_S
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if value <= 0:
+        log.warning("%s=%r is not a positive whole number of seconds: using %d", name, raw[:40],
+                    _SGLANG_PHASE_TIMEOUT_S)
+        return _SGLANG_PHASE_TIMEOUT_S
+    return value
+
+
+def phase_timeouts(mode: str) -> Tuple[float, float]:
+    """(bootstrap, waiting) timeouts in seconds for a rank of `mode`, as
+    sglang times the same phases: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
+    bounds finding the prefill instance and, on prefill, a sender's wait
+    for decode's metadata (sglang's sender poll); on decode,
+    SGLANG_DISAGGREGATION_WAITING_TIMEOUT bounds the waits after the
+    handshake (sglang's receiver). Peer deaths are detected by heartbeats
+    in well under a second whatever these say."""
+    bootstrap = float(_env_seconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"))
+    if mode == "prefill":
+        return bootstrap, bootstrap
+    return bootstrap, float(_env_seconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT"))
+
+
 def follows_bootstrap_room(server_args: Any) -> bool:
     """Whether prefill requests reach dp rank room % dp_size: sglang's
     load_balance_method "follow_bootstrap_room", which its ServerArgs also
@@ -494,7 +530,9 @@ class KVBridgeKVManager(BaseKVManager):
             raise type(e)(None, f"state_indices: {e.failure_reason}") from None
 
     def _config(self, bootstrap_addr: str) -> KVConfig:
+        bootstrap_s, waiting_s = phase_timeouts(self._mode)
         return KVConfig(bootstrap_addr=bootstrap_addr, start_bootstrap_server=False,
+                        bootstrap_timeout_s=bootstrap_s, waiting_timeout_s=waiting_s,
                         advertise_host=advertise_host(self.server_args),
                         instance_id=self._instance_id(self.bootstrap_host),
                         follow_bootstrap_room=follows_bootstrap_room(self.server_args),

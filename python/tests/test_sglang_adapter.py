@@ -102,3 +102,68 @@ def test_install_routes_one_backend_to_kvbridge(monkeypatch):
         assert get(Backend.NIXL, Kind.MANAGER)[0] == "original"
     ks.install("mooncake")  # idempotent: still one layer over the original
     assert utils.get_kv_class(Backend.NIXL, Kind.SENDER)[0] == "original"
+
+
+def test_phase_timeouts_are_sglangs(monkeypatch):
+    # sglang's environ.py: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT and
+    # SGLANG_DISAGGREGATION_WAITING_TIMEOUT, both 300 s by default.
+    monkeypatch.delenv("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", raising=False)
+    monkeypatch.delenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", raising=False)
+    assert ks.phase_timeouts("prefill") == (300.0, 300.0)
+    assert ks.phase_timeouts("decode") == (300.0, 300.0)
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "120")
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "45")
+    # Prefill's sender waits for decode's metadata under sglang's bootstrap timeout.
+    assert ks.phase_timeouts("prefill") == (120.0, 120.0)
+    assert ks.phase_timeouts("decode") == (120.0, 45.0)
+    for bad in ("0", "-5", "ten", "1.5"):  # never 0 (no deadline) or a typo taken at its word
+        monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", bad)
+        assert ks.phase_timeouts("decode") == (120.0, 300.0), bad
+
+
+def test_a_decode_waits_as_long_as_sglangs_waiting_timeout_says(bootstrap, monkeypatch):
+    # Two decode servers on one prefill, their waiting timeouts 2 s and
+    # sglang's default. Each receiver completes its handshake and gets no
+    # metadata: the first fails at its 2 s deadline, naming the application;
+    # at that moment the second still waits (before: 30 s whatever sglang said).
+    host, port = bootstrap.split(":")
+
+    def server_args(http_port):
+        return types.SimpleNamespace(disaggregation_bootstrap_port=int(port), host=host,
+                                     port=http_port, tp_size=1, dp_size=1,
+                                     kv_cache_dtype="auto", device="cpu")
+
+    def pools():
+        return [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)], np.zeros((4, 16), np.uint8)
+
+    pkv, paux = pools()
+    pm = ks.KVBridgeKVManager(sglang_args(pkv, paux), Mode.PREFILL, server_args(30011), False)
+    managers = [pm]
+    try:
+        receivers = []
+        for http_port, waiting in ((30012, "2"), (30013, None)):
+            if waiting is None:
+                monkeypatch.delenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", raising=False)
+            else:
+                monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", waiting)
+            dkv, daux = pools()
+            dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE, server_args(http_port),
+                                      False)
+            managers.append(dm)
+            assert dm.try_ensure_parallel_info(bootstrap)  # its manager, with its timeouts
+            recv = ks.KVBridgeKVReceiver(dm, bootstrap, 500 + http_port)
+            recv.init(0)
+            receivers.append(recv)
+        short, default = receivers
+        deadline = time.monotonic() + 15
+        while short.poll() != KVPoll.Failed:
+            assert time.monotonic() < deadline, f"still {short.poll()} after 15 s"
+            assert default.poll() != KVPoll.Failed
+            time.sleep(0.01)
+        assert "did not call SendMetadata" in str(short.failure()), short.failure()
+        assert default.poll() == KVPoll.WaitingForInput  # after the barrier above
+        for r in receivers:
+            r.clear()
+    finally:
+        for m in managers:
+            m.close()
