@@ -90,6 +90,11 @@ except Exception:  # noqa: BLE001
         enable_dsa_cache_layer_split: bool = False
         prefill_http_port: Optional[int] = None
 
+try:  # newer sglang: try_ensure_parallel_info says PENDING, READY or FAILED
+    from sglang.srt.disaggregation.common.conn import ParallelInfoState
+except Exception:  # noqa: BLE001 -- older sglang (or none): it takes a bool
+    ParallelInfoState = None  # type: ignore[assignment,misc]
+
 # How long a receiver whose group failed elsewhere waits, in
 # failure_exception(), for its own writes to stop before sglang frees pages.
 QUIESCE_WAIT_S = 10.0
@@ -502,6 +507,11 @@ class KVBridgeKVManager(BaseKVManager):
         # Staging (mooncake's own buffers for gathering head slices) is off,
         # as in sglang's common manager: kvbridge writes each slice in place.
         self.enable_staging = False
+        # Newer sglang holds a failed request's pages until the transfer has
+        # drained where a backend asks for it (mooncake does); kvbridge's
+        # receiver says Failed only once quiesced (poll_settled), so nothing
+        # is left to drain.
+        self.requires_transfer_drain = False
         self.pp_rank = self._args.parallel.pp_rank
         self.prefill_info_table: Dict[str, Any] = {}
         self._cores: Dict[str, _Manager] = {}
@@ -513,6 +523,7 @@ class KVBridgeKVManager(BaseKVManager):
         self._refusals: Dict[str, Tuple[float, kvbridge.KVTransferError]] = {}
         self._core: Optional[_Manager] = None
         self._recompute_pool: Any = None  # made at the first retraction
+        self._query_pool: Any = None  # made at the first submit_dp_rank_query
         self._recompute_lock = threading.Lock()
         if self._mode == "prefill":
             self.register_to_bootstrap()
@@ -555,10 +566,42 @@ class KVBridgeKVManager(BaseKVManager):
             self._core = _Manager(self._args, self._mode, self._config(_norm_addr(addr)),
                                   self.is_mla_backend)
 
-    def try_ensure_parallel_info(self, bootstrap_addr: str) -> bool:
-        """Decode: one non-blocking-ish attempt (bounded by a 5 s timeout) to
-        learn the prefill instance at `bootstrap_addr` and make its manager.
-        False while it is unreachable or not every rank registered."""
+    def try_ensure_parallel_info(self, bootstrap_addr: str) -> Any:
+        """Decode: one attempt (bounded by a 5 s timeout) to learn the
+        prefill instance at `bootstrap_addr` and make its manager. Says so
+        as the sglang calling it expects: True/False, or, where sglang has
+        ParallelInfoState, READY/FAILED (every unsuccessful attempt is FAILED,
+        so sglang's retry budget bounds it; an attempt is never left
+        PENDING, as it is done when this returns)."""
+        return _info_state(self._ensure_parallel_info(bootstrap_addr))
+
+    def has_parallel_info(self, bootstrap_addr: str) -> bool:
+        """Decode (newer sglang): whether that prefill instance is known
+        here already (no attempt made)."""
+        return bootstrap_addr in self.prefill_info_table
+
+    def parallel_info_epoch(self, bootstrap_addr: str) -> int:
+        """Decode (newer sglang): bumped when sglang's manager evicts an
+        instance's info; kvbridge never evicts it (its C++ manager follows a
+        restarted prefill by incarnation), so always 0."""
+        return 0
+
+    def submit_dp_rank_query(self, bootstrap_addr: str,
+                             bootstrap_rooms: List[int]) -> Any:
+        """Decode (newer sglang): query_prefill_dp_ranks off the scheduler's
+        thread; a concurrent.futures.Future of {str(room): dp rank} (rooms
+        not registered yet are absent; {} when the registry cannot be asked,
+        logged)."""
+        with self._recompute_lock:
+            if self._query_pool is None:
+                import concurrent.futures
+                self._query_pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=2, thread_name_prefix="kvbridge-dp-rank-query")
+            pool = self._query_pool
+        return pool.submit(KVBridgeKVReceiver.query_prefill_dp_ranks, bootstrap_addr,
+                           list(bootstrap_rooms))
+
+    def _ensure_parallel_info(self, bootstrap_addr: str) -> bool:
         if bootstrap_addr in self.prefill_info_table:
             return True
         addr = _norm_addr(bootstrap_addr)
@@ -628,7 +671,7 @@ class KVBridgeKVManager(BaseKVManager):
         if self._mode == "prefill":
             return self._core  # type: ignore[return-value]
         addr = _norm_addr(bootstrap_addr or "")
-        if addr not in self._cores and not self.try_ensure_parallel_info(bootstrap_addr or ""):
+        if addr not in self._cores and not self._ensure_parallel_info(bootstrap_addr or ""):
             if addr in self._refusals:
                 raise self._refusals[addr][1]
             raise kvbridge.UnavailableError(
@@ -691,11 +734,20 @@ class KVBridgeKVManager(BaseKVManager):
             kv_receiver.abort()
 
     def close(self) -> None:
-        if self._recompute_pool is not None:
-            self._recompute_pool.shutdown(wait=False)
+        for pool in (self._recompute_pool, self._query_pool):
+            if pool is not None:
+                pool.shutdown(wait=False)
         for m in [self._core, *self._cores.values()]:
             if m is not None:
                 m.close()
+
+
+def _info_state(known: bool) -> Any:
+    """try_ensure_parallel_info's answer in the form the sglang present
+    takes: its ParallelInfoState where it has one, else a bool."""
+    if ParallelInfoState is None:
+        return known
+    return ParallelInfoState.READY if known else ParallelInfoState.FAILED
 
 
 def _conclude(poll: int) -> Optional[KVPoll]:

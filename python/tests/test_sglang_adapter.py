@@ -167,3 +167,51 @@ def test_a_decode_waits_as_long_as_sglangs_waiting_timeout_says(bootstrap, monke
     finally:
         for m in managers:
             m.close()
+
+
+def test_newer_sglangs_parallel_info_api(bootstrap, monkeypatch):
+    # Newer sglang's decode (its test_decode_*: ParallelInfoState,
+    # has_parallel_info, parallel_info_epoch, submit_dp_rank_query): the
+    # answers it takes, with its enum present; receivers still work.
+    class ParallelInfoState(enum.Enum):  # shaped like sglang's common/conn.py
+        PENDING = "pending"
+        READY = "ready"
+        FAILED = "failed"
+
+    monkeypatch.setattr(ks, "ParallelInfoState", ParallelInfoState)
+    host, port = bootstrap.split(":")
+    server_args = types.SimpleNamespace(disaggregation_bootstrap_port=int(port), host=host,
+                                        port=30021, tp_size=1, dp_size=1, kv_cache_dtype="auto",
+                                        device="cpu")
+    pkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
+    dkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
+    paux, daux = np.zeros((4, 16), np.uint8), np.zeros((4, 16), np.uint8)
+    pm = ks.KVBridgeKVManager(sglang_args(pkv, paux), Mode.PREFILL, server_args, False)
+    dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE, server_args, False)
+    try:
+        assert dm.requires_transfer_drain is False  # Failed already means quiesced
+        assert dm.has_parallel_info(bootstrap) is False
+        assert dm.try_ensure_parallel_info(bootstrap) is ParallelInfoState.READY
+        assert dm.has_parallel_info(bootstrap) is True
+        assert dm.parallel_info_epoch(bootstrap) == 0
+        # Nothing listens on port 1: an attempt that failed, which sglang counts.
+        assert dm.try_ensure_parallel_info("127.0.0.1:1") is ParallelInfoState.FAILED
+        assert dm.has_parallel_info("127.0.0.1:1") is False
+        answer = dm.submit_dp_rank_query(bootstrap_addr=bootstrap, bootstrap_rooms=[7, 8])
+        assert isinstance(answer.result(timeout=10), dict)
+        # The enum is never taken for a truth value inside (an enum member is truthy).
+        recv = ks.KVBridgeKVReceiver(dm, bootstrap, 91)
+        recv.init(0)
+        deadline = time.monotonic() + 20
+        while recv.poll() != KVPoll.WaitingForInput:
+            assert recv.poll() != KVPoll.Failed, recv.failure()
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        unreachable = ks.KVBridgeKVReceiver(dm, "127.0.0.1:1", 92)
+        unreachable.init(0)
+        assert unreachable.poll() == KVPoll.Failed  # not taken for known
+        for r in (recv, unreachable):
+            r.clear()
+    finally:
+        dm.close()
+        pm.close()
