@@ -512,6 +512,9 @@ class KVBridgeKVManager(BaseKVManager):
         # receiver says Failed only once quiesced (poll_settled), so nothing
         # is left to drain.
         self.requires_transfer_drain = False
+        # DSpark (a newer sglang's hidden-state streaming for speculative
+        # decoding), read by its prefill per room: kvbridge streams none.
+        self.req_to_dspark_hidden_meta: Dict[int, Any] = {}
         self.pp_rank = self._args.parallel.pp_rank
         self.prefill_info_table: Dict[str, Any] = {}
         self._cores: Dict[str, _Manager] = {}
@@ -574,6 +577,10 @@ class KVBridgeKVManager(BaseKVManager):
         so sglang's retry budget bounds it; an attempt is never left
         PENDING, as it is done when this returns)."""
         return _info_state(self._ensure_parallel_info(bootstrap_addr))
+
+    def supports_dspark_hidden_streaming(self) -> bool:
+        """DSpark hidden-state streaming: not carried by kvbridge."""
+        return False
 
     def has_parallel_info(self, bootstrap_addr: str) -> bool:
         """Decode (newer sglang): whether that prefill instance is known
@@ -833,6 +840,14 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
     def conclude_state(self) -> Optional[KVPoll]:
         return _conclude(self._s.poll())
 
+    @conclude_state.setter
+    def conclude_state(self, state: Any) -> None:
+        # Some sglang versions set it on their own error paths (as on their
+        # common sender, where it is a plain attribute): Failed fails the
+        # room, so poll() and the other ranks agree; nothing else is taken.
+        if state == KVPoll.Failed:
+            self.abort()
+
     def pop_decode_prefix_len(self) -> int:
         """Tokens decode already holds; valid once poll() said WaitingForInput."""
         self._prefix_pages = max(self._s._impl.decode_prefix_pages(), 0)
@@ -951,6 +966,11 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
     def conclude_state(self) -> Optional[KVPoll]:
         return _conclude(self.poll())
 
+    @conclude_state.setter
+    def conclude_state(self, state: Any) -> None:
+        if state == KVPoll.Failed:  # as the sender's setter
+            self.fail("the scheduler set conclude_state to Failed")
+
     def _fail_early(self, reason: str) -> None:
         if self._early is None:
             self._early = kvbridge.AbortedError(self.bootstrap_room, reason)
@@ -982,7 +1002,13 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
 
     def send_metadata(self, kv_indices: Any, aux_index: Optional[int] = None,
                       state_indices: Optional[List] = None,
-                      decode_prefix_len: Optional[int] = None) -> None:
+                      decode_prefix_len: Optional[int] = None,
+                      spec_metadata: Any = None) -> None:
+        if spec_metadata is not None:
+            # A version with DSpark hidden-state streaming passes it always
+            # (None without DSpark); kvbridge does not carry it.
+            self.fail("spec_metadata (DSpark hidden-state streaming) is not carried by kvbridge")
+            return
         if self._r is None:
             self._fail_early("send_metadata before init")
             return

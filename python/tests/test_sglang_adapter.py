@@ -215,3 +215,61 @@ def test_newer_sglangs_parallel_info_api(bootstrap, monkeypatch):
     finally:
         dm.close()
         pm.close()
+
+
+def test_calls_of_sglang_versions_with_dspark_are_answered(bootstrap):
+    # A stored sglang version with DSpark hidden-state streaming passes
+    # send_metadata(..., spec_metadata=None) always, reads
+    # kv_manager.req_to_dspark_hidden_meta.get(room) and
+    # supports_dspark_hidden_streaming(), and sets conclude_state = Failed on
+    # its error paths: none of them may raise; what kvbridge cannot carry
+    # fails the request by name.
+    host, port = bootstrap.split(":")
+    server_args = types.SimpleNamespace(disaggregation_bootstrap_port=int(port), host=host,
+                                        port=30031, tp_size=1, dp_size=1, kv_cache_dtype="auto",
+                                        device="cpu")
+    pkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
+    dkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
+    paux, daux = np.zeros((4, 16), np.uint8), np.zeros((4, 16), np.uint8)
+    for i, b in enumerate(pkv):
+        b[:] = i + 1
+    pm = ks.KVBridgeKVManager(sglang_args(pkv, paux), Mode.PREFILL, server_args, False)
+    dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE, server_args, False)
+    try:
+        assert pm.req_to_dspark_hidden_meta.get(5) is None
+        assert dm.supports_dspark_hidden_streaming() is False
+        # spec_metadata=None: the request moves as any other.
+        recv = ks.KVBridgeKVReceiver(dm, bootstrap, 5)
+        recv.init(0)
+        deadline = time.monotonic() + 20
+        while recv.poll() != KVPoll.WaitingForInput:
+            assert time.monotonic() < deadline and recv.poll() != KVPoll.Failed
+            time.sleep(0.002)
+        recv.send_metadata(np.array([3, 4], np.int32), 1, None, 0, spec_metadata=None)
+        send = ks.KVBridgeKVSender(pm, bootstrap, 5, [0], 0)
+        while send.poll() != KVPoll.WaitingForInput:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        send.init(2, 0)
+        send.send(np.array([9, 10], np.int32))
+        while min(send.poll(), recv.poll()) != KVPoll.Success:
+            assert time.monotonic() < deadline and KVPoll.Failed not in (send.poll(), recv.poll())
+            time.sleep(0.002)
+        assert all((d[[3, 4]] == i + 1).all() for i, d in enumerate(dkv))
+        # spec_metadata given: not carried, the request fails saying so.
+        spec = ks.KVBridgeKVReceiver(dm, bootstrap, 6)
+        spec.init(0)
+        spec.send_metadata(np.array([5], np.int32), 2, None, 0, spec_metadata={"hidden": 1})
+        while spec.poll() != KVPoll.Failed:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        assert "DSpark" in str(spec.failure()), spec.failure()
+        # The scheduler's own verdict, set as an attribute.
+        doomed = ks.KVBridgeKVSender(pm, bootstrap, 7, [0], 0)
+        doomed.conclude_state = KVPoll.Failed
+        assert doomed.poll() == KVPoll.Failed and doomed.conclude_state == KVPoll.Failed
+        for x in (send, recv, spec, doomed):
+            x.clear()
+    finally:
+        dm.close()
+        pm.close()
