@@ -380,11 +380,37 @@ def _wildcard_to_loopback(host: str) -> str:
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
 
-def bootstrap_target(server_args: Any) -> str:
+def synced_bootstrap_port(server_args: Any) -> int:
+    """A prefill rank's bootstrap port, as sglang's
+    _sync_bootstrap_port_across_nodes makes it: under multi-node prefill
+    (dist_init_addr set, nnodes > 1) world rank 0's, broadcast to every
+    rank (a launcher may reserve another free port on each host, and the
+    other nodes' ranks would register at a port nothing listens on);
+    otherwise this rank's own. Every prefill rank calls it once, at
+    construction, as sglang's managers do (a collective)."""
+    local = int(getattr(server_args, "disaggregation_bootstrap_port", 8998))
+    if not getattr(server_args, "dist_init_addr", None) or \
+            int(getattr(server_args, "nnodes", 1) or 1) <= 1:
+        return local
+    try:
+        from sglang.srt.distributed import get_world_group
+    except Exception:  # noqa: BLE001 -- no sglang: nothing to broadcast with
+        log.warning("multi-node prefill without sglang's world group: registering at this "
+                    "rank's own bootstrap port %d", local)
+        return local
+    synced = int(get_world_group().broadcast_object(local, src=0))
+    if synced != local:
+        log.info("bootstrap port %d of world rank 0 used instead of this rank's %d", synced,
+                 local)
+    return synced
+
+
+def bootstrap_target(server_args: Any, port: Optional[int] = None) -> str:
     """Where a prefill rank registers (sglang's register_to_bootstrap): the
     dist-init host under multi-node, else the server's host; and the
-    disaggregation bootstrap port."""
-    port = getattr(server_args, "disaggregation_bootstrap_port", 8998)
+    disaggregation bootstrap port (`port`: synced_bootstrap_port's)."""
+    if port is None:
+        port = getattr(server_args, "disaggregation_bootstrap_port", 8998)
     dist = getattr(server_args, "dist_init_addr", None)
     if dist and int(getattr(server_args, "nnodes", 1) or 1) > 1:
         host = str(dist).rsplit(":", 1)[0].strip("[]")
@@ -414,22 +440,26 @@ def _norm_addr(addr: str) -> str:
 _SGLANG_PHASE_TIMEOUT_S = 300
 
 
-def _env_seconds(name: str) -> int:
-    """An sglang timeout variable (whole seconds, as its EnvInt reads it);
-    sglang's default where unset, and where unreadable or not positive
-    (logged: a typo must not turn a deadline off or make it 0)."""
+def _env_seconds_or(name: str, default: int) -> int:
+    """A positive whole-number sglang variable (as its EnvInt reads it);
+    `default` where unset, and where unreadable or not positive (logged: a
+    typo must not turn a deadline off or make a pool empty)."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
-        return _SGLANG_PHASE_TIMEOUT_S
+        return default
     try:
         value = int(raw.strip())
     except ValueError:
         value = 0
     if value <= 0:
-        log.warning("%s=%r is not a positive whole number of seconds: using %d", name, raw[:40],
-                    _SGLANG_PHASE_TIMEOUT_S)
-        return _SGLANG_PHASE_TIMEOUT_S
+        log.warning("%s=%r is not a positive whole number: using %d", name, raw[:40], default)
+        return default
     return value
+
+
+def _env_seconds(name: str) -> int:
+    """An sglang phase timeout (whole seconds); 300 where unset or bad."""
+    return _env_seconds_or(name, _SGLANG_PHASE_TIMEOUT_S)
 
 
 def phase_timeouts(mode: str) -> Tuple[float, float]:
@@ -486,6 +516,8 @@ class KVBridgeKVManager(BaseKVManager):
         self.state_item_lens_sum = sum(self._args.state_item_lens)
         self.bootstrap_host = getattr(server_args, "host", None) or "127.0.0.1"
         self.bootstrap_port = getattr(server_args, "disaggregation_bootstrap_port", 8998)
+        if self._mode == "prefill":
+            self.bootstrap_port = synced_bootstrap_port(server_args)
         self.attn_tp_size = self._args.parallel.tp_size
         self.attn_tp_rank = self._args.parallel.tp_rank
         self.attn_dp_size = self._args.parallel.dp_size
@@ -565,7 +597,7 @@ class KVBridgeKVManager(BaseKVManager):
     def register_to_bootstrap(self, bootstrap_addr: Optional[str] = None) -> None:
         """Prefill: creates the rank's manager, which registers with bootstrap."""
         if self._core is None:
-            addr = bootstrap_addr or bootstrap_target(self.server_args)
+            addr = bootstrap_addr or bootstrap_target(self.server_args, self.bootstrap_port)
             self._core = _Manager(self._args, self._mode, self._config(_norm_addr(addr)),
                                   self.is_mla_backend)
 
@@ -711,8 +743,10 @@ class KVBridgeKVManager(BaseKVManager):
         with self._recompute_lock:
             if self._recompute_pool is None:
                 import concurrent.futures
+                # sglang's own pool for these: SGLANG_DISAGGREGATION_THREAD_POOL_SIZE, 16.
+                workers = _env_seconds_or("SGLANG_DISAGGREGATION_THREAD_POOL_SIZE", 16)
                 self._recompute_pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=4, thread_name_prefix="kvbridge-rebootstrap")
+                    max_workers=workers, thread_name_prefix="kvbridge-rebootstrap")
         self._recompute_pool.submit(self._run_recompute, kv_receiver, url, dict(payload))
 
     def _run_recompute(self, kv_receiver: Any, url: str, payload: dict) -> None:

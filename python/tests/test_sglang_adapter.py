@@ -273,3 +273,43 @@ def test_calls_of_sglang_versions_with_dspark_are_answered(bootstrap):
     finally:
         dm.close()
         pm.close()
+
+
+def test_a_multi_node_prefill_registers_at_world_rank_zeros_port(bootstrap, monkeypatch):
+    # sglang's _sync_bootstrap_port_across_nodes: under multi-node prefill
+    # (dist_init_addr, nnodes > 1) every prefill rank takes world rank 0's
+    # bootstrap port, broadcast over sglang's world group, because a
+    # launcher may have reserved another port on each host. Here this
+    # rank's own port is one nothing listens on; world rank 0's is the
+    # bootstrap server's.
+    host, port = bootstrap.split(":")
+    calls = []
+
+    class WorldGroup:  # shaped like sglang's GroupCoordinator
+        def broadcast_object(self, obj, src=0):
+            calls.append((obj, src))
+            return int(port)  # what world rank 0 holds
+
+    distributed = types.ModuleType("sglang.srt.distributed")
+    distributed.get_world_group = lambda: WorldGroup()
+    for name, module in (("sglang", types.ModuleType("sglang")),
+                         ("sglang.srt", types.ModuleType("sglang.srt")),
+                         ("sglang.srt.distributed", distributed)):
+        monkeypatch.setitem(sys.modules, name, module)
+    server_args = types.SimpleNamespace(disaggregation_bootstrap_port=1, host=host,
+                                        dist_init_addr=f"{host}:5000", nnodes=2, node_rank=1,
+                                        port=30041, tp_size=1, dp_size=1, kv_cache_dtype="auto",
+                                        device="cpu")
+    pkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
+    paux = np.zeros((4, 16), np.uint8)
+    pm = ks.KVBridgeKVManager(sglang_args(pkv, paux), Mode.PREFILL, server_args, False)
+    try:
+        assert calls == [(1, 0)], calls
+        assert pm.bootstrap_port == int(port)
+        info = kvbridge._kvbridge.prefill_info(bootstrap, 5.0)
+        assert info["complete"], info  # registered where decode looks
+    finally:
+        pm.close()
+    # A single node: no collective, its own port.
+    server_args.nnodes = 1
+    assert ks.synced_bootstrap_port(server_args) == 1 and len(calls) == 1
