@@ -30,16 +30,58 @@ def sglang_args(kv, aux, engine_rank=0):
     return a
 
 
-def test_adapter_moves_a_request_like_sglang(bootstrap):
+def server_args_for(bootstrap, http_port, **extra):
+    """sglang's ServerArgs as the adapter reads them, for a server whose
+    HTTP port is `http_port` (a decode server's instance name)."""
     host, port = bootstrap.split(":")
-    server_args = types.SimpleNamespace(disaggregation_bootstrap_port=int(port), host=host,
-                                        port=30001, tp_size=1, dp_size=1, kv_cache_dtype="auto",
-                                        device="cpu")
-    pkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
-    dkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
-    paux, daux = np.zeros((4, 16), np.uint8), np.zeros((4, 16), np.uint8)
-    for i, b in enumerate(pkv):
-        b[:] = i + 1
+    return types.SimpleNamespace(disaggregation_bootstrap_port=int(port), host=host,
+                                 port=http_port, tp_size=1, dp_size=1, kv_cache_dtype="auto",
+                                 device="cpu", **extra)
+
+
+def pools(fill=False):
+    """Two kv buffers of 16 pages (buffer i filled with i + 1 with `fill`) and an aux buffer."""
+    kv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
+    if fill:
+        for i, b in enumerate(kv):
+            b[:] = i + 1
+    return kv, np.zeros((4, 16), np.uint8)
+
+
+def wait_for(what, condition, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.002)
+
+
+def move_request(pm, dm, bootstrap, room, dkv, **metadata_kwargs):
+    """One request of two pages into decode pages 3 and 4 in sglang's order
+    (decode waits for its handshake before send_metadata); checks they hold
+    prefill's pages 9 and 10 (buffer i filled with i + 1)."""
+    recv = ks.KVBridgeKVReceiver(dm, bootstrap, room)
+    recv.init(0)
+    wait_for("decode's handshake", lambda: recv.poll() == KVPoll.WaitingForInput)
+    recv.send_metadata(np.array([3, 4], np.int32), 1, None, 0, **metadata_kwargs)
+    send = ks.KVBridgeKVSender(pm, bootstrap, room, [0], 0)
+    wait_for("prefill's metadata", lambda: send.poll() == KVPoll.WaitingForInput)
+    send.init(2, 0)
+    send.send(np.array([9, 10], np.int32))
+
+    def done():
+        assert KVPoll.Failed not in (send.poll(), recv.poll()), (recv.failure(), send.failure())
+        return min(send.poll(), recv.poll()) == KVPoll.Success
+
+    wait_for("the transfer", done)
+    assert all((d[[3, 4]] == i + 1).all() for i, d in enumerate(dkv))
+    return send, recv
+
+
+def test_adapter_moves_a_request_like_sglang(bootstrap):
+    host = bootstrap.split(":")[0]
+    server_args = server_args_for(bootstrap, 30001)
+    pkv, paux = pools(fill=True)
+    dkv, daux = pools()
     pm = ks.KVBridgeKVManager(sglang_args(pkv, paux), Mode.PREFILL, server_args, False)
     dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE, server_args, False)
     recv = ks.KVBridgeKVReceiver(dm, bootstrap, 77)
@@ -126,18 +168,9 @@ def test_a_decode_waits_as_long_as_sglangs_waiting_timeout_says(bootstrap, monke
     # sglang's default. Each receiver completes its handshake and gets no
     # metadata: the first fails at its 2 s deadline, naming the application;
     # at that moment the second still waits (before: 30 s whatever sglang said).
-    host, port = bootstrap.split(":")
-
-    def server_args(http_port):
-        return types.SimpleNamespace(disaggregation_bootstrap_port=int(port), host=host,
-                                     port=http_port, tp_size=1, dp_size=1,
-                                     kv_cache_dtype="auto", device="cpu")
-
-    def pools():
-        return [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)], np.zeros((4, 16), np.uint8)
-
     pkv, paux = pools()
-    pm = ks.KVBridgeKVManager(sglang_args(pkv, paux), Mode.PREFILL, server_args(30011), False)
+    pm = ks.KVBridgeKVManager(sglang_args(pkv, paux), Mode.PREFILL,
+                              server_args_for(bootstrap, 30011), False)
     managers = [pm]
     try:
         receivers = []
@@ -147,8 +180,8 @@ def test_a_decode_waits_as_long_as_sglangs_waiting_timeout_says(bootstrap, monke
             else:
                 monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", waiting)
             dkv, daux = pools()
-            dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE, server_args(http_port),
-                                      False)
+            dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE,
+                                      server_args_for(bootstrap, http_port), False)
             managers.append(dm)
             assert dm.try_ensure_parallel_info(bootstrap)  # its manager, with its timeouts
             recv = ks.KVBridgeKVReceiver(dm, bootstrap, 500 + http_port)
@@ -179,13 +212,9 @@ def test_newer_sglangs_parallel_info_api(bootstrap, monkeypatch):
         FAILED = "failed"
 
     monkeypatch.setattr(ks, "ParallelInfoState", ParallelInfoState)
-    host, port = bootstrap.split(":")
-    server_args = types.SimpleNamespace(disaggregation_bootstrap_port=int(port), host=host,
-                                        port=30021, tp_size=1, dp_size=1, kv_cache_dtype="auto",
-                                        device="cpu")
-    pkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
-    dkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
-    paux, daux = np.zeros((4, 16), np.uint8), np.zeros((4, 16), np.uint8)
+    server_args = server_args_for(bootstrap, 30021)
+    pkv, paux = pools()
+    dkv, daux = pools()
     pm = ks.KVBridgeKVManager(sglang_args(pkv, paux), Mode.PREFILL, server_args, False)
     dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE, server_args, False)
     try:
@@ -202,11 +231,12 @@ def test_newer_sglangs_parallel_info_api(bootstrap, monkeypatch):
         # The enum is never taken for a truth value inside (an enum member is truthy).
         recv = ks.KVBridgeKVReceiver(dm, bootstrap, 91)
         recv.init(0)
-        deadline = time.monotonic() + 20
-        while recv.poll() != KVPoll.WaitingForInput:
+
+        def handshake_done():
             assert recv.poll() != KVPoll.Failed, recv.failure()
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+            return recv.poll() == KVPoll.WaitingForInput
+
+        wait_for("decode's handshake", handshake_done)
         unreachable = ks.KVBridgeKVReceiver(dm, "127.0.0.1:1", 92)
         unreachable.init(0)
         assert unreachable.poll() == KVPoll.Failed  # not taken for known
@@ -224,45 +254,22 @@ def test_calls_of_sglang_versions_with_dspark_are_answered(bootstrap):
     # supports_dspark_hidden_streaming(), and sets conclude_state = Failed on
     # its error paths: none of them may raise; what kvbridge cannot carry
     # fails the request by name.
-    host, port = bootstrap.split(":")
-    server_args = types.SimpleNamespace(disaggregation_bootstrap_port=int(port), host=host,
-                                        port=30031, tp_size=1, dp_size=1, kv_cache_dtype="auto",
-                                        device="cpu")
-    pkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
-    dkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
-    paux, daux = np.zeros((4, 16), np.uint8), np.zeros((4, 16), np.uint8)
-    for i, b in enumerate(pkv):
-        b[:] = i + 1
-    pm = ks.KVBridgeKVManager(sglang_args(pkv, paux), Mode.PREFILL, server_args, False)
-    dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE, server_args, False)
+    pkv, paux = pools(fill=True)
+    dkv, daux = pools()
+    pm = ks.KVBridgeKVManager(sglang_args(pkv, paux), Mode.PREFILL,
+                              server_args_for(bootstrap, 30031), False)
+    dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE,
+                              server_args_for(bootstrap, 30031), False)
     try:
         assert pm.req_to_dspark_hidden_meta.get(5) is None
         assert dm.supports_dspark_hidden_streaming() is False
         # spec_metadata=None: the request moves as any other.
-        recv = ks.KVBridgeKVReceiver(dm, bootstrap, 5)
-        recv.init(0)
-        deadline = time.monotonic() + 20
-        while recv.poll() != KVPoll.WaitingForInput:
-            assert time.monotonic() < deadline and recv.poll() != KVPoll.Failed
-            time.sleep(0.002)
-        recv.send_metadata(np.array([3, 4], np.int32), 1, None, 0, spec_metadata=None)
-        send = ks.KVBridgeKVSender(pm, bootstrap, 5, [0], 0)
-        while send.poll() != KVPoll.WaitingForInput:
-            assert time.monotonic() < deadline
-            time.sleep(0.002)
-        send.init(2, 0)
-        send.send(np.array([9, 10], np.int32))
-        while min(send.poll(), recv.poll()) != KVPoll.Success:
-            assert time.monotonic() < deadline and KVPoll.Failed not in (send.poll(), recv.poll())
-            time.sleep(0.002)
-        assert all((d[[3, 4]] == i + 1).all() for i, d in enumerate(dkv))
+        send, recv = move_request(pm, dm, bootstrap, 5, dkv, spec_metadata=None)
         # spec_metadata given: not carried, the request fails saying so.
         spec = ks.KVBridgeKVReceiver(dm, bootstrap, 6)
         spec.init(0)
         spec.send_metadata(np.array([5], np.int32), 2, None, 0, spec_metadata={"hidden": 1})
-        while spec.poll() != KVPoll.Failed:
-            assert time.monotonic() < deadline
-            time.sleep(0.002)
+        wait_for("the refused request", lambda: spec.poll() == KVPoll.Failed)
         assert "DSpark" in str(spec.failure()), spec.failure()
         # The scheduler's own verdict, set as an attribute.
         doomed = ks.KVBridgeKVSender(pm, bootstrap, 7, [0], 0)
@@ -282,7 +289,7 @@ def test_a_multi_node_prefill_registers_at_world_rank_zeros_port(bootstrap, monk
     # launcher may have reserved another port on each host. Here this
     # rank's own port is one nothing listens on; world rank 0's is the
     # bootstrap server's.
-    host, port = bootstrap.split(":")
+    port = bootstrap.split(":")[1]
     calls = []
 
     class WorldGroup:  # shaped like sglang's GroupCoordinator
@@ -296,12 +303,10 @@ def test_a_multi_node_prefill_registers_at_world_rank_zeros_port(bootstrap, monk
                          ("sglang.srt", types.ModuleType("sglang.srt")),
                          ("sglang.srt.distributed", distributed)):
         monkeypatch.setitem(sys.modules, name, module)
-    server_args = types.SimpleNamespace(disaggregation_bootstrap_port=1, host=host,
-                                        dist_init_addr=f"{host}:5000", nnodes=2, node_rank=1,
-                                        port=30041, tp_size=1, dp_size=1, kv_cache_dtype="auto",
-                                        device="cpu")
-    pkv = [np.zeros((16, 4, 2, 8), np.uint16) for _ in range(2)]
-    paux = np.zeros((4, 16), np.uint8)
+    server_args = server_args_for(bootstrap, 30041, nnodes=2, node_rank=1)
+    server_args.dist_init_addr = f"{server_args.host}:5000"
+    server_args.disaggregation_bootstrap_port = 1  # this host's: nothing listens there
+    pkv, paux = pools()
     pm = ks.KVBridgeKVManager(sglang_args(pkv, paux), Mode.PREFILL, server_args, False)
     try:
         assert calls == [(1, 0)], calls

@@ -112,15 +112,20 @@ class HeldImports : public WatchedEndpoints {
   PeerId held_peer_ = 0;
 };
 
+// `t` wrapped in a W, which `*out` then points to.
+template <typename W>
+std::unique_ptr<Transport> Wrapped(std::unique_ptr<Transport> t, W** out) {
+  auto w = std::make_unique<W>(std::move(t));
+  *out = w.get();
+  return w;
+}
+
 // Prefill tp1 -> decode tp2, prefill's transport in HeldImports (`*held`).
 Result<std::unique_ptr<TestCluster>> HeldCluster(HeldImports** held) {
   ClusterOptions o;
   o.decode_tp = 2;
   o.wrap = [held](std::unique_ptr<Transport> t, Role role, int) -> std::unique_ptr<Transport> {
-    if (role != Role::kPrefill) return t;
-    auto h = std::make_unique<HeldImports>(std::move(t));
-    *held = h.get();
-    return h;
+    return role == Role::kPrefill ? Wrapped(std::move(t), held) : std::move(t);
   };
   return TestCluster::Create(o);
 }
@@ -287,14 +292,8 @@ TEST(AcceptorTest, AnEndpointThatFailsBeforeItsHelloIsProvenIsForgotten) {
   WatchedConnects* connects = nullptr;
   ClusterOptions o;
   o.wrap = [&](std::unique_ptr<Transport> t, Role role, int) -> std::unique_ptr<Transport> {
-    if (role == Role::kDecode) {
-      auto h = std::make_unique<HeldProofs>(std::move(t));
-      proofs = h.get();
-      return h;
-    }
-    auto w = std::make_unique<WatchedConnects>(std::move(t));
-    connects = w.get();
-    return w;
+    if (role == Role::kDecode) return Wrapped(std::move(t), &proofs);
+    return Wrapped(std::move(t), &connects);
   };
   auto c = TestCluster::Create(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -436,15 +435,8 @@ TEST(AcceptorTest, AProcessDeclaredFailedWhileItsHelloIsAcceptedIsAnswered) {
   ClusterOptions o;
   o.decode_tp = 2;
   o.wrap = [&](std::unique_ptr<Transport> t, Role role, int rank) -> std::unique_ptr<Transport> {
-    if (role == Role::kPrefill) {
-      auto h = std::make_unique<HeldImports>(std::move(t));
-      held = h.get();
-      return h;
-    }
-    if (rank != 1) return t;
-    auto q = std::make_unique<SilentAfterProof>(std::move(t));
-    silent = q.get();
-    return q;
+    if (role == Role::kPrefill) return Wrapped(std::move(t), &held);
+    return rank == 1 ? Wrapped(std::move(t), &silent) : std::move(t);
   };
   auto c = TestCluster::Create(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
