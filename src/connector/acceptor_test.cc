@@ -463,6 +463,28 @@ TEST(AcceptorTest, AProcessDeclaredFailedWhileItsHelloIsAcceptedIsAnswered) {
   EXPECT_FALSE(blamed.has_value()) << "decode blamed the refusal on " << blamed->Message();
 }
 
+// Prefill tp1 -> decode tp2 (`o` otherwise): prefill applies, unpublished,
+// a record declaring decode tp1's process failed; then decode tp1 says
+// Hello for a request (room 1).
+struct DeclaredHello {
+  std::unique_ptr<TestCluster> cluster;
+  RankId declared;
+  std::unique_ptr<KVReceiver> rx;
+};
+void SayHelloDeclaredFailed(ClusterOptions o, DeclaredHello* h) {
+  o.decode_tp = 2;
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  h->cluster = std::move(*c);
+  KVManager& prefill = *h->cluster->prefill[0].manager;
+  KVManager& d1 = *h->cluster->decode[1].manager;
+  h->declared = d1.self();
+  ManagerAccess::Of(prefill).ApplyRecordForTest(DeathDetectedBy(h->declared, prefill.self()),
+                                                false);
+  h->rx = std::move(KVReceiver::Create(d1, 1)).value();
+  ASSERT_TRUE(h->rx->Init(0).ok());  // its Hello
+}
+
 // The registry never confirms the record prefill holds (here it holds it
 // alone): decode's request, waiting for its handshake as sglang's decode
 // waits for WaitingForInput before SendMetadata, fails at its deadline
@@ -470,19 +492,14 @@ TEST(AcceptorTest, AProcessDeclaredFailedWhileItsHelloIsAcceptedIsAnswered) {
 // did not call SendMetadata", which sent the operator to sglang.
 TEST(AcceptorTest, ARequestRefusedUntilItsDeadlineNamesTheRefusal) {
   ClusterOptions o;
-  o.decode_tp = 2;
   o.tweak = [](ManagerOptions& m) { m.waiting_timeout = std::chrono::milliseconds(1500); };
-  auto c = TestCluster::Create(o);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  KVManager& prefill = *(*c)->prefill[0].manager;
-  KVManager& d1 = *(*c)->decode[1].manager;
-  const RankId declared = d1.self();
-  ManagerAccess::Of(prefill).ApplyRecordForTest(DeathDetectedBy(declared, prefill.self()), false);
-  auto rx = std::move(KVReceiver::Create(d1, 1)).value();
-  ASSERT_TRUE(rx->Init(0).ok());
-  ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kFailed; }, std::chrono::seconds(20)))
-      << KVPollName(rx->Poll());
-  const FailureRecord r = rx->Failure().value_or(FailureRecord{});
+  DeclaredHello h;
+  ASSERT_NO_FATAL_FAILURE(SayHelloDeclaredFailed(o, &h));
+  const RankId& declared = h.declared;
+  KVReceiver& rx = *h.rx;
+  ASSERT_TRUE(WaitFor([&] { return rx.Poll() == KVPoll::kFailed; }, std::chrono::seconds(20)))
+      << KVPollName(rx.Poll());
+  const FailureRecord r = rx.Failure().value_or(FailureRecord{});
   EXPECT_EQ(r.origin.role, Role::kDecode);
   EXPECT_EQ(r.origin.tp, 1);
   EXPECT_EQ(r.origin.incarnation, declared.incarnation);
@@ -497,17 +514,10 @@ TEST(AcceptorTest, ARequestRefusedUntilItsDeadlineNamesTheRefusal) {
 // the failure, tells the process itself with the refusal.
 TEST(AcceptorTest, WithSglangsServerTheRefusedProcessIsToldByTheDetector) {
   ClusterOptions o;
-  o.decode_tp = 2;
   o.sglang_server = true;
-  auto c = TestCluster::Create(o);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  KVManager& prefill = *(*c)->prefill[0].manager;
-  KVManager& d1 = *(*c)->decode[1].manager;
-  const RankId declared = d1.self();
-  ManagerAccess::Of(prefill).ApplyRecordForTest(DeathDetectedBy(declared, prefill.self()), false);
-  auto rx = std::move(KVReceiver::Create(d1, 1)).value();
-  ASSERT_TRUE(rx->Init(0).ok());  // its Hello
-  ExpectFencedThenServing(**c, *rx, declared, true);
+  DeclaredHello h;
+  ASSERT_NO_FATAL_FAILURE(SayHelloDeclaredFailed(o, &h));
+  ExpectFencedThenServing(*h.cluster, *h.rx, h.declared, true);
 }
 
 }  // namespace
