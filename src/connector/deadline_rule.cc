@@ -62,29 +62,46 @@ std::optional<DeadlineBreach> SenderDeadline(
                 fmt::format("{} within {:.1f} s", what, Seconds(timeouts.waiting)), phase);
 }
 
+namespace {
+
+// The first source whose handshake is pending, a refused one first (it
+// names this process, whichever source refused); none: all completed.
+std::optional<DeadlineBreach> PendingHandshakeBreach(
+    const ReceiverRoom& room, std::chrono::nanoseconds elapsed,
+    const std::function<std::optional<PendingHandshake>(const ReceiverSource&)>& pending) {
+  const ReceiverSource* unanswered = nullptr;
+  for (const ReceiverSource& src : room.sources) {
+    const std::optional<PendingHandshake> h = pending(src);
+    if (!h) continue;
+    if (h->refusals == 0) {
+      if (unanswered == nullptr) unanswered = &src;
+      continue;
+    }
+    return Breach(std::nullopt,
+                  fmt::format("{} refused this process's handshake {} times in {:.1f} s: {}; "
+                              "no registry told this process so, and it has not fenced "
+                              "itself: restart it",
+                              src.prefill->ShortName(), h->refusals, Seconds(elapsed),
+                              NoFinalStop(h->refusal)),
+                  Phase::kBootstrapping);
+  }
+  if (unanswered == nullptr) return std::nullopt;
+  return Breach(unanswered->prefill.get(),
+                fmt::format("handshake with {} not completed in {:.1f} s",
+                            unanswered->prefill->ShortName(), Seconds(elapsed)),
+                Phase::kBootstrapping);
+}
+
+}  // namespace
+
 std::optional<DeadlineBreach> ReceiverDeadline(
     const ReceiverRoom& room, SteadyTime now, const PhaseTimeouts& timeouts,
     const std::function<std::optional<PendingHandshake>(const ReceiverSource&)>& pending) {
   const auto elapsed = now - room.phase_since;
   if (elapsed <= timeouts.waiting) return std::nullopt;
-  if (!room.meta_given && room.poll() == KVPoll::kBootstrapping) {
-    for (const ReceiverSource& src : room.sources) {
-      const std::optional<PendingHandshake> h = pending(src);
-      if (!h) continue;
-      if (h->refusals > 0)
-        return Breach(std::nullopt,
-                      fmt::format("{} refused this process's handshake {} times in {:.1f} s: {}; "
-                                  "no registry told this process so, and it has not fenced "
-                                  "itself: restart it",
-                                  src.prefill->ShortName(), h->refusals, Seconds(elapsed),
-                                  NoFinalStop(h->refusal)),
-                      Phase::kBootstrapping);
-      return Breach(src.prefill.get(),
-                    fmt::format("handshake with {} not completed in {:.1f} s",
-                                src.prefill->ShortName(), Seconds(elapsed)),
-                    Phase::kBootstrapping);
-    }
-  }
+  // A handshake still pending holds the request whatever else it waits
+  // for (metadata given first, in kvbridge's own order, waits on it too).
+  if (auto b = PendingHandshakeBreach(room, elapsed, pending)) return b;
   if (!room.meta_given)
     return Breach(std::nullopt, "the application did not call SendMetadata",
                   Phase::kWaitingForMetadata);

@@ -51,12 +51,14 @@ struct PendingHandshake {
 };
 
 // Decode: an initialized room that has not failed or succeeded, with its
-// sources resolved. Past `waiting`, without metadata: while a source's
-// handshake is pending (`pending(source)`; sglang's decode sends metadata
-// only once the room says WaitingForInput), that handshake: refused, this
-// process itself (a record declared it failed and no registry told it);
-// unanswered, that prefill rank. Otherwise the application that did not
-// call SendMetadata. With metadata, the first source (not a dummy) whose
+// sources resolved (its time counted from then while it bootstraps). Past
+// `waiting`: while a source's handshake is pending (`pending(source)`;
+// sglang's decode sends metadata only once the room says WaitingForInput,
+// and metadata given earlier waits for the handshake too), that handshake:
+// refused by any source, this process itself (a record declared it failed
+// and no registry told it); otherwise unanswered, the first such prefill
+// rank. With every handshake done: without metadata, the application that
+// did not call SendMetadata; with it, the first source (not a dummy) whose
 // last chunk never came.
 std::optional<DeadlineBreach> ReceiverDeadline(
     const ReceiverRoom& room, SteadyTime now, const PhaseTimeouts& timeouts,

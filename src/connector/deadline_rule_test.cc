@@ -152,8 +152,9 @@ void MakeBootstrapping(ReceiverRoom& room) {
 TEST(DeadlineRuleTest, AHandshakeRefusedAsDeclaredFailedNamesThisProcessAndTheRecord) {
   ReceiverRoom room(9, 5, kT0, WallTime{});
   MakeBootstrapping(room);
+  // tp0 has not answered yet, tp1 refused: the refusal is what holds it.
   auto pending = [](const ReceiverSource& s) -> std::optional<PendingHandshake> {
-    if (s.prefill->tp != 1) return std::nullopt;
+    if (s.prefill->tp != 1) return PendingHandshake{};
     return PendingHandshake{7, "a failure record declared this process failed: room 3: exited."};
   };
   EXPECT_FALSE(ReceiverDeadline(room, kT0 + kTimeouts.waiting, kTimeouts, pending));
@@ -185,6 +186,14 @@ TEST(DeadlineRuleTest, AHandshakeNeverAnsweredNamesThatPrefillRank) {
   b = ReceiverDeadline(room, kT0 + milliseconds(30500), kTimeouts, Done);
   ASSERT_TRUE(b);
   EXPECT_EQ(b->detail, "the application did not call SendMetadata");
+  // Metadata given before the handshake (kvbridge's own order: the room
+  // says WaitingForInput, its metadata held): still the handshake, not
+  // "no chunk from" a rank that was never reached.
+  room.meta_given = true;
+  room.state = static_cast<int>(KVPoll::kWaitingForInput);
+  b = ReceiverDeadline(room, kT0 + milliseconds(30500), kTimeouts, pending);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->detail, "handshake with prefill tp1 not completed in 30.5 s");
 }
 
 }  // namespace

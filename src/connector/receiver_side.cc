@@ -271,6 +271,10 @@ void ManagerImpl::AdoptSourcesLocked(ReceiverRoom& room, std::vector<ReceiverSou
   room.sources = std::move(sources);
   room.resolved = true;
   room.last_resolve_error.reset();
+  // The handshakes (and the waiting deadline that names them) start now,
+  // not at Init: a prefill instance that completed late is not blamed for
+  // the time before it could be asked.
+  if (room.poll() == KVPoll::kBootstrapping) room.phase_since = Now();
   if (room.meta) {
     SendMetaLocked(room, out);
   } else {
