@@ -240,16 +240,18 @@ class HeldProofs : public ForwardingTransport {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_for(lock, timeout, [&] { return !held_.empty(); });
   }
-  void Release() {
+  // Whether every kept message was sent: best effort, as the kept
+  // message's own send was (decode may have let that endpoint go meanwhile).
+  bool Release() {
     std::vector<std::pair<PeerId, std::string>> held;
     {
       std::lock_guard<std::mutex> lock(mu_);
       held.swap(held_);
     }
-    // Best effort, as the kept message's own send was: decode may have let
-    // that endpoint go meanwhile.
+    bool sent = true;
     for (auto& [peer, payload] : held)
-      ForwardingTransport::SendMessage(peer, std::move(payload)).IgnoreError();
+      sent = ForwardingTransport::SendMessage(peer, std::move(payload)).ok() && sent;
+    return sent;
   }
 
  private:
@@ -310,12 +312,15 @@ TEST(AcceptorTest, AnEndpointThatFailsBeforeItsHelloIsProvenIsForgotten) {
   EXPECT_TRUE(connects->WaitForDisconnected(back[0], std::chrono::seconds(10)))
       << "prefill kept the endpoint its transport reported failed";
   const uint64_t dropped = prefill.Stats().unauthenticated_messages_dropped;
-  proofs->Release();
   // Barrier: prefill took the released proof and answered nothing (it
-  // answers no challenge that is still open).
-  EXPECT_TRUE(WaitFor([&] { return prefill.Stats().unauthenticated_messages_dropped > dropped; },
-                      std::chrono::seconds(10)))
-      << "the proof of the forgotten Hello never reached prefill, or was taken";
+  // answers no challenge that is still open). Under load decode may have
+  // sent its Hello again and let that endpoint go first: then no proof
+  // leaves, and the checks below stand alone.
+  if (proofs->Release()) {
+    EXPECT_TRUE(WaitFor([&] { return prefill.Stats().unauthenticated_messages_dropped > dropped; },
+                        std::chrono::seconds(10)))
+        << "the proof of the forgotten Hello never reached prefill, or was taken";
+  }
   ASSERT_TRUE(
       WaitFor([&] { return rx->Poll() == KVPoll::kWaitingForInput; }, std::chrono::seconds(20)))
       << KVPollName(rx->Poll()) << " " << rx->Failure().value_or(FailureRecord{}).Message();
