@@ -31,6 +31,7 @@ import re
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -438,6 +439,9 @@ def _norm_addr(addr: str) -> str:
 
 # sglang's defaults for its two phase timeouts (its environ.py: both 300 s).
 _SGLANG_PHASE_TIMEOUT_S = 300
+# The largest such value taken (about 115 days): far beyond any deadline
+# meant, and far below what overflows a deadline in nanoseconds.
+_MAX_SGLANG_INT = 10_000_000
 
 
 def _env_seconds_or(name: str, default: int) -> int:
@@ -454,6 +458,9 @@ def _env_seconds_or(name: str, default: int) -> int:
     if value <= 0:
         log.warning("%s=%r is not a positive whole number: using %d", name, raw[:40], default)
         return default
+    if value > _MAX_SGLANG_INT:
+        log.warning("%s=%d is above %d: using %d", name, value, _MAX_SGLANG_INT, _MAX_SGLANG_INT)
+        return _MAX_SGLANG_INT
     return value
 
 
@@ -559,6 +566,12 @@ class KVBridgeKVManager(BaseKVManager):
         self._core: Optional[_Manager] = None
         self._recompute_pool: Any = None  # made at the first retraction
         self._query_pool: Any = None  # made at the first submit_dp_rank_query
+        self._closed = False
+        # Rooms by id, for sglang's record_failure/update_status (kept only
+        # while sglang holds the sender or receiver), and reasons recorded
+        # for rooms not (yet) failed by update_status, at most 4096.
+        self._rooms: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        self._recorded: Dict[int, str] = {}
         self._recompute_lock = threading.Lock()
         if self._mode == "prefill":
             self.register_to_bootstrap()
@@ -610,6 +623,24 @@ class KVBridgeKVManager(BaseKVManager):
         PENDING, as it is done when this returns)."""
         return _info_state(self._ensure_parallel_info(bootstrap_addr))
 
+    def record_failure(self, bootstrap_room: int, failure_reason: str) -> None:
+        """sglang's CommonKVManager.record_failure, which some of its
+        versions call on their own error paths before update_status."""
+        if len(self._recorded) >= 4096 and bootstrap_room not in self._recorded:
+            self._recorded.pop(next(iter(self._recorded)))
+        self._recorded[bootstrap_room] = str(failure_reason)
+
+    def update_status(self, bootstrap_room: int, status: Any) -> None:
+        """sglang's CommonKVManager.update_status as its error paths use it:
+        Failed fails that room (the reason record_failure gave, else the
+        scheduler's); other states are kvbridge's own to set, not taken."""
+        if status != KVPoll.Failed:
+            return
+        reason = self._recorded.pop(bootstrap_room, "the scheduler marked the request failed")
+        room = self._rooms.get(bootstrap_room)
+        if room is not None:
+            room._fail_for_scheduler(reason)
+
     def supports_dspark_hidden_streaming(self) -> bool:
         """DSpark hidden-state streaming: not carried by kvbridge."""
         return False
@@ -631,14 +662,17 @@ class KVBridgeKVManager(BaseKVManager):
         thread; a concurrent.futures.Future of {str(room): dp rank} (rooms
         not registered yet are absent; {} when the registry cannot be asked,
         logged)."""
+        import concurrent.futures
         with self._recompute_lock:
+            if self._closed:  # an answer, never an exception in sglang's loop
+                done: Any = concurrent.futures.Future()
+                done.set_result({})
+                return done
             if self._query_pool is None:
-                import concurrent.futures
                 self._query_pool = concurrent.futures.ThreadPoolExecutor(
                     max_workers=2, thread_name_prefix="kvbridge-dp-rank-query")
-            pool = self._query_pool
-        return pool.submit(KVBridgeKVReceiver.query_prefill_dp_ranks, bootstrap_addr,
-                           list(bootstrap_rooms))
+            return self._query_pool.submit(KVBridgeKVReceiver.query_prefill_dp_ranks,
+                                           bootstrap_addr, list(bootstrap_rooms))
 
     def _ensure_parallel_info(self, bootstrap_addr: str) -> bool:
         if bootstrap_addr in self.prefill_info_table:
@@ -675,8 +709,14 @@ class KVBridgeKVManager(BaseKVManager):
                 self._refusals[addr] = (time.monotonic(), e)
                 return False
             self._refusals.pop(addr, None)
-            self._cores[addr] = _Manager(args, self._mode, self._config(addr),
-                                         self.is_mla_backend)
+            try:
+                self._cores[addr] = _Manager(args, self._mode, self._config(addr),
+                                             self.is_mla_backend)
+            except kvbridge.KVTransferError as e:  # logged, never into sglang's loop
+                # As a refusal: its receivers fail with it (core()).
+                log.error("prefill at %s: no kvbridge manager for it: %s", bootstrap_addr, e)
+                self._refusals[addr] = (time.monotonic(), e)
+                return False
         self.prefill_info_table[bootstrap_addr] = PrefillServerInfo(
             attn_tp_size=info["attn_tp_size"], attn_cp_size=info["attn_cp_size"] or 1,
             dp_size=info["dp_size"], pp_size=info["pp_size"], page_size=page_size,
@@ -711,8 +751,10 @@ class KVBridgeKVManager(BaseKVManager):
             return self._core  # type: ignore[return-value]
         addr = _norm_addr(bootstrap_addr or "")
         if addr not in self._cores and not self._ensure_parallel_info(bootstrap_addr or ""):
-            if addr in self._refusals:
-                raise self._refusals[addr][1]
+            refused = self._refusals.get(addr)
+            if refused is not None and time.monotonic() - refused[0] < _REFUSAL_RECHECK_S:
+                e = refused[1]  # a new one each time: no traceback kept across requests
+                raise type(e)(e.bootstrap_room, e.failure_reason, record=e.record)
             raise kvbridge.UnavailableError(
                 None, f"prefill instance at {bootstrap_addr} not reachable or not fully "
                 f"registered yet")
@@ -753,7 +795,7 @@ class KVBridgeKVManager(BaseKVManager):
         import urllib.error
         import urllib.request
         rid = payload.get("rid")
-        timeout = float(os.environ.get("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "300") or 300)
+        timeout = float(_env_seconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT"))
         req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
         try:
@@ -775,6 +817,8 @@ class KVBridgeKVManager(BaseKVManager):
             kv_receiver.abort()
 
     def close(self) -> None:
+        with self._recompute_lock:
+            self._closed = True
         for pool in (self._recompute_pool, self._query_pool):
             if pool is not None:
                 pool.shutdown(wait=False)
@@ -785,9 +829,16 @@ class KVBridgeKVManager(BaseKVManager):
 
 def _info_state(known: bool) -> Any:
     """try_ensure_parallel_info's answer in the form the sglang present
-    takes: its ParallelInfoState where it has one, else a bool."""
+    takes: its ParallelInfoState where it has one, else a bool. Looked up
+    again while not found (an import that failed once, e.g. while sglang
+    was still importing, must not leave a newer sglang with bools)."""
+    global ParallelInfoState
     if ParallelInfoState is None:
-        return known
+        try:
+            from sglang.srt.disaggregation.common.conn import ParallelInfoState as found
+            ParallelInfoState = found  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 -- older sglang, or none
+            return known
     return ParallelInfoState.READY if known else ParallelInfoState.FAILED
 
 
@@ -840,6 +891,7 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
         self._states = 0
         self._s = _Sender(mgr.core(), bootstrap_addr, bootstrap_room, dest_tp_ranks, pp_rank)
         self.poll = self._s.poll  # the C++ method itself: no Python frame per poll
+        mgr._rooms[bootstrap_room] = self
         self._route_dp_rank(req_has_disagg_prefill_dp_rank)
 
     def _route_dp_rank(self, req_has_disagg_prefill_dp_rank: bool) -> None:
@@ -877,10 +929,17 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
     @conclude_state.setter
     def conclude_state(self, state: Any) -> None:
         # Some sglang versions set it on their own error paths (as on their
-        # common sender, where it is a plain attribute): Failed fails the
-        # room, so poll() and the other ranks agree; nothing else is taken.
-        if state == KVPoll.Failed:
-            self.abort()
+        # common sender, where it is a plain attribute): Failed fails a room
+        # not yet concluded, so poll() and the other ranks agree; a room
+        # already concluded keeps its state and record; nothing else is taken.
+        if state == KVPoll.Failed and self.conclude_state is None:
+            self._s.reject("the scheduler set conclude_state to Failed")
+
+    def _fail_for_scheduler(self, reason: str) -> None:
+        """KVManager.update_status(room, Failed): fails this room, unless
+        concluded, with the scheduler's reason."""
+        if self.conclude_state is None:
+            self._s.reject(reason)
 
     def pop_decode_prefix_len(self) -> int:
         """Tokens decode already holds; valid once poll() said WaitingForInput."""
@@ -985,6 +1044,8 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
         self.kv_mgr = mgr
         self.bootstrap_addr = bootstrap_addr
         self.bootstrap_room = bootstrap_room
+        if bootstrap_room is not None:
+            mgr._rooms[bootstrap_room] = self
         self.require_staging = False
         # sglang's deferred release holds pages only for a receiver that told
         # prefill of its abort; kvbridge's Failed already means quiesced.
@@ -1002,8 +1063,13 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
 
     @conclude_state.setter
     def conclude_state(self, state: Any) -> None:
-        if state == KVPoll.Failed:  # as the sender's setter
+        if state == KVPoll.Failed and self.conclude_state is None:  # as the sender's setter
             self.fail("the scheduler set conclude_state to Failed")
+
+    def _fail_for_scheduler(self, reason: str) -> None:
+        """KVManager.update_status(room, Failed): see the sender's."""
+        if self.conclude_state is None:
+            self.fail(reason)
 
     def _fail_early(self, reason: str) -> None:
         if self._early is None:
@@ -1018,7 +1084,7 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
         try:
             return dict(_kvbridge.query_dp_ranks(_norm_addr(bootstrap_addr),
                                                  [int(r) for r in bootstrap_rooms]))
-        except kvbridge.KVTransferError as e:
+        except Exception as e:  # noqa: BLE001 -- as sglang's: never into its loop
             log.error("querying prefill dp ranks from %s failed: %s", bootstrap_addr, e)
             return {}
 

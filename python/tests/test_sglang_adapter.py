@@ -183,7 +183,8 @@ def test_a_decode_waits_as_long_as_sglangs_waiting_timeout_says(bootstrap, monke
             dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE,
                                       server_args_for(bootstrap, http_port), False)
             managers.append(dm)
-            assert dm.try_ensure_parallel_info(bootstrap)  # its manager, with its timeouts
+            dm.try_ensure_parallel_info(bootstrap)  # its manager, with its timeouts
+            assert dm.has_parallel_info(bootstrap)
             recv = ks.KVBridgeKVReceiver(dm, bootstrap, 500 + http_port)
             recv.init(0)
             receivers.append(recv)
@@ -271,11 +272,24 @@ def test_calls_of_sglang_versions_with_dspark_are_answered(bootstrap):
         spec.send_metadata(np.array([5], np.int32), 2, None, 0, spec_metadata={"hidden": 1})
         wait_for("the refused request", lambda: spec.poll() == KVPoll.Failed)
         assert "DSpark" in str(spec.failure()), spec.failure()
-        # The scheduler's own verdict, set as an attribute.
+        # The scheduler's own verdict, set as an attribute: it fails a room
+        # not yet concluded; a concluded one keeps its state and record.
         doomed = ks.KVBridgeKVSender(pm, bootstrap, 7, [0], 0)
         doomed.conclude_state = KVPoll.Failed
         assert doomed.poll() == KVPoll.Failed and doomed.conclude_state == KVPoll.Failed
-        for x in (send, recv, spec, doomed):
+        send.conclude_state = KVPoll.Failed
+        recv.conclude_state = KVPoll.Failed
+        assert send.poll() == KVPoll.Success and recv.poll() == KVPoll.Success
+        spec.conclude_state = KVPoll.Failed
+        assert "DSpark" in str(spec.failure()), spec.failure()
+        # Its error path's record_failure then update_status(room, Failed).
+        marked = ks.KVBridgeKVSender(pm, bootstrap, 8, [0], 0)
+        pm.record_failure(8, "DSpark hidden-state bootstrap failed")
+        pm.update_status(8, KVPoll.Failed)
+        assert marked.poll() == KVPoll.Failed
+        assert "DSpark hidden-state bootstrap failed" in str(marked.failure()), marked.failure()
+        pm.update_status(9, KVPoll.Failed)  # a room it holds no sender for: nothing
+        for x in (send, recv, spec, doomed, marked):
             x.clear()
     finally:
         dm.close()
