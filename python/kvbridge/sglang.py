@@ -674,12 +674,19 @@ class KVBridgeKVManager(BaseKVManager):
             return self._query_pool.submit(KVBridgeKVReceiver.query_prefill_dp_ranks,
                                            bootstrap_addr, list(bootstrap_rooms))
 
+    def _fresh_refusal(self, addr: str) -> Optional[kvbridge.KVTransferError]:
+        """Why the prefill instance at `addr` was refused, while that is
+        under _REFUSAL_RECHECK_S old; None otherwise."""
+        refused = self._refusals.get(addr)
+        if refused is None or time.monotonic() - refused[0] >= _REFUSAL_RECHECK_S:
+            return None
+        return refused[1]
+
     def _ensure_parallel_info(self, bootstrap_addr: str) -> bool:
         if bootstrap_addr in self.prefill_info_table:
             return True
         addr = _norm_addr(bootstrap_addr)
-        refused = self._refusals.get(addr)
-        if refused is not None and time.monotonic() - refused[0] < _REFUSAL_RECHECK_S:
+        if self._fresh_refusal(addr) is not None:
             return False
         try:
             info = _kvbridge.prefill_info(addr, 5.0)
@@ -751,9 +758,8 @@ class KVBridgeKVManager(BaseKVManager):
             return self._core  # type: ignore[return-value]
         addr = _norm_addr(bootstrap_addr or "")
         if addr not in self._cores and not self._ensure_parallel_info(bootstrap_addr or ""):
-            refused = self._refusals.get(addr)
-            if refused is not None and time.monotonic() - refused[0] < _REFUSAL_RECHECK_S:
-                e = refused[1]  # a new one each time: no traceback kept across requests
+            e = self._fresh_refusal(addr)
+            if e is not None:  # a new one each time: no traceback kept across requests
                 raise type(e)(e.bootstrap_room, e.failure_reason, record=e.record)
             raise kvbridge.UnavailableError(
                 None, f"prefill instance at {bootstrap_addr} not reachable or not fully "
@@ -932,12 +938,12 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
         # common sender, where it is a plain attribute): Failed fails a room
         # not yet concluded, so poll() and the other ranks agree; a room
         # already concluded keeps its state and record; nothing else is taken.
-        if state == KVPoll.Failed and self.conclude_state is None:
-            self._s.reject("the scheduler set conclude_state to Failed")
+        if state == KVPoll.Failed:
+            self._fail_for_scheduler("the scheduler set conclude_state to Failed")
 
     def _fail_for_scheduler(self, reason: str) -> None:
-        """KVManager.update_status(room, Failed): fails this room, unless
-        concluded, with the scheduler's reason."""
+        """conclude_state = Failed, or KVManager.update_status(room, Failed):
+        fails this room, unless concluded, with the scheduler's reason."""
         if self.conclude_state is None:
             self._s.reject(reason)
 
@@ -1063,8 +1069,8 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
 
     @conclude_state.setter
     def conclude_state(self, state: Any) -> None:
-        if state == KVPoll.Failed and self.conclude_state is None:  # as the sender's setter
-            self.fail("the scheduler set conclude_state to Failed")
+        if state == KVPoll.Failed:  # as the sender's setter
+            self._fail_for_scheduler("the scheduler set conclude_state to Failed")
 
     def _fail_for_scheduler(self, reason: str) -> None:
         """KVManager.update_status(room, Failed): see the sender's."""

@@ -160,10 +160,9 @@ Result<std::vector<uint32_t>> PairKvBuffers(const RankLayout& prefill, const Ran
   if (p_ids && d_ids) return PairByLayerId(prefill, decode);
   auto pairs = PairByRange(prefill, decode);
   if (p_ids == d_ids) return pairs;
-  const std::string context = fmt::format(
-      "kv_layer_ids given by {} only, so buffers pair by "
-      "layer range",
-      p_ids ? "prefill" : "decode");
+  const std::string context =
+      fmt::format("kv_layer_ids given by {} only, so buffers pair by layer range",
+                  p_ids ? "prefill" : "decode");
   if (!pairs.ok()) return pairs.status().WithContext(context);
   Status follows =
       p_ids ? CheckIdsFollowRange(prefill, "prefill") : CheckIdsFollowRange(decode, "decode");
