@@ -158,9 +158,13 @@ def test_phase_timeouts_are_sglangs(monkeypatch):
     # Prefill's sender waits for decode's metadata under sglang's bootstrap timeout.
     assert ks.phase_timeouts("prefill") == (120.0, 120.0)
     assert ks.phase_timeouts("decode") == (120.0, 45.0)
-    for bad in ("0", "-5", "ten", "1.5"):  # never 0 (no deadline) or a typo taken at its word
+    for bad in ("0", "-5", "ten", "1.5", "9" * 5000):  # never 0, never a typo at its word
         monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", bad)
-        assert ks.phase_timeouts("decode") == (120.0, 300.0), bad
+        assert ks.phase_timeouts("decode") == (120.0, 300.0), bad[:20]
+    # "Off" spelt as a huge number: capped far below what overflows a
+    # deadline in nanoseconds.
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "99999999999")
+    assert ks.phase_timeouts("decode") == (120.0, 10_000_000.0)
 
 
 def test_a_decode_waits_as_long_as_sglangs_waiting_timeout_says(bootstrap, monkeypatch):
@@ -289,6 +293,10 @@ def test_calls_of_sglang_versions_with_dspark_are_answered(bootstrap):
         assert marked.poll() == KVPoll.Failed
         assert "DSpark hidden-state bootstrap failed" in str(marked.failure()), marked.failure()
         pm.update_status(9, KVPoll.Failed)  # a room it holds no sender for: nothing
+        # A flood of reasons for rooms never failed stays bounded.
+        for room in range(100_000, 110_000):
+            pm.record_failure(room, "x" * 64)
+        assert len(pm._recorded) <= 4096
         for x in (send, recv, spec, doomed, marked):
             x.clear()
     finally:
