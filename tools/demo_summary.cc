@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <set>
 
@@ -58,6 +59,28 @@ bool Unattributed(const json& failure) {
 
 }  // namespace
 
+// What a process's log says about how it ended (demo_summary.h).
+std::string LogExcerpt(const std::string& log_dir, const std::string& process) {
+  std::string name = process;
+  std::replace(name.begin(), name.end(), ' ', '-');
+  std::ifstream in(log_dir + "/" + name + ".log");
+  std::vector<std::string> lines;
+  std::string line;
+  std::optional<size_t> report;  // where a sanitizer's report starts
+  while (std::getline(in, line)) {
+    if (!report && (line.find("Sanitizer") != std::string::npos ||
+                    line.find("runtime error:") != std::string::npos))
+      report = lines.size();
+    lines.push_back(std::move(line));
+  }
+  const size_t first = report ? *report : lines.size() - std::min<size_t>(lines.size(), 3);
+  const size_t last = report ? std::min(lines.size(), *report + 20) : lines.size();
+  std::string out;
+  for (size_t i = first; i < last; ++i) out += (out.empty() ? "" : " | ") + lines[i];
+  if (out.size() > 3000) out = out.substr(0, 3000) + "...";
+  return out;
+}
+
 std::string DescribeLayout(const DemoFlags& f, const std::string& log_dir) {
   std::string model =
       f.mla ? fmt::format("MLA, {} layers x {} dim", f.layers, f.head_dim)
@@ -97,8 +120,11 @@ json Summarize(const Cluster& c, const DemoRun& run) {
     ranks.push_back(
         {{"name", p.name}, {"pid", p.pid}, {"exit", p.exit.ToString()}, {"victim", is_victim}});
     if (p.role == Role::kBootstrap) {
-      if (!is_victim && p.exit.reaped && !(p.exit.exited && p.exit.code == 0))
-        problems.push_back(p.name + " ended with " + p.exit.ToString());
+      if (!is_victim && p.exit.reaped && !(p.exit.exited && p.exit.code == 0)) {
+        const std::string said = LogExcerpt(run.log_dir, p.name);
+        problems.push_back(p.name + " ended with " + p.exit.ToString() +
+                           (said.empty() ? "" : "; its log ends: " + said));
+      }
       continue;
     }
     if (!p.report) {
@@ -133,8 +159,11 @@ json Summarize(const Cluster& c, const DemoRun& run) {
     if (r["stats_after"].value("rooms_live", 0) != 0)
       problems.push_back(fmt::format("{}: {} rooms still live after release", p.name,
                                      r["stats_after"].value("rooms_live", 0)));
-    if (!is_victim && p.exit.reaped && !(p.exit.exited && p.exit.code == 0))
-      problems.push_back(p.name + " ended with " + p.exit.ToString());
+    if (!is_victim && p.exit.reaped && !(p.exit.exited && p.exit.code == 0)) {
+      const std::string said = LogExcerpt(run.log_dir, p.name);
+      problems.push_back(p.name + " ended with " + p.exit.ToString() +
+                         (said.empty() ? "" : "; its log ends: " + said));
+    }
 
     // This rank's failures: the first one naming the victim (else the first).
     const json* shown = nullptr;

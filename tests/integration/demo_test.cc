@@ -5,11 +5,15 @@
 // The runs use a reduced layout (4 layers, 64-dim heads) to stay short; the
 // process layout (bootstrap + prefill tp 2 + decode tp 2) is the demo's.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "tests/integration/subprocess_util.h"
+#include "tools/demo_summary.h"
 
 namespace {
 
@@ -139,6 +143,34 @@ INSTANTIATE_TEST_SUITE_P(
         FaultCase{"kill_bootstrap", "kill-bootstrap@10", "bootstrap", "registry_lost"},
         FaultCase{"oom", "oom@10", "prefill tp1", "local_error"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// A rank that ends badly is quoted in the summary's problems: a CI log keeps
+// that line, and a sanitizer's report there names the defect (its first
+// lines: the kind and the stack), where the log's last line would only
+// count leaked bytes.
+TEST(DemoSummary, AnAbnormalEndQuotesTheSanitizersReportOrTheLogsLastLines) {
+  char tmpl[] = "/tmp/kvb-excerpt-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  {
+    std::ofstream log(dir + "/decode-tp1.log");
+    log << "I room 1 done\n==7==ERROR: LeakSanitizer: detected memory leaks\n\n"
+        << "Direct leak of 48 byte(s) in 1 object(s) allocated from:\n";
+    for (int i = 0; i < 30; ++i) log << "    #" << i << " frame" << i << "\n";
+    log << "SUMMARY: AddressSanitizer: 48 byte(s) leaked in 1 allocation(s).\n";
+    std::ofstream other(dir + "/prefill-tp0.log");
+    other << "one\ntwo\nthree\nfour\n";
+  }
+  const std::string leak = kvbridge::tools::LogExcerpt(dir, "decode tp1");
+  EXPECT_EQ(leak.find("I room 1"), std::string::npos) << leak;
+  EXPECT_EQ(leak.rfind("==7==ERROR: LeakSanitizer: detected memory leaks | ", 0), 0u) << leak;
+  EXPECT_NE(leak.find("#0 frame0"), std::string::npos) << leak;
+  EXPECT_NE(leak.find("#16 frame16"), std::string::npos) << leak;
+  EXPECT_EQ(leak.find("#17 frame17"), std::string::npos) << "20 lines from the report: " << leak;
+  EXPECT_EQ(kvbridge::tools::LogExcerpt(dir, "prefill tp0"), "two | three | four");
+  EXPECT_EQ(kvbridge::tools::LogExcerpt(dir, "decode tp0"), "") << "no log: nothing quoted";
+  std::filesystem::remove_all(dir);
+}
 
 TEST(Demo, BadFaultIsAUsageError) {
   CommandOutput r =
