@@ -465,7 +465,11 @@ void UcxTransport::MarkPeerFailed(Peer* peer, const Status& why) {
     handler = failure_handler_;
     self = FindPeerLocked(peer->id);
   }
-  KVB_LOG_ERROR("ucx transport {}: {}", options_.name, why.ToString());
+  KVB_LOG_ERROR("ucx transport {}: {} (peer id {}, opened {} ms before)", options_.name,
+                why.ToString(), peer->id,
+                std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::steady_clock::now() - peer->opened)
+                    .count());
   peer->messages.clear();
   // Closing from inside a UCX callback is not allowed: defer; the force
   // close makes UCX complete every outstanding request of the endpoint.

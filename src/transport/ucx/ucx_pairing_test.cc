@@ -4,6 +4,7 @@
 // its next write got no ACK, ever (UcxTransport::LingerOrClose).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <vector>
@@ -68,6 +69,82 @@ TEST(UcxPairingTest, ClosingOurEndpointLeavesThePeersEndpointToUsWorking) {
   // barrier ThreadSanitizer sees (the ACK travels through the kernel).
   static_cast<UcxTransport&>(*target).Stats();
   EXPECT_EQ(dst[0], 7);
+}
+
+// The same with no other endpoint to keep ours lingering: closed for real,
+// it still leaves the writer's endpoint alone (out_worker_ makes ours, so
+// UCX never paired the two).
+TEST(UcxPairingTest, ClosingOurLastEndpointLeavesThePeersEndpointToUsWorking) {
+  auto target = Make("target");
+  auto writer = Make("writer");
+  ASSERT_TRUE(target && writer);
+  testing::Gate hello;
+  writer->SetMessageHandler([&](std::string_view) { hello.Open(); });
+  std::vector<uint8_t> src(1 << 16, 7), dst(1 << 16, 0);
+  auto s = writer->RegisterMemory(src.data(), src.size(), MemoryKind::kDram);
+  auto d = target->RegisterMemory(dst.data(), dst.size(), MemoryKind::kDram);
+  ASSERT_TRUE(s.ok() && d.ok());
+  auto to_writer = target->Connect(writer->Address());
+  ASSERT_TRUE(to_writer.ok()) << to_writer.status().ToString();
+  ASSERT_TRUE(target->SendMessage(*to_writer, "hello").ok());
+  hello.Wait();
+  auto to_target = writer->Connect(target->Address());
+  ASSERT_TRUE(to_target.ok()) << to_target.status().ToString();
+  auto remote = writer->ImportRegion(*to_target, d->remote_key);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  ASSERT_TRUE(WriteAcked(*writer, *to_target, s->id, *remote, 10s)) << "before any close";
+  target->Disconnect(*to_writer);
+  EXPECT_EQ(static_cast<UcxTransport&>(*target).Stats().lingering, 0u) << "closed, not lingering";
+  EXPECT_TRUE(WriteAcked(*writer, *to_target, s->id, *remote, 10s))
+      << "the writer's endpoint died with the target's closed one";
+  static_cast<UcxTransport&>(*target).Stats();
+  EXPECT_EQ(dst[0], 7);
+}
+
+// What broke a healed partition: the two sides had made different numbers
+// of endpoints to each other (prefill answered a Hello sent twice), so the
+// target's extra one had no partner yet; it was closed, and the writer's
+// next endpoint, which UCX paired with it by sequence number, died with it
+// ("Connection reset by remote peer"). Endpoints made after any such close
+// must work.
+TEST(UcxPairingTest, AnEndpointMadeAfterThePeerClosedAnUnpairedOneWorks) {
+  auto target = Make("target");
+  auto writer = Make("writer");
+  ASSERT_TRUE(target && writer);
+  std::atomic<int> writer_failures{0};
+  writer->SetPeerFailureHandler([&](PeerId, const Status&) { ++writer_failures; });
+  testing::Gate hello;
+  writer->SetMessageHandler([&](std::string_view) { hello.Open(); });
+  std::vector<uint8_t> src(1 << 16, 7), dst(1 << 16, 0);
+  auto s = writer->RegisterMemory(src.data(), src.size(), MemoryKind::kDram);
+  auto d = target->RegisterMemory(dst.data(), dst.size(), MemoryKind::kDram);
+  ASSERT_TRUE(s.ok() && d.ok());
+  // The target makes two endpoints to the writer, the writer one back.
+  auto first = target->Connect(writer->Address());
+  auto extra = target->Connect(writer->Address());
+  ASSERT_TRUE(first.ok() && extra.ok());
+  ASSERT_TRUE(target->SendMessage(*extra, "hello").ok());
+  hello.Wait();
+  auto old_to_target = writer->Connect(target->Address());
+  ASSERT_TRUE(old_to_target.ok());
+  // Every endpoint of the target's goes (the last one closes them all).
+  target->Disconnect(*first);
+  target->Disconnect(*extra);
+  writer->Disconnect(*old_to_target);
+  EXPECT_EQ(static_cast<UcxTransport&>(*target).Stats().lingering, 0u);
+  // The writer's next endpoint: the second it made to the target.
+  auto to_target = writer->Connect(target->Address());
+  ASSERT_TRUE(to_target.ok()) << to_target.status().ToString();
+  auto remote = writer->ImportRegion(*to_target, d->remote_key);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  for (int i = 0; i < 20; ++i)
+    ASSERT_TRUE(WriteAcked(*writer, *to_target, s->id, *remote, 10s)) << "write " << i;
+  static_cast<UcxTransport&>(*target).Stats();
+  EXPECT_EQ(dst[0], 7);
+  // The writer's progress thread has run every failure callback of its
+  // endpoints posted before this call returns.
+  static_cast<UcxTransport&>(*writer).Stats();
+  EXPECT_EQ(writer_failures.load(), 0) << "an endpoint of the writer's failed";
 }
 
 // What lingers is bounded per process, and goes with the last endpoint.

@@ -95,11 +95,15 @@ Status UcxTransport::Init() {
 
   KVB_ASSIGN_OR_RETURN(worker_, CreateWorker(context_.get(), &worker_efd_));
   KVB_ASSIGN_OR_RETURN(net_worker_, CreateWorker(context_.get(), &net_worker_efd_));
+  KVB_ASSIGN_OR_RETURN(out_worker_, CreateWorker(context_.get(), &out_worker_efd_));
   const char* gather = std::getenv("KVBRIDGE_UCX_GATHER");
   if (options_.gather_bytes > 0 && !(gather != nullptr && std::string_view(gather) == "0"))
     max_gather_pieces_ =
-        std::min(MaxGatherPieces(worker_.get()), MaxGatherPieces(net_worker_.get()));
-  for (ucp_worker_h w : {worker_.get(), net_worker_.get()}) {
+        std::min({MaxGatherPieces(worker_.get()), MaxGatherPieces(net_worker_.get()),
+                  MaxGatherPieces(out_worker_.get())});
+  // Data and messages arrive on the two workers peers connect to; ACKs come
+  // back on out_worker_ (a target replies on the endpoint data came from).
+  for (ucp_worker_h w : {worker_.get(), net_worker_.get(), out_worker_.get()}) {
     KVB_RETURN_IF_ERROR(SetAmHandler(w, kAmData, DataAmCallback, this));
     KVB_RETURN_IF_ERROR(SetAmHandler(w, kAmMessage, MessageAmCallback, this));
     KVB_RETURN_IF_ERROR(SetAmHandler(w, kAmAck, AckAmCallback, this));
@@ -129,8 +133,7 @@ Status UcxTransport::Init() {
     writer_threads_.emplace_back([this] { WriterLoop(); });
   KVB_LOG_INFO("ucx transport {}: up (tls={}, same_host_paths={}, keepalive={}ms, wakeup={})",
                options_.name, options_.tls.empty() ? "default" : options_.tls,
-               options_.same_host_paths, options_.keepalive_interval.count(),
-               worker_efd_ >= 0 && net_worker_efd_ >= 0);
+               options_.same_host_paths, options_.keepalive_interval.count(), Wakeup());
   return Status::Ok();
 }
 
@@ -169,6 +172,7 @@ UcxTransport::~UcxTransport() {
     std::lock_guard<std::mutex> lock(mu_);
     regions_.clear();  // ucp_mem_unmap before the context goes
   }
+  out_worker_.reset();
   net_worker_.reset();
   worker_.reset();
   context_.reset();
@@ -228,7 +232,7 @@ void UcxTransport::ProgressLoop() {
     const Clock::time_point now = Clock::now();
     {
       StepWatch::Scope step(step_, "UCX progress (taking arriving data and acks)", now);
-      for (ucp_worker_h w : {worker_.get(), net_worker_.get()}) {
+      for (ucp_worker_h w : {worker_.get(), net_worker_.get(), out_worker_.get()}) {
         progressing_ = w;
         did |= ucp_worker_progress(w) != 0;
       }
@@ -247,16 +251,20 @@ void UcxTransport::ProgressLoop() {
       continue;
     }
     if (did) continue;
-    const bool wakeup = worker_efd_ >= 0 && net_worker_efd_ >= 0;
+    const bool wakeup = Wakeup();
     if (wakeup && (ucp_worker_arm(worker_.get()) == UCS_ERR_BUSY ||
-                   ucp_worker_arm(net_worker_.get()) == UCS_ERR_BUSY))
+                   ucp_worker_arm(net_worker_.get()) == UCS_ERR_BUSY ||
+                   ucp_worker_arm(out_worker_.get()) == UCS_ERR_BUSY))
       continue;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!commands_.empty()) continue;
     }
-    pollfd fds[3] = {{wake_fd_, POLLIN, 0}, {worker_efd_, POLLIN, 0}, {net_worker_efd_, POLLIN, 0}};
-    poll(fds, wakeup ? 3 : 1, wakeup ? idle_ms : 1);
+    pollfd fds[4] = {{wake_fd_, POLLIN, 0},
+                     {worker_efd_, POLLIN, 0},
+                     {net_worker_efd_, POLLIN, 0},
+                     {out_worker_efd_, POLLIN, 0}};
+    poll(fds, wakeup ? 4 : 1, wakeup ? idle_ms : 1);
     uint64_t drained;
     [[maybe_unused]] ssize_t n = read(wake_fd_, &drained, sizeof(drained));
   }
@@ -402,6 +410,7 @@ Result<PeerId> UcxTransport::ConnectTo(std::string_view peer_address, bool netwo
   peer->host = blob.host;
   peer->name = "host " + blob.host.host + " pid " + std::to_string(blob.host.pid);
   peer->transport = this;
+  peer->opened = std::chrono::steady_clock::now();
   Status st;
   RunSync([&] {
     ucp_ep_params_t ep{};
@@ -414,14 +423,14 @@ Result<PeerId> UcxTransport::ConnectTo(std::string_view peer_address, bool netwo
     ucs_status_t s = UCS_ERR_UNREACHABLE;
     if (network_only && !blob.network_address.empty()) {
       ep.address = reinterpret_cast<const ucp_address_t*>(blob.network_address.data());
-      s = ucp_ep_create(net_worker_.get(), &ep, &handle);
+      s = ucp_ep_create(out_worker_.get(), &ep, &handle);
       if (s != UCS_OK)
         KVB_LOG_WARN("ucx transport {}: no network endpoint to {} ({}); connecting as usual",
                      options_.name, peer->name, ucs_status_string(s));
     }
     if (s != UCS_OK) {
       ep.address = reinterpret_cast<const ucp_address_t*>(blob.worker_address.data());
-      s = ucp_ep_create(worker_.get(), &ep, &handle);
+      s = ucp_ep_create(out_worker_.get(), &ep, &handle);
     }
     if (s != UCS_OK) {
       st = FromUcs(s, "connect to " + peer->name);

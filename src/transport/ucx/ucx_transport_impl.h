@@ -1,10 +1,12 @@
 // UcxTransport: the Transport over UCX plus the same-host fast paths.
 //
-// Threads. One UCX context (RMA + AM + WAKEUP) and two workers (the usual
-// one and net_worker_, for network-only endpoints), owned by a progress
-// thread that makes every UCX call. Other threads hand it closures through
-// a mutex-protected queue and wake it with an eventfd; when idle it sleeps
-// in poll() on that eventfd and both workers' event fds (armed), waking
+// Threads. One UCX context (RMA + AM + WAKEUP) and three workers (two that
+// peers connect to: the usual one and net_worker_, for network-only
+// endpoints; and out_worker_, which makes every endpoint of this side),
+// owned by a progress thread that makes every UCX call. Other threads hand
+// it closures through a mutex-protected queue and wake it with an eventfd;
+// when idle it sleeps in poll() on that eventfd and the workers' event fds
+// (armed), waking
 // at least every keepalive interval so UCX keepalive runs. Blocking calls
 // (RegisterMemory, Connect, ImportRegion, ...) wait for their closure; made
 // on the progress thread itself (from a callback) they run inline. PostWrites
@@ -92,6 +94,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -153,6 +156,9 @@ struct Peer {
   HostIdentity host;
   std::string name;  // "host <h> pid <p>" for logs and errors
   class UcxTransport* transport = nullptr;
+  // When ConnectTo made the endpoint (for the log line of its failure: one
+  // that fails just after it opened points at UCX's pairing, not the peer).
+  std::chrono::steady_clock::time_point opened;
 
   // Guarded by UcxTransport::mu_.
   std::map<RemoteRegionId, std::shared_ptr<ImportedRegion>> regions;
@@ -298,6 +304,8 @@ class UcxTransport final : public Transport {
   // Runs `fn` on the progress thread and waits (inline when already there).
   void RunSync(const std::function<void()>& fn);
   bool OnProgressThread() const { return std::this_thread::get_id() == progress_id_; }
+  // Every worker has an event fd: the progress thread can sleep in poll().
+  bool Wakeup() const { return worker_efd_ >= 0 && net_worker_efd_ >= 0 && out_worker_efd_ >= 0; }
   void ProgressLoop();
   bool RunCommands();
   void PollClosing();
@@ -327,13 +335,15 @@ class UcxTransport final : public Transport {
   // taken from it) and closes its endpoint.
   void ClosePeer(const std::shared_ptr<Peer>& peer, bool force);
   void StopPeer(const std::shared_ptr<Peer>& peer);
-  // Disconnect's close. UCX pairs the endpoints two workers open to each
-  // other: closing one of ours can close the one the other process writes
-  // to us over, and its write ACKs then go nowhere (seen after a handshake
+  // Disconnect's close. UCX paired the endpoints two workers opened to each
+  // other: closing one of ours could close the one the other process wrote
+  // to us over, and its write ACKs then went nowhere (seen after a handshake
   // sent again on a new endpoint: every transfer waited out its deadline).
   // So an endpoint stops at once but closes only with the last live one to
   // that process (or when it fails, or the transport goes); until then it
-  // lingers, unused, at most kMaxLingering per process.
+  // lingers, unused, at most kMaxLingering per process. Since out_worker_
+  // makes our endpoints no such pairing happens; the lingering stays as a
+  // second line (UcxPairingTest covers both).
   void LingerOrClose(const std::shared_ptr<Peer>& peer);
   // Closes the lingering endpoints to `host`'s process unless a live peer
   // to it remains.
@@ -367,6 +377,16 @@ class UcxTransport final : public Transport {
   // (its wire-up matches them by sequence number) and UCX 1.13 aborts the
   // process when the two were made for different transports.
   UcpWorker net_worker_;
+  // Where every endpoint of ConnectTo is made. No peer has its address, so
+  // no wire-up request reaches it and UCX never pairs one of our endpoints
+  // with one the peer made to us: each pairs with an internal endpoint of
+  // the worker it reached. Paired, closing either closed the other, and a
+  // pairing is by sequence number: when the two sides had made different
+  // numbers of endpoints to each other (a Hello sent twice), the endpoint
+  // decode opened after a healed partition paired with one prefill had
+  // closed during it, and died with it a second later ("Connection reset by
+  // remote peer"): decode declared a live prefill failed.
+  UcpWorker out_worker_;
   // The worker being progressed: the one an AM callback's data arrived on.
   ucp_worker_h progressing_ = nullptr;
   size_t max_gather_pieces_ = 0;  // < 2: no gathering
@@ -375,6 +395,7 @@ class UcxTransport final : public Transport {
   int wake_fd_ = -1;
   int worker_efd_ = -1;  // -1: no wakeup support, poll with a short timeout
   int net_worker_efd_ = -1;
+  int out_worker_efd_ = -1;
   std::thread progress_thread_;
   std::thread::id progress_id_;
   std::atomic<bool> stopping_{false};
