@@ -51,6 +51,17 @@ log = logging.getLogger("kvbridge.sglang")
 # refused before its parallel info is asked again.
 _REFUSAL_RECHECK_S = 30.0
 
+# Failure causes that say a prefill instance is gone (sglang's heartbeat
+# checker: its bootstrap server stopped answering /health): a prefill rank
+# exited, went silent or cannot be reached (the record's origin is that
+# rank), or the instance's registry is lost.
+_RANK_GONE_CAUSES = frozenset({"peer_exited", "peer_unresponsive", "peer_unreachable"})
+_REGISTRY_GONE_CAUSES = frozenset({"registry_lost"})
+# How long an evicted prefill instance's kvbridge manager is kept before its
+# handle is closed: the requests it was serving still fail through it, and
+# the record of why still reaches the other ranks of their groups.
+_RETIRED_CORE_GRACE_S = 30.0
+
 try:  # subclass sglang's bases when present; stand-ins otherwise
     from sglang.srt.disaggregation.base.conn import (BaseKVBootstrapServer, BaseKVManager,
                                                      BaseKVReceiver, BaseKVSender)
@@ -503,7 +514,10 @@ class KVBridgeKVManager(BaseKVManager):
 
     Prefill: one kvbridge manager, registered at construction. Decode: one
     per prefill instance (bootstrap address), made by
-    try_ensure_parallel_info, which also fills ``prefill_info_table``.
+    try_ensure_parallel_info, which also fills ``prefill_info_table``; both
+    are evicted when a request's failure record says a rank of that
+    instance is gone (_handle_node_failure, as sglang's heartbeat evicts),
+    and asked again by the next try_ensure_parallel_info.
     """
 
     def __init__(self, args: Any, disaggregation_mode: Any, server_args: Any,
@@ -557,6 +571,18 @@ class KVBridgeKVManager(BaseKVManager):
         self.pp_rank = self._args.parallel.pp_rank
         self.prefill_info_table: Dict[str, Any] = {}
         self._cores: Dict[str, _Manager] = {}
+        # sglang's connection_lock: guards prefill_info_table's and _cores'
+        # changes, the epochs and the receivers' registration; taken by the
+        # scheduler's thread and by any other that evicts or fetches.
+        self.connection_lock = threading.Lock()
+        # Per prefill instance (normalized address): how many times its
+        # parallel info was evicted (sglang's _parallel_info_epochs). A
+        # fetch that began under an older epoch is not published, and a
+        # failure seen by a receiver of an older epoch evicts nothing.
+        self._parallel_info_epochs: Dict[str, int] = {}
+        # Evicted kvbridge managers and when: closed _RETIRED_CORE_GRACE_S
+        # later (_close_retired), not at once.
+        self._retired: List[Tuple[float, _Manager]] = []
         # Prefill instances whose KV cannot be placed here (_args_for
         # refused them): (when, why). Asked again only after
         # _REFUSAL_RECHECK_S (a restart there may change its layout); meanwhile
@@ -651,10 +677,81 @@ class KVBridgeKVManager(BaseKVManager):
         return bootstrap_addr in self.prefill_info_table
 
     def parallel_info_epoch(self, bootstrap_addr: str) -> int:
-        """Decode (newer sglang): bumped when sglang's manager evicts an
-        instance's info; kvbridge never evicts it (its C++ manager follows a
-        restarted prefill by incarnation), so always 0."""
-        return 0
+        """Decode (newer sglang): how many times the parallel info of the
+        prefill instance at `bootstrap_addr` was evicted (_handle_node_failure);
+        0 until then. sglang's decode queue discards a prefill dp rank answer
+        asked for under another epoch."""
+        addr = _norm_addr(bootstrap_addr or "")
+        with self.connection_lock:
+            return self._parallel_info_epochs.get(addr, 0)
+
+    def _handle_node_failure(self, failed_bootstrap_addr: str, epoch: Optional[int] = None,
+                             why: Optional[str] = None) -> bool:
+        """sglang's CommonKVManager._handle_node_failure: the prefill instance
+        at `failed_bootstrap_addr` is gone. Evicts its parallel info
+        (prefill_info_table) and its kvbridge manager (sglang's connection
+        pool: the next try_ensure_parallel_info asks the instance again and
+        makes a new manager, so a restart with another shape is seen with
+        it), and bumps its epoch. Requests for it that arrived before and
+        were not initialized yet fail (sglang fails the rooms it tracked for
+        the address; their prefill dp rank may come from the info evicted);
+        those already handed to the evicted kvbridge manager are its to
+        finish or fail, with the record of what happened (it stays until
+        _RETIRED_CORE_GRACE_S have passed, so that record still reaches the
+        group's other ranks). `epoch`: evict only if the instance is still
+        at that epoch (a failure seen under an older one says nothing of
+        the instance known now). Returns whether it evicted."""
+        addr = _norm_addr(failed_bootstrap_addr or "")
+        with self.connection_lock:
+            current = self._parallel_info_epochs.get(addr, 0)
+            if epoch is not None and epoch != current:
+                return False
+            self._parallel_info_epochs[addr] = current + 1
+            for key in [k for k in self.prefill_info_table if _norm_addr(k) == addr]:
+                del self.prefill_info_table[key]
+            core = self._cores.pop(addr, None)
+            if core is not None:
+                self._retired.append((time.monotonic(), core))
+            waiting = [r for r in list(self._rooms.values())
+                       if isinstance(r, KVBridgeKVReceiver) and r._addr == addr
+                       and r._epoch == current and r._r is None]
+        reason = (f"Lost connection with prefill instance (bootstrap_addr: "
+                  f"{failed_bootstrap_addr})" + (f": {why}" if why else ""))
+        for rx in waiting:
+            rx._fail_early(reason)
+        log.error("%s; its parallel info evicted (epoch %d), %d requests not initialized yet "
+                  "failed", reason, current + 1, len(waiting))
+        self._close_retired()
+        return True
+
+    def _close_retired(self, everything: bool = False) -> None:
+        """Closes the evicted kvbridge managers retired _RETIRED_CORE_GRACE_S
+        ago or more (each goes once the receivers made from it are
+        cleared); all of them with `everything`."""
+        now = time.monotonic()
+        with self.connection_lock:
+            due = [m for t, m in self._retired
+                   if everything or now - t >= _RETIRED_CORE_GRACE_S]
+            self._retired = [(t, m) for t, m in self._retired
+                             if not (everything or now - t >= _RETIRED_CORE_GRACE_S)]
+        for m in due:
+            m.close()
+
+    def _note_failure(self, bootstrap_addr: str, epoch: int,
+                      error: kvbridge.KVTransferError) -> None:
+        """A receiver for `bootstrap_addr` (made under `epoch`) failed with
+        `error`: if its record says a rank of that prefill instance is gone,
+        or its registry, the instance is evicted (_handle_node_failure)."""
+        record = error.record or {}
+        cause = record.get("cause")
+        origin = record.get("origin") or {}
+        if cause in _RANK_GONE_CAUSES and origin.get("role") == "prefill":
+            why = f"{origin.get('name')} (pid {origin.get('pid')}): {cause}"
+        elif cause in _REGISTRY_GONE_CAUSES:
+            why = str(cause)
+        else:
+            return
+        self._handle_node_failure(bootstrap_addr, epoch=epoch, why=why)
 
     def submit_dp_rank_query(self, bootstrap_addr: str,
                              bootstrap_rooms: List[int]) -> Any:
@@ -688,6 +785,8 @@ class KVBridgeKVManager(BaseKVManager):
         addr = _norm_addr(bootstrap_addr)
         if self._fresh_refusal(addr) is not None:
             return False
+        epoch = self.parallel_info_epoch(addr)
+        self._close_retired()
         try:
             info = _kvbridge.prefill_info(addr, 5.0)
         except kvbridge.UnavailableError as e:
@@ -705,6 +804,7 @@ class KVBridgeKVManager(BaseKVManager):
         if page_size is not None and page_size != int(self._args.page_size):
             raise RuntimeError(f"Page size mismatch: prefill server has page_size={page_size}, "
                                f"but decode server has page_size={self._args.page_size}.")
+        made: Optional[_Manager] = None
         if addr not in self._cores:
             try:
                 args = self._args_for(info)
@@ -717,20 +817,31 @@ class KVBridgeKVManager(BaseKVManager):
                 return False
             self._refusals.pop(addr, None)
             try:
-                self._cores[addr] = _Manager(args, self._mode, self._config(addr),
-                                             self.is_mla_backend)
+                made = _Manager(args, self._mode, self._config(addr), self.is_mla_backend)
             except kvbridge.KVTransferError as e:  # logged, never into sglang's loop
                 # As a refusal: its receivers fail with it (core()).
                 log.error("prefill at %s: no kvbridge manager for it: %s", bootstrap_addr, e)
                 self._refusals[addr] = (time.monotonic(), e)
                 return False
-        self.prefill_info_table[bootstrap_addr] = PrefillServerInfo(
-            attn_tp_size=info["attn_tp_size"], attn_cp_size=info["attn_cp_size"] or 1,
-            dp_size=info["dp_size"], pp_size=info["pp_size"], page_size=page_size,
-            kv_cache_dtype=info["kv_cache_dtype"] or None,
-            follow_bootstrap_room=info["follow_bootstrap_room"],
-            prefill_http_port=info.get("prefill_http_port"))
-        return True
+        with self.connection_lock:
+            # Evicted while this was asked (sglang: a fetch that resolves
+            # after the eviction must not republish a dead prefill).
+            current = self._parallel_info_epochs.get(addr, 0) == epoch
+            if current:
+                if made is not None and addr not in self._cores:
+                    self._cores[addr], made = made, None
+                self.prefill_info_table[bootstrap_addr] = PrefillServerInfo(
+                    attn_tp_size=info["attn_tp_size"], attn_cp_size=info["attn_cp_size"] or 1,
+                    dp_size=info["dp_size"], pp_size=info["pp_size"], page_size=page_size,
+                    kv_cache_dtype=info["kv_cache_dtype"] or None,
+                    follow_bootstrap_room=info["follow_bootstrap_room"],
+                    prefill_http_port=info.get("prefill_http_port"))
+        if made is not None:  # not published: evicted meanwhile, or another thread's won
+            made.close()
+        if not current:
+            log.info("prefill at %s was evicted while its parallel info was asked; not kept",
+                     bootstrap_addr)
+        return current
 
     def _args_for(self, info: dict) -> KVArgs:
         """Decode's args with what its KVArgs left unset taken from prefill:
@@ -764,7 +875,11 @@ class KVBridgeKVManager(BaseKVManager):
             raise kvbridge.UnavailableError(
                 None, f"prefill instance at {bootstrap_addr} not reachable or not fully "
                 f"registered yet")
-        return self._cores[addr]
+        core = self._cores.get(addr)
+        if core is None:  # evicted since (another thread's _handle_node_failure)
+            raise kvbridge.UnavailableError(
+                None, f"prefill instance at {bootstrap_addr} was lost (evicted)")
+        return core
 
     def submit_prefill_recompute(self, kv_receiver: Any, payload: dict) -> None:
         """sglang's PD retraction re-bootstrap: the decode scheduler made a new
@@ -828,6 +943,7 @@ class KVBridgeKVManager(BaseKVManager):
         for pool in (self._recompute_pool, self._query_pool):
             if pool is not None:
                 pool.shutdown(wait=False)
+        self._close_retired(everything=True)
         for m in [self._core, *self._cores.values()]:
             if m is not None:
                 m.close()
@@ -1050,8 +1166,14 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
         self.kv_mgr = mgr
         self.bootstrap_addr = bootstrap_addr
         self.bootstrap_room = bootstrap_room
-        if bootstrap_room is not None:
-            mgr._rooms[bootstrap_room] = self
+        self._addr = _norm_addr(bootstrap_addr or "")
+        with mgr.connection_lock:
+            # The prefill instance's epoch when this request arrived (sglang
+            # tracks the request under its address from here): an eviction
+            # of that epoch fails it, a later one does not.
+            self._epoch = mgr._parallel_info_epochs.get(self._addr, 0)
+            if bootstrap_room is not None:
+                mgr._rooms[bootstrap_room] = self
         self.require_staging = False
         # sglang's deferred release holds pages only for a receiver that told
         # prefill of its abort; kvbridge's Failed already means quiesced.
@@ -1104,6 +1226,12 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
             self._fail_early(f"prefill at {self.bootstrap_addr}: {e.failure_reason}")
             return
         self.poll = self._r._impl.poll_settled  # Failed only once quiesced
+        if self.kv_mgr.parallel_info_epoch(self._addr) != self._epoch:
+            # The instance was evicted after this request arrived (as sglang's
+            # eviction fails the rooms it tracks for the address).
+            self.fail(f"Lost connection with prefill instance (bootstrap_addr: "
+                      f"{self.bootstrap_addr}): evicted before init")
+            return
         self._quiet(self._r.init, prefill_dp_rank)
 
     def send_metadata(self, kv_indices: Any, aux_index: Optional[int] = None,
@@ -1158,6 +1286,11 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
         if not self._r._impl.wait_quiesced(QUIESCE_WAIT_S):
             log.warning("room %s: writes still in flight %.0f s after the failure",
                         self.bootstrap_room, QUIESCE_WAIT_S)
+        try:  # a prefill rank gone: its instance's parallel info is evicted
+            self.kv_mgr._note_failure(self.bootstrap_addr, self._epoch, error)
+        except Exception:  # noqa: BLE001 -- never into sglang's loop but as the record
+            log.exception("room %s: evicting prefill instance %s failed", self.bootstrap_room,
+                          self.bootstrap_addr)
         self._raise_error(self._with_reason(error))
 
     def clear(self) -> None:

@@ -1,0 +1,251 @@
+"""A dead prefill instance's parallel info is evicted, as sglang's decode
+manager evicts it (common/conn.py's _handle_node_failure, called by its
+heartbeat checker; parallel_info_epoch counts the evictions): kvbridge
+learns of the death from the failure record of a request (a prefill rank
+exited, went silent or cannot be reached), so the next
+try_ensure_parallel_info asks the instance again and a prefill restarted at
+the same address with another shape is seen with it (docs/sglang.md, M5)."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import kvbridge
+from kvbridge import KVPoll, KVTransferError
+from kvbridge import sglang as sg
+from sglang_standins import SgPool, server_args, wait_until
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class PrefillInstance:
+    """sglang_prefill_instance.py in a process of its own."""
+
+    def __init__(self, port: int, dp: int, method: str, timeout: float = 30.0):
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "sglang_prefill_instance.py"), str(port),
+             str(dp), method], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if line.strip() != "ready":
+            self.kill()
+            raise AssertionError(f"prefill instance (dp {dp}) did not start: {line!r}, "
+                                 f"exit code {self.proc.poll()}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        for f in (self.proc.stdin, self.proc.stdout):
+            f.close()
+
+
+def _raised(rx) -> KVTransferError:
+    with pytest.raises(KVTransferError) as e:
+        rx.failure_exception()
+    return e.value
+
+
+def test_a_killed_prefill_is_evicted_and_its_restart_is_fetched_anew():
+    port = _free_port()
+    addr = f"127.0.0.1:{port}"
+    first = PrefillInstance(port, dp=1, method="round_robin")  # follows the room
+    restarted = None
+    d = SgPool("decode")
+    dm = sg.KVBridgeKVManager(d.args, "decode", server_args(port, port=30061))
+    try:
+        wait_until(lambda: dm.try_ensure_parallel_info(addr), what="prefill info")
+        info = dm.prefill_info_table[addr]
+        assert (info.dp_size, info.follow_bootstrap_room) == (1, True)
+        assert dm.has_parallel_info(addr) and dm.parallel_info_epoch(addr) == 0
+        met = sg.KVBridgeKVReceiver(dm, addr, 5)  # handshake done with the prefill rank
+        met.init(0)
+        wait_until(lambda: met.poll() != KVPoll.Bootstrapping, what="handshake")
+        assert met.poll() == KVPoll.WaitingForInput, met.failure()
+        queued = sg.KVBridgeKVReceiver(dm, addr, 6)  # arrived, not initialized yet
+
+        victim = first.proc.pid
+        first.kill()
+        wait_until(lambda: met.poll() == KVPoll.Failed, timeout=30, what="the death noticed")
+        e = _raised(met)  # sglang reads why; the adapter learns the prefill is gone
+        assert (e.origin_role, e.origin_pid, e.cause) == ("prefill", victim, "peer_exited")
+        assert dm.parallel_info_epoch(addr) == 1
+        assert not dm.has_parallel_info(addr) and addr not in dm.prefill_info_table
+        # sglang fails the requests it tracked for that address
+        assert queued.poll() == KVPoll.Failed
+        assert "Lost connection with prefill instance" in queued.failure().failure_reason
+        queued.init(0)
+        assert queued.poll() == KVPoll.Failed
+        _raised(met)  # read again: the same death evicts once
+        assert dm.parallel_info_epoch(addr) == 1
+        assert not dm.try_ensure_parallel_info(addr)  # nothing listens there now
+        assert dm.parallel_info_epoch(addr) == 1
+
+        # Restarted at the same address: two dp ranks, free routing.
+        restarted = PrefillInstance(port, dp=2, method="total_requests")
+        wait_until(lambda: dm.try_ensure_parallel_info(addr), what="the restart's info")
+        info = dm.prefill_info_table[addr]
+        assert (info.dp_size, info.follow_bootstrap_room) == (2, False)
+        # The restart's dp rank 1 is met (the info kept would say dp 1:
+        # "prefill dp rank 1 out of range [0, 1)").
+        new = sg.KVBridgeKVReceiver(dm, addr, 7)
+        new.init(1)
+        wait_until(lambda: new.poll() != KVPoll.Bootstrapping, what="handshake with dp rank 1")
+        assert new.poll() == KVPoll.WaitingForInput, new.failure()
+        # A late read of an old request's death evicts nothing of the restart.
+        _raised(met)
+        assert dm.parallel_info_epoch(addr) == 1 and dm.has_parallel_info(addr)
+        for rx in (met, queued, new):
+            rx.clear()
+    finally:
+        dm.close()
+        first.kill()
+        if restarted is not None:
+            restarted.kill()
+
+
+def _pair(bootstrap: str, decode_port: int):
+    port = int(bootstrap.rsplit(":", 1)[1])
+    p, d = SgPool("prefill"), SgPool("decode")
+    pm = sg.KVBridgeKVManager(p.args, "prefill", server_args(port))
+    dm = sg.KVBridgeKVManager(d.args, "decode", server_args(port, port=decode_port))
+    return p, d, pm, dm
+
+
+def _transfer(pm, dm, p, d, addr: str, room: int) -> None:
+    """One request in sglang's order, which must succeed."""
+    rx = sg.KVBridgeKVReceiver(dm, addr, room)
+    tx = sg.KVBridgeKVSender(pm, addr, room, [0], 0)
+    assert dm.try_ensure_parallel_info(addr)
+    rx.init(0)
+    wait_until(lambda: rx.poll() != KVPoll.Bootstrapping, what="handshake")
+    assert rx.poll() == KVPoll.WaitingForInput, rx.failure()
+    dst, src = np.array([room, room + 1], np.int32), np.array([room + 2, room + 3], np.int32)
+    rx.send_metadata(dst, 1, None)
+    wait_until(lambda: tx.poll() != KVPoll.Bootstrapping, what="metadata")
+    p.fill(room, src)
+    tx.init(2, 1)
+    tx.send(src, None)
+    wait_until(lambda: rx.poll() in (KVPoll.Success, KVPoll.Failed), what="transfer")
+    assert rx.poll() == KVPoll.Success, rx.failure()
+    assert all(np.array_equal(d.kv[b][dst], p.kv[b][src]) for b in range(len(p.kv)))
+    wait_until(lambda: tx.poll() == KVPoll.Success, what="prefill success")
+    tx.clear()
+    rx.clear()
+
+
+def test_eviction_fails_requests_not_yet_initialized_and_the_next_fetch_serves_again(
+        bootstrap, monkeypatch):
+    # sglang's heartbeat calls _handle_node_failure(addr); so may a caller.
+    p, d, pm, dm = _pair(bootstrap, 30062)
+    try:
+        _transfer(pm, dm, p, d, bootstrap, 11)
+        old_core = dm._cores[sg._norm_addr(bootstrap)]
+        queued = sg.KVBridgeKVReceiver(dm, bootstrap, 12)  # arrived, not initialized
+        inflight = sg.KVBridgeKVReceiver(dm, bootstrap, 13)
+        inflight.init(0)
+        wait_until(lambda: inflight.poll() == KVPoll.WaitingForInput, what="handshake")
+        assert dm._handle_node_failure(bootstrap)
+        assert dm.parallel_info_epoch(bootstrap) == 1 and not dm.has_parallel_info(bootstrap)
+        assert queued.poll() == KVPoll.Failed
+        assert "Lost connection with prefill instance" in _raised(queued).failure_reason
+        queued.clear()
+        # A request already handed to kvbridge is the evicted manager's to
+        # finish (here it can: the prefill lives).
+        assert inflight.poll() == KVPoll.WaitingForInput
+        tx = sg.KVBridgeKVSender(pm, bootstrap, 13, [0], 0)
+        inflight.send_metadata(np.array([20, 21], np.int32), 2, None)
+        wait_until(lambda: tx.poll() != KVPoll.Bootstrapping, what="metadata")
+        tx.init(2, 2)
+        tx.send(np.array([22, 23], np.int32), None)
+        wait_until(lambda: inflight.poll() in (KVPoll.Success, KVPoll.Failed), what="transfer")
+        assert inflight.poll() == KVPoll.Success, inflight.failure()
+        wait_until(lambda: tx.poll() == KVPoll.Success, what="prefill success")
+        tx.clear()
+        inflight.clear()
+        assert [m for _, m in dm._retired] == [old_core]
+        # Only that epoch's: a stale epoch evicts nothing.
+        assert not dm._handle_node_failure(bootstrap, epoch=0)
+        assert dm.parallel_info_epoch(bootstrap) == 1
+        monkeypatch.setattr(sg, "_RETIRED_CORE_GRACE_S", 0.0)
+        _transfer(pm, dm, p, d, bootstrap, 14)  # fetched anew, a new kvbridge manager
+        assert dm._cores[sg._norm_addr(bootstrap)] is not old_core
+        assert dm._retired == []  # the evicted one closed once its grace passed
+        assert dm.parallel_info_epoch(bootstrap) == 1
+    finally:
+        dm.close()
+        pm.close()
+
+
+def test_a_fetch_an_eviction_overtakes_is_not_published(bootstrap, monkeypatch):
+    p, d, pm, dm = _pair(bootstrap, 30063)
+    real = sg._kvbridge.prefill_info
+    evict = [True]
+
+    def prefill_info(address, timeout_s):
+        answer = real(address, timeout_s)
+        if evict[0]:  # the heartbeat's thread evicts while this one asks
+            evict[0] = False
+            t = threading.Thread(target=dm._handle_node_failure, args=(bootstrap,))
+            t.start()
+            t.join(10)
+        return answer
+
+    monkeypatch.setattr(sg._kvbridge, "prefill_info", prefill_info)
+    try:
+        assert dm.try_ensure_parallel_info(bootstrap) is False  # sglang: FAILED, retried
+        assert not dm.has_parallel_info(bootstrap) and dm._cores == {}
+        assert dm.parallel_info_epoch(bootstrap) == 1
+        assert dm.try_ensure_parallel_info(bootstrap)  # the next attempt publishes
+        _transfer(pm, dm, p, d, bootstrap, 21)
+    finally:
+        dm.close()
+        pm.close()
+
+
+def test_only_a_prefill_gone_evicts(bootstrap):
+    p, d, pm, dm = _pair(bootstrap, 30064)
+    try:
+        assert dm.try_ensure_parallel_info(bootstrap)
+        rx = sg.KVBridgeKVReceiver(dm, bootstrap, 31)
+        rx.init(0)
+        rx.abort()  # decode's own abort
+        wait_until(lambda: rx.poll() == KVPoll.Failed, what="abort")
+        assert _raised(rx).cause == "aborted"
+        rx.clear()
+        assert dm.parallel_info_epoch(bootstrap) == 0 and dm.has_parallel_info(bootstrap)
+
+        def record(cause, role):
+            return kvbridge.UnavailableError(31, "x", record={
+                "cause": cause, "origin": {"role": role, "name": f"{role} tp0", "pid": 1}})
+
+        dm._note_failure(bootstrap, 0, record("peer_exited", "decode"))  # a decode sibling
+        dm._note_failure(bootstrap, 0, record("layout_mismatch", "prefill"))
+        assert dm.parallel_info_epoch(bootstrap) == 0 and dm.has_parallel_info(bootstrap)
+        for n, (cause, role) in enumerate((("peer_unresponsive", "prefill"),
+                                           ("peer_unreachable", "prefill"),
+                                           ("registry_lost", "decode"))):
+            assert dm.try_ensure_parallel_info(bootstrap)
+            dm._note_failure(bootstrap, n, record(cause, role))
+            assert dm.parallel_info_epoch(bootstrap) == n + 1, cause
+            assert not dm.has_parallel_info(bootstrap), cause
+    finally:
+        dm.close()
+        pm.close()
