@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <deque>
 #include <fstream>
 #include <optional>
 #include <regex>
@@ -61,23 +62,34 @@ bool Unattributed(const json& failure) {
 
 // What a process's log says about how it ended (demo_summary.h).
 std::string LogExcerpt(const std::string& log_dir, const std::string& process) {
+  constexpr size_t kReportLines = 20, kTailLines = 3, kMaxBytes = 3000;
   std::string name = process;
   std::replace(name.begin(), name.end(), ' ', '-');
   std::ifstream in(log_dir + "/" + name + ".log");
-  std::vector<std::string> lines;
+  // Read once, keeping only what is quoted: the last lines, or a report's.
+  std::deque<std::string> tail;
+  std::vector<std::string> report;  // from a sanitizer's first line
   std::string line;
-  std::optional<size_t> report;  // where a sanitizer's report starts
-  while (std::getline(in, line)) {
-    if (!report && (line.find("Sanitizer") != std::string::npos ||
-                    line.find("runtime error:") != std::string::npos))
-      report = lines.size();
-    lines.push_back(std::move(line));
+  while (report.size() < kReportLines && std::getline(in, line)) {
+    if (report.empty() && line.find("Sanitizer") == std::string::npos &&
+        line.find("runtime error:") == std::string::npos) {
+      tail.push_back(std::move(line));
+      if (tail.size() > kTailLines) tail.pop_front();
+      continue;
+    }
+    report.push_back(std::move(line));
   }
-  const size_t first = report ? *report : lines.size() - std::min<size_t>(lines.size(), 3);
-  const size_t last = report ? std::min(lines.size(), *report + 20) : lines.size();
   std::string out;
-  for (size_t i = first; i < last; ++i) out += (out.empty() ? "" : " | ") + lines[i];
-  if (out.size() > 3000) out = out.substr(0, 3000) + "...";
+  const auto append = [&](const std::vector<std::string>& lines) {
+    for (size_t i = 0; i < lines.size(); ++i) out += (i == 0 ? "" : " | ") + lines[i];
+  };
+  append(report.empty() ? std::vector<std::string>(tail.begin(), tail.end()) : report);
+  // A log's bytes need not be UTF-8, and the summary is JSON: printable
+  // ASCII only (a cut multi-byte character or a stray byte would make
+  // dump() throw, ending the demo exactly when a rank had crashed).
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+  if (out.size() > kMaxBytes) out = out.substr(0, kMaxBytes) + "...";
   return out;
 }
 

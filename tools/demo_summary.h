@@ -84,8 +84,9 @@ struct DemoRun {
 // What `process`'s log (log_dir/"decode-tp1.log" for "decode tp1") says
 // about how it ended, for a problem line: a sanitizer's report from its
 // first line, 20 lines (the stack names the defect; the report's last line
-// only counts bytes), else the log's last 3 lines; joined by " | ", at most
-// 3,000 bytes. "" when the log is empty or missing.
+// only counts bytes), else the log's last 3 lines; joined by " | ", every
+// byte outside printable ASCII as '?' (it goes into JSON), at most 3,000
+// bytes. "" when the log is empty or missing.
 std::string LogExcerpt(const std::string& log_dir, const std::string& process);
 
 // One line on what is about to run.

@@ -160,6 +160,9 @@ TEST(DemoSummary, AnAbnormalEndQuotesTheSanitizersReportOrTheLogsLastLines) {
     log << "SUMMARY: AddressSanitizer: 48 byte(s) leaked in 1 allocation(s).\n";
     std::ofstream other(dir + "/prefill-tp0.log");
     other << "one\ntwo\nthree\nfour\n";
+    // Not UTF-8: a lone continuation byte and a cut two-byte character.
+    std::ofstream raw(dir + "/decode-tp0.log");
+    raw << "host caf\xc3\xa9\nbad \x80 byte\tand tab\ncut \xc3";
   }
   const std::string leak = kvbridge::tools::LogExcerpt(dir, "decode tp1");
   EXPECT_EQ(leak.find("I room 1"), std::string::npos) << leak;
@@ -168,7 +171,11 @@ TEST(DemoSummary, AnAbnormalEndQuotesTheSanitizersReportOrTheLogsLastLines) {
   EXPECT_NE(leak.find("#16 frame16"), std::string::npos) << leak;
   EXPECT_EQ(leak.find("#17 frame17"), std::string::npos) << "20 lines from the report: " << leak;
   EXPECT_EQ(kvbridge::tools::LogExcerpt(dir, "prefill tp0"), "two | three | four");
-  EXPECT_EQ(kvbridge::tools::LogExcerpt(dir, "decode tp0"), "") << "no log: nothing quoted";
+  const std::string raw = kvbridge::tools::LogExcerpt(dir, "decode tp0");
+  EXPECT_EQ(raw, "host caf?? | bad ? byte?and tab | cut ?");
+  const json summary = {{"problem", raw}};
+  EXPECT_NO_THROW((void)summary.dump()) << "the summary is JSON";
+  EXPECT_EQ(kvbridge::tools::LogExcerpt(dir, "decode tp2"), "") << "no log: nothing quoted";
   std::filesystem::remove_all(dir);
 }
 

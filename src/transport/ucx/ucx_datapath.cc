@@ -456,6 +456,7 @@ void UcxTransport::OnEpError(Peer* peer, ucs_status_t status) {
 void UcxTransport::MarkPeerFailed(Peer* peer, const Status& why) {
   PeerFailureHandler handler;
   std::shared_ptr<Peer> self;
+  PeerId id = 0;  // set by ConnectTo under mu_, maybe after the endpoint failed
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (peer->dead) return;
@@ -463,10 +464,11 @@ void UcxTransport::MarkPeerFailed(Peer* peer, const Status& why) {
     peer->terminal = why;
     peer->dead = true;
     handler = failure_handler_;
-    self = FindPeerLocked(peer->id);
+    id = peer->id;
+    self = FindPeerLocked(id);
   }
   KVB_LOG_ERROR("ucx transport {}: {} (peer id {}, opened {} ms before)", options_.name,
-                why.ToString(), peer->id,
+                why.ToString(), id,
                 std::chrono::duration_cast<std::chrono::milliseconds>(
                     std::chrono::steady_clock::now() - peer->opened)
                     .count());
@@ -479,7 +481,7 @@ void UcxTransport::MarkPeerFailed(Peer* peer, const Status& why) {
       CloseLingeringIfLast(self->host);
     });
   }
-  if (handler) Post([handler, id = peer->id, why] { handler(id, why); }, "a peer failure handler");
+  if (handler) Post([handler, id, why] { handler(id, why); }, "a peer failure handler");
 }
 
 void UcxTransport::Disconnect(PeerId peer_id) {

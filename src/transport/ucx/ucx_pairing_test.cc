@@ -37,10 +37,10 @@ bool WriteAcked(Transport& writer, PeerId peer, RegionId src, RemoteRegionId dst
 }
 
 TEST(UcxPairingTest, ClosingOurEndpointLeavesThePeersEndpointToUsWorking) {
+  testing::Gate hello;  // before the transports: their threads may call in until they go
   auto target = Make("target");
   auto writer = Make("writer");
   ASSERT_TRUE(target && writer);
-  testing::Gate hello;
   writer->SetMessageHandler([&](std::string_view) { hello.Open(); });
   std::vector<uint8_t> src(1 << 16, 7), dst(1 << 16, 0);
   auto s = writer->RegisterMemory(src.data(), src.size(), MemoryKind::kDram);
@@ -75,10 +75,10 @@ TEST(UcxPairingTest, ClosingOurEndpointLeavesThePeersEndpointToUsWorking) {
 // it still leaves the writer's endpoint alone (out_worker_ makes ours, so
 // UCX never paired the two).
 TEST(UcxPairingTest, ClosingOurLastEndpointLeavesThePeersEndpointToUsWorking) {
+  testing::Gate hello;  // before the transports: their threads may call in until they go
   auto target = Make("target");
   auto writer = Make("writer");
   ASSERT_TRUE(target && writer);
-  testing::Gate hello;
   writer->SetMessageHandler([&](std::string_view) { hello.Open(); });
   std::vector<uint8_t> src(1 << 16, 7), dst(1 << 16, 0);
   auto s = writer->RegisterMemory(src.data(), src.size(), MemoryKind::kDram);
@@ -108,12 +108,13 @@ TEST(UcxPairingTest, ClosingOurLastEndpointLeavesThePeersEndpointToUsWorking) {
 // ("Connection reset by remote peer"). Endpoints made after any such close
 // must work.
 TEST(UcxPairingTest, AnEndpointMadeAfterThePeerClosedAnUnpairedOneWorks) {
+  // Before the transports: their threads may call in until they go.
+  std::atomic<int> writer_failures{0};
+  testing::Gate hello;
   auto target = Make("target");
   auto writer = Make("writer");
   ASSERT_TRUE(target && writer);
-  std::atomic<int> writer_failures{0};
   writer->SetPeerFailureHandler([&](PeerId, const Status&) { ++writer_failures; });
-  testing::Gate hello;
   writer->SetMessageHandler([&](std::string_view) { hello.Open(); });
   std::vector<uint8_t> src(1 << 16, 7), dst(1 << 16, 0);
   auto s = writer->RegisterMemory(src.data(), src.size(), MemoryKind::kDram);
