@@ -187,4 +187,17 @@ std::string EndpointWire(ucp_ep_h ep) {
   return out;
 }
 
+bool MayUseSharedMemory(std::string_view tls) {
+  if (tls.empty() || tls.front() == '^') return true;
+  for (size_t start = 0; start <= tls.size();) {
+    size_t end = tls.find(',', start);
+    if (end == std::string_view::npos) end = tls.size();
+    const std::string_view name = tls.substr(start, end - start);
+    for (std::string_view shm : {"all", "sm", "shm", "mm", "posix", "sysv", "xpmem", "cma", "knem"})
+      if (name == shm) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
 }  // namespace kvbridge::internal::ucx

@@ -127,4 +127,8 @@ namespace kvbridge::internal::ucx {
 // prints no lanes. Call on the thread that progresses the endpoint.
 std::string EndpointWire(ucp_ep_h ep);
 
+// Whether UCX_TLS `tls` lets UCX pick a shared-memory transport (posix,
+// sysv, cma, ...): "" and "^..." (all but some) may.
+bool MayUseSharedMemory(std::string_view tls);
+
 }  // namespace kvbridge::internal::ucx

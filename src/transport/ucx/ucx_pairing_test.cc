@@ -148,6 +148,15 @@ TEST(UcxPairingTest, AnEndpointMadeAfterThePeerClosedAnUnpairedOneWorks) {
   EXPECT_EQ(writer_failures.load(), 0) << "an endpoint of the writer's failed";
 }
 
+// Which endpoints stay paired (same host, shared memory possible): the
+// rule that picks out_worker_.
+TEST(UcxPairingTest, SharedMemoryIsPossibleUnlessUcxTlsNamesNone) {
+  for (const char* tls : {"", "^ib", "all", "sm", "tcp,posix", "cma,tcp", "sysv"})
+    EXPECT_TRUE(MayUseSharedMemory(tls)) << tls;
+  for (const char* tls : {"tcp", "tcp,ib", "rc,ud", "tcp,"})
+    EXPECT_FALSE(MayUseSharedMemory(tls)) << tls;
+}
+
 // What lingers is bounded per process, and goes with the last endpoint.
 TEST(UcxPairingTest, LingeringEndpointsAreBoundedAndCloseWithTheLastOne) {
   auto target = Make("target");

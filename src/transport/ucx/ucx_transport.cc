@@ -411,6 +411,10 @@ Result<PeerId> UcxTransport::ConnectTo(std::string_view peer_address, bool netwo
   peer->name = "host " + blob.host.host + " pid " + std::to_string(blob.host.pid);
   peer->transport = this;
   peer->opened = std::chrono::steady_clock::now();
+  // On out_worker_ (ucx_transport_impl.h) unless shared memory may carry it.
+  const bool paired = SameHost(blob.host, ThisHost()) && MayUseSharedMemory(options_.tls);
+  ucp_worker_h maker = paired ? worker_.get() : out_worker_.get();
+  ucp_worker_h net_maker = paired ? net_worker_.get() : out_worker_.get();
   Status st;
   RunSync([&] {
     ucp_ep_params_t ep{};
@@ -423,14 +427,14 @@ Result<PeerId> UcxTransport::ConnectTo(std::string_view peer_address, bool netwo
     ucs_status_t s = UCS_ERR_UNREACHABLE;
     if (network_only && !blob.network_address.empty()) {
       ep.address = reinterpret_cast<const ucp_address_t*>(blob.network_address.data());
-      s = ucp_ep_create(out_worker_.get(), &ep, &handle);
+      s = ucp_ep_create(net_maker, &ep, &handle);
       if (s != UCS_OK)
         KVB_LOG_WARN("ucx transport {}: no network endpoint to {} ({}); connecting as usual",
                      options_.name, peer->name, ucs_status_string(s));
     }
     if (s != UCS_OK) {
       ep.address = reinterpret_cast<const ucp_address_t*>(blob.worker_address.data());
-      s = ucp_ep_create(out_worker_.get(), &ep, &handle);
+      s = ucp_ep_create(maker, &ep, &handle);
     }
     if (s != UCS_OK) {
       st = FromUcs(s, "connect to " + peer->name);

@@ -106,6 +106,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -377,7 +378,8 @@ class UcxTransport final : public Transport {
   // (its wire-up matches them by sequence number) and UCX 1.13 aborts the
   // process when the two were made for different transports.
   UcpWorker net_worker_;
-  // Where every endpoint of ConnectTo is made. No peer has its address, so
+  // Where ConnectTo makes its endpoints to peers on other hosts (and to any
+  // peer when UCX_TLS allows no shared memory). No peer has its address, so
   // no wire-up request reaches it and UCX never pairs one of our endpoints
   // with one the peer made to us: each pairs with an internal endpoint of
   // the worker it reached. Paired, closing either closed the other, and a
@@ -385,7 +387,12 @@ class UcxTransport final : public Transport {
   // numbers of endpoints to each other (a Hello sent twice), the endpoint
   // decode opened after a healed partition paired with one prefill had
   // closed during it, and died with it a second later ("Connection reset by
-  // remote peer"): decode declared a live prefill failed.
+  // remote peer"): decode declared a live prefill failed. Endpoints that may
+  // get shared-memory lanes (a peer on this host) stay on worker_ and
+  // net_worker_, paired as before (lingering covers them): UCX 1.13 leaks a
+  // peer's internal shared-memory endpoint to a process that was killed
+  // (LeakSanitizer at exit in the demo's kill-prefill run, 7 runs in 35
+  // with every endpoint here, none in 20 before).
   UcpWorker out_worker_;
   // The worker being progressed: the one an AM callback's data arrived on.
   ucp_worker_h progressing_ = nullptr;
