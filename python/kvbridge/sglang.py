@@ -51,16 +51,24 @@ log = logging.getLogger("kvbridge.sglang")
 # refused before its parallel info is asked again.
 _REFUSAL_RECHECK_S = 30.0
 
-# Failure causes that say a prefill instance is gone (sglang's heartbeat
-# checker: its bootstrap server stopped answering /health): a prefill rank
-# exited, went silent or cannot be reached (the record's origin is that
-# rank), or the instance's registry is lost.
-_RANK_GONE_CAUSES = frozenset({"peer_exited", "peer_unresponsive", "peer_unreachable"})
+# Failure causes that say a prefill instance is gone, as sglang's heartbeat
+# checker decides it (its bootstrap server stopped answering /health several
+# times in a row): the instance's registry is lost (kvbridge's own heartbeat
+# to it failed for its whole allowance), or a prefill rank's process is known
+# dead (the record's origin is that rank). A rank unreachable or unresponsive
+# (a partition to that rank, a stall, a relayed record) says nothing of the
+# instance: kvbridge's C++ core fences it and meets it again by incarnation.
+_RANK_GONE_CAUSES = frozenset({"peer_exited"})
 _REGISTRY_GONE_CAUSES = frozenset({"registry_lost"})
-# How long an evicted prefill instance's kvbridge manager is kept before its
-# handle is closed: the requests it was serving still fail through it, and
-# the record of why still reaches the other ranks of their groups.
-_RETIRED_CORE_GRACE_S = 30.0
+# An evicted kvbridge manager's handle is closed this many liveness windows
+# (heartbeat interval x misses: 1 s in all by default) after the eviction. The
+# failure records it detected are sent (to the registry, or told to peers) by
+# its own threads each heartbeat interval, and the other ranks of a failed
+# request's group wait up to four intervals for them; sglang clears a failed
+# request's rooms right after failure_exception, so a handle closed at once
+# lets the C++ manager go before it sent them, and those ranks fail with a
+# bare "no record of why reached" instead of the dead rank's record.
+_EVICTED_CLOSE_WINDOWS = 2
 
 try:  # subclass sglang's bases when present; stand-ins otherwise
     from sglang.srt.disaggregation.base.conn import (BaseKVBootstrapServer, BaseKVManager,
@@ -515,9 +523,11 @@ class KVBridgeKVManager(BaseKVManager):
     Prefill: one kvbridge manager, registered at construction. Decode: one
     per prefill instance (bootstrap address), made by
     try_ensure_parallel_info, which also fills ``prefill_info_table``; both
-    are evicted when a request's failure record says a rank of that
-    instance is gone (_handle_node_failure, as sglang's heartbeat evicts),
-    and asked again by the next try_ensure_parallel_info.
+    are evicted when a request's failure record says that instance is gone
+    (its registry lost, or a prefill rank exited: _handle_node_failure, as
+    sglang's heartbeat evicts), and asked again by the next
+    try_ensure_parallel_info, which makes a new kvbridge manager (a new
+    incarnation of this decode rank; see _handle_node_failure).
     """
 
     def __init__(self, args: Any, disaggregation_mode: Any, server_args: Any,
@@ -580,9 +590,12 @@ class KVBridgeKVManager(BaseKVManager):
         # fetch that began under an older epoch is not published, and a
         # failure seen by a receiver of an older epoch evicts nothing.
         self._parallel_info_epochs: Dict[str, int] = {}
-        # Evicted kvbridge managers and when: closed _RETIRED_CORE_GRACE_S
-        # later (_close_retired), not at once.
-        self._retired: List[Tuple[float, _Manager]] = []
+        # Closes evicted (or unpublished) kvbridge managers off the
+        # scheduler's thread, one at a time (_close_off_thread); close()
+        # sets _close_now and waits for the ones still pending. Made at the
+        # first eviction.
+        self._close_pool: Any = None
+        self._close_now = threading.Event()
         # Prefill instances whose KV cannot be placed here (_args_for
         # refused them): (when, why). Asked again only after
         # _REFUSAL_RECHECK_S (a restart there may change its layout); meanwhile
@@ -696,11 +709,24 @@ class KVBridgeKVManager(BaseKVManager):
         were not initialized yet fail (sglang fails the rooms it tracked for
         the address; their prefill dp rank may come from the info evicted);
         those already handed to the evicted kvbridge manager are its to
-        finish or fail, with the record of what happened (it stays until
-        _RETIRED_CORE_GRACE_S have passed, so that record still reaches the
-        group's other ranks). `epoch`: evict only if the instance is still
-        at that epoch (a failure seen under an older one says nothing of
-        the instance known now). Returns whether it evicted."""
+        finish or fail, with the record of what happened: its handle is
+        closed _EVICTED_CLOSE_WINDOWS liveness windows later (1 s by
+        default, so the records it detected are still sent), on a worker
+        thread (_close_off_thread), and the C++ manager goes then or when
+        the last room made from it is cleared.
+
+        The next try_ensure_parallel_info makes a new kvbridge manager for
+        this decode rank: a new incarnation of the same process. Requests
+        still in flight on the evicted manager to prefill ranks of that
+        instance that are still alive may then fail, as those ranks meet the
+        new incarnation and fail the old one's rooms ("rejoined as
+        incarnation ... (same process)"). sglang's own _handle_node_failure
+        fails every unfinished room of the address at eviction, so no
+        request sglang would have kept is lost by it.
+
+        `epoch`: evict only if the instance is still at that epoch (a
+        failure seen under an older one says nothing of the instance known
+        now). Returns whether it evicted."""
         addr = _norm_addr(failed_bootstrap_addr or "")
         with self.connection_lock:
             current = self._parallel_info_epochs.get(addr, 0)
@@ -710,8 +736,6 @@ class KVBridgeKVManager(BaseKVManager):
             for key in [k for k in self.prefill_info_table if _norm_addr(k) == addr]:
                 del self.prefill_info_table[key]
             core = self._cores.pop(addr, None)
-            if core is not None:
-                self._retired.append((time.monotonic(), core))
             waiting = [r for r in list(self._rooms.values())
                        if isinstance(r, KVBridgeKVReceiver) and r._addr == addr
                        and r._epoch == current and r._r is None]
@@ -721,27 +745,45 @@ class KVBridgeKVManager(BaseKVManager):
             rx._fail_early(reason)
         log.error("%s; its parallel info evicted (epoch %d), %d requests not initialized yet "
                   "failed", reason, current + 1, len(waiting))
-        self._close_retired()
+        if core is not None:
+            cfg = self._config(addr)
+            self._close_off_thread(core, _EVICTED_CLOSE_WINDOWS * cfg.heartbeat_misses
+                                   * cfg.heartbeat_interval_ms / 1000.0)
         return True
 
-    def _close_retired(self, everything: bool = False) -> None:
-        """Closes the evicted kvbridge managers retired _RETIRED_CORE_GRACE_S
-        ago or more (each goes once the receivers made from it are
-        cleared); all of them with `everything`."""
-        now = time.monotonic()
-        with self.connection_lock:
-            due = [m for t, m in self._retired
-                   if everything or now - t >= _RETIRED_CORE_GRACE_S]
-            self._retired = [(t, m) for t, m in self._retired
-                             if not (everything or now - t >= _RETIRED_CORE_GRACE_S)]
-        for m in due:
-            m.close()
+    def _close_off_thread(self, core: _Manager, delay_s: float = 0.0) -> None:
+        """Closes `core`'s handle on a worker thread, `delay_s` from now
+        (at once when close() is called): with no room made from it left,
+        the C++ manager is destroyed then, which may block for a few
+        seconds while its transport stops (never on sglang's scheduler
+        thread); otherwise it goes when the last of them is cleared. Each
+        manager is closed once, by one thread; close() waits for those still
+        pending. After close(), closes it here."""
+        due = time.monotonic() + max(delay_s, 0.0)
+        with self._recompute_lock:
+            if not self._closed:
+                if self._close_pool is None:
+                    import concurrent.futures
+                    self._close_pool = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix="kvbridge-evicted-close")
+                self._close_pool.submit(self._close_when_due, core, due)
+                return
+        self._close_when_due(core, due)
+
+    def _close_when_due(self, core: _Manager, due: float) -> None:
+        self._close_now.wait(max(due - time.monotonic(), 0.0))
+        try:
+            core.close()
+        except Exception:  # noqa: BLE001 -- a worker's: logged, never lost silently
+            log.exception("closing an evicted kvbridge manager failed")
 
     def _note_failure(self, bootstrap_addr: str, epoch: int,
                       error: kvbridge.KVTransferError) -> None:
         """A receiver for `bootstrap_addr` (made under `epoch`) failed with
-        `error`: if its record says a rank of that prefill instance is gone,
-        or its registry, the instance is evicted (_handle_node_failure)."""
+        `error`: if its record says the instance's registry is lost
+        (registry_lost) or a prefill rank of it exited (peer_exited, origin
+        a prefill rank), the instance is evicted (_handle_node_failure). A
+        prefill rank unreachable or unresponsive evicts nothing."""
         record = error.record or {}
         cause = record.get("cause")
         origin = record.get("origin") or {}
@@ -783,10 +825,9 @@ class KVBridgeKVManager(BaseKVManager):
         if bootstrap_addr in self.prefill_info_table:
             return True
         addr = _norm_addr(bootstrap_addr)
-        if self._fresh_refusal(addr) is not None:
+        if self._closed or self._fresh_refusal(addr) is not None:
             return False
         epoch = self.parallel_info_epoch(addr)
-        self._close_retired()
         try:
             info = _kvbridge.prefill_info(addr, 5.0)
         except kvbridge.UnavailableError as e:
@@ -826,7 +867,7 @@ class KVBridgeKVManager(BaseKVManager):
         with self.connection_lock:
             # Evicted while this was asked (sglang: a fetch that resolves
             # after the eviction must not republish a dead prefill).
-            current = self._parallel_info_epochs.get(addr, 0) == epoch
+            current = self._parallel_info_epochs.get(addr, 0) == epoch and not self._closed
             if current:
                 if made is not None and addr not in self._cores:
                     self._cores[addr], made = made, None
@@ -837,10 +878,10 @@ class KVBridgeKVManager(BaseKVManager):
                     follow_bootstrap_room=info["follow_bootstrap_room"],
                     prefill_http_port=info.get("prefill_http_port"))
         if made is not None:  # not published: evicted meanwhile, or another thread's won
-            made.close()
+            self._close_off_thread(made)
         if not current:
-            log.info("prefill at %s was evicted while its parallel info was asked; not kept",
-                     bootstrap_addr)
+            log.info("prefill at %s was evicted while its parallel info was asked (or this "
+                     "manager closed); not kept", bootstrap_addr)
         return current
 
     def _args_for(self, info: dict) -> KVArgs:
@@ -869,6 +910,8 @@ class KVBridgeKVManager(BaseKVManager):
             return self._core  # type: ignore[return-value]
         addr = _norm_addr(bootstrap_addr or "")
         if addr not in self._cores and not self._ensure_parallel_info(bootstrap_addr or ""):
+            if self._closed:
+                raise kvbridge.FailedPreconditionError(None, "KVManager is closed")
             e = self._fresh_refusal(addr)
             if e is not None:  # a new one each time: no traceback kept across requests
                 raise type(e)(e.bootstrap_room, e.failure_reason, record=e.record)
@@ -894,8 +937,19 @@ class KVBridgeKVManager(BaseKVManager):
         reason (poll() says Failed; failure_exception() tells why)."""
         if self.attn_tp_rank != 0 or self.pp_rank != 0:
             return
-        info = self.prefill_info_table.get(getattr(kv_receiver, "bootstrap_addr", None))
+        bootstrap_addr = getattr(kv_receiver, "bootstrap_addr", None)
+        info = self.prefill_info_table.get(bootstrap_addr)
         port = getattr(info, "prefill_http_port", None)
+        if info is None:
+            # Its parallel info (the port with it) is gone: evicted, or
+            # never fetched (sglang fetches it before any receiver's init).
+            lost = self.parallel_info_epoch(bootstrap_addr or "") > 0
+            self._fail_recompute(
+                kv_receiver, "PD retract rebootstrap could not resolve the prefill /generate "
+                f"URL: the prefill instance at {bootstrap_addr} "
+                + ("was lost (its parallel info evicted)" if lost
+                   else "is not known (no parallel info fetched)"))
+            return
         if not port:
             self._fail_recompute(kv_receiver, "PD retract rebootstrap could not resolve the "
                                  "prefill /generate URL: the prefill server registered no "
@@ -943,8 +997,13 @@ class KVBridgeKVManager(BaseKVManager):
         for pool in (self._recompute_pool, self._query_pool):
             if pool is not None:
                 pool.shutdown(wait=False)
-        self._close_retired(everything=True)
-        for m in [self._core, *self._cores.values()]:
+        with self.connection_lock:  # taken out: an eviction now finds none to close
+            cores = list(self._cores.values())
+            self._cores.clear()
+        self._close_now.set()  # evicted managers whose close is pending: now
+        if self._close_pool is not None:
+            self._close_pool.shutdown(wait=True)
+        for m in [self._core, *cores]:
             if m is not None:
                 m.close()
 
@@ -1286,7 +1345,7 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
         if not self._r._impl.wait_quiesced(QUIESCE_WAIT_S):
             log.warning("room %s: writes still in flight %.0f s after the failure",
                         self.bootstrap_room, QUIESCE_WAIT_S)
-        try:  # a prefill rank gone: its instance's parallel info is evicted
+        try:  # registry lost or a prefill rank exited: the instance is evicted
             self.kv_mgr._note_failure(self.bootstrap_addr, self._epoch, error)
         except Exception:  # noqa: BLE001 -- never into sglang's loop but as the record
             log.exception("room %s: evicting prefill instance %s failed", self.bootstrap_room,

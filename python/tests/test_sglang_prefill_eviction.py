@@ -1,10 +1,11 @@
 """A dead prefill instance's parallel info is evicted, as sglang's decode
 manager evicts it (common/conn.py's _handle_node_failure, called by its
 heartbeat checker; parallel_info_epoch counts the evictions): kvbridge
-learns of the death from the failure record of a request (a prefill rank
-exited, went silent or cannot be reached), so the next
-try_ensure_parallel_info asks the instance again and a prefill restarted at
-the same address with another shape is seen with it (docs/sglang.md, M5)."""
+learns of the death from the failure record of a request (the instance's
+registry lost, or a prefill rank exited; a rank unreachable or unresponsive
+evicts nothing), so the next try_ensure_parallel_info asks the instance
+again and a prefill restarted at the same address with another shape is
+seen with it (docs/sglang.md, M5)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,27 @@ class PrefillInstance:
             f.close()
 
 
+def _ready(state) -> bool:
+    """try_ensure_parallel_info's answer as a bool, explicitly: True for True
+    or ParallelInfoState.READY, False for False or FAILED (where sglang's
+    enum is importable FAILED is truthy, so `not answer` would misread it)."""
+    if state is True or state is False:
+        return state
+    enum = sg.ParallelInfoState
+    assert enum is not None and state in (enum.READY, enum.FAILED), f"answer {state!r}"
+    return state == enum.READY
+
+
+def _closed(manager) -> bool:
+    """Whether a kvbridge manager's handle was closed (its calls then raise
+    FailedPreconditionError "KVManager is closed")."""
+    try:
+        manager.stats()
+    except kvbridge.FailedPreconditionError:
+        return True
+    return False
+
+
 def _raised(rx) -> KVTransferError:
     with pytest.raises(KVTransferError) as e:
         rx.failure_exception()
@@ -71,7 +93,7 @@ def test_a_killed_prefill_is_evicted_and_its_restart_is_fetched_anew():
     d = SgPool("decode")
     dm = sg.KVBridgeKVManager(d.args, "decode", server_args(port, port=30061))
     try:
-        wait_until(lambda: dm.try_ensure_parallel_info(addr), what="prefill info")
+        wait_until(lambda: _ready(dm.try_ensure_parallel_info(addr)), what="prefill info")
         info = dm.prefill_info_table[addr]
         assert (info.dp_size, info.follow_bootstrap_room) == (1, True)
         assert dm.has_parallel_info(addr) and dm.parallel_info_epoch(addr) == 0
@@ -80,6 +102,7 @@ def test_a_killed_prefill_is_evicted_and_its_restart_is_fetched_anew():
         wait_until(lambda: met.poll() != KVPoll.Bootstrapping, what="handshake")
         assert met.poll() == KVPoll.WaitingForInput, met.failure()
         queued = sg.KVBridgeKVReceiver(dm, addr, 6)  # arrived, not initialized yet
+        old_core = dm._cores[sg._norm_addr(addr)]
 
         victim = first.proc.pid
         first.kill()
@@ -91,16 +114,17 @@ def test_a_killed_prefill_is_evicted_and_its_restart_is_fetched_anew():
         # sglang fails the requests it tracked for that address
         assert queued.poll() == KVPoll.Failed
         assert "Lost connection with prefill instance" in queued.failure().failure_reason
+        wait_until(lambda: _closed(old_core), timeout=10, what="the evicted manager closed")
         queued.init(0)
         assert queued.poll() == KVPoll.Failed
         _raised(met)  # read again: the same death evicts once
         assert dm.parallel_info_epoch(addr) == 1
-        assert not dm.try_ensure_parallel_info(addr)  # nothing listens there now
+        assert not _ready(dm.try_ensure_parallel_info(addr))  # nothing listens there now
         assert dm.parallel_info_epoch(addr) == 1
 
         # Restarted at the same address: two dp ranks, free routing.
         restarted = PrefillInstance(port, dp=2, method="total_requests")
-        wait_until(lambda: dm.try_ensure_parallel_info(addr), what="the restart's info")
+        wait_until(lambda: _ready(dm.try_ensure_parallel_info(addr)), what="the restart's info")
         info = dm.prefill_info_table[addr]
         assert (info.dp_size, info.follow_bootstrap_room) == (2, False)
         # The restart's dp rank 1 is met (the info kept would say dp 1:
@@ -133,7 +157,7 @@ def _transfer(pm, dm, p, d, addr: str, room: int) -> None:
     """One request in sglang's order, which must succeed."""
     rx = sg.KVBridgeKVReceiver(dm, addr, room)
     tx = sg.KVBridgeKVSender(pm, addr, room, [0], 0)
-    assert dm.try_ensure_parallel_info(addr)
+    assert _ready(dm.try_ensure_parallel_info(addr))
     rx.init(0)
     wait_until(lambda: rx.poll() != KVPoll.Bootstrapping, what="handshake")
     assert rx.poll() == KVPoll.WaitingForInput, rx.failure()
@@ -152,7 +176,7 @@ def _transfer(pm, dm, p, d, addr: str, room: int) -> None:
 
 
 def test_eviction_fails_requests_not_yet_initialized_and_the_next_fetch_serves_again(
-        bootstrap, monkeypatch):
+        bootstrap):
     # sglang's heartbeat calls _handle_node_failure(addr); so may a caller.
     p, d, pm, dm = _pair(bootstrap, 30062)
     try:
@@ -167,8 +191,12 @@ def test_eviction_fails_requests_not_yet_initialized_and_the_next_fetch_serves_a
         assert queued.poll() == KVPoll.Failed
         assert "Lost connection with prefill instance" in _raised(queued).failure_reason
         queued.clear()
+        # The evicted manager's handle is closed soon (two liveness windows,
+        # for its records to be sent), off this thread.
+        wait_until(lambda: _closed(old_core), timeout=10, what="the evicted manager closed")
         # A request already handed to kvbridge is the evicted manager's to
-        # finish (here it can: the prefill lives).
+        # finish (here it can: the prefill lives, and no new manager was
+        # made yet); the C++ manager lives while a room made from it does.
         assert inflight.poll() == KVPoll.WaitingForInput
         tx = sg.KVBridgeKVSender(pm, bootstrap, 13, [0], 0)
         inflight.send_metadata(np.array([20, 21], np.int32), 2, None)
@@ -180,15 +208,17 @@ def test_eviction_fails_requests_not_yet_initialized_and_the_next_fetch_serves_a
         wait_until(lambda: tx.poll() == KVPoll.Success, what="prefill success")
         tx.clear()
         inflight.clear()
-        assert [m for _, m in dm._retired] == [old_core]
         # Only that epoch's: a stale epoch evicts nothing.
         assert not dm._handle_node_failure(bootstrap, epoch=0)
         assert dm.parallel_info_epoch(bootstrap) == 1
-        monkeypatch.setattr(sg, "_RETIRED_CORE_GRACE_S", 0.0)
         _transfer(pm, dm, p, d, bootstrap, 14)  # fetched anew, a new kvbridge manager
-        assert dm._cores[sg._norm_addr(bootstrap)] is not old_core
-        assert dm._retired == []  # the evicted one closed once its grace passed
+        new_core = dm._cores[sg._norm_addr(bootstrap)]
+        assert new_core is not old_core and not _closed(new_core)
         assert dm.parallel_info_epoch(bootstrap) == 1
+        # A second eviction: close() closes at once what is still pending.
+        assert dm._handle_node_failure(bootstrap)
+        dm.close()
+        assert _closed(new_core)
     finally:
         dm.close()
         pm.close()
@@ -210,10 +240,10 @@ def test_a_fetch_an_eviction_overtakes_is_not_published(bootstrap, monkeypatch):
 
     monkeypatch.setattr(sg._kvbridge, "prefill_info", prefill_info)
     try:
-        assert dm.try_ensure_parallel_info(bootstrap) is False  # sglang: FAILED, retried
+        assert not _ready(dm.try_ensure_parallel_info(bootstrap))  # sglang: FAILED, retried
         assert not dm.has_parallel_info(bootstrap) and dm._cores == {}
         assert dm.parallel_info_epoch(bootstrap) == 1
-        assert dm.try_ensure_parallel_info(bootstrap)  # the next attempt publishes
+        assert _ready(dm.try_ensure_parallel_info(bootstrap))  # the next attempt publishes
         _transfer(pm, dm, p, d, bootstrap, 21)
     finally:
         dm.close()
@@ -223,7 +253,7 @@ def test_a_fetch_an_eviction_overtakes_is_not_published(bootstrap, monkeypatch):
 def test_only_a_prefill_gone_evicts(bootstrap):
     p, d, pm, dm = _pair(bootstrap, 30064)
     try:
-        assert dm.try_ensure_parallel_info(bootstrap)
+        assert _ready(dm.try_ensure_parallel_info(bootstrap))
         rx = sg.KVBridgeKVReceiver(dm, bootstrap, 31)
         rx.init(0)
         rx.abort()  # decode's own abort
@@ -236,16 +266,46 @@ def test_only_a_prefill_gone_evicts(bootstrap):
             return kvbridge.UnavailableError(31, "x", record={
                 "cause": cause, "origin": {"role": role, "name": f"{role} tp0", "pid": 1}})
 
-        dm._note_failure(bootstrap, 0, record("peer_exited", "decode"))  # a decode sibling
-        dm._note_failure(bootstrap, 0, record("layout_mismatch", "prefill"))
-        assert dm.parallel_info_epoch(bootstrap) == 0 and dm.has_parallel_info(bootstrap)
-        for n, (cause, role) in enumerate((("peer_unresponsive", "prefill"),
-                                           ("peer_unreachable", "prefill"),
-                                           ("registry_lost", "decode"))):
-            assert dm.try_ensure_parallel_info(bootstrap)
+        core = dm._cores[sg._norm_addr(bootstrap)]
+        # A decode sibling's death, a layout mismatch, and a prefill rank
+        # unreachable or unresponsive (a partition, a stall, a relayed
+        # record: the core fences and meets it again by incarnation).
+        for cause, role in (("peer_exited", "decode"), ("layout_mismatch", "prefill"),
+                            ("peer_unresponsive", "prefill"),
+                            ("peer_unreachable", "prefill")):
+            dm._note_failure(bootstrap, 0, record(cause, role))
+            assert dm.parallel_info_epoch(bootstrap) == 0, cause
+            assert dm.has_parallel_info(bootstrap), cause
+            assert dm._cores[sg._norm_addr(bootstrap)] is core and not _closed(core), cause
+        # A prefill rank's process known dead; the registry lost (sglang's
+        # /health stopping).
+        for n, (cause, role) in enumerate((("peer_exited", "prefill"),
+                                           ("registry_lost", "bootstrap"))):
+            assert _ready(dm.try_ensure_parallel_info(bootstrap))
             dm._note_failure(bootstrap, n, record(cause, role))
             assert dm.parallel_info_epoch(bootstrap) == n + 1, cause
             assert not dm.has_parallel_info(bootstrap), cause
+    finally:
+        dm.close()
+        pm.close()
+
+
+def test_a_retraction_after_an_eviction_says_the_instance_was_lost(bootstrap):
+    # sglang's PD retraction asks prefill's /generate at the port its info
+    # gave; evicted, that info is gone, and the failure says why.
+    p, d, pm, dm = _pair(bootstrap, 30065)
+    try:
+        assert _ready(dm.try_ensure_parallel_info(bootstrap))
+        rx = sg.KVBridgeKVReceiver(dm, bootstrap, 41)
+        rx.init(0)
+        wait_until(lambda: rx.poll() == KVPoll.WaitingForInput, what="handshake")
+        assert dm._handle_node_failure(bootstrap)
+        dm.submit_prefill_recompute(rx, {"rid": "r41", "bootstrap_room": 41})
+        wait_until(lambda: rx.poll() == KVPoll.Failed, what="Failed")
+        reason = rx.failure().failure_reason
+        assert "was lost (its parallel info evicted)" in reason, reason
+        assert "registered no HTTP port" not in reason
+        rx.clear()
     finally:
         dm.close()
         pm.close()
