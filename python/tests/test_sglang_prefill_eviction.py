@@ -9,6 +9,8 @@ seen with it (docs/sglang.md, M5)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import select
 import signal
@@ -145,12 +147,19 @@ def test_a_killed_prefill_is_evicted_and_its_restart_is_fetched_anew():
             restarted.kill()
 
 
-def _pair(bootstrap: str, decode_port: int):
+@contextlib.contextmanager
+def _paired(bootstrap: str, decode_port: int):
+    """A prefill and a decode manager of the adapter at `bootstrap`, with
+    their pools; both closed on the way out."""
     port = int(bootstrap.rsplit(":", 1)[1])
     p, d = SgPool("prefill"), SgPool("decode")
     pm = sg.KVBridgeKVManager(p.args, "prefill", server_args(port))
     dm = sg.KVBridgeKVManager(d.args, "decode", server_args(port, port=decode_port))
-    return p, d, pm, dm
+    try:
+        yield p, d, pm, dm
+    finally:
+        dm.close()
+        pm.close()
 
 
 def _transfer(pm, dm, p, d, addr: str, room: int) -> None:
@@ -178,8 +187,7 @@ def _transfer(pm, dm, p, d, addr: str, room: int) -> None:
 def test_eviction_fails_requests_not_yet_initialized_and_the_next_fetch_serves_again(
         bootstrap):
     # sglang's heartbeat calls _handle_node_failure(addr); so may a caller.
-    p, d, pm, dm = _pair(bootstrap, 30062)
-    try:
+    with _paired(bootstrap, 30062) as (p, d, pm, dm):
         _transfer(pm, dm, p, d, bootstrap, 11)
         old_core = dm._cores[sg._norm_addr(bootstrap)]
         queued = sg.KVBridgeKVReceiver(dm, bootstrap, 12)  # arrived, not initialized
@@ -219,40 +227,32 @@ def test_eviction_fails_requests_not_yet_initialized_and_the_next_fetch_serves_a
         assert dm._handle_node_failure(bootstrap)
         dm.close()
         assert _closed(new_core)
-    finally:
-        dm.close()
-        pm.close()
 
 
 def test_a_fetch_an_eviction_overtakes_is_not_published(bootstrap, monkeypatch):
-    p, d, pm, dm = _pair(bootstrap, 30063)
-    real = sg._kvbridge.prefill_info
-    evict = [True]
+    with _paired(bootstrap, 30063) as (p, d, pm, dm):
+        real = sg._kvbridge.prefill_info
+        evict = [True]
 
-    def prefill_info(address, timeout_s):
-        answer = real(address, timeout_s)
-        if evict[0]:  # the heartbeat's thread evicts while this one asks
-            evict[0] = False
-            t = threading.Thread(target=dm._handle_node_failure, args=(bootstrap,))
-            t.start()
-            t.join(10)
-        return answer
+        def prefill_info(address, timeout_s):
+            answer = real(address, timeout_s)
+            if evict[0]:  # the heartbeat's thread evicts while this one asks
+                evict[0] = False
+                t = threading.Thread(target=dm._handle_node_failure, args=(bootstrap,))
+                t.start()
+                t.join(10)
+            return answer
 
-    monkeypatch.setattr(sg._kvbridge, "prefill_info", prefill_info)
-    try:
+        monkeypatch.setattr(sg._kvbridge, "prefill_info", prefill_info)
         assert not _ready(dm.try_ensure_parallel_info(bootstrap))  # sglang: FAILED, retried
         assert not dm.has_parallel_info(bootstrap) and dm._cores == {}
         assert dm.parallel_info_epoch(bootstrap) == 1
         assert _ready(dm.try_ensure_parallel_info(bootstrap))  # the next attempt publishes
         _transfer(pm, dm, p, d, bootstrap, 21)
-    finally:
-        dm.close()
-        pm.close()
 
 
 def test_only_a_prefill_gone_evicts(bootstrap):
-    p, d, pm, dm = _pair(bootstrap, 30064)
-    try:
+    with _paired(bootstrap, 30064) as (p, d, pm, dm):
         assert _ready(dm.try_ensure_parallel_info(bootstrap))
         rx = sg.KVBridgeKVReceiver(dm, bootstrap, 31)
         rx.init(0)
@@ -285,16 +285,12 @@ def test_only_a_prefill_gone_evicts(bootstrap):
             dm._note_failure(bootstrap, n, record(cause, role))
             assert dm.parallel_info_epoch(bootstrap) == n + 1, cause
             assert not dm.has_parallel_info(bootstrap), cause
-    finally:
-        dm.close()
-        pm.close()
 
 
 def test_a_retraction_after_an_eviction_says_the_instance_was_lost(bootstrap):
     # sglang's PD retraction asks prefill's /generate at the port its info
     # gave; evicted, that info is gone, and the failure says why.
-    p, d, pm, dm = _pair(bootstrap, 30065)
-    try:
+    with _paired(bootstrap, 30065) as (p, d, pm, dm):
         assert _ready(dm.try_ensure_parallel_info(bootstrap))
         rx = sg.KVBridgeKVReceiver(dm, bootstrap, 41)
         rx.init(0)
@@ -306,6 +302,3 @@ def test_a_retraction_after_an_eviction_says_the_instance_was_lost(bootstrap):
         assert "was lost (its parallel info evicted)" in reason, reason
         assert "registered no HTTP port" not in reason
         rx.clear()
-    finally:
-        dm.close()
-        pm.close()

@@ -36,68 +36,92 @@ bool WriteAcked(Transport& writer, PeerId peer, RegionId src, RemoteRegionId dst
   return acked.get().ok();
 }
 
-TEST(UcxPairingTest, ClosingOurEndpointLeavesThePeersEndpointToUsWorking) {
-  testing::Gate hello;  // before the transports: their threads may call in until they go
-  auto target = Make("target");
-  auto writer = Make("writer");
-  ASSERT_TRUE(target && writer);
-  writer->SetMessageHandler([&](std::string_view) { hello.Open(); });
-  std::vector<uint8_t> src(1 << 16, 7), dst(1 << 16, 0);
-  auto s = writer->RegisterMemory(src.data(), src.size(), MemoryKind::kDram);
-  auto d = target->RegisterMemory(dst.data(), dst.size(), MemoryKind::kDram);
-  ASSERT_TRUE(s.ok() && d.ok());
+// A target and a writer over UCX TCP, each with 64 KiB registered; the
+// writer counts its endpoints' failures and opens `hello` on a message.
+class UcxPairingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    target = Make("target");
+    writer = Make("writer");
+    ASSERT_TRUE(target && writer);
+    writer->SetPeerFailureHandler([this](PeerId, const Status&) { ++writer_failures; });
+    writer->SetMessageHandler([this](std::string_view) { hello.Open(); });
+    auto s = writer->RegisterMemory(src.data(), src.size(), MemoryKind::kDram);
+    auto d = target->RegisterMemory(dst.data(), dst.size(), MemoryKind::kDram);
+    ASSERT_TRUE(s.ok() && d.ok());
+    src_id = s->id;
+    dst_key = d->remote_key;
+  }
+
+  // The writer's endpoint to the target, with the target's region imported.
+  void ConnectWriter(PeerId* to_target, RemoteRegionId* remote) {
+    auto c = writer->Connect(target->Address());
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    auto r = writer->ImportRegion(*c, dst_key);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    *to_target = *c;
+    *remote = *r;
+  }
+
+  bool Acked(PeerId to_target, RemoteRegionId remote) {
+    return WriteAcked(*writer, to_target, src_id, remote, 10s);
+  }
+
+  // Stats runs on the target's progress thread, which wrote the bytes: a
+  // barrier ThreadSanitizer sees (the ACK travels through the kernel).
+  uint64_t TargetLingering() { return static_cast<UcxTransport&>(*target).Stats().lingering; }
+
+  // Declared first, gone last: the transports' threads may call in until
+  // the transports go.
+  std::atomic<int> writer_failures{0};
+  testing::Gate hello;
+  std::vector<uint8_t> src = std::vector<uint8_t>(1 << 16, 7);
+  std::vector<uint8_t> dst = std::vector<uint8_t>(1 << 16, 0);
+  std::unique_ptr<Transport> target, writer;
+  RegionId src_id{};
+  std::string dst_key;
+};
+
+TEST_F(UcxPairingTest, ClosingOurEndpointLeavesThePeersEndpointToUsWorking) {
   // As decode's Hello: the target's endpoint first, used, then the writer's.
   auto to_writer = target->Connect(writer->Address());
   ASSERT_TRUE(to_writer.ok()) << to_writer.status().ToString();
   ASSERT_TRUE(target->SendMessage(*to_writer, "hello").ok());
   hello.Wait();
-  auto to_target = writer->Connect(target->Address());
-  ASSERT_TRUE(to_target.ok()) << to_target.status().ToString();
-  auto remote = writer->ImportRegion(*to_target, d->remote_key);
-  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  PeerId to_target = 0;
+  RemoteRegionId remote{};
+  ASSERT_NO_FATAL_FAILURE(ConnectWriter(&to_target, &remote));
   // A second endpoint of the target's stays open (its Hello sent again).
   auto again = target->Connect(writer->Address());
   ASSERT_TRUE(again.ok());
-  ASSERT_TRUE(WriteAcked(*writer, *to_target, s->id, *remote, 10s)) << "before any close";
+  ASSERT_TRUE(Acked(to_target, remote)) << "before any close";
 
   target->Disconnect(*to_writer);
   // The limit is far above a working ACK's milliseconds; a lost one never
   // comes.
-  EXPECT_TRUE(WriteAcked(*writer, *to_target, s->id, *remote, 10s))
+  EXPECT_TRUE(Acked(to_target, remote))
       << "the writer's endpoint died with the target's closed one";
-  // Stats runs on the target's progress thread, which wrote the bytes: a
-  // barrier ThreadSanitizer sees (the ACK travels through the kernel).
-  static_cast<UcxTransport&>(*target).Stats();
+  TargetLingering();
   EXPECT_EQ(dst[0], 7);
 }
 
 // The same with no other endpoint to keep ours lingering: closed for real,
 // it still leaves the writer's endpoint alone (out_worker_ makes ours, so
 // UCX never paired the two).
-TEST(UcxPairingTest, ClosingOurLastEndpointLeavesThePeersEndpointToUsWorking) {
-  testing::Gate hello;  // before the transports: their threads may call in until they go
-  auto target = Make("target");
-  auto writer = Make("writer");
-  ASSERT_TRUE(target && writer);
-  writer->SetMessageHandler([&](std::string_view) { hello.Open(); });
-  std::vector<uint8_t> src(1 << 16, 7), dst(1 << 16, 0);
-  auto s = writer->RegisterMemory(src.data(), src.size(), MemoryKind::kDram);
-  auto d = target->RegisterMemory(dst.data(), dst.size(), MemoryKind::kDram);
-  ASSERT_TRUE(s.ok() && d.ok());
+TEST_F(UcxPairingTest, ClosingOurLastEndpointLeavesThePeersEndpointToUsWorking) {
   auto to_writer = target->Connect(writer->Address());
   ASSERT_TRUE(to_writer.ok()) << to_writer.status().ToString();
   ASSERT_TRUE(target->SendMessage(*to_writer, "hello").ok());
   hello.Wait();
-  auto to_target = writer->Connect(target->Address());
-  ASSERT_TRUE(to_target.ok()) << to_target.status().ToString();
-  auto remote = writer->ImportRegion(*to_target, d->remote_key);
-  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
-  ASSERT_TRUE(WriteAcked(*writer, *to_target, s->id, *remote, 10s)) << "before any close";
+  PeerId to_target = 0;
+  RemoteRegionId remote{};
+  ASSERT_NO_FATAL_FAILURE(ConnectWriter(&to_target, &remote));
+  ASSERT_TRUE(Acked(to_target, remote)) << "before any close";
   target->Disconnect(*to_writer);
-  EXPECT_EQ(static_cast<UcxTransport&>(*target).Stats().lingering, 0u) << "closed, not lingering";
-  EXPECT_TRUE(WriteAcked(*writer, *to_target, s->id, *remote, 10s))
+  EXPECT_EQ(TargetLingering(), 0u) << "closed, not lingering";
+  EXPECT_TRUE(Acked(to_target, remote))
       << "the writer's endpoint died with the target's closed one";
-  static_cast<UcxTransport&>(*target).Stats();
+  TargetLingering();
   EXPECT_EQ(dst[0], 7);
 }
 
@@ -107,19 +131,7 @@ TEST(UcxPairingTest, ClosingOurLastEndpointLeavesThePeersEndpointToUsWorking) {
 // next endpoint, which UCX paired with it by sequence number, died with it
 // ("Connection reset by remote peer"). Endpoints made after any such close
 // must work.
-TEST(UcxPairingTest, AnEndpointMadeAfterThePeerClosedAnUnpairedOneWorks) {
-  // Before the transports: their threads may call in until they go.
-  std::atomic<int> writer_failures{0};
-  testing::Gate hello;
-  auto target = Make("target");
-  auto writer = Make("writer");
-  ASSERT_TRUE(target && writer);
-  writer->SetPeerFailureHandler([&](PeerId, const Status&) { ++writer_failures; });
-  writer->SetMessageHandler([&](std::string_view) { hello.Open(); });
-  std::vector<uint8_t> src(1 << 16, 7), dst(1 << 16, 0);
-  auto s = writer->RegisterMemory(src.data(), src.size(), MemoryKind::kDram);
-  auto d = target->RegisterMemory(dst.data(), dst.size(), MemoryKind::kDram);
-  ASSERT_TRUE(s.ok() && d.ok());
+TEST_F(UcxPairingTest, AnEndpointMadeAfterThePeerClosedAnUnpairedOneWorks) {
   // The target makes two endpoints to the writer, the writer one back.
   auto first = target->Connect(writer->Address());
   auto extra = target->Connect(writer->Address());
@@ -132,15 +144,13 @@ TEST(UcxPairingTest, AnEndpointMadeAfterThePeerClosedAnUnpairedOneWorks) {
   target->Disconnect(*first);
   target->Disconnect(*extra);
   writer->Disconnect(*old_to_target);
-  EXPECT_EQ(static_cast<UcxTransport&>(*target).Stats().lingering, 0u);
+  EXPECT_EQ(TargetLingering(), 0u);
   // The writer's next endpoint: the second it made to the target.
-  auto to_target = writer->Connect(target->Address());
-  ASSERT_TRUE(to_target.ok()) << to_target.status().ToString();
-  auto remote = writer->ImportRegion(*to_target, d->remote_key);
-  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
-  for (int i = 0; i < 20; ++i)
-    ASSERT_TRUE(WriteAcked(*writer, *to_target, s->id, *remote, 10s)) << "write " << i;
-  static_cast<UcxTransport&>(*target).Stats();
+  PeerId to_target = 0;
+  RemoteRegionId remote{};
+  ASSERT_NO_FATAL_FAILURE(ConnectWriter(&to_target, &remote));
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(Acked(to_target, remote)) << "write " << i;
+  TargetLingering();
   EXPECT_EQ(dst[0], 7);
   // The writer's progress thread has run every failure callback of its
   // endpoints posted before this call returns.
@@ -150,7 +160,7 @@ TEST(UcxPairingTest, AnEndpointMadeAfterThePeerClosedAnUnpairedOneWorks) {
 
 // Which endpoints stay paired (same host, shared memory possible): the
 // rule that picks out_worker_.
-TEST(UcxPairingTest, SharedMemoryIsPossibleUnlessUcxTlsNamesNone) {
+TEST(UcxPairingRuleTest, SharedMemoryIsPossibleUnlessUcxTlsNamesNone) {
   for (const char* tls : {"", "^ib", "all", "sm", "tcp,posix", "cma,tcp", "sysv"})
     EXPECT_TRUE(MayUseSharedMemory(tls)) << tls;
   for (const char* tls : {"tcp", "tcp,ib", "rc,ud", "tcp,"})
@@ -158,10 +168,7 @@ TEST(UcxPairingTest, SharedMemoryIsPossibleUnlessUcxTlsNamesNone) {
 }
 
 // What lingers is bounded per process, and goes with the last endpoint.
-TEST(UcxPairingTest, LingeringEndpointsAreBoundedAndCloseWithTheLastOne) {
-  auto target = Make("target");
-  auto writer = Make("writer");
-  ASSERT_TRUE(target && writer);
+TEST_F(UcxPairingTest, LingeringEndpointsAreBoundedAndCloseWithTheLastOne) {
   auto& t = static_cast<UcxTransport&>(*target);
   auto live = target->Connect(writer->Address());
   ASSERT_TRUE(live.ok());
