@@ -63,6 +63,31 @@ class UcxPairingTest : public ::testing::Test {
     *remote = *r;
   }
 
+  // As decode's Hello: the target's endpoint first, used, then the
+  // writer's. The target then closes its endpoint (`keep_another`: a second
+  // of its stays open, as when a Hello was sent again, so the closed one
+  // lingers) and the writer's next write must still be acknowledged: the
+  // limit is far above a working ACK's milliseconds, a lost one never comes.
+  void CloseTheTargetsHelloEndpoint(bool keep_another) {
+    auto to_writer = target->Connect(writer->Address());
+    ASSERT_TRUE(to_writer.ok()) << to_writer.status().ToString();
+    ASSERT_TRUE(target->SendMessage(*to_writer, "hello").ok());
+    hello.Wait();
+    PeerId to_target = 0;
+    RemoteRegionId remote{};
+    ASSERT_NO_FATAL_FAILURE(ConnectWriter(&to_target, &remote));
+    if (keep_another) {
+      ASSERT_TRUE(target->Connect(writer->Address()).ok());
+    }
+    ASSERT_TRUE(Acked(to_target, remote)) << "before any close";
+    target->Disconnect(*to_writer);
+    EXPECT_EQ(TargetLingering(), keep_another ? 1u : 0u);
+    EXPECT_TRUE(Acked(to_target, remote))
+        << "the writer's endpoint died with the target's closed one";
+    TargetLingering();
+    EXPECT_EQ(dst[0], 7);
+  }
+
   bool Acked(PeerId to_target, RemoteRegionId remote) {
     return WriteAcked(*writer, to_target, src_id, remote, 10s);
   }
@@ -83,46 +108,14 @@ class UcxPairingTest : public ::testing::Test {
 };
 
 TEST_F(UcxPairingTest, ClosingOurEndpointLeavesThePeersEndpointToUsWorking) {
-  // As decode's Hello: the target's endpoint first, used, then the writer's.
-  auto to_writer = target->Connect(writer->Address());
-  ASSERT_TRUE(to_writer.ok()) << to_writer.status().ToString();
-  ASSERT_TRUE(target->SendMessage(*to_writer, "hello").ok());
-  hello.Wait();
-  PeerId to_target = 0;
-  RemoteRegionId remote{};
-  ASSERT_NO_FATAL_FAILURE(ConnectWriter(&to_target, &remote));
-  // A second endpoint of the target's stays open (its Hello sent again).
-  auto again = target->Connect(writer->Address());
-  ASSERT_TRUE(again.ok());
-  ASSERT_TRUE(Acked(to_target, remote)) << "before any close";
-
-  target->Disconnect(*to_writer);
-  // The limit is far above a working ACK's milliseconds; a lost one never
-  // comes.
-  EXPECT_TRUE(Acked(to_target, remote))
-      << "the writer's endpoint died with the target's closed one";
-  TargetLingering();
-  EXPECT_EQ(dst[0], 7);
+  CloseTheTargetsHelloEndpoint(/*keep_another=*/true);
 }
 
 // The same with no other endpoint to keep ours lingering: closed for real,
 // it still leaves the writer's endpoint alone (out_worker_ makes ours, so
 // UCX never paired the two).
 TEST_F(UcxPairingTest, ClosingOurLastEndpointLeavesThePeersEndpointToUsWorking) {
-  auto to_writer = target->Connect(writer->Address());
-  ASSERT_TRUE(to_writer.ok()) << to_writer.status().ToString();
-  ASSERT_TRUE(target->SendMessage(*to_writer, "hello").ok());
-  hello.Wait();
-  PeerId to_target = 0;
-  RemoteRegionId remote{};
-  ASSERT_NO_FATAL_FAILURE(ConnectWriter(&to_target, &remote));
-  ASSERT_TRUE(Acked(to_target, remote)) << "before any close";
-  target->Disconnect(*to_writer);
-  EXPECT_EQ(TargetLingering(), 0u) << "closed, not lingering";
-  EXPECT_TRUE(Acked(to_target, remote))
-      << "the writer's endpoint died with the target's closed one";
-  TargetLingering();
-  EXPECT_EQ(dst[0], 7);
+  CloseTheTargetsHelloEndpoint(/*keep_another=*/false);
 }
 
 // What broke a healed partition: the two sides had made different numbers
