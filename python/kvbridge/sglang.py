@@ -60,15 +60,6 @@ _REFUSAL_RECHECK_S = 30.0
 # instance: kvbridge's C++ core fences it and meets it again by incarnation.
 _RANK_GONE_CAUSES = frozenset({"peer_exited"})
 _REGISTRY_GONE_CAUSES = frozenset({"registry_lost"})
-# An evicted kvbridge manager's handle is closed this many liveness windows
-# (heartbeat interval x misses: 1 s in all by default) after the eviction. The
-# failure records it detected are sent (to the registry, or told to peers) by
-# its own threads each heartbeat interval, and the other ranks of a failed
-# request's group wait up to four intervals for them; sglang clears a failed
-# request's rooms right after failure_exception, so a handle closed at once
-# lets the C++ manager go before it sent them, and those ranks fail with a
-# bare "no record of why reached" instead of the dead rank's record.
-_EVICTED_CLOSE_WINDOWS = 2
 
 try:  # subclass sglang's bases when present; stand-ins otherwise
     from sglang.srt.disaggregation.base.conn import (BaseKVBootstrapServer, BaseKVManager,
@@ -710,10 +701,11 @@ class KVBridgeKVManager(BaseKVManager):
         the address; their prefill dp rank may come from the info evicted);
         those already handed to the evicted kvbridge manager are its to
         finish or fail, with the record of what happened: its handle is
-        closed _EVICTED_CLOSE_WINDOWS liveness windows later (1 s by
-        default, so the records it detected are still sent), on a worker
-        thread (_close_off_thread), and the C++ manager goes then or when
-        the last room made from it is cleared.
+        closed at once on a worker thread (_close_off_thread), and the C++
+        manager goes then or when the last room made from it is cleared,
+        publishing the failure records it still holds as it goes (sglang
+        clears a failed request's rooms right after failure_exception, and
+        the group's other ranks wait for those records).
 
         The next try_ensure_parallel_info makes a new kvbridge manager for
         this decode rank: a new incarnation of the same process. Requests
@@ -746,9 +738,7 @@ class KVBridgeKVManager(BaseKVManager):
         log.error("%s; its parallel info evicted (epoch %d), %d requests not initialized yet "
                   "failed", reason, current + 1, len(waiting))
         if core is not None:
-            cfg = self._config(addr)
-            self._close_off_thread(core, _EVICTED_CLOSE_WINDOWS * cfg.heartbeat_misses
-                                   * cfg.heartbeat_interval_ms / 1000.0)
+            self._close_off_thread(core)
         return True
 
     def _close_off_thread(self, core: _Manager, delay_s: float = 0.0) -> None:

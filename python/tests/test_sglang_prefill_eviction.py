@@ -199,8 +199,7 @@ def test_eviction_fails_requests_not_yet_initialized_and_the_next_fetch_serves_a
         assert queued.poll() == KVPoll.Failed
         assert "Lost connection with prefill instance" in _raised(queued).failure_reason
         queued.clear()
-        # The evicted manager's handle is closed soon (two liveness windows,
-        # for its records to be sent), off this thread.
+        # The evicted manager's handle is closed at once, off this thread.
         wait_until(lambda: _closed(old_core), timeout=10, what="the evicted manager closed")
         # A request already handed to kvbridge is the evicted manager's to
         # finish (here it can: the prefill lives, and no new manager was

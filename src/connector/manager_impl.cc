@@ -301,6 +301,7 @@ ManagerImpl::~ManagerImpl() {
   if (resolver_.joinable()) resolver_.join();
   if (fencer_.joinable()) fencer_.join();
   if (acceptor_.joinable()) acceptor_.join();
+  PublishBeforeGoing();
   if (registry_) registry_->SetChangeCallback(nullptr);
   // Transport threads may still deliver messages and completions, which flush
   // more work: now nothing reaches the engine or the transport, and the engine

@@ -337,9 +337,10 @@ class ManagerImpl {
   const FailureRecord* DeadFlowRankLocked(const SenderRoom& room) const KVB_REQUIRES(mu_);
   // Forgets dead ranks whose position `ranks` shows held by a new live one.
   void ForgetRestartedLocked(const std::vector<RankStatus>& ranks) KVB_REQUIRES(mu_);
-  // Publishes the failure records queued for the registry (RegistryRound);
-  // `answered_before` is when the registry answered the round before this.
+  // Publishes the queued failure records (RegistryRound; `answered_before`:
+  // the registry's answer the round before), and at ~ManagerImpl what is left.
   void PublishQueued(std::chrono::system_clock::time_point answered_before);
+  void PublishBeforeGoing();
   // The registry refused this incarnation's heartbeat (HeartbeatRefusal).
   // Read after the round's records (a record that fenced it is applied as
   // such): when another process holds the position now this one stops for
@@ -361,7 +362,6 @@ class ManagerImpl {
   // fails once, with its first record). The caller then tells the peers.
   template <typename Room>
   bool MarkRoomFailedLocked(Room& room, FailureRecord& record) KVB_REQUIRES(mu_);
-
   // Prefill internals (sender_side.cc).
   void OnMeta(const RankId& from, MetaMsg meta, Outbox& out) KVB_REQUIRES(mu_);
   void AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg meta, Outbox& out)

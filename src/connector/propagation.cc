@@ -435,6 +435,21 @@ void ManagerImpl::ApplyHeartbeatRefusalLocked(const HeartbeatRefusal& refusal,
   publish_queue_.push_back(std::move(r));  // for the ranks that still count it alive
 }
 
+// Records still queued go before the manager does (its threads are
+// joined). The registry thread publishes them once per heartbeat, and a
+// manager dropped right after a failure (the sglang adapter's, when it
+// evicts a dead prefill instance) took them with it: the other ranks of the
+// request's group never learnt why. At most one registry timeout
+// (PublishQueued stops at the first unreachable answer).
+void ManagerImpl::PublishBeforeGoing() {
+  if (!registry_ || sglang_registry_) return;  // sglang's server keeps no records
+  {
+    MutexLock lock(mu_);
+    if (publish_queue_.empty() || registry_lost_) return;
+  }
+  PublishQueued(answered_seen_);
+}
+
 void ManagerImpl::PublishQueued(std::chrono::system_clock::time_point answered_before) {
   std::vector<FailureRecord> to_publish;
   bool fenced = false;
@@ -466,13 +481,17 @@ void ManagerImpl::PublishQueued(std::chrono::system_clock::time_point answered_b
     return true;
   });
   std::vector<FailureRecord> unsent;
-  for (const FailureRecord& r : to_publish) {
-    Result<uint64_t> seq = registry_->PublishFailure(FailureRecordToJson(r));
+  for (size_t i = 0; i < to_publish.size(); ++i) {
+    Result<uint64_t> seq = registry_->PublishFailure(FailureRecordToJson(to_publish[i]));
     if (seq.ok()) continue;
     KVB_LOG_WARN("failure record not published: {}", seq.status().ToString());
-    // An unreachable registry (an etcd election, a restart) takes it later:
-    // no record is lost to a registry outage.
-    if (seq.status().code() == StatusCode::kUnavailable) unsent.push_back(r);
+    // An unreachable registry (an etcd election, a restart) takes it and
+    // the ones after it later: no record is lost to a registry outage, and
+    // a round waits out one timeout, not one per record.
+    if (seq.status().code() == StatusCode::kUnavailable) {
+      unsent.assign(to_publish.begin() + static_cast<std::ptrdiff_t>(i), to_publish.end());
+      break;
+    }
   }
   if (!unsent.empty()) {
     MutexLock lock(mu_);

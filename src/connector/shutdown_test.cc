@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "connector/connector_test_util.h"
+#include "control/auth.h"
+#include "control/bootstrap_client.h"
 #include "transport/fault/fault_transport.h"
 
 namespace kvbridge::internal {
@@ -53,6 +55,32 @@ TEST_P(ShutdownTest, ManagersGoWhileWritesAndNoticesAreInFlight) {
   auto& second = prefill_first ? cluster.decode : cluster.prefill;
   for (auto& rank : first) rank.manager.reset();
   for (auto& rank : second) rank.manager.reset();
+}
+
+// A failure record still queued for the registry when the manager goes is
+// published on the way out. The registry thread publishes once per
+// heartbeat (5 s here: no round comes first), and the sglang adapter drops
+// an evicted manager right after a failure: the record went with it, and
+// the other ranks of the request's group never learnt why.
+TEST(ShutdownRecordTest, ARecordStillQueuedIsPublishedBeforeTheManagerGoes) {
+  ClusterOptions o;
+  o.tweak = [](ManagerOptions& m) { m.heartbeat_interval = std::chrono::seconds(5); };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TestCluster& cluster = **c;
+  const RankId self = cluster.decode[0].manager->self();
+  cluster.decode[0].manager->ReportFatal("the test's own fatal error");
+  cluster.decode[0].manager.reset();  // the destructor publishes: no wait after it
+  auto client = BootstrapClient::Create(cluster.server->address(), std::chrono::milliseconds(2000),
+                                        AuthTokenFromEnvironment());
+  ASSERT_TRUE(client.ok());
+  Result<FailureBatch> b = (*client)->FailuresSince(0);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  int found = 0;
+  for (const auto& j : b->records)
+    found += j.value("detail", "") == "the test's own fatal error" &&
+             j["origin"].value("incarnation", uint64_t{0}) == self.incarnation;
+  EXPECT_EQ(found, 1) << "the registry holds: " << nlohmann::json(b->records).dump();
 }
 
 INSTANTIATE_TEST_SUITE_P(Order, ShutdownTest, ::testing::Bool(), [](const auto& info) {
