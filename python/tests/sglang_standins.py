@@ -6,6 +6,7 @@ the sglang-order scheduler harness."""
 
 from __future__ import annotations
 
+import socket
 import time
 import types
 from typing import List, Optional
@@ -65,6 +66,15 @@ class SgPool:
         for b, buf in enumerate(self.kv):
             buf[pages] = ((room * 7919 + b * 131 + np.arange(buf[pages].size)) & 0xFFFF
                           ).astype(np.uint16).reshape(buf[pages].shape)
+
+
+def unused_port() -> int:
+    """A loopback TCP port nothing listens on now (bound, then closed)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 def wait_until(cond, timeout: float = 20.0, what: str = "condition") -> None:

@@ -11,7 +11,6 @@ import inspect
 import json
 import logging
 import re
-import socket
 import time
 import sys
 import types
@@ -23,7 +22,7 @@ import pytest
 import kvbridge
 from kvbridge import KVPoll, KVTransferError, _kvbridge
 from kvbridge import sglang as sg
-from sglang_standins import SgPool, server_args, settle, wait_until
+from sglang_standins import SgPool, server_args, settle, unused_port, wait_until
 
 # Rows M1, M2, M5, M7, S1-S5, R1-R3, H9: method -> parameter names (after
 # self), in order, as sglang's base/common classes declare them.
@@ -538,19 +537,12 @@ def test_state_indices_of_the_wrong_shape_fail_the_request(bootstrap):  # A4, R4
         p.close()
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
 
 def test_try_ensure_parallel_info(bootstrap):  # M4, M5, A6
     port = int(bootstrap.rsplit(":", 1)[1])
     d = SgPool("decode")
     dm = sg.KVBridgeKVManager(d.args, "decode", server_args(port, port=30002))
-    assert not dm.try_ensure_parallel_info(f"127.0.0.1:{_closed_port()}")  # unreachable
+    assert not dm.try_ensure_parallel_info(f"127.0.0.1:{unused_port()}")  # unreachable
     assert not dm.try_ensure_parallel_info(bootstrap)  # no prefill rank registered yet
     assert dm.prefill_info_table == {}
     p = SgPool("prefill")
@@ -600,7 +592,7 @@ def test_receiver_for_an_unknown_prefill_fails_cleanly(bootstrap):  # R2, R7
     d = SgPool("decode")
     dm = sg.KVBridgeKVManager(d.args, "decode", server_args(port, port=30004))
     try:
-        rx = sg.KVBridgeKVReceiver(dm, f"127.0.0.1:{_closed_port()}", 41)
+        rx = sg.KVBridgeKVReceiver(dm, f"127.0.0.1:{unused_port()}", 41)
         rx.init(0)
         assert rx.poll() == KVPoll.Failed and rx.conclude_state == KVPoll.Failed
         with pytest.raises(KVTransferError) as e:

@@ -14,7 +14,6 @@ import contextlib
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,17 +24,10 @@ import pytest
 import kvbridge
 from kvbridge import KVPoll, KVTransferError
 from kvbridge import sglang as sg
-from sglang_standins import SgPool, server_args, wait_until
+from sglang_standins import SgPool, server_args, unused_port, wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class PrefillInstance:
@@ -88,7 +80,7 @@ def _raised(rx) -> KVTransferError:
 
 
 def test_a_killed_prefill_is_evicted_and_its_restart_is_fetched_anew():
-    port = _free_port()
+    port = unused_port()
     addr = f"127.0.0.1:{port}"
     first = PrefillInstance(port, dp=1, method="round_robin")  # follows the room
     restarted = None
