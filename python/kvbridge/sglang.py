@@ -583,10 +583,8 @@ class KVBridgeKVManager(BaseKVManager):
         self._parallel_info_epochs: Dict[str, int] = {}
         # Closes evicted (or unpublished) kvbridge managers off the
         # scheduler's thread, one at a time (_close_off_thread); close()
-        # sets _close_now and waits for the ones still pending. Made at the
-        # first eviction.
+        # waits for the ones still pending. Made at the first eviction.
         self._close_pool: Any = None
-        self._close_now = threading.Event()
         # Prefill instances whose KV cannot be placed here (_args_for
         # refused them): (when, why). Asked again only after
         # _REFUSAL_RECHECK_S (a restart there may change its layout); meanwhile
@@ -741,27 +739,25 @@ class KVBridgeKVManager(BaseKVManager):
             self._close_off_thread(core)
         return True
 
-    def _close_off_thread(self, core: _Manager, delay_s: float = 0.0) -> None:
-        """Closes `core`'s handle on a worker thread, `delay_s` from now
-        (at once when close() is called): with no room made from it left,
-        the C++ manager is destroyed then, which may block for a few
-        seconds while its transport stops (never on sglang's scheduler
+    def _close_off_thread(self, core: _Manager) -> None:
+        """Closes `core`'s handle on a worker thread: with no room made from
+        it left, the C++ manager is destroyed then, which may block for a
+        few seconds while its transport stops (never on sglang's scheduler
         thread); otherwise it goes when the last of them is cleared. Each
         manager is closed once, by one thread; close() waits for those still
         pending. After close(), closes it here."""
-        due = time.monotonic() + max(delay_s, 0.0)
         with self._recompute_lock:
             if not self._closed:
                 if self._close_pool is None:
                     import concurrent.futures
                     self._close_pool = concurrent.futures.ThreadPoolExecutor(
                         max_workers=1, thread_name_prefix="kvbridge-evicted-close")
-                self._close_pool.submit(self._close_when_due, core, due)
+                self._close_pool.submit(self._close_logged, core)
                 return
-        self._close_when_due(core, due)
+        self._close_logged(core)
 
-    def _close_when_due(self, core: _Manager, due: float) -> None:
-        self._close_now.wait(max(due - time.monotonic(), 0.0))
+    @staticmethod
+    def _close_logged(core: _Manager) -> None:
         try:
             core.close()
         except Exception:  # noqa: BLE001 -- a worker's: logged, never lost silently
@@ -990,8 +986,7 @@ class KVBridgeKVManager(BaseKVManager):
         with self.connection_lock:  # taken out: an eviction now finds none to close
             cores = list(self._cores.values())
             self._cores.clear()
-        self._close_now.set()  # evicted managers whose close is pending: now
-        if self._close_pool is not None:
+        if self._close_pool is not None:  # evicted managers whose close is pending
             self._close_pool.shutdown(wait=True)
         for m in [self._core, *cores]:
             if m is not None:
