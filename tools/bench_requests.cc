@@ -29,11 +29,11 @@
 #include <vector>
 
 #include "engine/plan.h"
+#include "tools/bench_requests_report.h"
 #include "tools/cluster.h"
 #include "tools/cpu_sides.h"
 #include "tools/demo_hosts.h"
 #include "tools/hosts.h"
-#include "tools/bench_requests_report.h"
 #include "tools/memcpy_reference.h"
 
 namespace kvbridge::tools {
