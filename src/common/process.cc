@@ -1,5 +1,7 @@
 #include "common/process.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
@@ -60,6 +62,10 @@ int RemainingMs(std::chrono::steady_clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
   return left.count() < 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
+}
+
+void NameThisThread(const std::string& name) {
+  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
 }
 
 }  // namespace kvbridge::internal

@@ -21,4 +21,8 @@ std::string DescribeProcessState(ProcessState state);
 // passed, at most 2^30 (so any far deadline still fits an int).
 int RemainingMs(std::chrono::steady_clock::time_point deadline);
 
+// Names the calling thread as `top -H`, `ps -L`, perf and gdb show it
+// ("kvb-ucx-prog"); the kernel keeps the first 15 characters.
+void NameThisThread(const std::string& name);
+
 }  // namespace kvbridge::internal

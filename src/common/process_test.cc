@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <fstream>
+#include <string>
+#include <thread>
 
 namespace kvbridge::internal {
 namespace {
@@ -39,6 +42,27 @@ TEST(ProcessStateTest, TracksStopContinueAndExit) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_EQ(GetProcessState(child), ProcessState::kExited);
   close(pipefd[1]);
+}
+
+// What the kernel shows for thread `tid` of this process (top -H, ps -L).
+std::string ThreadComm(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/comm");
+  std::string comm;
+  std::getline(in, comm);
+  return comm;
+}
+
+TEST(ThreadNameTest, TheKernelShowsTheNameCutTo15Characters) {
+  std::string short_name, long_name;
+  std::thread t([&] {
+    NameThisThread("kvb-test");
+    short_name = ThreadComm(static_cast<pid_t>(gettid()));
+    NameThisThread("kvb-a-name-longer-than-fifteen");
+    long_name = ThreadComm(static_cast<pid_t>(gettid()));
+  });
+  t.join();
+  EXPECT_EQ(short_name, "kvb-test");
+  EXPECT_EQ(long_name, "kvb-a-name-long");
 }
 
 TEST(ProcessStateTest, InvalidPidIsUnknown) {

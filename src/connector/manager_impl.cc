@@ -277,16 +277,25 @@ void ManagerImpl::Wake(bool* flag) {
 void ManagerImpl::StartThreads() {
   // A registry that pushes changes (etcd's watch) wakes the registry thread.
   registry_->SetChangeCallback([this] { WakeRegistryRound(); });
-  if (!hooks_.manual_ticks) ticker_ = std::thread([this] { EveryHeartbeat([this] { Tick(); }); });
+  // Each thread is named for `top -H` and perf ("kvb-tick", ...).
+  if (!hooks_.manual_ticks)
+    ticker_ = std::thread([this] { EveryHeartbeat("kvb-tick", [this] { Tick(); }); });
   registry_thread_ = std::thread([this] {
     uint64_t round = 0;
-    EveryHeartbeat([&] { RegistryRound(round++); }, &registry_wake_);
+    EveryHeartbeat(
+        "kvb-registry", [&] { RegistryRound(round++); }, &registry_wake_);
   });
-  beat_thread_ = std::thread([this] { EveryHeartbeat([this] { BeatRound(); }); });
+  beat_thread_ = std::thread([this] { EveryHeartbeat("kvb-beat", [this] { BeatRound(); }); });
   if (hooks_.manual_ticks) return;
-  resolver_ = std::thread([this] { EveryHeartbeat([this] { ResolveRound(); }, &resolver_wake_); });
-  fencer_ = std::thread([this] { EveryHeartbeat([this] { FenceRound(); }); });
-  acceptor_ = std::thread([this] { EveryHeartbeat([this] { AcceptRound(); }, &accept_wake_); });
+  resolver_ = std::thread([this] {
+    EveryHeartbeat(
+        "kvb-resolve", [this] { ResolveRound(); }, &resolver_wake_);
+  });
+  fencer_ = std::thread([this] { EveryHeartbeat("kvb-fence", [this] { FenceRound(); }); });
+  acceptor_ = std::thread([this] {
+    EveryHeartbeat(
+        "kvb-accept", [this] { AcceptRound(); }, &accept_wake_);
+  });
 }
 
 ManagerImpl::~ManagerImpl() {

@@ -203,7 +203,7 @@ class ManagerImpl {
   void WarnStuckDelivery(std::chrono::microseconds silence_limit);
   // Runs `round` every heartbeat interval until the manager stops (each
   // thread's loop); with `wake` (ticker_mu_), also once it is set (cleared).
-  void EveryHeartbeat(const std::function<void()>& round, bool* wake = nullptr);
+  void EveryHeartbeat(const char* name, const std::function<void()>& round, bool* wake = nullptr);
   // Runs now the round whose `flag` (ticker_mu_) is set: registry, resolver, acceptor.
   void Wake(bool* flag);
   void WakeRegistryRound() { Wake(&registry_wake_); }

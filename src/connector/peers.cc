@@ -276,7 +276,8 @@ void ManagerImpl::FenceRound() {
   }
 }
 
-void ManagerImpl::EveryHeartbeat(const std::function<void()>& round, bool* wake) {
+void ManagerImpl::EveryHeartbeat(const char* name, const std::function<void()>& round, bool* wake) {
+  NameThisThread(name);
   std::unique_lock<std::mutex> lock(ticker_mu_);
   while (!stop_) {
     ticker_cv_.wait_for(lock, opts_.heartbeat_interval,

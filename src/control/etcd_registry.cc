@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "common/log.h"
+#include "common/process.h"
 #include "control/auth.h"
 #include "control/etcd_registry_state.h"
 #include "control/json_fields.h"
@@ -75,6 +76,7 @@ Status EtcdRegistryClient::State::Resync() {
 }
 
 void EtcdRegistryClient::State::WatchLoop() {
+  NameThisThread("kvb-etcd-watch");
   bool warned = false;
   auto apply = [&](const std::vector<EtcdEvent>& events, int64_t) {
     {

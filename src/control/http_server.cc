@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "common/process.h"
 
 namespace kvbridge::internal {
 namespace {
@@ -99,7 +100,10 @@ Status HttpServerThread::Start(httplib::Server& http, const std::string& host, i
   address_ = JoinHostPort(host, bound_port);
 
   httplib::Server* server = &http;
-  thread_ = std::thread([server] { server->listen_after_bind(); });
+  thread_ = std::thread([server] {
+    NameThisThread("kvb-http");
+    server->listen_after_bind();
+  });
   const auto deadline = std::chrono::steady_clock::now() + kStartTimeout;
   while (!http.is_running()) {
     if (std::chrono::steady_clock::now() > deadline) {

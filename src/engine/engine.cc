@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "common/log.h"
+#include "common/process.h"
 
 namespace kvbridge::internal {
 
@@ -61,6 +62,7 @@ void TransferEngine::PostChunk(PeerId peer, RemoteRegionSet remote, std::vector<
 }
 
 void TransferEngine::Loop() {
+  NameThisThread("kvb-engine");
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [this] { return stop_ || (!queue_.empty() && !running_); });

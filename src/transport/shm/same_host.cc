@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "common/process.h"
 #include "common/wire.h"
 
 namespace kvbridge::internal {
@@ -173,6 +174,7 @@ uint64_t SameHostExporter::refused() const {
 }
 
 void SameHostExporter::Serve() {
+  NameThisThread("kvb-same-host");
   for (;;) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
     if (poll(fds, 2, -1) < 0 && errno != EINTR) return;

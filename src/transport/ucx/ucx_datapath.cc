@@ -582,4 +582,14 @@ void UcxTransport::StopPeer(const std::shared_ptr<Peer>& peer) {
   }
 }
 
+void UcxTransport::SetMessageHandler(MessageHandler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  message_handler_ = std::move(handler);
+}
+
+void UcxTransport::SetPeerFailureHandler(PeerFailureHandler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failure_handler_ = std::move(handler);
+}
+
 }  // namespace kvbridge::internal::ucx

@@ -9,6 +9,7 @@
 #include <future>
 
 #include "common/log.h"
+#include "common/process.h"
 #include "transport/ucx/ucx_transport_impl.h"
 
 namespace kvbridge::internal {
@@ -217,6 +218,7 @@ bool UcxTransport::RunCommands() {
 }
 
 void UcxTransport::ProgressLoop() {
+  NameThisThread("kvb-ucx-prog");
   using Clock = std::chrono::steady_clock;
   // Keepalive and close timeouts need the worker progressed now and then.
   const int idle_ms =
@@ -284,6 +286,7 @@ void UcxTransport::PollClosing() {
 }
 
 void UcxTransport::WriterLoop() {
+  NameThisThread("kvb-ucx-writer");
   for (;;) {
     std::function<void()> job;
     {
@@ -303,16 +306,6 @@ void UcxTransport::PostToWriter(std::function<void()> fn) {
     writer_jobs_.push_back(std::move(fn));
   }
   writer_cv_.notify_one();
-}
-
-void UcxTransport::SetMessageHandler(MessageHandler handler) {
-  std::lock_guard<std::mutex> lock(mu_);
-  message_handler_ = std::move(handler);
-}
-
-void UcxTransport::SetPeerFailureHandler(PeerFailureHandler handler) {
-  std::lock_guard<std::mutex> lock(mu_);
-  failure_handler_ = std::move(handler);
 }
 
 Result<RegisteredRegion> UcxTransport::RegisterMemory(void* addr, size_t length, MemoryKind kind) {
