@@ -85,10 +85,10 @@ std::vector<std::string> WorkerArgs(const RequestsFlags& f, int tokens, int requ
   // prefill's warm-up requests wait for decode's metadata meanwhile.
   if (outside) a.insert(a.end(), {"--check-outside-window", "--waiting-timeout-ms", "300000"});
   // 1 request in flight: poll as fast as a busy scheduler can (latency);
-  // more: poll every 100 us and leave the cores to the copy, as a scheduler
-  // running forward passes does.
-  a.insert(a.end(),
-           {"--step-us", concurrency == 1 ? std::to_string(f.small_step_us) : std::string("100")});
+  // more: poll once per step (1 ms) and leave the cores to the copy, as a
+  // scheduler running forward passes does.
+  a.insert(a.end(), {"--step-us", concurrency == 1 ? std::to_string(f.small_step_us)
+                                                   : std::to_string(f.big_step_us)});
   if (f.path == "tcp") {
     a.insert(a.end(), {"--ucx-only", "--ucx-tls", "tcp"});
   } else {
@@ -189,16 +189,15 @@ SweepResult RunSweep(const RequestsFlags& f, const HostNet* net, const std::stri
   return r;
 }
 
-// The largest "gbps" anywhere in `j` (the transport bench's results).
-double MaxGbps(const nlohmann::json& j) {
+// The transport bench's GB/s for writes of `block_size` bytes (its
+// "results" entry of that size; 0 when it has none or it failed).
+double GbpsAt(const nlohmann::json& j, size_t block_size) {
+  if (!j.is_object() || !j.contains("results") || !j["results"].is_array()) return 0;
   double best = 0;
-  if (j.is_object()) {
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      if (it.key() == "gbps" && it->is_number()) best = std::max(best, it->get<double>());
-      best = std::max(best, MaxGbps(*it));
-    }
-  } else if (j.is_array()) {
-    for (const auto& e : j) best = std::max(best, MaxGbps(e));
+  for (const auto& e : j["results"]) {
+    if (!e.is_object() || e.value("block_size", size_t{0}) != block_size) continue;
+    const auto gbps = e.find("gbps");
+    if (gbps != e.end() && gbps->is_number()) best = std::max(best, gbps->get<double>());
   }
   return best;
 }
@@ -241,14 +240,19 @@ std::string RawHostsPrefix(const HostNet* net, const std::optional<CpuSides>& pi
 }
 
 // Runs `kvbridge bench transport` for the same path as a child process
-// (across the hosts with `net`).
-double RawTransportGbps(const RequestsFlags& f, const HostNet* net, std::string* error) {
+// (across the hosts with `net`): GB/s of 1 MiB writes in `round->raw` and,
+// with `piece` (0: not measured), of `piece`-byte writes in
+// `round->raw_piece`, one after the other in the same processes.
+void RawTransport(const RequestsFlags& f, const HostNet* net, size_t piece, Round* round,
+                  std::string* error) {
+  constexpr size_t kMiB = size_t{1} << 20;
   std::string path = f.path == "tcp" ? "tcp" : "shm";
   const std::string binary = ResolvedBinary(f.binary);
   std::string target_flag;
   const std::string prefix = RawHostsPrefix(net, f.pin, &target_flag);
   std::string cmd = prefix + ShellQuote(binary) + " bench transport --paths " + path +
-                    " --block-sizes 1M --bytes " + ShellQuote(f.raw_bytes) + " --region-size " +
+                    " --block-sizes " + (piece > 0 ? std::to_string(piece) + "," : "") +
+                    "1M --bytes " + ShellQuote(f.raw_bytes) + " --region-size " +
                     ShellQuote(f.raw_region) + target_flag + " --json";
   char dir_template[] = "/tmp/kvbridge-bench-raw-XXXXXX";
   const std::string log = mkdtemp(dir_template) ? std::string(dir_template) + "/transport.log" : "";
@@ -256,7 +260,7 @@ double RawTransportGbps(const RequestsFlags& f, const HostNet* net, std::string*
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
     *error = "cannot run: " + cmd;
-    return 0;
+    return;
   }
   std::string out;
   char buf[4096];
@@ -268,13 +272,14 @@ double RawTransportGbps(const RequestsFlags& f, const HostNet* net, std::string*
     *error = "bench transport failed (status " + std::to_string(rc) + "; its log: " + log +
              (j.is_discarded() ? "; stdout is not one JSON object: " + out.substr(0, 300) : "") +
              ")";
-    return 0;
+    return;
   }
   if (!log.empty()) {  // kept only when it explains a failure
     unlink(log.c_str());
     rmdir(dir_template);
   }
-  return MaxGbps(j);
+  round->raw = GbpsAt(j, kMiB);
+  if (piece > 0) round->raw_piece = GbpsAt(j, piece);
 }
 
 // p50 of copying one page of every layer (`pieces` pieces of `piece` bytes,
@@ -343,11 +348,12 @@ PlannedRuns MeasurePlannedRuns(const RequestsFlags& f, size_t bytes, bool measur
   return r;
 }
 
-// The lower median of the rounds' raw figures (0 when none was measured).
-double MedianRaw(const std::vector<Round>& rounds) {
+// The lower median of the rounds' raw figures `field` (0 when none was
+// measured).
+double MedianRaw(const std::vector<Round>& rounds, double Round::*field) {
   std::vector<double> raws;
   for (const Round& r : rounds)
-    if (r.raw > 0) raws.push_back(r.raw);
+    if (r.*field > 0) raws.push_back(r.*field);
   if (raws.empty()) return 0;
   std::sort(raws.begin(), raws.end());
   return raws[(raws.size() - 1) / 2];
@@ -379,9 +385,10 @@ Figures Measure(const RequestsFlags& f, const HostNet* net) {
   std::fprintf(note,
                "[bench] requests over %s (%s): prefill tp%d -> decode tp%d, %d layers x %d kv "
                "heads x %d x 2 B, page %d; pattern checked in 1 page of %d; each sweep starts with "
-               "unmeasured warm-up requests that use every pool page once; %s\n",
+               "unmeasured warm-up requests that use every pool page once; the bandwidth sweep's "
+               "workers poll every %d us; %s\n",
                f.path.c_str(), where.c_str(), f.prefill_tp, f.decode_tp, f.layers, f.heads,
-               f.head_dim, f.page_size, f.check_stride, PinText(f).c_str());
+               f.head_dim, f.page_size, f.check_stride, f.big_step_us, PinText(f).c_str());
   std::fflush(note);
   std::string raw_error;
   // Single-thread memcpy of a request's bytes in the pieces it moves in (one
@@ -392,25 +399,31 @@ Figures Measure(const RequestsFlags& f, const HostNet* net) {
       size_t{1} << 30, static_cast<size_t>((f.big_tokens + f.page_size - 1) / f.page_size) *
                            big_piece * 2 * f.layers);
   const double memcpy_before = ScatteredMemcpyGbps(big_piece, big_bytes);
+  // The raw transport also writes pieces of the requests' size when the
+  // engine writes whole pages (the same heads on both sides) under 1 MiB.
+  PlannedRuns planned = MeasurePlannedRuns(f, big_bytes, /*measure=*/false);
+  const size_t raw_piece_bytes =
+      planned.run_bytes == big_piece && big_piece < (size_t{1} << 20) ? big_piece : 0;
   std::vector<Round> rounds;
   for (int i = 0; i < f.rounds; ++i) {
     Round r;
-    r.raw = f.no_raw ? 0 : RawTransportGbps(f, net, &raw_error);
+    if (!f.no_raw) RawTransport(f, net, raw_piece_bytes, &r, &raw_error);
     r.big = RunSweep(f, net, std::to_string(f.big_tokens) + "-token", f.big_tokens, f.big_requests,
                      f.big_concurrency);
     if (f.rounds > 1)
-      std::fprintf(note, "[bench] round %d of %d: raw %.2f GB/s, %s requests %.2f GB/s%s%s\n",
-                   i + 1, f.rounds, r.raw, r.big.name.c_str(), r.big.gbps(),
-                   r.big.error.empty() ? "" : ", error: ", r.big.error.c_str());
+      std::fprintf(note,
+                   "[bench] round %d of %d: raw %.2f GB/s (%zu-byte writes %.2f), %s requests "
+                   "%.2f GB/s%s%s\n",
+                   i + 1, f.rounds, r.raw, raw_piece_bytes, r.raw_piece, r.big.name.c_str(),
+                   r.big.gbps(), r.big.error.empty() ? "" : ", error: ", r.big.error.c_str());
     rounds.push_back(std::move(r));
   }
-  const double raw = MedianRaw(rounds);
+  const double raw = MedianRaw(rounds, &Round::raw);
   SweepResult big = MedianSweep(rounds);
   const double memcpy_after = ScatteredMemcpyGbps(big_piece, big_bytes);
   const double memcpy_gbps = (memcpy_before + memcpy_after) / 2;
   const double memcpy_ratio = memcpy_gbps > 0 ? big.gbps() / memcpy_gbps : 0;
   // Measured only when the runs are not the pages the reference above copied.
-  PlannedRuns planned = MeasurePlannedRuns(f, big_bytes, /*measure=*/false);
   const bool own_runs = planned.run_bytes != 0 && planned.run_bytes != big_piece;
   if (own_runs) planned = MeasurePlannedRuns(f, big_bytes, /*measure=*/true);
   const size_t run_bytes = planned.run_bytes;
@@ -439,6 +452,8 @@ Figures Measure(const RequestsFlags& f, const HostNet* net) {
   m.where = where;
   m.rounds = std::move(rounds);
   m.raw = raw;
+  m.raw_piece = MedianRaw(m.rounds, &Round::raw_piece);
+  m.raw_piece_bytes = raw_piece_bytes;
   m.raw_error = raw_error;
   m.big_piece = big_piece;
   m.memcpy_before = memcpy_before;
@@ -538,6 +553,9 @@ void AddBenchRequestsCommand(CLI::App& bench, std::function<int()>& run) {
   cmd->add_option("--small-requests", f->small_requests, "Requests of the 1-page sweep")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
+  cmd->add_option("--step-us", f->big_step_us,
+                  "Workers' scheduler step (sleep between polls) in the bandwidth sweep")
+      ->check(CLI::Range(0, 100000));
   cmd->add_option("--latency-step-us", f->small_step_us,
                   "Workers' scheduler step (sleep between polls) in sweeps with one request in "
                   "flight; 0 = poll without sleeping")

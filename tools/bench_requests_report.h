@@ -26,6 +26,11 @@ struct RequestsFlags {
   bool check_outside_window = false;
   int small_requests = 200;
   int small_step_us = 0;
+  // The bandwidth sweep's scheduler step. A real scheduler polls once per
+  // forward pass (milliseconds); polling every 100 us cost the TCP sweep
+  // about a fifth of its GB/s here, the workers' 10,000 wake-ups a second
+  // taking the CPU their progress thread shares (docs/benchmarks.md).
+  int big_step_us = 1000;
   std::string raw_bytes = "1G";
   std::string raw_region = "256M";
   bool no_raw = false;
@@ -69,6 +74,9 @@ struct Percentiles {
 // One round: the raw transport's figure, then the bandwidth sweep's.
 struct Round {
   double raw = 0;  // GB/s, 0: not measured
+  // The same transport writing pieces the size of the requests' writes
+  // (Figures::raw_piece_bytes), same run, same processes; 0: not measured.
+  double raw_piece = 0;
   SweepResult big;
 };
 
@@ -76,7 +84,9 @@ struct Round {
 struct Figures {
   std::string where;  // WhereRan: both the sweeps' and the raw reference's
   std::vector<Round> rounds;
-  double raw = 0;  // raw transport GB/s (0: not measured), the rounds' median
+  double raw = 0;        // raw transport GB/s (0: not measured), the rounds' median
+  double raw_piece = 0;  // the rounds' median at raw_piece_bytes (0: not measured)
+  size_t raw_piece_bytes = 0;
   std::string raw_error;
   size_t big_piece = 0;
   double memcpy_before = 0, memcpy_after = 0, memcpy_gbps = 0, memcpy_ratio = 0;

@@ -124,13 +124,16 @@ TEST(BenchRequests, CheckingOutsideTheWindowStillChecksEveryPageOfEveryRequest) 
 // one batch, which the transport's writer threads copy at once (transport.h:
 // overlapping ops leave those bytes unspecified); under ThreadSanitizer that
 // is a data race report, which stalled the writes past the bench's 30 s
-// deadline.
+// deadline. Each round also measures the raw transport writing pieces the
+// size of the requests' writes (a page of one layer: 4 tokens x 4 heads x
+// 16 x 2 B), in the same processes.
 TEST(BenchRequests, RoundsGiveEachRoundAndTheReportTakesTheirMedians) {
   constexpr int kRounds = 3;
   const std::string cmd = std::string(KVB_BIN_DIR) + "/kvbridge bench requests --json --rounds " +
                           std::to_string(kRounds) +
                           " --raw-bytes 16M --raw-region 16M --layers 2 --heads 4 --head-dim 16 "
-                          "--page-size 4 --tokens 64 --requests 2 --small-requests 4 2>/dev/null";
+                          "--page-size 4 --tokens 64 --requests 2 --small-requests 4 --step-us 200 "
+                          "2>/dev/null";
   CommandOutput r = RunCommand(cmd);
   ASSERT_EQ(r.exit_status, 0) << cmd << "\n" << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
@@ -138,9 +141,13 @@ TEST(BenchRequests, RoundsGiveEachRoundAndTheReportTakesTheirMedians) {
   EXPECT_TRUE(j.value("ok", false)) << j.dump(2);
   ASSERT_TRUE(j["rounds"].is_array()) << j.dump(2);
   ASSERT_EQ(j["rounds"].size(), static_cast<size_t>(kRounds)) << j.dump(2);
-  std::vector<double> raws, gbps;
+  EXPECT_EQ(j["step_us"], 200) << j.dump(2);
+  EXPECT_EQ(j["raw_transport_piece_bytes"], 4 * 4 * 16 * 2) << j.dump(2);
+  std::vector<double> raws, gbps, pieces;
   for (const nlohmann::json& round : j["rounds"]) {
     EXPECT_GT(round["raw_transport_gbps"].get<double>(), 0) << round.dump();
+    EXPECT_GT(round["raw_transport_piece_gbps"].get<double>(), 0) << round.dump();
+    pieces.push_back(round["raw_transport_piece_gbps"].get<double>());
     EXPECT_GT(round["gbps"].get<double>(), 0) << round.dump();
     EXPECT_GT(round["verified_pages"].get<uint64_t>(), 0u) << round.dump();
     EXPECT_EQ(round["corrupt_pages"], 0) << round.dump();
@@ -149,6 +156,9 @@ TEST(BenchRequests, RoundsGiveEachRoundAndTheReportTakesTheirMedians) {
   }
   std::sort(raws.begin(), raws.end());
   std::sort(gbps.begin(), gbps.end());
+  std::sort(pieces.begin(), pieces.end());
+  EXPECT_DOUBLE_EQ(j["raw_transport_piece_gbps"].get<double>(), pieces[1]) << j.dump(2);
+  EXPECT_DOUBLE_EQ(j["ratio_to_raw_piece"].get<double>(), gbps[1] / pieces[1]) << j.dump(2);
   EXPECT_DOUBLE_EQ(j["raw_transport_gbps"].get<double>(), raws[1]) << j.dump(2);
   EXPECT_DOUBLE_EQ(j["results"][0]["gbps"].get<double>(), gbps[1]) << j.dump(2);
   EXPECT_DOUBLE_EQ(j["ratio_to_raw"].get<double>(), gbps[1] / raws[1]) << j.dump(2);

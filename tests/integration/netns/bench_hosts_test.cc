@@ -57,6 +57,10 @@ TEST(BenchHostsTest, TcpRequestsAndTheRawReferenceBothCrossTheTwoHosts) {
   }
   EXPECT_FALSE(j.contains("raw_error")) << j["raw_error"];
   EXPECT_GT(j["raw_transport_gbps"].get<double>(), 0);
+  // The raw reference also wrote the requests' pieces (a page of one layer:
+  // 16 tokens x 8 heads x 16 x 2 B) across the same hosts.
+  EXPECT_EQ(j["raw_transport_piece_bytes"], 16 * 8 * 16 * 2) << j.dump(2);
+  EXPECT_GT(j["raw_transport_piece_gbps"].get<double>(), 0) << j.dump(2);
   ASSERT_EQ(j["results"].size(), 2u) << j.dump(2);
   for (const json& r : j["results"]) {
     SCOPED_TRACE(r.dump(2));
