@@ -4,7 +4,9 @@
 // not fail can still say why its group failed.
 #include <gtest/gtest.h>
 
+#include "common/log_capture.h"
 #include "connector/connector_test_util.h"
+#include "connector/stall_proxy.h"
 #include "control/auth.h"
 #include "control/bootstrap_client.h"
 #include "transport/fault/fault_transport.h"
@@ -191,6 +193,51 @@ TEST(GroupFailureTest, AnAbortRightAfterInitReachesASenderCreatedAfterTheRelease
   ASSERT_TRUE(tx->Failure().has_value());
   EXPECT_EQ(tx->Failure()->cause, FailureCause::kAborted) << tx->Failure()->Message();
   EXPECT_EQ(tx->Failure()->origin.ShortName(), "decode tp0") << tx->Failure()->Message();
+}
+
+// Records queued while the registry does not answer are kept, not dropped:
+// a publish that times out (kUnavailable) leaves it and every record queued
+// after it for a later round (PublishQueued). Decode reaches the registry
+// through a proxy that stops answering; three aborts of receivers no
+// prefill sender holds yet (so only decode publishes their records) queue
+// three room records; once a publish has failed (the log says so) the
+// proxy answers again and the registry must come to hold all three. The
+// heartbeat limit is high: no rank counts the registry lost meanwhile.
+TEST(GroupFailureTest, RoomRecordsQueuedWhileTheRegistryDoesNotAnswerAllReachItAfterwards) {
+  std::unique_ptr<StallProxy> proxy;
+  ClusterOptions o;
+  o.tweak = [&](ManagerOptions& m) {
+    TolerantLiveness(m);
+    m.heartbeat_misses = 400;  // 20 s
+    if (m.role != Role::kDecode) return;
+    proxy = std::make_unique<StallProxy>(m.bootstrap_addr);
+    m.bootstrap_addr = proxy->address();
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TestCluster& cluster = **c;
+  ASSERT_TRUE(proxy && proxy->ok());
+  std::vector<std::unique_ptr<KVReceiver>> receivers;
+  for (uint64_t room = 61; room <= 63; ++room) {
+    receivers.push_back(std::move(KVReceiver::Create(*cluster.decode[0].manager, room)).value());
+    ASSERT_TRUE(receivers.back()->Init(0).ok());
+  }
+  for (auto& rx : receivers)
+    ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kWaitingForInput; }))
+        << KVPollName(rx->Poll());
+  testing::LogCapture log;
+  proxy->Stall();
+  for (auto& rx : receivers) {
+    rx->Abort();
+    ASSERT_EQ(rx->Poll(), KVPoll::kFailed);
+  }
+  // The barrier: a publish timed out (2 s) while the proxy was stalled.
+  ASSERT_TRUE(WaitFor([&] { return !log.Matching("failure record not published").empty(); },
+                      std::chrono::seconds(20)))
+      << "no publish was tried while the registry did not answer";
+  proxy->ResumeDroppingHeld();  // the publish that timed out does not land late
+  for (uint64_t room = 61; room <= 63; ++room)
+    ASSERT_NO_FATAL_FAILURE(AwaitRoomRecord(cluster, room)) << "room " << room;
 }
 
 }  // namespace

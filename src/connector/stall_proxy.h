@@ -50,6 +50,13 @@ class StallProxy {
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   void Stall() { stalled_ = true; }
   void Resume() { stalled_ = false; }
+  // Resumes, but every connection that was held while stalled is closed
+  // with what it held unsent (a request that timed out never reaches the
+  // server late); connections made from now on relay as before.
+  void ResumeDroppingHeld() {
+    drop_held_ = true;
+    stalled_ = false;
+  }
 
  private:
   static sockaddr_in Loopback(int port) {
@@ -97,11 +104,14 @@ class StallProxy {
   void Relay(int client) {
     BoundSends(client);
     int server = -1;
+    bool held = false;
     while (!stop_) {
       if (stalled_) {
+        held = true;
         poll(nullptr, 0, 20);  // polling interval: relays nothing meanwhile
         continue;
       }
+      if (held && drop_held_) break;
       if (server < 0) {
         server = socket(AF_INET, SOCK_STREAM, 0);
         sockaddr_in a = Loopback(upstream_port_);
@@ -135,6 +145,7 @@ class StallProxy {
   int upstream_port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<bool> stalled_{false};
+  std::atomic<bool> drop_held_{false};
   std::list<Relaying> relays_;  // the acceptor's; joined when done, or at the end
   std::thread acceptor_;
 };
