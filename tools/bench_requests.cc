@@ -14,6 +14,7 @@
 // (its initiator on host 0, its target on host 1).
 #include "tools/bench_requests.h"
 
+#include <fmt/format.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -189,15 +190,21 @@ SweepResult RunSweep(const RequestsFlags& f, const HostNet* net, const std::stri
   return r;
 }
 
-// The transport bench's GB/s for writes of `block_size` bytes (its
-// "results" entry of that size; 0 when it has none or it failed).
+// The transport bench's GB/s for writes of `block_size` bytes: its
+// "results" entry of that size, verified and without an error (0 when it
+// has none).
 double GbpsAt(const nlohmann::json& j, size_t block_size) {
   if (!j.is_object() || !j.contains("results") || !j["results"].is_array()) return 0;
   double best = 0;
   for (const auto& e : j["results"]) {
-    if (!e.is_object() || e.value("block_size", size_t{0}) != block_size) continue;
-    const auto gbps = e.find("gbps");
-    if (gbps != e.end() && gbps->is_number()) best = std::max(best, gbps->get<double>());
+    if (!e.is_object()) continue;
+    const auto size = e.find("block_size"), gbps = e.find("gbps"), verified = e.find("verified");
+    const auto error = e.find("error");
+    if (size == e.end() || !size->is_number_unsigned() || size->get<size_t>() != block_size ||
+        gbps == e.end() || !gbps->is_number() || verified == e.end() || *verified != true ||
+        (error != e.end() && !error->is_null()))
+      continue;
+    best = std::max(best, gbps->get<double>());
   }
   return best;
 }
@@ -242,7 +249,9 @@ std::string RawHostsPrefix(const HostNet* net, const std::optional<CpuSides>& pi
 // Runs `kvbridge bench transport` for the same path as a child process
 // (across the hosts with `net`): GB/s of 1 MiB writes in `round->raw` and,
 // with `piece` (0: not measured), of `piece`-byte writes in
-// `round->raw_piece`, one after the other in the same processes.
+// `round->raw_piece`, one after the other in the same processes (1 MiB
+// first: the bench stops at a size that fails, and the piece figure must
+// not cost the reference).
 void RawTransport(const RequestsFlags& f, const HostNet* net, size_t piece, Round* round,
                   std::string* error) {
   constexpr size_t kMiB = size_t{1} << 20;
@@ -251,8 +260,8 @@ void RawTransport(const RequestsFlags& f, const HostNet* net, size_t piece, Roun
   std::string target_flag;
   const std::string prefix = RawHostsPrefix(net, f.pin, &target_flag);
   std::string cmd = prefix + ShellQuote(binary) + " bench transport --paths " + path +
-                    " --block-sizes " + (piece > 0 ? std::to_string(piece) + "," : "") +
-                    "1M --bytes " + ShellQuote(f.raw_bytes) + " --region-size " +
+                    " --block-sizes 1M" + (piece > 0 ? "," + std::to_string(piece) : "") +
+                    " --bytes " + ShellQuote(f.raw_bytes) + " --region-size " +
                     ShellQuote(f.raw_region) + target_flag + " --json";
   char dir_template[] = "/tmp/kvbridge-bench-raw-XXXXXX";
   const std::string log = mkdtemp(dir_template) ? std::string(dir_template) + "/transport.log" : "";
@@ -268,6 +277,11 @@ void RawTransport(const RequestsFlags& f, const HostNet* net, size_t piece, Roun
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
   int rc = pclose(p);
   auto j = nlohmann::json::parse(out, nullptr, false);
+  // A size that failed gives no figure; the others still count.
+  if (!j.is_discarded()) {
+    round->raw = GbpsAt(j, kMiB);
+    if (piece > 0) round->raw_piece = GbpsAt(j, piece);
+  }
   if (rc != 0 || j.is_discarded()) {
     *error = "bench transport failed (status " + std::to_string(rc) + "; its log: " + log +
              (j.is_discarded() ? "; stdout is not one JSON object: " + out.substr(0, 300) : "") +
@@ -278,8 +292,6 @@ void RawTransport(const RequestsFlags& f, const HostNet* net, size_t piece, Roun
     unlink(log.c_str());
     rmdir(dir_template);
   }
-  round->raw = GbpsAt(j, kMiB);
-  if (piece > 0) round->raw_piece = GbpsAt(j, piece);
 }
 
 // p50 of copying one page of every layer (`pieces` pieces of `piece` bytes,
@@ -388,7 +400,7 @@ Figures Measure(const RequestsFlags& f, const HostNet* net) {
                "unmeasured warm-up requests that use every pool page once; the bandwidth sweep's "
                "workers poll every %d us; %s\n",
                f.path.c_str(), where.c_str(), f.prefill_tp, f.decode_tp, f.layers, f.heads,
-               f.head_dim, f.page_size, f.check_stride, f.big_step_us, PinText(f).c_str());
+               f.head_dim, f.page_size, f.check_stride, BandwidthStepUs(f), PinText(f).c_str());
   std::fflush(note);
   std::string raw_error;
   // Single-thread memcpy of a request's bytes in the pieces it moves in (one
@@ -400,10 +412,13 @@ Figures Measure(const RequestsFlags& f, const HostNet* net) {
                            big_piece * 2 * f.layers);
   const double memcpy_before = ScatteredMemcpyGbps(big_piece, big_bytes);
   // The raw transport also writes pieces of the requests' size when the
-  // engine writes whole pages (the same heads on both sides) under 1 MiB.
+  // engine writes whole pages (the same heads on both sides) of 4 KiB to
+  // under 1 MiB (smaller ones would take millions of writes per round).
   PlannedRuns planned = MeasurePlannedRuns(f, big_bytes, /*measure=*/false);
-  const size_t raw_piece_bytes =
-      planned.run_bytes == big_piece && big_piece < (size_t{1} << 20) ? big_piece : 0;
+  const size_t raw_piece_bytes = planned.run_bytes == big_piece && big_piece >= (size_t{4} << 10) &&
+                                         big_piece < (size_t{1} << 20)
+                                     ? big_piece
+                                     : 0;
   std::vector<Round> rounds;
   for (int i = 0; i < f.rounds; ++i) {
     Round r;
@@ -411,11 +426,14 @@ Figures Measure(const RequestsFlags& f, const HostNet* net) {
     r.big = RunSweep(f, net, std::to_string(f.big_tokens) + "-token", f.big_tokens, f.big_requests,
                      f.big_concurrency);
     if (f.rounds > 1)
-      std::fprintf(note,
-                   "[bench] round %d of %d: raw %.2f GB/s (%zu-byte writes %.2f), %s requests "
-                   "%.2f GB/s%s%s\n",
-                   i + 1, f.rounds, r.raw, raw_piece_bytes, r.raw_piece, r.big.name.c_str(),
-                   r.big.gbps(), r.big.error.empty() ? "" : ", error: ", r.big.error.c_str());
+      std::fprintf(
+          note, "[bench] round %d of %d: raw %.2f GB/s%s, %s requests %.2f GB/s%s%s\n", i + 1,
+          f.rounds, r.raw,
+          raw_piece_bytes == 0
+              ? ""
+              : fmt::format(" ({}-byte writes {:.2f})", raw_piece_bytes, r.raw_piece).c_str(),
+          r.big.name.c_str(), r.big.gbps(),
+          r.big.error.empty() ? "" : ", error: ", r.big.error.c_str());
     rounds.push_back(std::move(r));
   }
   const double raw = MedianRaw(rounds, &Round::raw);
@@ -554,8 +572,10 @@ void AddBenchRequestsCommand(CLI::App& bench, std::function<int()>& run) {
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   cmd->add_option("--step-us", f->big_step_us,
-                  "Workers' scheduler step (sleep between polls) in the bandwidth sweep")
-      ->check(CLI::Range(0, 100000));
+                  "Workers' scheduler step (sleep between polls) in the bandwidth sweep (with "
+                  "--concurrency 1 it is a latency sweep: --latency-step-us)")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
   cmd->add_option("--latency-step-us", f->small_step_us,
                   "Workers' scheduler step (sleep between polls) in sweeps with one request in "
                   "flight; 0 = poll without sleeping")

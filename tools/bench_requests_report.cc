@@ -13,6 +13,7 @@ nlohmann::json RoundsJson(const std::vector<Round>& rounds) {
   for (const Round& r : rounds)
     out.push_back({{"raw_transport_gbps", r.raw},
                    {"raw_transport_piece_gbps", r.raw_piece},
+                   {"ratio_to_raw_piece", r.raw_piece > 0 ? r.big.gbps() / r.raw_piece : 0},
                    {"gbps", r.big.gbps()},
                    {"ratio_to_raw", r.raw > 0 ? r.big.gbps() / r.raw : 0},
                    {"verified_pages", r.big.verified_pages},
@@ -69,7 +70,7 @@ void PrintJson(const RequestsFlags& f, const Figures& m) {
       {"raw_transport_piece_bytes", m.raw_piece_bytes},
       {"raw_transport_piece_gbps", m.raw_piece},
       {"ratio_to_raw_piece", m.raw_piece > 0 ? m.big.gbps() / m.raw_piece : 0},
-      {"step_us", f.big_step_us},
+      {"step_us", BandwidthStepUs(f)},
       {"ratio_to_raw", m.ratio},
       {"rounds", RoundsJson(m.rounds)},
       {"targets",

@@ -28,7 +28,7 @@ struct RequestsFlags {
   int small_step_us = 0;
   // The bandwidth sweep's scheduler step. A real scheduler polls once per
   // forward pass (milliseconds); polling every 100 us cost the TCP sweep
-  // about a fifth of its GB/s here, the workers' 10,000 wake-ups a second
+  // about 15% of its GB/s here, the workers' 10,000 wake-ups a second
   // taking the CPU their progress thread shares (docs/benchmarks.md).
   int big_step_us = 1000;
   std::string raw_bytes = "1G";
@@ -102,6 +102,12 @@ struct Figures {
   Percentiles one_page_memcpy;
   double memcpy_us = 0, added_p50 = 0, added_p99 = 0;
 };
+
+// The poll step the bandwidth sweep's workers ran with (with one request in
+// flight it is a latency sweep's).
+inline int BandwidthStepUs(const RequestsFlags& f) {
+  return f.big_concurrency == 1 ? f.small_step_us : f.big_step_us;
+}
 
 void PrintJson(const RequestsFlags& f, const Figures& m);
 void PrintText(const RequestsFlags& f, const Figures& m);

@@ -48,11 +48,15 @@ class StallProxy {
 
   bool ok() const { return port_ != 0; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-  void Stall() { stalled_ = true; }
+  void Stall() {
+    drop_held_ = false;
+    stalled_ = true;
+  }
   void Resume() { stalled_ = false; }
   // Resumes, but every connection that was held while stalled is closed
   // with what it held unsent (a request that timed out never reaches the
-  // server late); connections made from now on relay as before.
+  // server late); connections made from now on relay as before (until the
+  // next Stall, which forgets the drop).
   void ResumeDroppingHeld() {
     drop_held_ = true;
     stalled_ = false;

@@ -49,6 +49,7 @@ size_t ConnectionThreads::threads() const {
 }
 
 void ConnectionThreads::Work() {
+  NameThisThread("kvb-http-conn");
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     ++idle_;

@@ -126,12 +126,12 @@ TEST(BenchRequests, CheckingOutsideTheWindowStillChecksEveryPageOfEveryRequest) 
 // is a data race report, which stalled the writes past the bench's 30 s
 // deadline. Each round also measures the raw transport writing pieces the
 // size of the requests' writes (a page of one layer: 4 tokens x 4 heads x
-// 16 x 2 B), in the same processes.
+// 128 x 2 B), in the same processes.
 TEST(BenchRequests, RoundsGiveEachRoundAndTheReportTakesTheirMedians) {
   constexpr int kRounds = 3;
   const std::string cmd = std::string(KVB_BIN_DIR) + "/kvbridge bench requests --json --rounds " +
                           std::to_string(kRounds) +
-                          " --raw-bytes 16M --raw-region 16M --layers 2 --heads 4 --head-dim 16 "
+                          " --raw-bytes 16M --raw-region 16M --layers 2 --heads 4 --head-dim 128 "
                           "--page-size 4 --tokens 64 --requests 2 --small-requests 4 --step-us 200 "
                           "2>/dev/null";
   CommandOutput r = RunCommand(cmd);
@@ -142,12 +142,15 @@ TEST(BenchRequests, RoundsGiveEachRoundAndTheReportTakesTheirMedians) {
   ASSERT_TRUE(j["rounds"].is_array()) << j.dump(2);
   ASSERT_EQ(j["rounds"].size(), static_cast<size_t>(kRounds)) << j.dump(2);
   EXPECT_EQ(j["step_us"], 200) << j.dump(2);
-  EXPECT_EQ(j["raw_transport_piece_bytes"], 4 * 4 * 16 * 2) << j.dump(2);
+  EXPECT_EQ(j["raw_transport_piece_bytes"], 4 * 4 * 128 * 2) << j.dump(2);
   std::vector<double> raws, gbps, pieces;
   for (const nlohmann::json& round : j["rounds"]) {
     EXPECT_GT(round["raw_transport_gbps"].get<double>(), 0) << round.dump();
     EXPECT_GT(round["raw_transport_piece_gbps"].get<double>(), 0) << round.dump();
     pieces.push_back(round["raw_transport_piece_gbps"].get<double>());
+    EXPECT_DOUBLE_EQ(round["ratio_to_raw_piece"].get<double>(),
+                     round["gbps"].get<double>() / pieces.back())
+        << round.dump();
     EXPECT_GT(round["gbps"].get<double>(), 0) << round.dump();
     EXPECT_GT(round["verified_pages"].get<uint64_t>(), 0u) << round.dump();
     EXPECT_EQ(round["corrupt_pages"], 0) << round.dump();

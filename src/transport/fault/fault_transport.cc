@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "common/process.h"
 
 namespace kvbridge::internal {
 namespace {
@@ -424,6 +425,7 @@ bool FaultTransport::HeadReadyLocked(const Item& item, Clock::time_point now) co
 }
 
 void FaultTransport::Run() {
+  NameThisThread("kvb-fault");
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     if (!tasks_.empty()) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/process.h"
 #include "common/wire.h"
 #include "transport/loopback/loopback_codec.h"
 
@@ -108,6 +109,7 @@ struct Endpoint {
   // Worker body: runs tasks in order; after `stopping`, drains what is queued
   // (tasks see shutting_down and abort), then drops peers to break cycles.
   void Run() {
+    NameThisThread("kvb-loopback");
     while (true) {
       std::function<void()> task;
       {
