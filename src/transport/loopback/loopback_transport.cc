@@ -163,8 +163,7 @@ struct Endpoint {
     });
   }
 
-  // The status a batch or message to `peer` ends with before touching memory,
-  // or OK to go on.
+  // What a batch or message to `peer` ends with before touching memory (OK: go on).
   Status PeerGate(const Peer& peer) {
     std::lock_guard<std::mutex> lock(mu);
     if (shutting_down) return AbortedError("loopback transport '" + name + "' shut down");
@@ -295,8 +294,7 @@ class LoopbackTransport final : public Transport {
  private:
   LoopbackTransport(std::shared_ptr<LoopbackFabric> fabric, std::shared_ptr<Endpoint> ep)
       : fabric_(std::move(fabric)), ep_(std::move(ep)) {}
-  // The open peer `id`, or NotFound / Unavailable / FailedPrecondition.
-  // Requires ep_->mu held.
+  // The open peer `id`, or NotFound / Unavailable / FailedPrecondition (ep_->mu held).
   Result<std::shared_ptr<Peer>> OpenPeerLocked(PeerId id) const;
 
   std::shared_ptr<LoopbackFabric> fabric_;
