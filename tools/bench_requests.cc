@@ -44,6 +44,7 @@ using bench_requests::Figures;
 using bench_requests::Percentiles;
 using bench_requests::RequestsFlags;
 using bench_requests::Round;
+using bench_requests::StepUs;
 using bench_requests::SweepResult;
 
 using Clock = std::chrono::steady_clock;
@@ -88,8 +89,7 @@ std::vector<std::string> WorkerArgs(const RequestsFlags& f, int tokens, int requ
   // 1 request in flight: poll as fast as a busy scheduler can (latency);
   // more: poll once per step (1 ms) and leave the cores to the copy, as a
   // scheduler running forward passes does.
-  a.insert(a.end(), {"--step-us", concurrency == 1 ? std::to_string(f.small_step_us)
-                                                   : std::to_string(f.big_step_us)});
+  a.insert(a.end(), {"--step-us", std::to_string(StepUs(f, concurrency))});
   if (f.path == "tcp") {
     a.insert(a.end(), {"--ucx-only", "--ucx-tls", "tcp"});
   } else {

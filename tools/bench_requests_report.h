@@ -103,11 +103,14 @@ struct Figures {
   double memcpy_us = 0, added_p50 = 0, added_p99 = 0;
 };
 
-// The poll step the bandwidth sweep's workers ran with (with one request in
-// flight it is a latency sweep's).
-inline int BandwidthStepUs(const RequestsFlags& f) {
-  return f.big_concurrency == 1 ? f.small_step_us : f.big_step_us;
+// The workers' poll step in a sweep with `concurrency` requests in flight:
+// one is a latency sweep (--latency-step-us), more a bandwidth sweep
+// (--step-us).
+inline int StepUs(const RequestsFlags& f, int concurrency) {
+  return concurrency == 1 ? f.small_step_us : f.big_step_us;
 }
+// The step the bandwidth sweep's workers ran with.
+inline int BandwidthStepUs(const RequestsFlags& f) { return StepUs(f, f.big_concurrency); }
 
 void PrintJson(const RequestsFlags& f, const Figures& m);
 void PrintText(const RequestsFlags& f, const Figures& m);

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <deque>
 #include <fstream>
-#include <optional>
 #include <regex>
 #include <set>
 
