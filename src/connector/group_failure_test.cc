@@ -195,6 +195,59 @@ TEST(GroupFailureTest, AnAbortRightAfterInitReachesASenderCreatedAfterTheRelease
   EXPECT_EQ(tx->Failure()->origin.ShortName(), "decode tp0") << tx->Failure()->Message();
 }
 
+// The same, with the room id used again before the failed use resolved: the
+// late notice must not fail the new request, whose sender has no metadata
+// yet and cannot tell the two uses apart. Decode reaches the registry
+// through a stalled proxy, so neither use resolves until it resumes; the
+// first is aborted and released, the second created, and prefill's sender
+// of the room is waiting when both resolve. Barrier: decode's log says the
+// first use's prefill ranks were not told. (Telling them, as before, fails
+// the new request's sender with the old abort.)
+TEST(GroupFailureTest, ALateNoticeOfAFailedUseSparesTheRoomsNextUse) {
+  std::unique_ptr<StallProxy> proxy;
+  ClusterOptions o;
+  o.tweak = [&](ManagerOptions& m) {
+    TolerantLiveness(m);
+    m.heartbeat_misses = 400;  // 20 s
+    m.waiting_timeout = std::chrono::seconds(60);
+    if (m.role != Role::kDecode) return;
+    proxy = std::make_unique<StallProxy>(m.bootstrap_addr);
+    m.bootstrap_addr = proxy->address();
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TestCluster& cluster = **c;
+  ASSERT_TRUE(proxy && proxy->ok());
+  testing::LogCapture log;
+  proxy->Stall();
+  {
+    auto first = std::move(KVReceiver::Create(*cluster.decode[0].manager, 9)).value();
+    ASSERT_TRUE(first->Init(0).ok());
+    first->Abort();
+    ASSERT_EQ(first->Poll(), KVPoll::kFailed);
+  }
+  Request r{.room = 9, .src = Scattered(4, 64, 21), .dst = Scattered(4, 64, 22)};
+  r.receivers.push_back(std::move(KVReceiver::Create(*cluster.decode[0].manager, 9)).value());
+  ASSERT_TRUE(r.receivers[0]->Init(0).ok());
+  r.senders.push_back(std::move(KVSender::Create(*cluster.prefill[0].manager, 9)).value());
+  proxy->Resume();
+  ASSERT_TRUE(WaitFor([&] { return !log.Matching("the room id is in use again").empty(); },
+                      std::chrono::seconds(20)))
+      << "the failed use's prefill ranks were told, or it never resolved";
+  ASSERT_TRUE(WaitFor([&] { return r.receivers[0]->Poll() == KVPoll::kWaitingForInput; },
+                      std::chrono::seconds(20)))
+      << KVPollName(r.receivers[0]->Poll());
+  ASSERT_NE(r.senders[0]->Poll(), KVPoll::kFailed) << r.senders[0]->Failure()->Message();
+  ASSERT_TRUE(r.receivers[0]->SendMetadata(r.dst, r.dst_aux, r.dst_state).ok());
+  cluster.prefill[0].pool->Fill(r.room, r.src, r.src_aux, r.src_state);
+  ASSERT_TRUE(WaitFor([&] { return r.senders[0]->Poll() == KVPoll::kWaitingForInput; }))
+      << KVPollName(r.senders[0]->Poll())
+      << (r.senders[0]->Failure() ? ": " + r.senders[0]->Failure()->Message() : "");
+  ASSERT_TRUE(r.senders[0]->Init(r.src.size(), r.src_aux).ok());
+  ASSERT_NO_FATAL_FAILURE(SendChunks(r, {4}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(cluster, r));
+}
+
 // Records queued while the registry does not answer are kept, not dropped:
 // a publish that times out (kUnavailable) leaves it and every record queued
 // after it for a later round (PublishQueued). Decode reaches the registry

@@ -163,8 +163,34 @@ std::vector<ReceiverSource> ManagerImpl::KnownSourcesLocked(const ReceiverRoom& 
   return known;
 }
 
+// A newer receiver holding `room`'s id for the same prefill dp rank (or one
+// not yet initialized): the id is in use again.
+static const ReceiverRoom* NewerUse(
+    const std::unordered_map<uint64_t, std::shared_ptr<ReceiverRoom>>& receivers,
+    const ReceiverRoom& room) {
+  auto it = receivers.find(room.room);
+  if (it == receivers.end() || it->second.get() == &room) return nullptr;
+  const ReceiverRoom& next = *it->second;
+  if (next.generation <= room.generation) return nullptr;
+  if (next.initialized && next.prefill_dp_rank != room.prefill_dp_rank) return nullptr;
+  return &next;
+}
+
 void ManagerImpl::AddFailedSourcesLocked(ReceiverRoom& room, std::vector<ReceiverSource> sources,
                                          Outbox& out) {
+  // A prefill rank told of this failure before decode's metadata fails its
+  // sender of the room: once the id is in use again, that sender may be the
+  // new request's, which it cannot tell apart before the new metadata. So
+  // prefill ranks not told yet are not told; a sender of the failed use, if
+  // one is still waiting, ends at its deadline. Nothing was sent to them for
+  // this use (it never resolved), so nothing of theirs can land here.
+  if (const ReceiverRoom* next = NewerUse(receivers_, room); next != nullptr && !sources.empty()) {
+    KVB_LOG_WARN(
+        "room {}: the use that failed ({}) is not told to its prefill ranks: it failed before "
+        "they were known, and the room id is in use again (generation {})",
+        room.room, room.failure->Message(), next->generation);
+    return;
+  }
   for (ReceiverSource& src : sources) {
     const bool known =
         std::any_of(room.sources.begin(), room.sources.end(),
