@@ -512,7 +512,7 @@ void ManagerImpl::OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& o
     ++peer.refusals;
     peer.refusal = ack.message.substr(0, Peer::kMaxRefusalText);
     peer.notice = false;  // met again to tell it: that session is refused too
-    KVB_LOG_WARN("{} refused this process's handshake: {}", peer.key, ack.message);
+    KVB_LOG_WARN("{} refused this process's handshake: {}", peer.key, peer.refusal);
     by_tpeer_.erase(peer.tpeer);
     out.wake_registry = true;
     return;
@@ -522,12 +522,12 @@ void ManagerImpl::OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& o
     peer.acked = true;
     return;
   }
-  if (peer.failed) return;
+  // An answered session is not judged again (a Hello sent twice, a stream).
+  if (peer.failed || peer.acked) return;
   if (ack.code != StatusCode::kOk) {
     FailPeerLocked(peer, FailureCause::kLayoutMismatch, ack.message, "handshake", out);
     return;
   }
-  if (peer.acked) return;  // the answer to a Hello sent again
   peer.acked = true;
   // The writer chose the path when it mapped this rank's regions; it says
   // which in the ack (this rank imports nothing of its own from a writer).

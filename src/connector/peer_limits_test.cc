@@ -5,6 +5,7 @@
 
 #include <functional>
 
+#include "common/log_capture.h"
 #include "connector/connector_test_util.h"
 #include "connector/manager_impl.h"
 #include "connector/protocol.h"
@@ -91,6 +92,49 @@ TEST_F(PeerLimitsTest, MetaWithHugeTpSizeNeverReachesThePlanner) {
   ASSERT_TRUE(WaitFor([&] { return Invalid() == before + 2; })) << Invalid() - before;
   EXPECT_EQ(sender->Poll(), KVPoll::kBootstrapping);
   EXPECT_EQ(prefill().Stats().pending_metadata, 0u);
+}
+
+// A stream of handshake answers from a prefill rank whose handshake was
+// answered long ago: refusals "as declared failed" (each would let decode's
+// endpoint go and wake a registry round, were it taken) and verdicts of
+// incompatibility (each would fail the peer as a layout mismatch), all with
+// 16 KiB of text, newlines included. An answered session is not judged
+// again: none is taken, none is logged, nothing fails, and the next request
+// goes through on the same endpoint. A message decode cannot decode, sent
+// after them on the same endpoint, is the barrier.
+TEST_F(PeerLimitsTest, AStreamOfHandshakeAnswersAfterTheSessionWasAnsweredIsDropped) {
+  const PeerId from_prefill = ProvenEndpoint(prefill(), decode().self());
+  const PeerId decode_ep = ProvenEndpoint(decode(), prefill().self());
+  const uint64_t before = decode().Stats().invalid_messages_dropped;
+  testing::LogCapture log;
+  std::string text(kMaxTextBytes, 'x');
+  for (size_t i = 0; i < text.size(); i += 80) text[i] = '\n';
+  for (int i = 0; i < 100; ++i) {
+    HelloAckMsg ack;
+    ack.code = i % 2 == 0 ? kRefusedAsDeclaredFailed : StatusCode::kFailedPrecondition;
+    ack.message = text;
+    ASSERT_TRUE(ManagerAccess::Of(prefill())
+                    .transport()
+                    .SendMessage(from_prefill, EncodeMessage(prefill().self(), ack))
+                    .ok());
+  }
+  ASSERT_TRUE(ManagerAccess::Of(prefill())
+                  .transport()
+                  .SendMessage(from_prefill, std::string(9, '\xff'))
+                  .ok());
+  ASSERT_TRUE(WaitFor([&] { return decode().Stats().invalid_messages_dropped == before + 1; }));
+  EXPECT_TRUE(log.Matching("refused this process's handshake").empty());
+  std::optional<PeerSnapshot> seen = PeerAt(ManagerAccess::Of(decode()), prefill().self());
+  ASSERT_TRUE(seen.has_value());
+  EXPECT_TRUE(seen->ready);
+  EXPECT_FALSE(seen->failed);
+  EXPECT_EQ(seen->endpoint, decode_ep);
+  Request r{.room = 33};
+  r.src = {3, 4};
+  r.dst = {11, 12};
+  ASSERT_NO_FATAL_FAILURE(Start(*cluster_, r, false));
+  ASSERT_NO_FATAL_FAILURE(SendChunks(r, {2}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(*cluster_, r));
 }
 
 // Prefill holds metadata that came before its sender (sglang's decode often
