@@ -66,6 +66,11 @@ class KVB_EXPORT KVReceiver {
   // record saying no reason reached this rank. Never empty.
   FailureRecord GroupFailure() const;
   void Abort();
+  // Fails the request with cause kInvalidRequest and `reason` as its detail
+  // (origin: this rank) and tells prefill, as Abort() does: for a request
+  // this rank cannot serve as asked (e.g. a destination kvbridge does not
+  // write to).
+  void Reject(std::string reason);
   bool Quiesced() const;
   // Poll() for a scheduler that frees a request's pages as soon as it sees
   // Failed and never asks Quiesced() (sglang): the same states, except that

@@ -221,6 +221,11 @@ class KVReceiver(_Room):
     def abort(self) -> None:
         self._impl.abort()
 
+    def reject(self, reason: str) -> None:
+        """Fails the request as invalid_request with `reason` (this rank
+        cannot serve it as asked) and tells prefill."""
+        self._impl.reject(str(reason))
+
     def quiesced(self) -> bool:
         """True once no write of this request can land; pages may be reused then."""
         return self._impl.quiesced()

@@ -190,6 +190,7 @@ class PyReceiver : public RoomHandle<KVReceiver> {
     Check(result);
   }
   void Abort() { live().Abort(); }
+  void Reject(const std::string& reason) { live().Reject(reason); }
   bool Quiesced() const { return room_ ? room_->Quiesced() : true; }
   std::string FailAsGroupJson() {
     if (!room_) return GroupFailureJson();
@@ -290,6 +291,7 @@ PYBIND11_MODULE(_kvbridge, m) {
       .def("poll_settled", [](const PyReceiver& r) { return PollObject(r.PollSettled()); })
       .def("wait_quiesced", &PyReceiver::WaitQuiesced, py::arg("timeout_s"), Release())
       .def("abort", &PyReceiver::Abort, Release())
+      .def("reject", &PyReceiver::Reject, py::arg("reason"), Release())
       .def("close", &PyReceiver::Close, Release());
 
   py::class_<PyBootstrapServer>(m, "BootstrapServer")

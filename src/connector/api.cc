@@ -123,6 +123,9 @@ FailureRecord KVReceiver::GroupFailure() const {
   return ManagerAccess::Of(manager_).GroupFailure(*room_);
 }
 void KVReceiver::Abort() { ManagerAccess::Of(manager_).ReceiverAbort(room_); }
+void KVReceiver::Reject(std::string reason) {
+  ManagerAccess::Of(manager_).ReceiverReject(room_, std::move(reason));
+}
 bool KVReceiver::Quiesced() const { return room_->quiesced.load(std::memory_order_acquire); }
 KVPoll KVReceiver::PollSettled() const {
   const KVPoll p = room_->poll();

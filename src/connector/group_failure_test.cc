@@ -109,6 +109,40 @@ TEST(GroupFailureTest, ARejectOnOnePrefillRankFailsEveryDecodeReceiverNamingItAn
   ExpectSameRecord(*r.senders[0]->Failure(), want);
 }
 
+// KVReceiver::Reject (a request decode cannot serve as asked, e.g. sglang's
+// HiSparse device pages), before any metadata was sent: every prefill
+// sender of the room and the other decode receiver fail with that rank's
+// reason, not a generic abort and not at their metadata deadline.
+TEST(GroupFailureTest, ARejectOnOneDecodeRankBeforeMetadataFailsEveryRankWithTheReason) {
+  auto c = TestCluster::Create(TwoByTwo());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TestCluster& cluster = **c;
+  Request r{.room = 52};
+  for (auto& p : cluster.prefill)
+    r.senders.push_back(std::move(KVSender::Create(*p.manager, r.room)).value());
+  for (auto& d : cluster.decode) {
+    r.receivers.push_back(std::move(KVReceiver::Create(*d.manager, r.room)).value());
+    ASSERT_TRUE(r.receivers.back()->Init(0).ok());
+  }
+  for (auto& rx : r.receivers)
+    ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kWaitingForInput; }))
+        << KVPollName(rx->Poll());
+  const std::string reason = "device_kv_indices are not carried by kvbridge";
+  r.receivers[0]->Reject(reason);
+  ASSERT_EQ(r.receivers[0]->Poll(), KVPoll::kFailed);
+  const FailureRecord want = *r.receivers[0]->Failure();
+  EXPECT_EQ(want.cause, FailureCause::kInvalidRequest);
+  EXPECT_EQ(want.detail, reason);
+  EXPECT_TRUE(want.origin.SameRank(cluster.decode[0].manager->self())) << want.Message();
+  for (size_t i = 0; i < r.senders.size(); ++i) {
+    ASSERT_TRUE(WaitFor([&] { return r.senders[i]->Poll() == KVPoll::kFailed; }))
+        << "prefill tp" << i;
+    ExpectSameRecord(*r.senders[i]->Failure(), want);
+  }
+  ASSERT_TRUE(WaitFor([&] { return r.receivers[1]->Poll() == KVPoll::kFailed; }));
+  ExpectSameRecord(*r.receivers[1]->Failure(), want);
+}
+
 TEST(GroupFailureTest, ARankThatSucceededNamesWhyItsGroupFailed) {
   std::vector<FaultTransport*> faults;
   auto c = TestCluster::Create(TwoByTwo(&faults));

@@ -105,6 +105,7 @@ class ManagerImpl {
                               std::span<const int32_t> pages, int64_t aux_index,
                               std::span<const int32_t> state, int64_t decode_prefix_len);
   void ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room);
+  void ReceiverReject(const std::shared_ptr<ReceiverRoom>& room, std::string reason);
   // Waits (blocking) for Quiesced or `timeout`; returns Quiesced.
   bool WaitReceiverQuiesced(const ReceiverRoom& room, std::chrono::milliseconds timeout);
   FailureRecord ReceiverFailAsGroup(const std::shared_ptr<ReceiverRoom>& room);
@@ -590,9 +591,8 @@ class ManagerImpl {
   std::set<std::string> hello_retries_ KVB_GUARDED_BY(mu_);
   // Failed peers whose grant is still to be revoked; the next grant id.
   std::set<std::string> fence_pending_ KVB_GUARDED_BY(mu_);
-  // The unrevoked grants of peers replaced at their position (a failed rank
-  // that rejoined or restarted) before FenceRound got to them: revoked
-  // there, and then that incarnation's sources count as quiesced.
+  // Unrevoked grants of peers replaced at their position before FenceRound got
+  // to them: revoked there, then that incarnation's sources count as quiesced.
   std::vector<RetiredGrant> retired_grants_ KVB_GUARDED_BY(mu_);
   GrantId next_grant_ KVB_GUARDED_BY(mu_) = 1;
 };

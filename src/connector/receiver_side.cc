@@ -516,4 +516,16 @@ void ManagerImpl::ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room) {
   Flush(out);
 }
 
+void ManagerImpl::ReceiverReject(const std::shared_ptr<ReceiverRoom>& room, std::string reason) {
+  Outbox out;
+  {
+    MutexLock lock(mu_);
+    FailReceiverLocked(*room,
+                       MakeRecord(Self(), FailureCause::kInvalidRequest, std::move(reason),
+                                  room->phase, "Reject()"),
+                       out);
+  }
+  Flush(out);
+}
+
 }  // namespace kvbridge::internal
