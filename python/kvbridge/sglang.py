@@ -170,7 +170,30 @@ def state_type_names_of(args: Any) -> List[str]:
     if len(types) != len(ptrs):
         raise kvbridge.InvalidArgumentError(
             None, f"KVArgs.state_types: {len(types)} entries for {len(ptrs)} state components")
-    return [str(getattr(t, "name", None) or getattr(t, "value", t)) for t in types]
+    names = [str(getattr(t, "name", None) or getattr(t, "value", t)) for t in types]
+    for name in names:
+        if name.upper() in _STATE_TYPES_NOT_ROWS:
+            raise kvbridge.UnimplementedError(
+                None, f"KVArgs.state_types: {name}: {_STATE_TYPES_NOT_ROWS[name.upper()]}")
+    return [_renamed_state_type(n) for n in names]
+
+
+def _renamed_state_type(name: str) -> str:
+    renamed = _STATE_TYPE_RENAMED.get(name.upper())
+    if renamed is None:
+        return name
+    return renamed if name.isupper() else renamed.lower()
+
+
+# sglang renamed StateType.C128_STATE to DSV4_REQUEST_STATE (the wire value
+# "c128_state" kept): both pair as one component, whichever a side runs.
+_STATE_TYPE_RENAMED = {"DSV4_REQUEST_STATE": "C128_STATE"}
+# State components whose indices are not rows of their buffers: kvbridge
+# would copy the wrong bytes, so they are refused by name.
+_STATE_TYPES_NOT_ROWS = {
+    "DSA_TAIL": "its indices describe the live slots of one ring row (moved as byte "
+                "ranges by sglang), not rows; kvbridge moves state rows only",
+}
 
 
 def state_layer_ids_of(args: Any) -> List[int]:
@@ -566,6 +589,13 @@ class KVBridgeKVManager(BaseKVManager):
         # receiver says Failed only once quiesced (poll_settled), so nothing
         # is left to drain.
         self.requires_transfer_drain = False
+        # Newer sglang: a runtime prefill/decode role switch asks the backend
+        # (mooncake's says yes); kvbridge does not switch, and sglang then
+        # refuses the switch with its reason.
+        self.supports_role_switch = False
+        # Newer sglang's decode host receive (KV into host memory above a
+        # threshold): sglang refuses to start it with a backend saying no.
+        self.supports_host_destination = False
         # DSpark (a newer sglang's hidden-state streaming for speculative
         # decoding), read by its prefill per room: kvbridge streams none.
         self.req_to_dspark_hidden_meta: Dict[int, Any] = {}
@@ -781,6 +811,24 @@ class KVBridgeKVManager(BaseKVManager):
             return
         self._handle_node_failure(bootstrap_addr, epoch=epoch, why=why)
 
+    def _ensure_prefill_recompute_executor(self) -> Any:
+        """Newer sglang's decode submits its dp-rank queries (sglang's own
+        query_prefill_dp_ranks) to this shared pool every step, as it does
+        the retraction's re-bootstrap; made at the first call,
+        SGLANG_DISAGGREGATION_THREAD_POOL_SIZE threads (16), as sglang's."""
+        import concurrent.futures
+        with self._recompute_lock:
+            if self._recompute_pool is None:
+                workers = _env_seconds_or("SGLANG_DISAGGREGATION_THREAD_POOL_SIZE", 16)
+                self._recompute_pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=workers, thread_name_prefix="kvbridge-rebootstrap")
+            return self._recompute_pool
+
+    def teardown(self) -> None:
+        """sglang's role switch frees a backend with it; kvbridge says it
+        does not switch (supports_role_switch), and this only closes."""
+        self.close()
+
     def submit_dp_rank_query(self, bootstrap_addr: str,
                              bootstrap_rooms: List[int]) -> Any:
         """Decode (newer sglang): query_prefill_dp_ranks off the scheduler's
@@ -943,14 +991,8 @@ class KVBridgeKVManager(BaseKVManager):
             return
         host = _norm_addr(kv_receiver.bootstrap_addr).rsplit(":", 1)[0]
         url = f"http://{host}:{int(port)}/generate"
-        with self._recompute_lock:
-            if self._recompute_pool is None:
-                import concurrent.futures
-                # sglang's own pool for these: SGLANG_DISAGGREGATION_THREAD_POOL_SIZE, 16.
-                workers = _env_seconds_or("SGLANG_DISAGGREGATION_THREAD_POOL_SIZE", 16)
-                self._recompute_pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=workers, thread_name_prefix="kvbridge-rebootstrap")
-        self._recompute_pool.submit(self._run_recompute, kv_receiver, url, dict(payload))
+        self._ensure_prefill_recompute_executor().submit(self._run_recompute, kv_receiver, url,
+                                                         dict(payload))
 
     def _run_recompute(self, kv_receiver: Any, url: str, payload: dict) -> None:
         import urllib.error
@@ -980,7 +1022,9 @@ class KVBridgeKVManager(BaseKVManager):
     def close(self) -> None:
         with self._recompute_lock:
             self._closed = True
-        for pool in (self._recompute_pool, self._query_pool):
+            pools, self._recompute_pool, self._query_pool = (
+                (self._recompute_pool, self._query_pool), None, None)
+        for pool in pools:
             if pool is not None:
                 pool.shutdown(wait=False)
         with self.connection_lock:  # taken out: an eviction now finds none to close
@@ -1171,6 +1215,12 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
                     f"in order")
         return None
 
+    def get_max_transfer_tokens(self) -> Optional[int]:
+        """Newer sglang cuts each send into segments of this many tokens
+        (for a backend's pack buffer); None: one send per chunk, as kvbridge
+        writes the pages where they are."""
+        return None
+
     def should_send_kv_chunk(self, num_pages: int, last_chunk: bool) -> bool:
         return num_pages > 0 or last_chunk  # an empty last chunk still sends aux/state
 
@@ -1219,6 +1269,7 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
             if bootstrap_room is not None:
                 mgr._rooms[bootstrap_room] = self
         self.require_staging = False
+        self.supports_host_destination = False  # see the manager's
         # sglang's deferred release holds pages only for a receiver that told
         # prefill of its abort; kvbridge's Failed already means quiesced.
         self.abort_notified = False
@@ -1281,11 +1332,23 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
     def send_metadata(self, kv_indices: Any, aux_index: Optional[int] = None,
                       state_indices: Optional[List] = None,
                       decode_prefix_len: Optional[int] = None,
-                      spec_metadata: Any = None) -> None:
+                      spec_metadata: Any = None, destination: Any = None,
+                      device_kv_indices: Any = None) -> None:
+        if str(getattr(destination, "name", destination or "")).upper() == "HOST":
+            # As sglang's backends without host receive: raised, nothing sent.
+            raise NotImplementedError(
+                "Host KV destination is not supported by kvbridge (supports_host_destination "
+                "is False); turn off decode host receive")
         if spec_metadata is not None:
             # A version with DSpark hidden-state streaming passes it always
             # (None without DSpark); kvbridge does not carry it.
             self.fail("spec_metadata (DSpark hidden-state streaming) is not carried by kvbridge")
+            return
+        if device_kv_indices is not None:
+            # HiSparse (DeepSeek V4): a second set of destination pages on the
+            # device, which sglang sends only to a backend in mooncake's slot.
+            self.fail("device_kv_indices (HiSparse device-resident pages) are not carried by "
+                      "kvbridge; run the decode server without HiSparse")
             return
         if self._r is None:
             self._fail_early("send_metadata before init")
@@ -1300,13 +1363,14 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
 
     def fail(self, reason: str) -> None:
         """Fails the request for a reason of the adapter's own (a retraction
-        whose recompute could not be asked): poll() says Failed, prefill is
-        told (as an abort), failure() and failure_exception() carry `reason`."""
+        whose recompute could not be asked, a request kvbridge cannot carry):
+        poll() says Failed, prefill is told the reason, failure() and
+        failure_exception() carry `reason`."""
         self._reason = str(reason)
         if self._r is None:
             self._fail_early(self._reason)
         else:
-            self._r.abort()
+            self._r.reject(self._reason)
 
     def _with_reason(self, e: Optional[kvbridge.KVTransferError]
                      ) -> Optional[kvbridge.KVTransferError]:

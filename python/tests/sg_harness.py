@@ -210,10 +210,19 @@ def run_sg_rank(spec: SgSpec, states, progress, go, done, results) -> None:
                     last = sent + k == len(src)
                     if last and room in spec.hold_last_chunk and not go.value:
                         progress[spec.index] |= 1 << slot[room]  # only the last chunk left
-                    elif tx.should_send_kv_chunk(k, last):
-                        tx.send(src[sent:sent + k],
-                                state_payload(spec.state_types, 8 + slot[room]) if last else None,
-                                num_kv_tokens=k * s.page_size)  # newer sglang passes it
+                    else:
+                        # The newest sglang cuts a chunk into sends of at
+                        # most get_max_transfer_tokens() tokens (None: one).
+                        limit = tx.get_max_transfer_tokens()
+                        step = k if limit is None else max(int(limit) // s.page_size, 1)
+                        for at in range(sent, sent + k, step):
+                            seg = min(step, sent + k - at)
+                            seg_last = last and at + seg == len(src)
+                            if tx.should_send_kv_chunk(seg, seg_last):
+                                tx.send(src[at:at + seg],
+                                        state_payload(spec.state_types, 8 + slot[room])
+                                        if seg_last else None,
+                                        num_kv_tokens=seg * s.page_size)  # newer sglang passes it
                         inflight[room][1] = sent + k
                 p = group_poll(room, tx)
                 if p == KVPoll.Success:

@@ -357,14 +357,23 @@ def run_sglang_order(pair: Pair, room: int, src: np.ndarray, dst: np.ndarray, au
     pos = 0
     for i, n in enumerate(chunks):
         last = i == len(chunks) - 1
-        if tx.should_send_kv_chunk(n, last):
-            state = prefill_state if last else None
+        # The newest sglang asks before each chunk how many tokens one send
+        # may carry, and cuts the chunk into segments of that many (None:
+        # one send).
+        limit = tx.get_max_transfer_tokens()
+        step = n if limit is None else max(int(limit) // page_size, 1)
+        for at in range(pos, pos + n, step):
+            k = min(step, pos + n - at)
+            seg_last = last and at + k == pos + n
+            if not tx.should_send_kv_chunk(k, seg_last):
+                continue
+            state = prefill_state if seg_last else None
             if offsets:  # token_position_offset: the chunk's first token in the request
-                tx.send(src[pos:pos + n], state,
-                        token_position_offset=(prefix_pages + pos) * page_size)
+                tx.send(src[at:at + k], state,
+                        token_position_offset=(prefix_pages + at) * page_size)
             else:
-                tokens = last_tokens if last and last_tokens is not None else n * page_size
-                tx.send(src[pos:pos + n], state, num_kv_tokens=tokens)
+                tokens = last_tokens if seg_last and last_tokens is not None else k * page_size
+                tx.send(src[at:at + k], state, num_kv_tokens=tokens)
         pos += n
     wait_until(lambda: rx.poll() in (KVPoll.Success, KVPoll.Failed) and
                tx.poll() in (KVPoll.Success, KVPoll.Failed), what="transfer")
