@@ -80,6 +80,8 @@ class SglangBootstrapStandin:
                     info.update(target_tp_rank=None, target_tp_ranks=None, target_cp_ranks=None,
                                 target_pp_ranks=None, required_dst_info_num=None,
                                 required_prefill_response_num=None)
+                    if shape.get("dsv41_spec_layout") is not None:  # newer sglang: only if set
+                        info["dsv41_spec_layout"] = shape["dsv41_spec_layout"]
                     return self._answer(200, info, "application/json")
                 where = ranks.get((dp, cp, tp, pp))
                 if where is None:
@@ -100,8 +102,12 @@ class SglangBootstrapStandin:
                 dp_size = int(rank["attn_dp_size"]) if system_dp == 1 else system_dp
                 dp_group = int(rank["attn_dp_rank"]) if system_dp == 1 else \
                     int(rank["system_dp_rank"])
+                layout = d.get("dsv41_spec_layout")  # newer sglang's DSpark layout
                 with outer.lock:
                     outer.puts += 1
+                    if outer.ranks and outer.shape.get("dsv41_spec_layout") != layout:
+                        return self._answer(
+                            400, "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks")
                     if outer.shape is None:
                         method = d.get("load_balance_method") or "follow_bootstrap_room"
                         outer.shape = {
@@ -114,6 +120,7 @@ class SglangBootstrapStandin:
                             "enable_dsa_cache_layer_split":
                                 bool(d.get("enable_dsa_cache_layer_split", False)),
                             "prefill_http_port": d.get("prefill_http_port"),
+                            "dsv41_spec_layout": layout,
                             "expected": dp_size * int(rank["attn_cp_size"]) *
                             int(rank["attn_tp_size"]) * int(rank["pp_size"])}
                     key = (dp_group, int(rank["attn_cp_rank"]), int(rank["attn_tp_rank"]),

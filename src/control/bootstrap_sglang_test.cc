@@ -122,6 +122,36 @@ TEST_F(BootstrapSglangTest, RegistrationBodyIsAcceptedAndParallelInfoIsSglangsDa
   EXPECT_EQ(r["rank_port"], 17001);
 }
 
+// The newest sglang's prefill ranks PUT a DeepSeek-V4.1 DSpark layout (an
+// object; None without DSpark); its server answers it in the parallel info
+// only when given, and refuses a rank whose layout differs from the
+// registered ranks'. A layout that is not an object is refused by name.
+TEST_F(BootstrapSglangTest, TheDsparkLayoutIsKeptAnsweredAndTheSameOnEveryRank) {
+  const json layout{{"block_size", 128}, {"target_kv", "fp8"}};
+  json body = SglangRegistration(0);
+  body["dsv41_spec_layout"] = layout;
+  ASSERT_EQ(Put("/route", body)->status, 200);
+  json other = SglangRegistration(1);
+  other["dsv41_spec_layout"] = json{{"block_size", 64}};
+  httplib::Result differs = Put("/route", other);
+  ASSERT_TRUE(differs);
+  EXPECT_EQ(differs->status, 409) << differs->body;
+  EXPECT_NE(differs->body.find("dsv41_spec_layout"), std::string::npos) << differs->body;
+  EXPECT_EQ(Get(kAllMinusOne)->status, 503);  // the refused rank did not register
+  other["dsv41_spec_layout"] = "fp8";
+  httplib::Result mistyped = Put("/route", other);
+  ASSERT_TRUE(mistyped);
+  EXPECT_EQ(mistyped->status, 400) << mistyped->body;
+  EXPECT_NE(mistyped->body.find("dsv41_spec_layout"), std::string::npos) << mistyped->body;
+  other["dsv41_spec_layout"] = layout;
+  ASSERT_EQ(Put("/route", other)->status, 200);
+  httplib::Result info = Get(kAllMinusOne);
+  ASSERT_TRUE(info);
+  ASSERT_EQ(info->status, 200) << info->body;
+  json j = json::parse(info->body, nullptr, false);
+  EXPECT_EQ(j["dsv41_spec_layout"], layout) << info->body;
+}
+
 TEST_F(BootstrapSglangTest, WithSystemDpTheRanksDpGroupIsItsSystemDpRank) {
   for (int dp : {0, 1}) {
     for (int tp : {0, 1}) ASSERT_EQ(Put("/route", SglangRegistration(tp, 2, dp))->status, 200);

@@ -395,15 +395,7 @@ Result<ParallelInfo> EtcdView::GetParallelInfo() const {
       ref = &e.record;
       break;
     }
-  ParallelInfo info;
-  info.attn_tp_size = ref->attn_tp_size;
-  info.attn_cp_size = ref->attn_cp_size;
-  info.attn_dp_size = ref->attn_dp_size;
-  info.pp_size = ref->pp_size;
-  info.page_size = ref->page_size;
-  info.kv_cache_dtype = ref->kv_cache_dtype;
-  info.follow_bootstrap_room = ref->follow_bootstrap_room;
-  info.enable_dsa_cache_layer_split = ref->enable_dsa_cache_layer_split;
+  ParallelInfo info = ParallelInfo::Of(*ref);
   for (const auto& [k, e] : prefill_) {
     if (!CompareInstanceLayout(*ref, e.record).ok()) continue;
     ++info.ranks_registered;

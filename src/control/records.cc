@@ -144,6 +144,7 @@ json RankRecord::ToJson() const {
       {"instance", instance},
       {"transport_address", Base64Encode(transport_address)},
       {"layout", layout},
+      {"dsv41_spec_layout", dsv41_spec_layout},
       {"prefill_http_port", prefill_http_port != 0 ? json(prefill_http_port) : json(nullptr)},
       {"load_balance_method", follow_bootstrap_room ? "follow_bootstrap_room" : "round_robin"},
       {"enable_dsa_cache_layer_split", enable_dsa_cache_layer_split}};
@@ -184,6 +185,9 @@ Status SglangExtras(const JsonFields& f, RankRecord* r) {
   }
   if (f.HasValue("enable_dsa_cache_layer_split")) {
     KVB_RETURN_IF_ERROR(f.Bool("enable_dsa_cache_layer_split", &r->enable_dsa_cache_layer_split));
+  }
+  if (f.HasValue("dsv41_spec_layout")) {
+    KVB_RETURN_IF_ERROR(f.Object("dsv41_spec_layout", &r->dsv41_spec_layout));
   }
   return Status::Ok();
 }
@@ -249,22 +253,38 @@ Result<RankRecord> RankRecord::FromJson(const json& j) {
   return r;
 }
 
+ParallelInfo ParallelInfo::Of(const RankRecord& ref) {
+  ParallelInfo info;
+  info.attn_tp_size = ref.attn_tp_size;
+  info.attn_cp_size = ref.attn_cp_size;
+  info.attn_dp_size = ref.attn_dp_size;
+  info.pp_size = ref.pp_size;
+  info.page_size = ref.page_size;
+  info.kv_cache_dtype = ref.kv_cache_dtype;
+  info.follow_bootstrap_room = ref.follow_bootstrap_room;
+  info.enable_dsa_cache_layer_split = ref.enable_dsa_cache_layer_split;
+  info.dsv41_spec_layout = ref.dsv41_spec_layout;
+  return info;
+}
+
 json ParallelInfo::ToJson() const {
-  return json{{"attn_tp_size", attn_tp_size},
-              {"attn_cp_size", attn_cp_size},
-              {"dp_size", attn_dp_size},
-              {"pp_size", pp_size},
-              {"page_size", page_size},
-              {"kv_cache_dtype", kv_cache_dtype},
-              {"follow_bootstrap_room", follow_bootstrap_room},
-              {"enable_dsa_cache_layer_split", enable_dsa_cache_layer_split},
-              {"prefill_http_port", prefill_http_port != 0 ? json(prefill_http_port) : json()},
-              {"target_tp_rank", nullptr},
-              {"target_tp_ranks", nullptr},
-              {"target_cp_ranks", nullptr},
-              {"target_pp_ranks", nullptr},
-              {"required_dst_info_num", nullptr},
-              {"required_prefill_response_num", nullptr}};
+  json j{{"attn_tp_size", attn_tp_size},
+         {"attn_cp_size", attn_cp_size},
+         {"dp_size", attn_dp_size},
+         {"pp_size", pp_size},
+         {"page_size", page_size},
+         {"kv_cache_dtype", kv_cache_dtype},
+         {"follow_bootstrap_room", follow_bootstrap_room},
+         {"enable_dsa_cache_layer_split", enable_dsa_cache_layer_split},
+         {"prefill_http_port", prefill_http_port != 0 ? json(prefill_http_port) : json()},
+         {"target_tp_rank", nullptr},
+         {"target_tp_ranks", nullptr},
+         {"target_cp_ranks", nullptr},
+         {"target_pp_ranks", nullptr},
+         {"required_dst_info_num", nullptr},
+         {"required_prefill_response_num", nullptr}};
+  if (!dsv41_spec_layout.is_null()) j["dsv41_spec_layout"] = dsv41_spec_layout;
+  return j;
 }
 
 Result<ParallelInfo> ParallelInfo::FromJson(const json& j) {
@@ -284,6 +304,9 @@ Result<ParallelInfo> ParallelInfo::FromJson(const json& j) {
   }
   if (f.HasValue("prefill_http_port")) {
     KVB_RETURN_IF_ERROR(f.Int("prefill_http_port", 0, 65535, &p.prefill_http_port));
+  }
+  if (f.HasValue("dsv41_spec_layout")) {
+    KVB_RETURN_IF_ERROR(f.Object("dsv41_spec_layout", &p.dsv41_spec_layout));
   }
   int64_t ranks = int64_t{p.attn_tp_size} * p.attn_cp_size * p.attn_dp_size * p.pp_size;
   if (ranks > kMaxRanksPerInstance) {

@@ -123,15 +123,7 @@ class MemoryRegistry final : public Registry {
     std::lock_guard<std::mutex> lock(mu_);
     if (prefill_.empty()) return UnavailableError("no prefill rank registered yet");
     const RankRecord& ref = prefill_.begin()->second.record;
-    ParallelInfo info;
-    info.attn_tp_size = ref.attn_tp_size;
-    info.attn_cp_size = ref.attn_cp_size;
-    info.attn_dp_size = ref.attn_dp_size;
-    info.pp_size = ref.pp_size;
-    info.page_size = ref.page_size;
-    info.kv_cache_dtype = ref.kv_cache_dtype;
-    info.follow_bootstrap_room = ref.follow_bootstrap_room;
-    info.enable_dsa_cache_layer_split = ref.enable_dsa_cache_layer_split;
+    ParallelInfo info = ParallelInfo::Of(ref);
     for (const auto& [key, e] : prefill_) {
       if (info.prefill_http_port == 0) info.prefill_http_port = e.record.prefill_http_port;
     }
@@ -462,6 +454,14 @@ Status CompareInstanceLayout(const RankRecord& r, const RankRecord& n) {
   if (n.page_size != r.page_size) return conflict("page_size", num(r.page_size), num(n.page_size));
   if (n.kv_cache_dtype != r.kv_cache_dtype) {
     return conflict("kv_cache_dtype", r.kv_cache_dtype, n.kv_cache_dtype);
+  }
+  if (n.dsv41_spec_layout != r.dsv41_spec_layout) {  // sglang: "... differs across prefill ranks"
+    auto shown = [](const json& v) {
+      std::string s = v.dump();
+      return s.size() > 200 ? s.substr(0, 200) + "..." : s;
+    };
+    return conflict("dsv41_spec_layout (DeepSeek-V4.1 DSpark PD layout)",
+                    shown(r.dsv41_spec_layout), shown(n.dsv41_spec_layout));
   }
   return Status::Ok();
 }

@@ -94,6 +94,9 @@ struct RankRecord {
   int prefill_http_port = 0;          // 0 = not given
   bool follow_bootstrap_room = true;  // load_balance_method == "follow_bootstrap_room"
   bool enable_dsa_cache_layer_split = false;
+  // sglang's DeepSeek-V4.1 DSpark PD layout: an object, opaque here; null
+  // when not given. Every rank of an instance must give the same.
+  nlohmann::json dsv41_spec_layout;
 
   RankKey key() const { return {attn_dp_rank, attn_cp_rank, attn_tp_rank, pp_rank}; }
   // "prefill dp0 cp0 tp1 pp0 (host a, pid 12, incarnation 7)".
@@ -110,7 +113,7 @@ struct RankRecord {
   // the rank's address and position, so a restarted sglang rank, which binds
   // a new port, counts as a new incarnation), instance, transport_address,
   // layout, prefill_http_port, load_balance_method,
-  // enable_dsa_cache_layer_split. InvalidArgument naming the field that is
+  // enable_dsa_cache_layer_split, dsv41_spec_layout. InvalidArgument naming the field that is
   // missing, mistyped or out of range.
   static Result<RankRecord> FromJson(const nlohmann::json& j);
 };
@@ -120,7 +123,8 @@ struct RankRecord {
 // PrefillServerInfo (decode builds that dataclass from it, so no other key
 // may appear): attn_tp_size, attn_cp_size, dp_size, pp_size, page_size,
 // kv_cache_dtype, follow_bootstrap_room, enable_dsa_cache_layer_split,
-// prefill_http_port, and the rank-mapping fields decode fills itself (null).
+// prefill_http_port, and the rank-mapping fields decode fills itself (null);
+// dsv41_spec_layout only when the ranks gave one (newer sglang's field).
 struct ParallelInfo {
   int attn_tp_size = 0;
   int attn_cp_size = 0;
@@ -131,10 +135,16 @@ struct ParallelInfo {
   bool follow_bootstrap_room = true;
   bool enable_dsa_cache_layer_split = false;
   int prefill_http_port = 0;  // 0 = none (null)
+  // The ranks' DSpark layout; in the JSON only when not null, as sglang's
+  // server leaves it out.
+  nlohmann::json dsv41_spec_layout;
   int ranks_registered = 0;
   int ranks_expected = 0;  // product of the four sizes
 
   bool complete() const { return ranks_registered == ranks_expected; }
+  // The instance's layout as a registered prefill rank gives it (the rank
+  // counts and the HTTP port are left to the registry, which sees all).
+  static ParallelInfo Of(const RankRecord& ref);
   nlohmann::json ToJson() const;
   // A served info is complete: ranks_registered = ranks_expected.
   static Result<ParallelInfo> FromJson(const nlohmann::json& j);
