@@ -9,6 +9,7 @@
 #include "connector/stall_proxy.h"
 #include "control/auth.h"
 #include "control/bootstrap_client.h"
+#include "control/record_json.h"
 #include "transport/fault/fault_transport.h"
 
 namespace kvbridge::internal {
@@ -127,12 +128,16 @@ TEST(GroupFailureTest, ARejectOnOneDecodeRankBeforeMetadataFailsEveryRankWithThe
   for (auto& rx : r.receivers)
     ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kWaitingForInput; }))
         << KVPollName(rx->Poll());
-  const std::string reason = "device_kv_indices are not carried by kvbridge";
+  // Longer than a record takes (the registry and peers refuse one past it),
+  // with a two-byte character across the limit: cut before it, still told.
+  const std::string head = "device_kv_indices are not carried by kvbridge ";
+  std::string reason =
+      head + std::string(kMaxRecordTextBytes - head.size() - 1, 'x') + "\xC3\xA9tail";
   r.receivers[0]->Reject(reason);
   ASSERT_EQ(r.receivers[0]->Poll(), KVPoll::kFailed);
   const FailureRecord want = *r.receivers[0]->Failure();
   EXPECT_EQ(want.cause, FailureCause::kInvalidRequest);
-  EXPECT_EQ(want.detail, reason);
+  EXPECT_EQ(want.detail, reason.substr(0, kMaxRecordTextBytes - 1));
   EXPECT_TRUE(want.origin.SameRank(cluster.decode[0].manager->self())) << want.Message();
   for (size_t i = 0; i < r.senders.size(); ++i) {
     ASSERT_TRUE(WaitFor([&] { return r.senders[i]->Poll() == KVPoll::kFailed; }))

@@ -11,6 +11,7 @@
 #include "connector/layout_json.h"
 #include "connector/room_failure_rule.h"
 #include "control/auth.h"
+#include "control/record_json.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace kvbridge::internal {
@@ -96,8 +97,7 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Create(const ManagerOptions& o
 Status ManagerImpl::Start() {
   SetIdentity();
   KVB_RETURN_IF_ERROR(SetLayout());
-  // Every message from here on is sealed or a handshake (peer_auth.h); the
-  // secret proves this rank to its peers as it does to the registry.
+  // Every message from here on is sealed or a handshake (peer_auth.h).
   KVB_ASSIGN_OR_RETURN(std::string token, ResolveAuthToken(opts_.auth_token, self_.ShortName()));
   KVB_RETURN_IF_ERROR(StartTransport(token));
   KVB_RETURN_IF_ERROR(StartRegistry(token));
@@ -226,8 +226,7 @@ RankRecord ManagerImpl::MakeRankRecord(uint64_t incarnation) const {
   return rec;
 }
 
-// Lists this rank with the registry (decode ranks not with sglang's own
-// server) and, for a prefill rank, serves its record at its rank_port.
+// Registers this rank (a decode rank not with sglang's server); prefill serves its record.
 Status ManagerImpl::RegisterSelf() {
   if (!IsEtcdRegistry(opts_.registry)) {
     Result<bool> speaks = static_cast<BootstrapClient*>(registry_.get())->SpeaksKvbridge();
@@ -240,8 +239,8 @@ Status ManagerImpl::RegisterSelf() {
   }
   int rank_port = 0;
   if (opts_.role == Role::kPrefill) {
-    // sglang's server keeps only rank_ip and rank_port: the rest of the record
-    // is served there (RankEndpoint); kvbridge's own server does not need it.
+    // sglang's server keeps rank_ip and rank_port only: the rest is served
+    // there (RankEndpoint).
     auto endpoint = RankEndpoint::Start(opts_.advertise_host);
     if (endpoint.ok()) {
       rank_endpoint_ = std::move(endpoint).value();
@@ -312,9 +311,9 @@ ManagerImpl::~ManagerImpl() {
   if (acceptor_.joinable()) acceptor_.join();
   PublishBeforeGoing();
   if (registry_) registry_->SetChangeCallback(nullptr);
-  // Transport threads may still deliver messages and completions, which flush
-  // more work: now nothing reaches the engine or the transport, and the engine
-  // goes only once no flush is under way.
+  // Transport threads may still deliver messages and completions that flush
+  // work: from now nothing reaches the engine or the transport, and the
+  // engine goes only once no flush is under way.
   closing_.store(true);
   while (flushing_.load() != 0) std::this_thread::yield();
   engine_.reset();  // queued chunks complete Aborted (OnChunkDone: metrics still up)
@@ -401,7 +400,7 @@ FailureRecord ManagerImpl::MakeRecord(const RankId& origin, FailureCause cause, 
   FailureRecord r;
   r.origin = origin;
   r.cause = cause;
-  r.detail = std::move(detail);
+  r.detail = ClipRecordText(std::move(detail));  // an application's reason may be long
   r.phase = phase;
   r.detected_by = Self();
   r.mechanism = std::move(mechanism);
@@ -501,11 +500,10 @@ void ManagerImpl::OnMessage(std::string_view bytes, const RankId* proven) {
 
 void ManagerImpl::OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& out) {
   if (ack.code == kRefusedAsDeclaredFailed) {
-    // Prefill holds a record that declared this very process failed. Not
-    // prefill's failure: its answer is a sign of life, the endpoint it
-    // closes is let go here, the handshake is tried again meanwhile, and the
-    // registry, asked now, tells this rank (it fences itself and meets
-    // prefill again as a new incarnation). One refusal per attempt, none
+    // Prefill holds a record that declared this process failed. Its answer is
+    // a sign of life; the endpoint it closes is let go, the handshake tried
+    // again, and the registry, asked now, tells this rank (which fences itself
+    // and comes back as a new incarnation). One refusal per attempt, none
     // once answered (TakesRefusal, hello_rule.h).
     if (!TakesRefusal(peer.acked, peer.refused_attempt, peer.hello_attempts)) return;
     peer.refused_attempt = peer.hello_attempts;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "common/text.h"
+
 namespace kvbridge::internal {
 
 std::string DumpJson(const nlohmann::json& j) {
@@ -55,7 +57,8 @@ Result<nlohmann::json> ParseJson(std::string_view text, std::string_view what, s
 
 std::string Clip(std::string_view text, size_t max_chars) {
   if (text.size() <= max_chars) return std::string(text);
-  return std::string(text.substr(0, max_chars)) + "... (" + std::to_string(text.size()) + " bytes)";
+  return std::string(Utf8Prefix(text, max_chars)) + "... (" + std::to_string(text.size()) +
+         " bytes)";
 }
 
 Status JsonFields::Error(std::string_view message) const {

@@ -3,9 +3,16 @@
 #include <chrono>
 #include <limits>
 
+#include "common/text.h"
 #include "control/json_fields.h"
 
 namespace kvbridge::internal {
+
+std::string ClipRecordText(std::string text) {
+  if (text.size() > kMaxRecordTextBytes) text = std::string(Utf8Prefix(text, kMaxRecordTextBytes));
+  return text;
+}
+
 namespace {
 
 using nlohmann::json;

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "kvbridge/errors.h"
 #include "kvbridge/status.h"
@@ -19,6 +20,10 @@ namespace kvbridge::internal {
 // Longest text field (detail, hint, mechanism, host, instance) a record may
 // carry; what a rank writes is far shorter.
 inline constexpr size_t kMaxRecordTextBytes = 4096;
+// `text` cut, before a character it would split, to kMaxRecordTextBytes: a
+// longer text (an application's reason) would make the registry and every
+// peer refuse the whole record.
+std::string ClipRecordText(std::string text);
 
 nlohmann::json RankIdToJson(const RankId& rank);
 nlohmann::json FailureRecordToJson(const FailureRecord& record);
