@@ -188,6 +188,10 @@ Status SglangExtras(const JsonFields& f, RankRecord* r) {
   }
   if (f.HasValue("dsv41_spec_layout")) {
     KVB_RETURN_IF_ERROR(f.Object("dsv41_spec_layout", &r->dsv41_spec_layout));
+    // Bounded: every record must fit one registry value (etcd's).
+    if (DumpJson(r->dsv41_spec_layout).size() > RankRecord::kMaxSpecLayoutBytes)
+      return f.Error("dsv41_spec_layout is larger than " +
+                     std::to_string(RankRecord::kMaxSpecLayoutBytes) + " bytes");
   }
   return Status::Ok();
 }
@@ -305,9 +309,9 @@ Result<ParallelInfo> ParallelInfo::FromJson(const json& j) {
   if (f.HasValue("prefill_http_port")) {
     KVB_RETURN_IF_ERROR(f.Int("prefill_http_port", 0, 65535, &p.prefill_http_port));
   }
-  if (f.HasValue("dsv41_spec_layout")) {
-    KVB_RETURN_IF_ERROR(f.Object("dsv41_spec_layout", &p.dsv41_spec_layout));
-  }
+  // Not used here: a value that is not an object is left out, not an error.
+  if (f.HasValue("dsv41_spec_layout") && j.at("dsv41_spec_layout").is_object())
+    p.dsv41_spec_layout = j.at("dsv41_spec_layout");
   int64_t ranks = int64_t{p.attn_tp_size} * p.attn_cp_size * p.attn_dp_size * p.pp_size;
   if (ranks > kMaxRanksPerInstance) {
     return f.Error("attn_tp_size * attn_cp_size * dp_size * pp_size exceeds " +

@@ -456,10 +456,7 @@ Status CompareInstanceLayout(const RankRecord& r, const RankRecord& n) {
     return conflict("kv_cache_dtype", r.kv_cache_dtype, n.kv_cache_dtype);
   }
   if (n.dsv41_spec_layout != r.dsv41_spec_layout) {  // sglang: "... differs across prefill ranks"
-    auto shown = [](const json& v) {
-      std::string s = v.dump();
-      return s.size() > 200 ? s.substr(0, 200) + "..." : s;
-    };
+    auto shown = [](const json& v) { return Clip(DumpJson(v), 200); };
     return conflict("dsv41_spec_layout (DeepSeek-V4.1 DSpark PD layout)",
                     shown(r.dsv41_spec_layout), shown(n.dsv41_spec_layout));
   }

@@ -97,6 +97,7 @@ struct RankRecord {
   // sglang's DeepSeek-V4.1 DSpark PD layout: an object, opaque here; null
   // when not given. Every rank of an instance must give the same.
   nlohmann::json dsv41_spec_layout;
+  static constexpr size_t kMaxSpecLayoutBytes = 64 << 10;
 
   RankKey key() const { return {attn_dp_rank, attn_cp_rank, attn_tp_rank, pp_rank}; }
   // "prefill dp0 cp0 tp1 pp0 (host a, pid 12, incarnation 7)".
