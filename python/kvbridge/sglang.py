@@ -818,6 +818,8 @@ class KVBridgeKVManager(BaseKVManager):
         SGLANG_DISAGGREGATION_THREAD_POOL_SIZE threads (16), as sglang's."""
         import concurrent.futures
         with self._recompute_lock:
+            if self._closed:  # an answer, never a new pool: nothing would shut it down
+                return _ClosedExecutor()
             if self._recompute_pool is None:
                 workers = _env_seconds_or("SGLANG_DISAGGREGATION_THREAD_POOL_SIZE", 16)
                 self._recompute_pool = concurrent.futures.ThreadPoolExecutor(
@@ -1035,6 +1037,21 @@ class KVBridgeKVManager(BaseKVManager):
         for m in [self._core, *cores]:
             if m is not None:
                 m.close()
+
+
+class _ClosedExecutor:
+    """A closed manager's executor: what is submitted does not run; its
+    future is done at once with {} (sglang's dp-rank queries read that as
+    "not known yet")."""
+
+    def submit(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        import concurrent.futures
+        done: Any = concurrent.futures.Future()
+        done.set_result({})
+        return done
+
+    def shutdown(self, wait: bool = True, **kwargs: Any) -> None:
+        return None
 
 
 def _info_state(known: bool) -> Any:
@@ -1342,13 +1359,14 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
         if spec_metadata is not None:
             # A version with DSpark hidden-state streaming passes it always
             # (None without DSpark); kvbridge does not carry it.
-            self.fail("spec_metadata (DSpark hidden-state streaming) is not carried by kvbridge")
+            self.fail("spec_metadata (DSpark hidden-state streaming) is not carried by kvbridge",
+                      refused=True)
             return
         if device_kv_indices is not None:
             # HiSparse (DeepSeek V4): a second set of destination pages on the
             # device, which sglang sends only to a backend in mooncake's slot.
             self.fail("device_kv_indices (HiSparse device-resident pages) are not carried by "
-                      "kvbridge; run the decode server without HiSparse")
+                      "kvbridge; run the decode server without HiSparse", refused=True)
             return
         if self._r is None:
             self._fail_early("send_metadata before init")
@@ -1361,16 +1379,20 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
             return
         self._quiet(self._r.send_metadata, kv_indices, aux_index, state, decode_prefix_len or 0)
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, refused: bool = False) -> None:
         """Fails the request for a reason of the adapter's own (a retraction
-        whose recompute could not be asked, a request kvbridge cannot carry):
-        poll() says Failed, prefill is told the reason, failure() and
-        failure_exception() carry `reason`."""
+        whose recompute could not be asked, an evicted instance): poll() says
+        Failed, prefill is told (as an abort), failure() and
+        failure_exception() carry `reason`. `refused`: a request kvbridge
+        cannot carry as asked; prefill is told it as invalid_request with
+        `reason`."""
         self._reason = str(reason)
         if self._r is None:
             self._fail_early(self._reason)
-        else:
+        elif refused:
             self._r.reject(self._reason)
+        else:
+            self._r.abort()
 
     def _with_reason(self, e: Optional[kvbridge.KVTransferError]
                      ) -> Optional[kvbridge.KVTransferError]:

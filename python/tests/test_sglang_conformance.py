@@ -362,7 +362,7 @@ def run_sglang_order(pair: Pair, room: int, src: np.ndarray, dst: np.ndarray, au
         # one send).
         limit = tx.get_max_transfer_tokens()
         step = n if limit is None else max(int(limit) // page_size, 1)
-        for at in range(pos, pos + n, step):
+        for at in range(pos, pos + max(n, 1), step):  # an empty last chunk is sent too
             k = min(step, pos + n - at)
             seg_last = last and at + k == pos + n
             if not tx.should_send_kv_chunk(k, seg_last):

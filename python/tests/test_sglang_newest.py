@@ -68,6 +68,28 @@ def test_dp_rank_queries_run_on_the_managers_shared_executor(bootstrap):
             mgr.close()
     with pytest.raises(RuntimeError):  # closed with its manager
         executor.submit(print)
+    # sglang's loop may still ask after close(): an answer, and no new pool
+    late = d._ensure_prefill_recompute_executor()
+    assert late is not executor
+    ran = []
+    assert late.submit(ran.append, 1).result(timeout=5) == {}
+    assert ran == []
+
+
+def test_a_chunk_cut_into_sends_of_the_tokens_a_backend_allows(pair, monkeypatch):
+    # what the newest prefill does with an integer limit: one page per send
+    page = pair.p.args.page_size
+    monkeypatch.setattr(sg.KVBridgeKVSender, "get_max_transfer_tokens", lambda self: page)
+    sends = []
+    original = sg.KVBridgeKVSender.send
+    monkeypatch.setattr(sg.KVBridgeKVSender, "send",
+                        lambda self, kv, *a, **k: sends.append(len(kv)) or original(self, kv, *a,
+                                                                                    **k))
+    tx, rx = run_sglang_order(pair, 64, np.array([3, 1, 8], np.int32),
+                              np.array([12, 40, 5], np.int32), chunks=(2, 1))
+    assert sends == [1, 1, 1]
+    tx.clear()
+    rx.clear()
 
 
 def test_a_host_destination_is_refused_and_device_is_the_default(pair):
