@@ -48,6 +48,23 @@ void AwaitRoomRecord(TestCluster& c, uint64_t room) {
   }));
 }
 
+// Decode reaches the registry through `*proxy` (made here), which a test
+// stalls; the heartbeat limit is high, so no rank counts the registry lost
+// meanwhile.
+ClusterOptions DecodeBehindAStallProxy(std::unique_ptr<StallProxy>* proxy,
+                                       std::chrono::milliseconds waiting_timeout) {
+  ClusterOptions o;
+  o.tweak = [proxy, waiting_timeout](ManagerOptions& m) {
+    TolerantLiveness(m);
+    m.heartbeat_misses = 400;  // 20 s
+    m.waiting_timeout = waiting_timeout;
+    if (m.role != Role::kDecode) return;
+    *proxy = std::make_unique<StallProxy>(m.bootstrap_addr);
+    m.bootstrap_addr = (*proxy)->address();
+  };
+  return o;
+}
+
 TEST(GroupFailureTest, AnAbortOnOneDecodeRankFailsEveryRankOfBothGroupsWithItsRecord) {
   auto c = TestCluster::Create(TwoByTwo());
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -244,16 +261,7 @@ TEST(GroupFailureTest, AnAbortRightAfterInitReachesASenderCreatedAfterTheRelease
 // the new request's sender with the old abort.)
 TEST(GroupFailureTest, ALateNoticeOfAFailedUseSparesTheRoomsNextUse) {
   std::unique_ptr<StallProxy> proxy;
-  ClusterOptions o;
-  o.tweak = [&](ManagerOptions& m) {
-    TolerantLiveness(m);
-    m.heartbeat_misses = 400;  // 20 s
-    m.waiting_timeout = std::chrono::seconds(60);
-    if (m.role != Role::kDecode) return;
-    proxy = std::make_unique<StallProxy>(m.bootstrap_addr);
-    m.bootstrap_addr = proxy->address();
-  };
-  auto c = TestCluster::Create(o);
+  auto c = TestCluster::Create(DecodeBehindAStallProxy(&proxy, std::chrono::seconds(60)));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   TestCluster& cluster = **c;
   ASSERT_TRUE(proxy && proxy->ok());
@@ -297,15 +305,7 @@ TEST(GroupFailureTest, ALateNoticeOfAFailedUseSparesTheRoomsNextUse) {
 // heartbeat limit is high: no rank counts the registry lost meanwhile.
 TEST(GroupFailureTest, RoomRecordsQueuedWhileTheRegistryDoesNotAnswerAllReachItAfterwards) {
   std::unique_ptr<StallProxy> proxy;
-  ClusterOptions o;
-  o.tweak = [&](ManagerOptions& m) {
-    TolerantLiveness(m);
-    m.heartbeat_misses = 400;  // 20 s
-    if (m.role != Role::kDecode) return;
-    proxy = std::make_unique<StallProxy>(m.bootstrap_addr);
-    m.bootstrap_addr = proxy->address();
-  };
-  auto c = TestCluster::Create(o);
+  auto c = TestCluster::Create(DecodeBehindAStallProxy(&proxy, ManagerOptions{}.waiting_timeout));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   TestCluster& cluster = **c;
   ASSERT_TRUE(proxy && proxy->ok());
