@@ -622,8 +622,8 @@ class KVBridgeKVManager(BaseKVManager):
         # that address fails with the reason.
         self._refusals: Dict[str, Tuple[float, kvbridge.KVTransferError]] = {}
         self._core: Optional[_Manager] = None
-        self._recompute_pool: Any = None  # made at the first retraction
-        self._query_pool: Any = None  # made at the first submit_dp_rank_query
+        # Made at the first retraction or dp-rank query (_ensure_prefill_recompute_executor).
+        self._recompute_pool: Any = None
         self._closed = False
         # Rooms by id, for sglang's record_failure/update_status (kept only
         # while sglang holds the sender or receiver), and reasons recorded
@@ -836,18 +836,11 @@ class KVBridgeKVManager(BaseKVManager):
         """Decode (newer sglang): query_prefill_dp_ranks off the scheduler's
         thread; a concurrent.futures.Future of {str(room): dp rank} (rooms
         not registered yet are absent; {} when the registry cannot be asked,
-        logged)."""
-        import concurrent.futures
-        with self._recompute_lock:
-            if self._closed:  # an answer, never an exception in sglang's loop
-                done: Any = concurrent.futures.Future()
-                done.set_result({})
-                return done
-            if self._query_pool is None:
-                self._query_pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=2, thread_name_prefix="kvbridge-dp-rank-query")
-            return self._query_pool.submit(KVBridgeKVReceiver.query_prefill_dp_ranks,
-                                           bootstrap_addr, list(bootstrap_rooms))
+        logged). Runs on the manager's shared executor, as the newest
+        sglang submits these itself; after close() the future is done with
+        {} (an answer, never an exception in sglang's loop)."""
+        return self._ensure_prefill_recompute_executor().submit(
+            KVBridgeKVReceiver.query_prefill_dp_ranks, bootstrap_addr, list(bootstrap_rooms))
 
     def _fresh_refusal(self, addr: str) -> Optional[kvbridge.KVTransferError]:
         """Why the prefill instance at `addr` was refused, while that is
@@ -1024,11 +1017,9 @@ class KVBridgeKVManager(BaseKVManager):
     def close(self) -> None:
         with self._recompute_lock:
             self._closed = True
-            pools, self._recompute_pool, self._query_pool = (
-                (self._recompute_pool, self._query_pool), None, None)
-        for pool in pools:
-            if pool is not None:
-                pool.shutdown(wait=False)
+            pool, self._recompute_pool = self._recompute_pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
         with self.connection_lock:  # taken out: an eviction now finds none to close
             cores = list(self._cores.values())
             self._cores.clear()
