@@ -124,7 +124,8 @@ FailureRecord KVReceiver::GroupFailure() const {
 }
 void KVReceiver::Abort() { ManagerAccess::Of(manager_).ReceiverAbort(room_); }
 void KVReceiver::Reject(std::string reason) {
-  ManagerAccess::Of(manager_).ReceiverReject(room_, std::move(reason));
+  ManagerAccess::Of(manager_).ReceiverAbort(room_, FailureCause::kInvalidRequest, std::move(reason),
+                                            "Reject()");
 }
 bool KVReceiver::Quiesced() const { return room_->quiesced.load(std::memory_order_acquire); }
 KVPoll KVReceiver::PollSettled() const {

@@ -8,8 +8,8 @@
 //
 // Threads: transport threads deliver messages (OnMessage) and peer failures
 // (OnPeerFailure); the engine thread posts writes; the ticker thread sends
-// heartbeats, checks liveness and phase deadlines; the acceptor thread takes
-// proven Hellos (AcceptRound); the rest: StartThreads.
+// heartbeats, checks liveness and phase deadlines; the acceptor thread
+// takes proven Hellos (AcceptRound); the rest: StartThreads.
 #pragma once
 
 #include <atomic>
@@ -64,8 +64,7 @@ class ManagerImpl {
                                                      CoreHooks hooks = {});
   ~ManagerImpl();
 
-  // This rank as its peers know it now (a rejoin changes its incarnation).
-  RankId self() const { return Self(); }
+  RankId self() const { return Self(); }  // as peers know it now (a rejoin: new incarnation)
   // The core's time (CoreHooks::clock): deadlines, silences, records.
   SteadyTime Now() const { return clock_->Steady(); }
   WallTime WallNow() const { return clock_->Wall(); }
@@ -104,8 +103,10 @@ class ManagerImpl {
   Status ReceiverSendMetadata(const std::shared_ptr<ReceiverRoom>& room,
                               std::span<const int32_t> pages, int64_t aux_index,
                               std::span<const int32_t> state, int64_t decode_prefix_len);
-  void ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room);
-  void ReceiverReject(const std::shared_ptr<ReceiverRoom>& room, std::string reason);
+  void ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room,
+                     FailureCause cause = FailureCause::kAborted,
+                     std::string detail = "aborted by the application",
+                     const char* mechanism = "Abort()");  // as SenderAbort
   // Waits (blocking) for Quiesced or `timeout`; returns Quiesced.
   bool WaitReceiverQuiesced(const ReceiverRoom& room, std::chrono::milliseconds timeout);
   FailureRecord ReceiverFailAsGroup(const std::shared_ptr<ReceiverRoom>& room);
@@ -508,8 +509,7 @@ class ManagerImpl {
   std::unordered_map<uint64_t, std::shared_ptr<ReceiverRoom>> receivers_ KVB_GUARDED_BY(mu_);
   RoomChanges changes_ KVB_GUARDED_BY(mu_){opts_.list_room_changes};  // every poll() change
   std::vector<std::shared_ptr<ReceiverRoom>> unresolved_ KVB_GUARDED_BY(mu_);  // RetryUnresolved
-  // Metadata, notices and failures of requests no live sender has a flow
-  // for (sender_inbox.h).
+  // Metadata, notices, failures of requests no live sender has a flow for.
   SenderInbox inbox_ KVB_GUARDED_BY(mu_){opts_.max_pending_requests};
   std::optional<ParallelInfo> prefill_info_ KVB_GUARDED_BY(mu_);
   std::optional<FailureRecord> fatal_ KVB_GUARDED_BY(mu_);

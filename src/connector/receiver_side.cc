@@ -504,25 +504,12 @@ void ManagerImpl::OnQuiesced(const RankId& from, const QuiescedMsg& msg, Outbox&
   UpdateQuiescedLocked(*it->second);
 }
 
-void ManagerImpl::ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room) {
+void ManagerImpl::ReceiverAbort(const std::shared_ptr<ReceiverRoom>& room, FailureCause cause,
+                                std::string detail, const char* mechanism) {
   Outbox out;
   {
     MutexLock lock(mu_);
-    FailReceiverLocked(*room,
-                       MakeRecord(Self(), FailureCause::kAborted, "aborted by the application",
-                                  room->phase, "Abort()"),
-                       out);
-  }
-  Flush(out);
-}
-
-void ManagerImpl::ReceiverReject(const std::shared_ptr<ReceiverRoom>& room, std::string reason) {
-  Outbox out;
-  {
-    MutexLock lock(mu_);
-    FailReceiverLocked(*room,
-                       MakeRecord(Self(), FailureCause::kInvalidRequest, std::move(reason),
-                                  room->phase, "Reject()"),
+    FailReceiverLocked(*room, MakeRecord(Self(), cause, std::move(detail), room->phase, mechanism),
                        out);
   }
   Flush(out);
