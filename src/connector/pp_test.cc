@@ -166,9 +166,12 @@ TEST(PpTest, EachStageSendsItsOwnLayersStateNamedByLayerId) {
   EXPECT_EQ(bytes(1, 1), pages);
 }
 
-// With decode pp = prefill pp, stage s of prefill feeds stage s of decode;
-// only the last decode stage gets aux and state (from the last prefill stage).
-TEST(PpTest, StageToStageAuxGoesToTheLastDecodeStageOnly) {
+// With decode pp = prefill pp, stage s of prefill feeds stage s of decode
+// and writes that stage's aux row: sglang's decode waits on every stage until
+// the request's metadata row holds its room (its metadata gate), so a stage
+// without its row would never see the request succeed. State other than
+// that paired by layer id comes from the last stage only.
+TEST(PpTest, StageToStageEveryDecodeStageGetsItsAuxRowFromItsStage) {
   ClusterOptions o = Options({2, 1, 2, 1, 4, 4, false});
   auto c = TestCluster::Create(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -178,10 +181,15 @@ TEST(PpTest, StageToStageAuxGoesToTheLastDecodeStageOnly) {
   Start(**c, r, false);
   SendChunks(r, {5});
   ExpectDelivered(**c, r);
-  EXPECT_FALSE((*c)->decode_at(0, 0).pool->AuxMatches(r.room, r.dst_aux));
+  EXPECT_TRUE((*c)->decode_at(0, 0).pool->AuxMatches(r.room, r.dst_aux));
   EXPECT_FALSE((*c)->decode_at(0, 0).pool->StateMatches(r.room, r.dst_state));
   EXPECT_TRUE((*c)->decode_at(1, 0).pool->AuxMatches(r.room, r.dst_aux));
   EXPECT_TRUE((*c)->decode_at(1, 0).pool->StateMatches(r.room, r.dst_state));
+  // The first stage wrote its two layers' pages and one aux row, nothing
+  // else.
+  const uint64_t pages =
+      (*c)->prefill_at(0, 0).pool->page_bytes() * 2 /*layers*/ * 2 /*K, V*/ * r.src.size();
+  EXPECT_EQ((*c)->prefill_at(0, 0).manager->Stats().bytes_written, pages + o.shape.aux_item_len);
 }
 
 // Stages run their own chunking (a stage's chunk may be empty): decode

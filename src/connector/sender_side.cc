@@ -515,12 +515,13 @@ Status ManagerImpl::ShapeFlowLocked(SenderRoom& room, const RankId& from, Sender
     if (s.decode_rank != from.tp) continue;
     flow.slice = s;
     // The lowest prefill rank feeding this decode rank also writes whole
-    // state and, on the last stage, aux.
+    // state and, on the last stage that decode rank reads, aux.
     int lowest = s.prefill_rank;
     for (const HeadSlice& o : FlowsToDecode(flows, from.tp))
       lowest = std::min(lowest, o.prefill_rank);
     flow.carries_state = lowest == self_.tp && self_.cp == 0;
-    flow.carries_aux = flow.carries_state && self_.pp == opts_.parallel.pp_size - 1;
+    flow.carries_aux = flow.carries_state && peer != nullptr &&
+                       StageWritesAux(layout_, self_.pp, opts_.parallel.pp_size, peer->layout);
     break;
   }
   if (std::find(room.expected_decode.begin(), room.expected_decode.end(), from.tp) ==

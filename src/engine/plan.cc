@@ -422,6 +422,10 @@ Result<std::vector<int>> PrefillStagesOfDecode(int prefill_pp, int decode_pp, in
   return stages;
 }
 
+bool StageWritesAux(const RankLayout& prefill, int pp_rank, int pp_size, const RankLayout& decode) {
+  return pp_rank == pp_size - 1 || decode.end_layer <= prefill.end_layer;
+}
+
 Status CheckPageIndices(const RankLayout& layout, std::span<const int32_t> pages, bool unique) {
   uint64_t bound = layout.kv.empty() ? 0 : UINT64_MAX;
   for (const BufferSpan& b : layout.kv) {

@@ -212,6 +212,15 @@ std::vector<HeadSlice> FlowsFromPrefill(std::span<const HeadSlice> flows, int pr
 // < 1 or a rank out of range.
 Result<std::vector<int>> PrefillStagesOfDecode(int prefill_pp, int decode_pp, int decode_pp_rank);
 
+// Whether prefill stage `pp_rank` of `pp_size` writes a decode rank's aux row
+// (the request's metadata row): the last stage that decode rank reads. A
+// decode rank of every layer reads every stage and takes it from the last; a
+// decode stage (decode pp = prefill pp) reads only the stage of its own
+// layers (it holds none past `prefill`'s) and takes it from that one, for
+// sglang's decode waits for its row on every stage (docs/sglang.md, metadata
+// gate).
+bool StageWritesAux(const RankLayout& prefill, int pp_rank, int pp_size, const RankLayout& decode);
+
 enum class BufferClass : uint8_t { kKv = 0, kAux = 1, kState = 2 };
 
 // One contiguous copy: `length` bytes at src buffer `src_buffer` + src_offset
