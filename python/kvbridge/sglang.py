@@ -370,7 +370,10 @@ def to_kvbridge_args(args: Any, server_args: Any, mode: str = "prefill") -> KVAr
     ours.state_buffer_types = state_types_of(args)
     ours.state_type_names = state_type_names_of(args)
     ours.state_layer_ids = state_layer_ids_of(args)
-    ours.dtype = str(getattr(server_args, "kv_cache_dtype", "auto"))
+    # The newest sglang resolves the dtype per model runner (KVArgs), older
+    # ones only had the server argument.
+    ours.dtype = str(getattr(args, "kv_cache_dtype_str", None)
+                     or getattr(server_args, "kv_cache_dtype", "auto"))
     ours.memory_kind = "vram" if str(getattr(server_args, "device", "cuda")) == "cuda" else "dram"
     ours.parallel = placement(args, server_args, mode)
     _check_layouts_it_cannot_place(args, ours.parallel, mode)
@@ -669,8 +672,21 @@ class KVBridgeKVManager(BaseKVManager):
         """Prefill: creates the rank's manager, which registers with bootstrap."""
         if self._core is None:
             addr = bootstrap_addr or bootstrap_target(self.server_args, self.bootstrap_port)
+            self._warn_of_rust_routes(addr)
             self._core = _Manager(self._args, self._mode, self._config(_norm_addr(addr)),
                                   self.is_mla_backend)
+
+    def _warn_of_rust_routes(self, addr: str) -> None:
+        """The newest sglang under SGLANG_RUST_SERVER with attention dp > 1
+        registers every rank with each dp leader's Rust HTTP server
+        (KVArgs.rust_http_port) instead of the bootstrap server; kvbridge
+        does not (docs/sglang.md): said once per rank, at registration."""
+        rust_port = getattr(self.kv_args, "rust_http_port", None)
+        attn_dp = bool(getattr(self.server_args, "enable_dp_attention", False))
+        if rust_port is not None and attn_dp and self.attn_dp_size > 1:
+            log.warning("sglang's Rust server (rust_http_port %s) does not take this rank's "
+                        "registration: kvbridge registers it with the bootstrap server at %s "
+                        "only; give decode that bootstrap address", rust_port, addr)
 
     def try_ensure_parallel_info(self, bootstrap_addr: str) -> Any:
         """Decode: one attempt (bounded by a 5 s timeout) to learn the

@@ -414,6 +414,43 @@ def test_decode_kvargs_without_heads_take_them_from_prefill(pair):  # A5
     rx.clear()
 
 
+def test_the_runners_kv_cache_dtype_is_the_one_compared(bootstrap):  # A10
+    # The newest sglang puts its model runner's dtype in KVArgs
+    # (kv_cache_dtype_str); the server argument may still say "auto".
+    p = Pair(bootstrap)
+    try:
+        p.pm.close()
+        p.p.args.kv_cache_dtype_str = "fp8_e4m3"
+        sa = server_args(int(bootstrap.rsplit(":", 1)[1]), port=30000)
+        sa.kv_cache_dtype = "fp8_e4m3"  # the same dtype, said by the server argument
+        p.pm = sg.KVBridgeKVManager(p.p.args, "prefill", sa)
+        p.dm.close()
+        p.d.args.kv_cache_dtype_str = "fp8_e4m3"
+        p.dm = sg.KVBridgeKVManager(p.d.args, "decode",
+                                    server_args(int(bootstrap.rsplit(":", 1)[1]), port=30001))
+        assert sg.to_kvbridge_args(p.d.args, server_args(1), "decode").dtype == "fp8_e4m3"
+        tx, rx = run_sglang_order(p, 24, np.array([1, 2], np.int32), np.array([5, 6], np.int32))
+        tx.clear()
+        rx.clear()
+        # A decode whose runner holds another dtype: the request fails by name.
+        other = SgPool("decode")
+        other.args.kv_cache_dtype_str = "bfloat16"
+        om = sg.KVBridgeKVManager(other.args, "decode",
+                                  server_args(int(bootstrap.rsplit(":", 1)[1]), port=30002))
+        try:
+            rx = sg.KVBridgeKVReceiver(om, bootstrap, 25)
+            om.try_ensure_parallel_info(bootstrap)
+            rx.init(0)
+            wait_until(lambda: rx.poll() == KVPoll.Failed, what="the dtype mismatch")
+            assert "dtype" in str(rx.failure()) and "'fp8_e4m3'" in str(rx.failure())
+            assert "'bfloat16'" in str(rx.failure())
+            rx.clear()
+        finally:
+            om.close()
+    finally:
+        p.close()
+
+
 def test_token_position_offset_places_each_chunk(pair):  # S3
     # sglang's offset is the chunk's first token in the request (decode's
     # prefix included); kvbridge accepts it where the chunk starts.
@@ -1018,6 +1055,62 @@ def test_prefill_pp2_to_decode_pp1_through_the_adapter(bootstrap):  # A7
     finally:
         dm.close()
         for _, m in stages:
+            m.close()
+
+
+def test_every_decode_stage_gets_its_metadata_row_from_its_stage(bootstrap):  # A7, gate
+    # Prefill pp 2 into decode pp 2, stage to stage, with the layer ids the
+    # newest sglang gives both sides (build_kv_layer_ids). sglang's decode
+    # runs its metadata gate on every stage: a request counts as transferred
+    # only once that stage's metadata row holds the room
+    # (_poll_with_metadata_gate), so each decode stage needs its row.
+    port = int(bootstrap.rsplit(":", 1)[1])
+    room, aux = 33, 2
+    src, dst = np.array([3, 4, 5], np.int32), np.array([20, 21, 22], np.int32)
+    managers, prefill, decode = [], [], []
+    for s in range(2):
+        for mode, pools in (("prefill", prefill), ("decode", decode)):
+            pool = SgPool(mode, layers=1)
+            pool.args.pp_rank = s
+            pool.args.kv_layer_ids = [s, s]  # K, V of model layer s
+            if mode == "prefill":
+                pool.args.prefill_start_layer, pool.args.prefill_end_layer = s, s + 1
+            sa = server_args(port, port=30910 + (mode == "decode"))
+            sa.pp_size = 2
+            pools.append(pool)
+            managers.append(sg.KVBridgeKVManager(pool.args, mode, sa))
+    pms, dms = managers[0::2], managers[1::2]
+    try:
+        rxs = [sg.KVBridgeKVReceiver(dm, bootstrap, room) for dm in dms]
+        txs = [sg.KVBridgeKVSender(pm, bootstrap, room, [0], 0) for pm in pms]
+        for rx, dm in zip(rxs, dms):
+            assert dm.try_ensure_parallel_info(bootstrap)
+            rx.init(0)
+            wait_until(lambda: rx.poll() != KVPoll.Bootstrapping, what="decode handshake")
+            assert rx.poll() == KVPoll.WaitingForInput, rx.failure()
+            rx.send_metadata(dst, aux, None)
+        for pool, tx in zip(prefill, txs):
+            wait_until(lambda: tx.poll() != KVPoll.Bootstrapping, what="prefill metadata")
+            pool.fill(room + 100 * pool.args.pp_rank, src)
+            pool.aux[aux][:8] = np.frombuffer(np.int64(room).tobytes(), np.uint8)  # set_buf
+            tx.init(len(src), aux)
+            tx.send(src, None)
+        for rx in rxs:
+            wait_until(lambda: rx.poll() in (KVPoll.Success, KVPoll.Failed), what="transfer")
+            assert rx.poll() == KVPoll.Success, rx.failure()
+        for s in range(2):
+            row_room = int(np.frombuffer(decode[s].aux[aux][:8].tobytes(), np.int64)[0])
+            assert row_room == room, f"decode stage {s}: sglang's gate would wait forever"
+            k, v = prefill[s].kv
+            assert np.array_equal(decode[s].kv[0][dst], k[src]), f"K of stage {s}"
+            assert np.array_equal(decode[s].kv[1][dst], v[src]), f"V of stage {s}"
+        for tx in txs:
+            wait_until(lambda: tx.poll() == KVPoll.Success, what="prefill success")
+            tx.clear()
+        for rx in rxs:
+            rx.clear()
+    finally:
+        for m in managers:
             m.close()
 
 

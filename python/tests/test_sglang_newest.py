@@ -157,3 +157,25 @@ def test_a_dsa_tail_state_component_is_refused_by_name():
         state_data_ptrs = [[1], [2]]
     with pytest.raises(kvbridge.UnimplementedError, match="DSA_TAIL: its indices describe"):
         sg.state_type_names_of(Args())
+
+
+def test_a_rust_server_rank_is_told_where_it_registers(bootstrap, caplog):
+    # The newest sglang under SGLANG_RUST_SERVER with attention dp > 1 gives
+    # prefill KVArgs.rust_http_port and registers with each dp leader's Rust
+    # server; kvbridge registers with the bootstrap server and says so.
+    port = int(bootstrap.rsplit(":", 1)[1])
+    managers = []
+    try:
+        for dp, rust_port in ((0, 8765), (1, None)):
+            pool = SgPool("prefill", engine_rank=dp)
+            pool.args.rust_http_port = rust_port
+            sa = server_args(port, tp_size=2, dp_size=2, enable_dp_attention=True,
+                             port=30200 + dp)
+            with caplog.at_level("WARNING", logger="kvbridge.sglang"):
+                managers.append(sg.KVBridgeKVManager(pool.args, "prefill", sa))
+        said = [r.getMessage() for r in caplog.records if "Rust server" in r.getMessage()]
+        assert len(said) == 1, said  # only the rank with a Rust port
+        assert "rust_http_port 8765" in said[0] and f"127.0.0.1:{port}" in said[0]
+    finally:
+        for m in managers:
+            m.close()
