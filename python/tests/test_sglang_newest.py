@@ -147,6 +147,38 @@ def test_the_renamed_c128_state_pairs_with_its_old_name(bootstrap):
         pair.close()
 
 
+def test_the_newest_row_state_types_pair_by_name(bootstrap):
+    # The newest sglang's StateType members whose indices are rows (of pages
+    # or request slots): each pairs by name with decode's component of that
+    # type, here listed in the opposite order on decode.
+    class StateType(enum.Enum):
+        QSA_PENDING = "qsa_pending"
+        QSA_COMPRESSED = "qsa_compressed"
+        MINIMAX_DENSE_KV = "minimax_dense_kv"
+        BLOCK_SCALE = "block_scale"
+        BLOCK_SCALE_SWA = "block_scale_swa"
+
+    names = [t.name.lower() for t in StateType]
+    pair = typed_pair(bootstrap, names, names[::-1], [16] * 5, [16] * 5)
+    try:
+        assert pair.pm._args.state_type_names == [t.name.lower() for t in StateType]
+        for i in range(5):
+            pair.p.states[i][4 + i] = 60 + i
+        src_slots = [np.array([4 + i], np.int32) for i in range(5)]
+        dst_slots = [np.array([10 - i], np.int32) for i in range(5)]  # decode's order
+        tx, rx = run_sglang_order(pair, 64, np.array([2], np.int32), np.array([6], np.int32),
+                                  chunks=(1,), prefill_state=src_slots,
+                                  decode_state=dst_slots[::-1])
+        for i in range(5):
+            d = pair.d.states[4 - i]  # decode's component of prefill's type i
+            assert np.all(d[10 - i] == 60 + i), (names[i], d[10 - i])
+            assert not np.delete(d, [10 - i], axis=0).any(), f"a {names[i]} row beside the slot"
+        tx.clear()
+        rx.clear()
+    finally:
+        pair.close()
+
+
 def test_a_dsa_tail_state_component_is_refused_by_name():
     class StateType(enum.Enum):
         DSA = "dsa"
