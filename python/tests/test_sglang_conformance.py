@@ -1058,19 +1058,21 @@ def test_prefill_pp2_to_decode_pp1_through_the_adapter(bootstrap):  # A7
             m.close()
 
 
-def test_every_decode_stage_gets_its_metadata_row_from_its_stage(bootstrap):  # A7, gate
+def test_every_decode_stage_gets_its_metadata_row_and_state_from_its_stage(bootstrap):  # A7
     # Prefill pp 2 into decode pp 2, stage to stage, with the layer ids the
     # newest sglang gives both sides (build_kv_layer_ids). sglang's decode
     # runs its metadata gate on every stage: a request counts as transferred
     # only once that stage's metadata row holds the room
-    # (_poll_with_metadata_gate), so each decode stage needs its row.
+    # (_poll_with_metadata_gate), so each decode stage needs its row. Each
+    # stage's mamba state (no state_layer_ids, as older sglang) can come
+    # from its own stage only.
     port = int(bootstrap.rsplit(":", 1)[1])
     room, aux = 33, 2
     src, dst = np.array([3, 4, 5], np.int32), np.array([20, 21, 22], np.int32)
     managers, prefill, decode = [], [], []
     for s in range(2):
         for mode, pools in (("prefill", prefill), ("decode", decode)):
-            pool = SgPool(mode, layers=1)
+            pool = SgPool(mode, layers=1, state_types=["mamba"])
             pool.args.pp_rank = s
             pool.args.kv_layer_ids = [s, s]  # K, V of model layer s
             if mode == "prefill":
@@ -1088,19 +1090,22 @@ def test_every_decode_stage_gets_its_metadata_row_from_its_stage(bootstrap):  # 
             rx.init(0)
             wait_until(lambda: rx.poll() != KVPoll.Bootstrapping, what="decode handshake")
             assert rx.poll() == KVPoll.WaitingForInput, rx.failure()
-            rx.send_metadata(dst, aux, None)
+            rx.send_metadata(dst, aux, [np.array([9], np.int32)])
         for pool, tx in zip(prefill, txs):
             wait_until(lambda: tx.poll() != KVPoll.Bootstrapping, what="prefill metadata")
             pool.fill(room + 100 * pool.args.pp_rank, src)
             pool.aux[aux][:8] = np.frombuffer(np.int64(room).tobytes(), np.uint8)  # set_buf
+            pool.states[0][4] = 70 + pool.args.pp_rank
             tx.init(len(src), aux)
-            tx.send(src, None)
+            tx.send(src, [np.array([4], np.int32)])
         for rx in rxs:
             wait_until(lambda: rx.poll() in (KVPoll.Success, KVPoll.Failed), what="transfer")
             assert rx.poll() == KVPoll.Success, rx.failure()
         for s in range(2):
             row_room = int(np.frombuffer(decode[s].aux[aux][:8].tobytes(), np.int64)[0])
             assert row_room == room, f"decode stage {s}: sglang's gate would wait forever"
+            assert np.all(decode[s].states[0][9] == 70 + s), f"stage {s}'s mamba state"
+            assert not np.delete(decode[s].states[0], [9], axis=0).any(), "a row beside slot 9"
             k, v = prefill[s].kv
             assert np.array_equal(decode[s].kv[0][dst], k[src]), f"K of stage {s}"
             assert np.array_equal(decode[s].kv[1][dst], v[src]), f"V of stage {s}"

@@ -91,7 +91,7 @@ struct SenderFlow {
   std::optional<HeadSlice> slice;  // none: dummy (nothing to write)
   // The lowest prefill rank feeding this decode rank writes the state
   // buffers that move whole (on every stage: PlanState's StateShare), and
-  // on the last stage that decode rank reads the aux row too (StageWritesAux).
+  // on the last stage that decode rank reads the aux row too (LastStageRead).
   bool carries_state = false;
   bool carries_aux = false;
   uint32_t next_chunk = 0;

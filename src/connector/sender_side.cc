@@ -231,9 +231,10 @@ Result<Outbox::Post> ManagerImpl::PlanFlowChunkLocked(const std::shared_ptr<Send
     runs.insert(runs.end(), aux.begin(), aux.end());
   }
   // Whole state buffers from one flow per decode rank, slices of sharded
-  // ones from every flow (each its share); a stage before the last sends
-  // only the buffers paired by layer id (its own layers').
-  const bool last_stage = self_.pp == opts_.parallel.pp_size - 1;
+  // ones from every flow (each its share); a stage before the last that
+  // decode rank reads sends only the buffers paired by layer id (its own
+  // layers').
+  const bool last_stage = LastStageRead(layout_, self_.pp, opts_.parallel.pp_size, peer->layout);
   if (last && (!state.empty() || !flow.meta.state.empty())) {
     KVB_ASSIGN_OR_RETURN(
         std::vector<CopyRun> st,
@@ -521,7 +522,7 @@ Status ManagerImpl::ShapeFlowLocked(SenderRoom& room, const RankId& from, Sender
       lowest = std::min(lowest, o.prefill_rank);
     flow.carries_state = lowest == self_.tp && self_.cp == 0;
     flow.carries_aux = flow.carries_state && peer != nullptr &&
-                       StageWritesAux(layout_, self_.pp, opts_.parallel.pp_size, peer->layout);
+                       LastStageRead(layout_, self_.pp, opts_.parallel.pp_size, peer->layout);
     break;
   }
   if (std::find(room.expected_decode.begin(), room.expected_decode.end(), from.tp) ==

@@ -422,7 +422,7 @@ Result<std::vector<int>> PrefillStagesOfDecode(int prefill_pp, int decode_pp, in
   return stages;
 }
 
-bool StageWritesAux(const RankLayout& prefill, int pp_rank, int pp_size, const RankLayout& decode) {
+bool LastStageRead(const RankLayout& prefill, int pp_rank, int pp_size, const RankLayout& decode) {
   return pp_rank == pp_size - 1 || decode.end_layer <= prefill.end_layer;
 }
 

@@ -212,14 +212,14 @@ std::vector<HeadSlice> FlowsFromPrefill(std::span<const HeadSlice> flows, int pr
 // < 1 or a rank out of range.
 Result<std::vector<int>> PrefillStagesOfDecode(int prefill_pp, int decode_pp, int decode_pp_rank);
 
-// Whether prefill stage `pp_rank` of `pp_size` writes a decode rank's aux row
-// (the request's metadata row): the last stage that decode rank reads. A
-// decode rank of every layer reads every stage and takes it from the last; a
-// decode stage (decode pp = prefill pp) reads only the stage of its own
-// layers (it holds none past `prefill`'s) and takes it from that one, for
-// sglang's decode waits for its row on every stage (docs/sglang.md, metadata
-// gate).
-bool StageWritesAux(const RankLayout& prefill, int pp_rank, int pp_size, const RankLayout& decode);
+// Whether prefill stage `pp_rank` of `pp_size` is the last stage a decode
+// rank reads: that stage writes its aux row (the request's metadata row) and
+// the state not paired by layer id. A decode rank of every layer reads every
+// stage, the last one last; a decode stage (decode pp = prefill pp) reads only
+// the stage of its own layers (it holds none past `prefill`'s), which holds
+// all the state that decode stage has, and sglang's decode waits for its row
+// on every stage (docs/sglang.md, metadata gate).
+bool LastStageRead(const RankLayout& prefill, int pp_rank, int pp_size, const RankLayout& decode);
 
 enum class BufferClass : uint8_t { kKv = 0, kAux = 1, kState = 2 };
 
@@ -316,8 +316,8 @@ Status CheckStateSlots(const char* what, const std::vector<BufferSpan>& bufs,
 // Which state a flow carries: the buffers that move whole (one flow per
 // decode rank), and this pair's slices of the sliced ones (every flow). A
 // prefill rank that is not on the last pipeline stage sends only the
-// buffers paired by layer id (its own layers'); the last stage sends the
-// others too.
+// buffers paired by layer id (its own layers'); the last stage the decode
+// rank reads (LastStageRead) sends the others too.
 struct StateShare {
   bool whole = true;
   bool slices = true;

@@ -167,29 +167,29 @@ TEST(PrefillStagesOfDecodeTest, BadShapesAreInvalidArgument) {
   }
 }
 
-// ------------------------------------------------------------- StageWritesAux
+// ------------------------------------------------------------- LastStageRead
 
 // A decode rank of every layer reads every stage: the last one writes its
 // aux row, no other (one writer per row).
-TEST(StageWritesAuxTest, ADecodeRankOfEveryLayerTakesItFromTheLastStageOnly) {
+TEST(LastStageReadTest, ADecodeRankOfEveryLayerTakesItFromTheLastStageOnly) {
   const RankLayout decode = MakeLayout({.end_layer = 6});
   const RankLayout stages[] = {MakeLayout({.end_layer = 2}),
                                MakeLayout({.start_layer = 2, .end_layer = 4}),
                                MakeLayout({.start_layer = 4, .end_layer = 6})};
-  EXPECT_FALSE(StageWritesAux(stages[0], 0, 3, decode));
-  EXPECT_FALSE(StageWritesAux(stages[1], 1, 3, decode));
-  EXPECT_TRUE(StageWritesAux(stages[2], 2, 3, decode));
-  EXPECT_TRUE(StageWritesAux(MakeLayout({.end_layer = 6}), 0, 1, decode));
+  EXPECT_FALSE(LastStageRead(stages[0], 0, 3, decode));
+  EXPECT_FALSE(LastStageRead(stages[1], 1, 3, decode));
+  EXPECT_TRUE(LastStageRead(stages[2], 2, 3, decode));
+  EXPECT_TRUE(LastStageRead(MakeLayout({.end_layer = 6}), 0, 1, decode));
 }
 
 // A decode stage (decode pp = prefill pp) reads only the stage of its
 // layers, which then writes its row: sglang's decode waits for the row on
 // every stage.
-TEST(StageWritesAuxTest, ADecodeStageTakesItFromTheStageItReads) {
+TEST(LastStageReadTest, ADecodeStageTakesItFromTheStageItReads) {
   const RankLayout first = MakeLayout({.end_layer = 3});
   const RankLayout last = MakeLayout({.start_layer = 3, .end_layer = 6});
-  EXPECT_TRUE(StageWritesAux(first, 0, 2, MakeLayout({.end_layer = 3})));
-  EXPECT_TRUE(StageWritesAux(last, 1, 2, MakeLayout({.start_layer = 3, .end_layer = 6})));
+  EXPECT_TRUE(LastStageRead(first, 0, 2, MakeLayout({.end_layer = 3})));
+  EXPECT_TRUE(LastStageRead(last, 1, 2, MakeLayout({.start_layer = 3, .end_layer = 6})));
 }
 
 // The prefill rank a decode rank must read `head` from: among the prefill
