@@ -196,6 +196,7 @@ Result<RankLayout> LayoutFromOptions(const ManagerOptions& opts) {
   layout.dtype = a.dtype;
   layout.tp_size = p.tp_size;
   layout.tp_rank = p.tp_rank;
+  layout.pp_size = p.pp_size;
   layout.dcp_size = p.dcp_size;
   layout.dcp_rank = p.dcp_rank;
   layout.cp_size = p.cp_size;

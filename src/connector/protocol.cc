@@ -143,6 +143,7 @@ void PutLayout(WireWriter& w, const RankLayout& l) {
   w.I64(l.cp_size);
   w.U8(l.all_cp_ranks ? 1 : 0);
   w.I64(l.num_draft_entries);
+  w.I64(l.pp_size);
 }
 // Layer ids: none, or one per kv buffer, each in [0, INT_MAX].
 bool GetLayerIds(WireReader& r, RankLayout* l) {
@@ -245,7 +246,8 @@ bool GetLayout(WireReader& r, RankLayout* l) {
          r.Int("dcp_rank", &l->dcp_rank, 0, kMaxParallelSize - 1) &&
          r.Int("layout cp_size", &l->cp_size, 1, kMaxParallelSize) &&
          GetFlag(r, "all_cp_ranks", &l->all_cp_ranks) &&
-         r.Int("num_draft_entries", &l->num_draft_entries, 0, static_cast<int>(l->kv.size()));
+         r.Int("num_draft_entries", &l->num_draft_entries, 0, static_cast<int>(l->kv.size())) &&
+         r.Int("layout pp_size", &l->pp_size, 1, kMaxParallelSize);
 }
 int64_t Micros(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();

@@ -457,6 +457,21 @@ TEST(ProtocolLimitsTest, StateTypeNamesInAHelloAreBoundedInCountAndLength) {
 
 // Decode context parallelism ends the layout: dcp_size in [1, the rank
 // limit], dcp_rank below it (CheckLayout then wants rank < size, MLA).
+// The pipeline size a Hello gives (which prefill stage writes the aux row
+// and unpaired state: LastStageRead) round-trips and is bounded.
+TEST(ProtocolLimitsTest, PpSizeInAHelloRoundTripsAndIsBounded) {
+  const RankId from = Rank(Role::kDecode, 0);
+  HelloMsg h = HelloWithTwoStateTypes();
+  h.layout.pp_size = 4;
+  auto m = DecodeMessage(EncodeMessage(from, h));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(std::get<HelloMsg>(m->body).layout.pp_size, 4);
+  for (int bad : {0, -1, kMaxParallelSize + 1}) {
+    h.layout.pp_size = bad;
+    ExpectRejected(EncodeMessage(from, h), "layout pp_size");
+  }
+}
+
 TEST(ProtocolLimitsTest, DcpSizeAndRankInAHelloRoundTripAndAreBounded) {
   const RankId from = Rank(Role::kDecode, 0);
   HelloMsg h = HelloWithTwoStateTypes();

@@ -234,7 +234,7 @@ Result<Outbox::Post> ManagerImpl::PlanFlowChunkLocked(const std::shared_ptr<Send
   // ones from every flow (each its share); a stage before the last that
   // decode rank reads sends only the buffers paired by layer id (its own
   // layers').
-  const bool last_stage = LastStageRead(layout_, self_.pp, opts_.parallel.pp_size, peer->layout);
+  const bool last_stage = LastStageRead(self_.pp, opts_.parallel.pp_size, peer->layout.pp_size);
   if (last && (!state.empty() || !flow.meta.state.empty())) {
     KVB_ASSIGN_OR_RETURN(
         std::vector<CopyRun> st,
@@ -522,7 +522,7 @@ Status ManagerImpl::ShapeFlowLocked(SenderRoom& room, const RankId& from, Sender
       lowest = std::min(lowest, o.prefill_rank);
     flow.carries_state = lowest == self_.tp && self_.cp == 0;
     flow.carries_aux = flow.carries_state && peer != nullptr &&
-                       LastStageRead(layout_, self_.pp, opts_.parallel.pp_size, peer->layout);
+                       LastStageRead(self_.pp, opts_.parallel.pp_size, peer->layout.pp_size);
     break;
   }
   if (std::find(room.expected_decode.begin(), room.expected_decode.end(), from.tp) ==

@@ -422,8 +422,8 @@ Result<std::vector<int>> PrefillStagesOfDecode(int prefill_pp, int decode_pp, in
   return stages;
 }
 
-bool LastStageRead(const RankLayout& prefill, int pp_rank, int pp_size, const RankLayout& decode) {
-  return pp_rank == pp_size - 1 || decode.end_layer <= prefill.end_layer;
+bool LastStageRead(int pp_rank, int pp_size, int decode_pp) {
+  return pp_rank == pp_size - 1 || decode_pp == pp_size;
 }
 
 Status CheckPageIndices(const RankLayout& layout, std::span<const int32_t> pages, bool unique) {

@@ -98,6 +98,10 @@ struct RankLayout {
   // The last num_draft_entries kv buffers are a draft model's
   // (KVArgs::num_draft_entries). Exchanged in the handshake.
   int num_draft_entries = 0;
+  // The rank's pipeline size (ParallelLayout::pp_size): which prefill stage
+  // writes a decode rank's aux row and unpaired state (LastStageRead).
+  // Exchanged in the handshake.
+  int pp_size = 1;
 };
 
 // Whether kv buffer `b` of `l` is a draft model's (the last num_draft_entries).
@@ -213,13 +217,15 @@ std::vector<HeadSlice> FlowsFromPrefill(std::span<const HeadSlice> flows, int pr
 Result<std::vector<int>> PrefillStagesOfDecode(int prefill_pp, int decode_pp, int decode_pp_rank);
 
 // Whether prefill stage `pp_rank` of `pp_size` is the last stage a decode
-// rank reads: that stage writes its aux row (the request's metadata row) and
-// the state not paired by layer id. A decode rank of every layer reads every
-// stage, the last one last; a decode stage (decode pp = prefill pp) reads only
-// the stage of its own layers (it holds none past `prefill`'s), which holds
-// all the state that decode stage has, and sglang's decode waits for its row
-// on every stage (docs/sglang.md, metadata gate).
-bool LastStageRead(const RankLayout& prefill, int pp_rank, int pp_size, const RankLayout& decode);
+// rank of pipeline size `decode_pp` reads: that stage writes its aux row (the
+// request's metadata row) and the state not paired by layer id. A decode of
+// pp 1 reads every stage, the last one last; a decode stage (decode pp =
+// prefill pp) reads only its own stage, which holds all the state that
+// decode stage has, and sglang's decode waits for its row on every stage
+// (docs/sglang.md, metadata gate). Decided by the pipeline shapes
+// (PrefillStagesOfDecode), never by layer numbers, which sglang's two sides
+// count differently.
+bool LastStageRead(int pp_rank, int pp_size, int decode_pp);
 
 enum class BufferClass : uint8_t { kKv = 0, kAux = 1, kState = 2 };
 

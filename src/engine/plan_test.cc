@@ -169,27 +169,19 @@ TEST(PrefillStagesOfDecodeTest, BadShapesAreInvalidArgument) {
 
 // ------------------------------------------------------------- LastStageRead
 
-// A decode rank of every layer reads every stage: the last one writes its
-// aux row, no other (one writer per row).
-TEST(LastStageReadTest, ADecodeRankOfEveryLayerTakesItFromTheLastStageOnly) {
-  const RankLayout decode = MakeLayout({.end_layer = 6});
-  const RankLayout stages[] = {MakeLayout({.end_layer = 2}),
-                               MakeLayout({.start_layer = 2, .end_layer = 4}),
-                               MakeLayout({.start_layer = 4, .end_layer = 6})};
-  EXPECT_FALSE(LastStageRead(stages[0], 0, 3, decode));
-  EXPECT_FALSE(LastStageRead(stages[1], 1, 3, decode));
-  EXPECT_TRUE(LastStageRead(stages[2], 2, 3, decode));
-  EXPECT_TRUE(LastStageRead(MakeLayout({.end_layer = 6}), 0, 1, decode));
+// A decode of pp 1 reads every stage: the last one writes its aux row and
+// unpaired state, no other (one writer per row).
+TEST(LastStageReadTest, ADecodeOfPpOneTakesItFromTheLastStageOnly) {
+  EXPECT_FALSE(LastStageRead(0, 3, 1));
+  EXPECT_FALSE(LastStageRead(1, 3, 1));
+  EXPECT_TRUE(LastStageRead(2, 3, 1));
+  EXPECT_TRUE(LastStageRead(0, 1, 1));
 }
 
-// A decode stage (decode pp = prefill pp) reads only the stage of its
-// layers, which then writes its row: sglang's decode waits for the row on
-// every stage.
+// A decode stage (decode pp = prefill pp) reads only its own stage, which
+// then writes them: sglang's decode waits for the row on every stage.
 TEST(LastStageReadTest, ADecodeStageTakesItFromTheStageItReads) {
-  const RankLayout first = MakeLayout({.end_layer = 3});
-  const RankLayout last = MakeLayout({.start_layer = 3, .end_layer = 6});
-  EXPECT_TRUE(LastStageRead(first, 0, 2, MakeLayout({.end_layer = 3})));
-  EXPECT_TRUE(LastStageRead(last, 1, 2, MakeLayout({.start_layer = 3, .end_layer = 6})));
+  for (int pp = 0; pp < 4; ++pp) EXPECT_TRUE(LastStageRead(pp, 4, 4)) << pp;
 }
 
 // The prefill rank a decode rank must read `head` from: among the prefill
