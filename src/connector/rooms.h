@@ -91,9 +91,11 @@ struct SenderFlow {
   std::optional<HeadSlice> slice;  // none: dummy (nothing to write)
   // The lowest prefill rank feeding this decode rank writes the state
   // buffers that move whole (on every stage: PlanState's StateShare), and
-  // on the last stage that decode rank reads the aux row too (LastStageRead).
+  // on the last stage that decode rank reads (LastStageRead, set when the
+  // flow is shaped) the aux row too; that stage also sends the state not
+  // paired by layer id.
   bool carries_state = false;
-  bool carries_aux = false;
+  bool last_stage_read = false;
   uint32_t next_chunk = 0;
   int inflight = 0;  // chunks posted, not completed
   // Its writes go where decode cannot revoke them (a same-host peer given

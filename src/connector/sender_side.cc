@@ -224,8 +224,8 @@ Result<Outbox::Post> ManagerImpl::PlanFlowChunkLocked(const std::shared_ptr<Send
                                                      std::max<int64_t>(first_page, 0))
                                    : PlanKvPages(layout_, peer->layout, *flow.slice, src, dst));
   }
-  if (last && flow.carries_aux && room.aux_index >= 0 && flow.meta.aux_index >= 0 &&
-      !layout_.aux.empty()) {
+  if (last && flow.carries_state && flow.last_stage_read && room.aux_index >= 0 &&
+      flow.meta.aux_index >= 0 && !layout_.aux.empty()) {
     KVB_ASSIGN_OR_RETURN(std::vector<CopyRun> aux,
                          PlanAux(layout_, peer->layout, room.aux_index, flow.meta.aux_index));
     runs.insert(runs.end(), aux.begin(), aux.end());
@@ -234,14 +234,13 @@ Result<Outbox::Post> ManagerImpl::PlanFlowChunkLocked(const std::shared_ptr<Send
   // ones from every flow (each its share); a stage before the last that
   // decode rank reads sends only the buffers paired by layer id (its own
   // layers').
-  const bool last_stage = LastStageRead(self_.pp, opts_.parallel.pp_size, peer->layout.pp_size);
   if (last && (!state.empty() || !flow.meta.state.empty())) {
     KVB_ASSIGN_OR_RETURN(
         std::vector<CopyRun> st,
         PlanState(layout_, peer->layout, state, flow.meta.state,
                   StateShare{.whole = flow.carries_state,
                              .slices = self_.cp == 0,  // every cp rank holds the same state
-                             .last_stage = last_stage}));
+                             .last_stage = flow.last_stage_read}));
     runs.insert(runs.end(), st.begin(), st.end());
   }
   NotifyMsg note{room.room, flow.meta.generation, flow.next_chunk, last,
@@ -521,8 +520,8 @@ Status ManagerImpl::ShapeFlowLocked(SenderRoom& room, const RankId& from, Sender
     for (const HeadSlice& o : FlowsToDecode(flows, from.tp))
       lowest = std::min(lowest, o.prefill_rank);
     flow.carries_state = lowest == self_.tp && self_.cp == 0;
-    flow.carries_aux = flow.carries_state && peer != nullptr &&
-                       LastStageRead(self_.pp, opts_.parallel.pp_size, peer->layout.pp_size);
+    flow.last_stage_read =
+        peer != nullptr && LastStageRead(self_.pp, opts_.parallel.pp_size, peer->layout.pp_size);
     break;
   }
   if (std::find(room.expected_decode.begin(), room.expected_decode.end(), from.tp) ==
