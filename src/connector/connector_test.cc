@@ -36,6 +36,9 @@ TEST_P(ConnectorTpTest, ChunkedTransferLandsEveryByte) {
   ExpectDelivered(**c, r);
   auto stats = (*c)->prefill[0].manager->Stats();
   EXPECT_GT(stats.write_ops, 0u);
+  // Each decode byte was written once: replicated heads (MLA, or more ranks
+  // than kv heads) are sent by one prefill rank, the aux row and state too.
+  EXPECT_EQ(PrefillBytesWritten(**c), DecodeBytesNeeded(**c, r));
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ConnectorTpTest,

@@ -156,9 +156,8 @@ inline void WaitForSuccess(Request& r) {
 }
 
 // Waits for Success on every sender and receiver, then checks every byte of
-// every destination page on every decode rank, and the aux row and state
-// slots on the decode ranks that receive them: all of them with decode pp 1,
-// else those of the last decode stage (which the last prefill stage feeds).
+// every destination page, the aux row and the state slots on every decode
+// rank (each decode stage's from the prefill stage it reads).
 inline void ExpectDelivered(TestCluster& c, Request& r) {
   ASSERT_NO_FATAL_FAILURE(WaitForSuccess(r));
   for (auto& d : r.receivers) EXPECT_TRUE(d->Quiesced());
@@ -169,6 +168,28 @@ inline void ExpectDelivered(TestCluster& c, Request& r) {
     EXPECT_TRUE(c.decode[i].pool->AuxMatches(r.room, r.dst_aux)) << "decode rank " << i;
     EXPECT_TRUE(c.decode[i].pool->StateMatches(r.room, r.dst_state)) << "decode rank " << i;
   }
+}
+
+// Payload bytes every prefill rank of `c` has written so far.
+inline uint64_t PrefillBytesWritten(TestCluster& c) {
+  uint64_t sum = 0;
+  for (auto& p : c.prefill) sum += p.manager->Stats().bytes_written;
+  return sum;
+}
+
+// The bytes request `r` fills on the decode ranks of `c`, from their own
+// pools: every kv buffer's destination pages, every aux buffer's row and
+// every state buffer's slots. A request whose bytes were each written once
+// costs the prefill ranks exactly this.
+inline uint64_t DecodeBytesNeeded(TestCluster& c, const Request& r) {
+  uint64_t sum = 0;
+  for (auto& d : c.decode) {
+    const KvPool& pool = *d.pool;
+    sum += pool.page_bytes() * pool.num_kv_buffers() * r.dst.size();
+    if (r.dst_aux >= 0) sum += uint64_t(pool.shape().aux_item_len) * pool.num_aux_buffers();
+    sum += uint64_t(pool.shape().state_item_len) * pool.num_state_buffers() * r.dst_state.size();
+  }
+  return sum;
 }
 
 }  // namespace kvbridge::internal

@@ -80,6 +80,9 @@ class KvPool {
   uint64_t head_bytes() const;
   uint64_t page_bytes() const { return item_len_; }
   size_t num_kv_buffers() const { return kv_.size(); }
+  size_t num_aux_buffers() const { return aux_.size(); }
+  size_t num_state_buffers() const { return state_.size(); }
+  const ModelShape& shape() const { return opts_.shape; }
 
   // Prefill: writes the pattern of request `room` into `pages` (page i of the
   // request in pages[i]), its aux row and state slots. stride > 1: only the

@@ -59,7 +59,12 @@ TEST_P(PpTransferTest, ChunkedTransferLandsEveryByteInItsLayer) {
   Start(**c, r, /*senders_first=*/false);
   SendChunks(r, {5, 4, 3});
   ExpectDelivered(**c, r);
+  // Every byte decode needed was written once: no stage wrote another
+  // stage's layers, an aux row or a state slot a second time (a second writer
+  // of equal bytes leaves the pattern intact; only the count shows it).
+  EXPECT_EQ(PrefillBytesWritten(**c), DecodeBytesNeeded(**c, r));
   // A second request on the same ranks (connections reused).
+  const uint64_t before = PrefillBytesWritten(**c);
   Request r2{.room = 43};
   r2.src = Scattered(7, o.num_pages, 3);
   r2.dst = Scattered(7, o.num_pages, 4);
@@ -67,6 +72,7 @@ TEST_P(PpTransferTest, ChunkedTransferLandsEveryByteInItsLayer) {
   Start(**c, r2, /*senders_first=*/true);
   SendChunks(r2, {1, 6});
   ExpectDelivered(**c, r2);
+  EXPECT_EQ(PrefillBytesWritten(**c) - before, DecodeBytesNeeded(**c, r2));
 }
 
 INSTANTIATE_TEST_SUITE_P(
