@@ -419,6 +419,17 @@ void UcxTransport::SendAck(ucp_ep_h reply_ep, uint64_t connection, uint64_t batc
   }
 }
 
+ucs_status_t UcxTransport::RefuseRendezvous(const char* what) {
+  // Logged at the 1st, 2nd, 4th, 8th... of them: a flood costs no log flood.
+  const uint64_t n = ++incoming_stats_.rejected_rendezvous;
+  if ((n & (n - 1)) == 0)
+    KVB_LOG_WARN(
+        "ucx transport {}: refused a {} sent by rendezvous (ours travel eager), unread; "
+        "{} so far",
+        options_.name, what, n);
+  return UCS_ERR_INVALID_PARAM;
+}
+
 ucs_status_t UcxTransport::OnAckAm(const void* header, size_t header_length, void* data,
                                    size_t length) {
   if (header_length != sizeof(AckHeader)) return UCS_OK;

@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -220,14 +222,14 @@ class RawSender {
     for (int i = 0; i < 100; ++i) ucp_worker_progress(worker_.get());
   }
 
-  // Starts one rendezvous data AM and returns its request (null: done).
+  // Starts one rendezvous AM (a data AM unless told) and returns its
+  // request (null: done).
   ucs_status_ptr_t StartRndv(const void* header, size_t header_length, const void* data,
-                             size_t length) {
+                             size_t length, unsigned am = kAmData) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_RNDV;
-    ucs_status_ptr_t req =
-        ucp_am_send_nbx(ep_.get(), kAmData, header, header_length, data, length, &p);
+    ucs_status_ptr_t req = ucp_am_send_nbx(ep_.get(), am, header, header_length, data, length, &p);
     EXPECT_FALSE(UCS_PTR_IS_ERR(req));
     return UCS_PTR_IS_ERR(req) ? nullptr : req;
   }
@@ -242,13 +244,14 @@ class RawSender {
     if (req != nullptr) ucp_request_free(req);
   }
 
-  // Sends one eager data AM with `header` and waits until it has left.
-  void Send(const void* header, size_t header_length, const void* data, size_t length) {
+  // Sends one eager AM (a data AM unless told) with `header` and waits
+  // until it has left.
+  void Send(const void* header, size_t header_length, const void* data, size_t length,
+            unsigned am = kAmData) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
-    ucs_status_ptr_t req =
-        ucp_am_send_nbx(ep_.get(), kAmData, header, header_length, data, length, &p);
+    ucs_status_ptr_t req = ucp_am_send_nbx(ep_.get(), am, header, header_length, data, length, &p);
     ASSERT_FALSE(UCS_PTR_IS_ERR(req));
     if (req == nullptr) return;
     while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_.get());
@@ -298,6 +301,44 @@ TEST_F(UcxSecurityTest, DataMessageWithoutTokenFieldWritesNothing) {
   EXPECT_EQ(StatsOf(*target_).rejected_token, 1u);
   EXPECT_TRUE(AllZero(dst_.data(), 8192)) << "the token-less write landed";
   EXPECT_EQ(dst_[8192], 0xab);
+}
+
+// Anyone who reaches the worker may send a message or an ACK by rendezvous
+// (ours are eager): UCX then hands the callback its descriptor of the
+// message, not the bytes, with the message's length. Both are refused
+// unread; the transport goes on (a copy of `length` bytes from the
+// descriptor read past it: ASan's heap overflow, or a crash).
+TEST_F(UcxSecurityTest, MessagesAndAcksSentByRendezvousAreRefusedUnread) {
+  Build(/*same_host=*/false);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<size_t> handled;  // lengths of the messages the handler got
+  target_->SetMessageHandler([&](std::string_view payload) {
+    std::lock_guard<std::mutex> lock(mu);
+    handled.push_back(payload.size());
+    cv.notify_all();
+  });
+  RawSender forger(target_->Address());
+  const std::vector<uint8_t> big(1 << 20, 0xcd);
+  forger.Finish(forger.StartRndv(nullptr, 0, big.data(), big.size(), kAmMessage));
+  const AckHeader ack{/*connection=*/77, /*batch=*/1, /*code=*/3};
+  forger.Finish(forger.StartRndv(&ack, sizeof(ack), big.data(), big.size(), kAmAck));
+  // Then an eager message on the same endpoint: the target handles one
+  // endpoint's AMs in order, so once it is handled the others were too.
+  const std::string after = "after";
+  forger.Send(nullptr, 0, after.data(), after.size(), kAmMessage);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return !handled.empty(); }));
+  }
+  EXPECT_EQ(StatsOf(*target_).rejected_rendezvous, 2u);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_THAT(handled, ::testing::ElementsAre(after.size()));
+  }
+  // The writer's writes still land.
+  EXPECT_TRUE(Write(dst_key_, 0, 4096).ok());
+  EXPECT_EQ(dst_[100], src_[100]);
 }
 
 // A gathered data AM's header: the DataHeader, then `pieces`.

@@ -31,14 +31,20 @@ ucs_status_t DataAmCallback(void* arg, const void* header, size_t header_length,
   return static_cast<UcxTransport*>(arg)->OnDataAm(header, header_length, data, length, param);
 }
 
+// Our messages and ACKs travel eager. Sent by rendezvous, `data` would be
+// UCX's descriptor of the message, not its bytes: refused unread.
 ucs_status_t MessageAmCallback(void* arg, const void*, size_t, void* data, size_t length,
-                               const ucp_am_recv_param_t*) {
-  return static_cast<UcxTransport*>(arg)->OnMessageAm(data, length);
+                               const ucp_am_recv_param_t* param) {
+  auto* t = static_cast<UcxTransport*>(arg);
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return t->RefuseRendezvous("message");
+  return t->OnMessageAm(data, length);
 }
 
 ucs_status_t AckAmCallback(void* arg, const void* header, size_t header_length, void* data,
-                           size_t length, const ucp_am_recv_param_t*) {
-  return static_cast<UcxTransport*>(arg)->OnAckAm(header, header_length, data, length);
+                           size_t length, const ucp_am_recv_param_t* param) {
+  auto* t = static_cast<UcxTransport*>(arg);
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return t->RefuseRendezvous("ACK");
+  return t->OnAckAm(header, header_length, data, length);
 }
 
 Status SetAmHandler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void* arg) {

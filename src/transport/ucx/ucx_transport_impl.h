@@ -227,13 +227,14 @@ struct IncomingPeer {
 
 // Counters of the incoming data path (any thread).
 struct IncomingStats {
-  uint64_t rejected_token = 0;    // data AMs without the region's token
-  uint64_t rejected_limit = 0;    // data AMs over the per-peer bound
-  uint64_t rejected_revoked = 0;  // data AMs under a revoked grant (also in rejected_token)
-  uint64_t open_batches = 0;      // incoming batches now open
-  uint64_t gathered = 0;          // admitted data AMs that carried a piece table
-  uint64_t gathered_pieces = 0;   // the pieces they carried
-  uint64_t lingering = 0;         // disconnected endpoints not closed yet (LingerOrClose)
+  uint64_t rejected_token = 0;       // data AMs without the region's token
+  uint64_t rejected_limit = 0;       // data AMs over the per-peer bound
+  uint64_t rejected_revoked = 0;     // data AMs under a revoked grant (also in rejected_token)
+  uint64_t open_batches = 0;         // incoming batches now open
+  uint64_t gathered = 0;             // admitted data AMs that carried a piece table
+  uint64_t gathered_pieces = 0;      // the pieces they carried
+  uint64_t lingering = 0;            // disconnected endpoints not closed yet (LingerOrClose)
+  uint64_t rejected_rendezvous = 0;  // messages and ACKs sent by rendezvous (ours are eager)
 };
 
 class UcxTransport final : public Transport {
@@ -277,6 +278,8 @@ class UcxTransport final : public Transport {
   ucs_status_t OnDataAm(const void* header, size_t header_length, void* data, size_t length,
                         const ucp_am_recv_param_t* param);
   ucs_status_t OnMessageAm(void* data, size_t length);
+  // A message or ACK sent by rendezvous: counted, logged once, refused.
+  ucs_status_t RefuseRendezvous(const char* what);
   ucs_status_t OnAckAm(const void* header, size_t header_length, void* data, size_t length);
   // Target side: one data AM of batch `key` was placed (ok), rejected
   // (error) or lost (its receive failed).
