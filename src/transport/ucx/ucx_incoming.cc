@@ -223,12 +223,14 @@ bool UcxTransport::AdmitDataAm(const DataHeader& h, std::span<const GatherPiece>
   std::string bad;
   bool token_ok = true;
   bool revoked = false;
+  bool unknown = false;  // no such region
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = regions_.find(h.region_id);
     std::optional<GrantId> match;
     if (it != regions_.end()) match = MatchTokenLocked(*it->second, h.token, &revoked);
     if (it == regions_.end()) {
+      unknown = true;
       bad = "unknown region " + std::to_string(h.region_id);
     } else if (!match) {
       token_ok = false;
@@ -245,19 +247,26 @@ bool UcxTransport::AdmitDataAm(const DataHeader& h, std::span<const GatherPiece>
   if (token_ok && found != incoming_.end() && found->second.reply_ep != reply_ep) {
     token_ok = false;  // a block for another sender's batch
   }
+  // A region that does not exist opens no batch (nobody holds its token):
+  // only a batch opened under a token counts such a block, as failed.
+  if (unknown && found == incoming_.end()) token_ok = false;
   // Refusals that keep no state: the sender learns from the ACK.
   if (!token_ok) {
     ++incoming_stats_.rejected_token;
     if (revoked) ++incoming_stats_.rejected_revoked;
-    const std::string why = revoked ? "under a revoked grant" : "without its token";
+    const std::string why = revoked   ? "under a revoked grant"
+                            : unknown ? "that does not exist"
+                                      : "without its token";
     LogOncePerPeer(reply_ep, &IncomingPeer::logged_token,
                    "dropped a write into region " + std::to_string(h.region_id) + " " + why +
                        "; nothing written");
-    SendAck(
-        reply_ep, h.connection, h.batch,
-        Status(StatusCode::kPermissionDenied,
-               "target refused write into region " + std::to_string(h.region_id) + ": " +
-                   (revoked ? "its grant was revoked" : "no valid token") + "; nothing written"));
+    SendAck(reply_ep, h.connection, h.batch,
+            Status(StatusCode::kPermissionDenied, "target refused write into region " +
+                                                      std::to_string(h.region_id) + ": " +
+                                                      (revoked   ? "its grant was revoked"
+                                                       : unknown ? "no such region"
+                                                                 : "no valid token") +
+                                                      "; nothing written"));
     return false;
   }
   if (found == incoming_.end()) {

@@ -341,6 +341,40 @@ TEST_F(UcxSecurityTest, MessagesAndAcksSentByRendezvousAreRefusedUnread) {
   EXPECT_EQ(dst_[100], src_[100]);
 }
 
+// Writes into a region that does not exist, each a new batch announcing
+// many blocks: refused by ACK, and no batch is kept open for them (before,
+// each opened one that never closed, up to the per-peer bound, and logged an
+// error per message).
+TEST_F(UcxSecurityTest, WritesIntoAnUnknownRegionKeepNoBatchOpen) {
+  Build(/*same_host=*/false, /*max_open=*/8);
+  RawSender forger(target_->Address());
+  const std::vector<uint8_t> payload(64, 0xcd);
+  constexpr uint64_t kSent = 20;  // more than the bound
+  for (uint64_t b = 1; b <= kSent; ++b) {
+    DataHeader h = HeaderFor(dst_key_, 0, payload.size(), b, uint64_t{1} << 20);
+    h.region_id = 0xdeadbeef;
+    forger.Send(&h, sizeof(h), payload.data(), payload.size());
+  }
+  const auto& acks = forger.WaitAcks(kSent);
+  ASSERT_EQ(acks.size(), kSent);
+  for (const auto& [h, message] : acks) {
+    EXPECT_EQ(h.code, static_cast<int32_t>(StatusCode::kPermissionDenied));
+    EXPECT_THAT(message, HasSubstr("no such region"));
+  }
+  IncomingStats stats = StatsOf(*target_);
+  EXPECT_EQ(stats.open_batches, 0u);
+  EXPECT_EQ(stats.rejected_limit, 0u);
+  EXPECT_EQ(stats.rejected_token, kSent);
+  // The same sender's writes into the real region are still taken.
+  DataHeader good = HeaderFor(dst_key_, 4096, payload.size(), 100, 1);
+  forger.Send(&good, sizeof(good), payload.data(), payload.size());
+  const auto& more = forger.WaitAcks(kSent + 1);
+  ASSERT_EQ(more.size(), kSent + 1);
+  EXPECT_EQ(more.back().first.code, 0);
+  EXPECT_EQ(dst_[4096], 0xcd);
+  EXPECT_TRUE(AllZero(dst_.data(), 4096));
+}
+
 // A gathered data AM's header: the DataHeader, then `pieces`.
 std::vector<uint8_t> Gathered(const std::string& key, const std::vector<GatherPiece>& pieces,
                               uint64_t total, uint64_t batch) {
