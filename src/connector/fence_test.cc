@@ -162,6 +162,51 @@ TEST(FenceTest, ARevokeStillWaitingWhenThePeerIsReplacedFencesTheOldIncarnation)
   ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, next));
 }
 
+// Each incarnation's room is fenced by its own grant's revoke. Prefill's
+// first incarnation is declared failed while decode's revoke of its grant
+// times out (a write it admitted may still land); prefill rejoins, decode
+// meets the new incarnation (the old grant goes to the retry list), and then
+// the new incarnation fails too, its grant revoked at once. Before, that
+// revoke counted the old incarnation's room quiesced as well, while the old
+// grant still stood.
+TEST(FenceTest, ANewerIncarnationsRevokeDoesNotQuiesceAnOlderOnesRoom) {
+  std::vector<FaultTransport*> faults;  // prefill, decode
+  auto c = TestCluster::Create(FenceCluster(&faults));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  KVManager& decode = *(*c)->decode[0].manager;
+  FaultTransport& decode_faults = *faults[1];
+  Request r{.room = 51, .src = {1, 2, 3, 4}, .dst = {30, 31, 32, 33}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, r, /*senders_first=*/false));
+  KVReceiver& rx = *r.receivers[0];
+  decode_faults.FailRevokesOfGrantsSoFar(true);  // the first incarnation's grant
+  ASSERT_NO_FATAL_FAILURE(HoldAndSilencePrefill(r, *faults[0]));
+  ASSERT_TRUE(WaitFor([&] { return decode_faults.counters().revokes_failed >= 1; }));
+  ASSERT_TRUE(WaitFor([&] { return prefill.Stats().rejoins == 1; }));
+  const RankId second = ManagerAccess::Of(prefill).self();
+  faults[0]->DropUrgentMessages(false);
+  faults[0]->DropMessages(false);
+  Request next{.room = 52, .src = {5, 6}, .dst = {40, 41}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, next, /*senders_first=*/false));  // meets it
+  // The second incarnation goes silent: decode fails it and revokes its
+  // grant (given after the fault was set: the revoke goes through).
+  faults[0]->DropUrgentMessages(true);
+  faults[0]->DropMessages(true);
+  auto second_fenced = [&] {
+    for (const PeerSnapshot& p : ManagerAccess::Of(decode).Peers())
+      if (p.id.SameRank(second) && p.id.incarnation == second.incarnation && p.fenced) return true;
+    return false;
+  };
+  // Fenced is set under the manager's lock with the rooms it quiesces.
+  ASSERT_TRUE(WaitFor(second_fenced)) << "decode never fenced the second incarnation";
+  EXPECT_FALSE(rx.Quiesced()) << "the first incarnation's room quiesced on the second's revoke";
+  EXPECT_TRUE(WaitFor([&] { return next.receivers[0]->Quiesced(); }));
+  // Once its own grant's revoke goes through, the first room quiesces.
+  decode_faults.FailRevokesOfGrantsSoFar(false);
+  EXPECT_TRUE(WaitFor([&] { return rx.Quiesced(); }, std::chrono::seconds(5)))
+      << "the first incarnation's room never quiesced";
+}
+
 // A same-host prefill rank that maps decode's pages (the default: it writes
 // through shared memory under a grant whose revoke cannot unmap them) is
 // declared failed while its writes of a room are held, and rejoins. Decode

@@ -191,6 +191,7 @@ struct PeerSnapshot {
   bool ready = false;
   bool failed = false;
   SteadyTime last_heard{};  // on the manager's Clock
+  bool fenced = false;      // its write grant is revoked
 };
 
 struct PendingMeta {

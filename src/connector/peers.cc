@@ -259,11 +259,14 @@ void ManagerImpl::FenceRound() {
       continue;
     }
     KVB_LOG_INFO("fenced {}{}: its write grant is revoked, nothing it sends lands", t.key, which);
+    // Only the sources of the incarnation that held this grant: an older one
+    // at the position writes under its own grant, whose revoke may still be
+    // waiting (retired_grants_).
+    const uint64_t incarnation = current ? p->id->incarnation : t.incarnation;
     for (auto& [id, room] : receivers_) {
       bool touches = false;
       for (ReceiverSource& src : room->sources) {
-        if (src.peer_key != t.key || (!current && src.prefill->incarnation != t.incarnation))
-          continue;
+        if (src.peer_key != t.key || src.prefill->incarnation != incarnation) continue;
         touches = true;
         // Of the incarnation whose grant is now revoked, whichever peer
         // holds the position now.

@@ -250,11 +250,29 @@ void FaultTransport::HoldRevokes(bool hold) {
   cv_.notify_all();
 }
 
+void FaultTransport::FailRevokesOfGrantsSoFar(bool fail) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failing_revokes_ = fail ? granted_ : std::set<GrantId>{};
+}
+
+Result<std::string> FaultTransport::GrantRegion(RegionId region, GrantId grant, GrantReach reach) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    granted_.insert(grant);
+  }
+  return inner_->GrantRegion(region, grant, reach);
+}
+
 Status FaultTransport::RevokeGrant(GrantId grant) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     ++counters_.revokes_started;
     cv_.wait(lock, [&] { return !hold_revokes_; });
+    if (failing_revokes_.count(grant) > 0) {
+      ++counters_.revokes_failed;
+      return DeadlineExceededError("revoke of grant " + std::to_string(grant) +
+                                   " timed out (FailRevokesOfGrantsSoFar)");
+    }
   }
   Status st = inner_->RevokeGrant(grant);
   std::lock_guard<std::mutex> lock(mu_);

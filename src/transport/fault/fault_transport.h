@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,6 +54,7 @@ struct FaultCounters {
   uint64_t peers_vanished = 0;
   uint64_t revokes_started = 0;   // RevokeGrant calls (HoldRevokes)
   uint64_t revokes_returned = 0;  // RevokeGrant calls the inner transport answered
+  uint64_t revokes_failed = 0;    // answered DeadlineExceeded by FailRevokesOfGrantsSoFar
   uint64_t network_connects = 0;  // ConnectOverNetwork calls that connected
 };
 
@@ -74,10 +76,9 @@ class FaultTransport final : public Transport {
   void SetPeerFailureHandler(PeerFailureHandler handler) override;
   Result<RegisteredRegion> RegisterMemory(void* addr, size_t length, MemoryKind kind) override;
   Status DeregisterMemory(RegionId id) override;
-  // Grants are the target's: forwarded, no fault applies to them.
-  Result<std::string> GrantRegion(RegionId region, GrantId grant, GrantReach reach) override {
-    return inner_->GrantRegion(region, grant, reach);
-  }
+  // Grants are the target's: forwarded (and noted for
+  // FailRevokesOfGrantsSoFar).
+  Result<std::string> GrantRegion(RegionId region, GrantId grant, GrantReach reach) override;
   Status RevokeGrant(GrantId grant) override;
   Result<PeerId> Connect(std::string_view peer_address) override;
   Result<PeerId> ConnectOverNetwork(std::string_view peer_address) override;
@@ -127,6 +128,10 @@ class FaultTransport final : public Transport {
   // admitted receives); off lets the waiting ones through. Also counts
   // revokes_started.
   void HoldRevokes(bool hold);
+  // While on, RevokeGrant of a grant given before this call answers
+  // DeadlineExceeded without revoking it (as a revoke that timed out
+  // waiting for admitted receives); grants given later revoke as usual.
+  void FailRevokesOfGrantsSoFar(bool fail);
   // Urgent messages (heartbeats) are accepted (OK) and discarded: the peer
   // looks unresponsive while its data path still works.
   void DropUrgentMessages(bool drop);
@@ -190,23 +195,24 @@ class FaultTransport final : public Transport {
   std::mutex forward_mu_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  PeerFailureHandler on_failure_;            // guarded by mu_
-  std::map<PeerId, PeerInfo> peers_;         // guarded by mu_
-  std::map<RegionId, uint64_t> regions_;     // guarded by mu_: length
-  std::map<RemoteRegionId, PeerId> remote_;  // guarded by mu_
-  std::map<PeerId, Status> fail_;            // guarded by mu_ (kAllPeers too)
-  std::chrono::milliseconds delay_{0};       // guarded by mu_
-  bool hold_messages_ = false;               // guarded by mu_
-  bool hold_ = false;                        // guarded by mu_
-  bool drop_messages_ = false;               // guarded by mu_
-  bool hold_revokes_ = false;                // guarded by mu_
-  bool drop_urgent_ = false;                 // guarded by mu_
-  int skip_connects_ = 0;                    // guarded by mu_
-  int mute_connects_ = 0;                    // guarded by mu_
-  int mute_pass_ = 0;                        // guarded by mu_
-  FaultCounters counters_;                   // guarded by mu_
-  std::deque<Task> tasks_;                   // guarded by mu_: run by the worker
-  bool stopping_ = false;                    // guarded by mu_
+  PeerFailureHandler on_failure_;                // guarded by mu_
+  std::map<PeerId, PeerInfo> peers_;             // guarded by mu_
+  std::map<RegionId, uint64_t> regions_;         // guarded by mu_: length
+  std::map<RemoteRegionId, PeerId> remote_;      // guarded by mu_
+  std::map<PeerId, Status> fail_;                // guarded by mu_ (kAllPeers too)
+  std::chrono::milliseconds delay_{0};           // guarded by mu_
+  bool hold_messages_ = false;                   // guarded by mu_
+  bool hold_ = false;                            // guarded by mu_
+  bool drop_messages_ = false;                   // guarded by mu_
+  bool hold_revokes_ = false;                    // guarded by mu_
+  std::set<GrantId> granted_, failing_revokes_;  // guarded by mu_
+  bool drop_urgent_ = false;                     // guarded by mu_
+  int skip_connects_ = 0;                        // guarded by mu_
+  int mute_connects_ = 0;                        // guarded by mu_
+  int mute_pass_ = 0;                            // guarded by mu_
+  FaultCounters counters_;                       // guarded by mu_
+  std::deque<Task> tasks_;                       // guarded by mu_: run by the worker
+  bool stopping_ = false;                        // guarded by mu_
   std::thread worker_;
 };
 
