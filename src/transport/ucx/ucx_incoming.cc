@@ -216,6 +216,25 @@ std::optional<GrantId> UcxTransport::MatchTokenLocked(const LocalRegion& region,
   return match;
 }
 
+void UcxTransport::RefuseWithoutState(const DataHeader& h, ucp_ep_h reply_ep, bool revoked,
+                                      bool unknown) {
+  ++incoming_stats_.rejected_token;
+  if (revoked) ++incoming_stats_.rejected_revoked;
+  const std::string why = revoked   ? "under a revoked grant"
+                          : unknown ? "that does not exist"
+                                    : "without its token";
+  LogOncePerPeer(reply_ep, &IncomingPeer::logged_token,
+                 "dropped a write into region " + std::to_string(h.region_id) + " " + why +
+                     "; nothing written");
+  SendAck(reply_ep, h.connection, h.batch,
+          Status(StatusCode::kPermissionDenied, "target refused write into region " +
+                                                    std::to_string(h.region_id) + ": " +
+                                                    (revoked   ? "its grant was revoked"
+                                                     : unknown ? "no such region"
+                                                               : "no valid token") +
+                                                    "; nothing written"));
+}
+
 bool UcxTransport::AdmitDataAm(const DataHeader& h, std::span<const GatherPiece> pieces,
                                size_t length, ucp_ep_h reply_ep, uint8_t** base, ucp_mem_h* memh,
                                GrantId* grant) {
@@ -252,21 +271,7 @@ bool UcxTransport::AdmitDataAm(const DataHeader& h, std::span<const GatherPiece>
   if (unknown && found == incoming_.end()) token_ok = false;
   // Refusals that keep no state: the sender learns from the ACK.
   if (!token_ok) {
-    ++incoming_stats_.rejected_token;
-    if (revoked) ++incoming_stats_.rejected_revoked;
-    const std::string why = revoked   ? "under a revoked grant"
-                            : unknown ? "that does not exist"
-                                      : "without its token";
-    LogOncePerPeer(reply_ep, &IncomingPeer::logged_token,
-                   "dropped a write into region " + std::to_string(h.region_id) + " " + why +
-                       "; nothing written");
-    SendAck(reply_ep, h.connection, h.batch,
-            Status(StatusCode::kPermissionDenied, "target refused write into region " +
-                                                      std::to_string(h.region_id) + ": " +
-                                                      (revoked   ? "its grant was revoked"
-                                                       : unknown ? "no such region"
-                                                                 : "no valid token") +
-                                                      "; nothing written"));
+    RefuseWithoutState(h, reply_ep, revoked, unknown);
     return false;
   }
   if (found == incoming_.end()) {

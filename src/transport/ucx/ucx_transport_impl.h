@@ -364,6 +364,9 @@ class UcxTransport final : public Transport {
   // false. *base: the region's first byte.
   bool AdmitDataAm(const DataHeader& h, std::span<const GatherPiece> pieces, size_t length,
                    ucp_ep_h reply_ep, uint8_t** base, ucp_mem_h* memh, GrantId* grant);
+  // A write refused by ACK, keeping no state (no valid token, a revoked
+  // grant, no such region), logged once per sender.
+  void RefuseWithoutState(const DataHeader& h, ucp_ep_h reply_ep, bool revoked, bool unknown);
   // Which capability `token` is for `region`: 0 for the region's own token,
   // the grant's id, or nullopt (unknown; `*revoked` when it was revoked).
   std::optional<GrantId> MatchTokenLocked(const LocalRegion& region, const RegionToken& token,
