@@ -288,6 +288,50 @@ TEST(FenceTest, AMappingPrefillWhoseQuiescedWasLostQuiescesItsOldRoomWhenMetRejo
   ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, next));
 }
 
+// Decode is the rank declared failed (it went silent) while a same-host
+// prefill rank that maps its pages holds writes of a room; decode rejoins
+// and meets the same prefill process again, under the incarnation it had.
+// That is no word that its writes are done (a rejoin is: a new incarnation
+// comes only after them): the room stays unquiesced until they finished.
+// Before, meeting the same process again counted as its rejoin.
+TEST(FenceTest, MeetingTheSamePrefillIncarnationAgainIsNoRejoin) {
+  std::vector<FaultTransport*> faults;  // prefill, decode
+  ClusterOptions o = FenceCluster(&faults, /*mapping=*/true);
+  o.tweak = [base = o.tweak](ManagerOptions& m) {
+    base(m);
+    m.quiesce_timeout = std::chrono::minutes(5);  // never the timeout's doing
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(faults.size(), 2u);
+  KVManager& prefill = *(*c)->prefill[0].manager;
+  KVManager& decode = *(*c)->decode[0].manager;
+  const RankId prefill_id = ManagerAccess::Of(prefill).self();
+  Request r{.room = 35, .src = {1, 2, 3, 4}, .dst = {30, 31, 32, 33}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, r, /*senders_first=*/false));
+  KVReceiver& rx = *r.receivers[0];
+  faults[0]->KeepHeldWritesPastDisconnect(true);  // prefill closes decode's endpoint
+  faults[0]->HoldWrites();
+  ASSERT_TRUE(r.senders[0]->Send(std::span(r.src).first(2)).ok());
+  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldBatches() > 0; }));
+  faults[1]->DropUrgentMessages(true);
+  faults[1]->DropMessages(true);
+  ASSERT_TRUE(WaitFor([&] { return decode.Stats().rejoins == 1; })) << "decode never rejoined";
+  ASSERT_TRUE(WaitFor([&] { return rx.Poll() == KVPoll::kFailed; }));
+  faults[1]->DropUrgentMessages(false);
+  faults[1]->DropMessages(false);
+  Request next{.room = 36, .src = {5, 6, 7}, .dst = {40, 41, 42}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, next, /*senders_first=*/false));  // meets it again
+  ASSERT_EQ(ManagerAccess::Of(prefill).self().incarnation, prefill_id.incarnation);
+  EXPECT_GT(faults[0]->HeldBatches(), 0u);
+  EXPECT_FALSE(rx.Quiesced()) << "quiesced on meeting the same incarnation, its writes held";
+  faults[0]->ReleaseHeldWrites();
+  EXPECT_TRUE(WaitFor([&] { return rx.Quiesced(); }, std::chrono::seconds(10)))
+      << "the old room never quiesced";
+  ASSERT_NO_FATAL_FAILURE(SendChunks(next, {3}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, next));
+}
+
 // Decode's transport, noting every grant decode gives.
 class GrantLog final : public ForwardingTransport {
  public:

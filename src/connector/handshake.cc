@@ -314,9 +314,13 @@ std::unique_ptr<Peer> PrefillPeerOf(const std::string& key, const RankRecord& re
 
 PeerId ManagerImpl::RetirePrefillPeerLocked(Peer& old, Peer& fresh, bool same, Outbox& out) {
   if (same) fresh.remeet = {old.remeet.at, old.remeet.waits, old.remeet.count + 1};
-  // The same process rejoined: which of its old incarnation's writes may
-  // still land is the write rule's to say (write_rule.h).
-  old.rejoined = !same && SameProcess(HostOf(old.id), HostOf(fresh.id));
+  // The same process rejoined (under a new incarnation, which it takes only
+  // once its writes finished): which of its old incarnation's writes may
+  // still land is the write rule's to say (write_rule.h). The same
+  // incarnation met again (this rank rejoined, or the peer was retired) has
+  // said nothing of its writes.
+  old.rejoined = !same && old.id->incarnation != fresh.id->incarnation &&
+                 SameProcess(HostOf(old.id), HostOf(fresh.id));
   if (!old.failed)
     FailPeerLocked(old, FailureCause::kPeerExited, NewIncarnationDetail(old.id, fresh.id),
                    "new incarnation", out);

@@ -538,7 +538,7 @@ void ManagerImpl::OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& o
     KVB_LOG_INFO("{} answered handshake attempt {}", peer.key, peer.hello_attempts);
   for (std::string& bytes : peer.held) out.messages.emplace_back(peer.tpeer, std::move(bytes));
   peer.held.clear();
-  OnPeerAckedLocked(peer);
+  OnPeerAckedLocked(peer, out);
 }
 
 void ManagerImpl::ReportFatal(const std::string& reason) {

@@ -464,7 +464,7 @@ class ManagerImpl {
   // WaitingForInput once the room's sources are resolved and every one of
   // them answered our handshake (sglang pre-allocates only then).
   void MaybeHandshakeDoneLocked(ReceiverRoom& room) KVB_REQUIRES(mu_);
-  void OnPeerAckedLocked(const Peer& peer) KVB_REQUIRES(mu_);
+  void OnPeerAckedLocked(Peer& peer, Outbox& out) KVB_REQUIRES(mu_);
   // Logs once when a failed room is still not quiesced quiesce_timeout after
   // it failed (PollSettled() says Failed from then on).
   void WarnUnsettledLocked(ReceiverRoom& room, SteadyTime now) KVB_REQUIRES(mu_);

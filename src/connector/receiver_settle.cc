@@ -25,13 +25,22 @@ void ManagerImpl::MaybeHandshakeDoneLocked(ReceiverRoom& room) {
   changes_.Set(room, KVPoll::kWaitingForInput);
 }
 
-void ManagerImpl::OnPeerAckedLocked(const Peer& peer) {
+void ManagerImpl::OnPeerAckedLocked(Peer& peer, Outbox& out) {
   for (auto& [id, room] : receivers_) {
+    bool of_peer = false;
     for (const ReceiverSource& src : room->sources) {
       if (src.peer_key != peer.key) continue;
-      MaybeHandshakeDoneLocked(*room);
-      break;
+      of_peer = true;
+      // The same process met again under the incarnation a failed room's
+      // pages went to (this rank rejoined and retired it): asked again to
+      // say when none of its writes of the room is left, as the notice on
+      // the old session went with it (OnDecodeRoomFailed answers once they
+      // finished, or at once).
+      if (room->failure && !src.quiesced && src.meta_sent &&
+          src.prefill->incarnation == peer.id->incarnation)
+        Send(out, peer, RoomFailedMsg{room->room, room->generation, false, *room->failure});
     }
+    if (of_peer) MaybeHandshakeDoneLocked(*room);
   }
 }
 

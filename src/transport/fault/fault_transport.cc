@@ -30,6 +30,10 @@ FaultTransport::~FaultTransport() {
     for (auto& [id, info] : peers_) {
       FailQueueLocked(info, AbortedError("transport " + name_ + " shut down"));
     }
+    const Status down = AbortedError("transport " + name_ + " shut down");
+    for (WriteCallback& done : orphans_)
+      tasks_.push_back([done = std::move(done), down] { done(down); });
+    orphans_.clear();
   }
   cv_.notify_all();
   worker_.join();  // runs every queued task first
@@ -286,6 +290,13 @@ void FaultTransport::Disconnect(PeerId peer) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = peers_.find(peer);
     if (it == peers_.end()) return;
+    if (keep_held_) {
+      std::erase_if(it->second.queue, [&](Item& item) {
+        if (!item.is_batch || !item.held) return false;
+        orphans_.push_back(std::move(item.done));
+        return true;
+      });
+    }
     FailQueueLocked(it->second, AbortedError("peer " + std::to_string(peer) + " was disconnected"));
     peers_.erase(it);
     for (auto r = remote_.begin(); r != remote_.end();) {
@@ -369,9 +380,18 @@ void FaultTransport::HoldWrites() {
   hold_ = true;
 }
 
+void FaultTransport::KeepHeldWritesPastDisconnect(bool keep) {
+  std::lock_guard<std::mutex> lock(mu_);
+  keep_held_ = keep;
+}
+
 void FaultTransport::ReleaseHeldWrites() {
   std::lock_guard<std::mutex> lock(mu_);
   hold_ = false;
+  const Status gone = AbortedError("its endpoint was disconnected while the batch was held");
+  for (WriteCallback& done : orphans_)
+    tasks_.push_back([done = std::move(done), gone] { done(gone); });
+  orphans_.clear();
   for (auto& [id, info] : peers_) {
     for (Item& item : info.queue)
       if (item.is_batch) item.held = false;
@@ -381,7 +401,7 @@ void FaultTransport::ReleaseHeldWrites() {
 
 size_t FaultTransport::HeldBatches() const {
   std::lock_guard<std::mutex> lock(mu_);
-  size_t n = 0;
+  size_t n = orphans_.size();
   for (const auto& [id, info] : peers_) {
     for (const Item& item : info.queue) n += item.is_batch && item.held ? 1 : 0;
   }

@@ -109,6 +109,10 @@ class FaultTransport final : public Transport {
   void DelayWrites(std::chrono::milliseconds delay);
   // Batches are held: neither written nor completed until ReleaseHeldWrites.
   void HoldWrites();
+  // While on, Disconnect leaves the peer's held batches held, as a write on
+  // its way (a copy through a mapping) outlives the endpoint: they complete
+  // (Aborted, nothing written) at ReleaseHeldWrites and count in HeldBatches.
+  void KeepHeldWritesPastDisconnect(bool keep);
   // Turns holding off and sends every held batch on, in order (held
   // messages stay held).
   void ReleaseHeldWrites();
@@ -205,6 +209,8 @@ class FaultTransport final : public Transport {
   bool hold_ = false;                            // guarded by mu_
   bool drop_messages_ = false;                   // guarded by mu_
   bool hold_revokes_ = false;                    // guarded by mu_
+  bool keep_held_ = false;                       // guarded by mu_
+  std::vector<WriteCallback> orphans_;           // held past Disconnect; guarded by mu_
   std::set<GrantId> granted_, failing_revokes_;  // guarded by mu_
   bool drop_urgent_ = false;                     // guarded by mu_
   int skip_connects_ = 0;                        // guarded by mu_
