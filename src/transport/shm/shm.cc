@@ -140,6 +140,14 @@ Result<MappedPeerSegment> MappedPeerSegment::Map(int fd, uint64_t size) {
     return InvalidArgumentError("shared segment has " + std::to_string(st.st_size) +
                                 " bytes, its owner says " + std::to_string(size));
   }
+  // Sealed at its size (AllocateSharedBuffer): an owner that could shrink
+  // it would make a write through this mapping fault (SIGBUS) in this process.
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return InvalidArgumentError("shared segment fd " + std::to_string(fd) +
+                                " is not sealed against shrinking (F_SEAL_SHRINK); refusing to "
+                                "map memory its owner could cut short");
+  }
   // MAP_POPULATE: the page tables are filled here, once per peer, at ~0.07
   // s/GiB; left to demand faults, the first write into each 4 KiB page
   // through this mapping took a fault inside a transfer (~0.5 s/GiB, the
@@ -260,7 +268,7 @@ Result<void*> AllocateSharedBuffer(size_t length) {
                                 " too large");
   }
   const size_t size = (length + page - 1) / page * page;
-  const int fd = memfd_create(internal::kMemfdName, MFD_CLOEXEC);
+  const int fd = memfd_create(internal::kMemfdName, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
     Status status = ResourceExhaustedError("memfd_create: " + ErrnoText(errno));
     KVB_LOG_ERROR("AllocateSharedBuffer({}): {}", length, status.ToString());
@@ -269,6 +277,13 @@ Result<void*> AllocateSharedBuffer(size_t length) {
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
     Status status = ResourceExhaustedError("ftruncate memfd to " + std::to_string(size) +
                                            " bytes: " + ErrnoText(errno));
+    close(fd);
+    KVB_LOG_ERROR("AllocateSharedBuffer({}): {}", length, status.ToString());
+    return status;
+  }
+  // Its size is fixed for good: peers map it (MappedPeerSegment::Map checks).
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    Status status = InternalError("sealing memfd: " + ErrnoText(errno));
     close(fd);
     KVB_LOG_ERROR("AllocateSharedBuffer({}): {}", length, status.ToString());
     return status;

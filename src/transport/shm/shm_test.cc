@@ -141,6 +141,29 @@ TEST(SharedBufferTest, MapRejectsForeignFdsAndWrongSizes) {
   ASSERT_TRUE(FreeSharedBuffer(*r).ok());
 }
 
+// A segment is sealed at its size: its owner cannot cut it short under a
+// peer's mapping (a write there would be SIGBUS in the peer). A kvbridge-named
+// memfd without the seal is refused.
+TEST(SharedBufferTest, SegmentsAreSealedAndAnUnsealedOneIsRefused) {
+  Result<void*> r = AllocateSharedBuffer(8192);
+  ASSERT_TRUE(r.ok());
+  auto ref = FindSharedSegment(*r, 1);
+  ASSERT_TRUE(ref.has_value());
+  EXPECT_NE(ftruncate(ref->fd, 0), 0) << "the owner could shrink its segment";
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_TRUE(MappedPeerSegment::Map(ref->fd, ref->segment_size).ok());
+  ASSERT_TRUE(FreeSharedBuffer(*r).ok());
+
+  const int fd = memfd_create("kvbridge-shm", MFD_CLOEXEC);  // the name, no seal
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  Result<MappedPeerSegment> unsealed = MappedPeerSegment::Map(fd, 8192);
+  close(fd);
+  ASSERT_FALSE(unsealed.ok());
+  EXPECT_EQ(unsealed.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(unsealed.status().message(), HasSubstr("not sealed"));
+}
+
 TEST(CrossMemoryTest, WritesMoreThanIovMaxSegmentsIntoPeer) {
   // 3 * IOV_MAX scattered 24-byte segments (plus empty ones) into a child's
   // plain heap buffer; the child checks every byte, including the gaps.

@@ -226,13 +226,14 @@ void UcxTransport::RefuseWithoutState(const DataHeader& h, ucp_ep_h reply_ep, bo
   LogOncePerPeer(reply_ep, &IncomingPeer::logged_token,
                  "dropped a write into region " + std::to_string(h.region_id) + " " + why +
                      "; nothing written");
+  // No such region is the transport's InvalidArgument (Transport::PostWrites).
   SendAck(reply_ep, h.connection, h.batch,
-          Status(StatusCode::kPermissionDenied, "target refused write into region " +
-                                                    std::to_string(h.region_id) + ": " +
-                                                    (revoked   ? "its grant was revoked"
-                                                     : unknown ? "no such region"
-                                                               : "no valid token") +
-                                                    "; nothing written"));
+          Status(unknown ? StatusCode::kInvalidArgument : StatusCode::kPermissionDenied,
+                 "target refused write into region " + std::to_string(h.region_id) + ": " +
+                     (revoked   ? "its grant was revoked"
+                      : unknown ? "no such region"
+                                : "no valid token") +
+                     "; nothing written"));
 }
 
 bool UcxTransport::AdmitDataAm(const DataHeader& h, std::span<const GatherPiece> pieces,

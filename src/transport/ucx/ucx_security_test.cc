@@ -261,7 +261,7 @@ TEST_F(UcxSecurityTest, WritesIntoAnUnknownRegionKeepNoBatchOpen) {
   const auto& acks = forger.WaitAcks(kSent);
   ASSERT_EQ(acks.size(), kSent);
   for (const auto& [h, message] : acks) {
-    EXPECT_EQ(h.code, static_cast<int32_t>(StatusCode::kPermissionDenied));
+    EXPECT_EQ(h.code, static_cast<int32_t>(StatusCode::kInvalidArgument));
     EXPECT_THAT(message, HasSubstr("no such region"));
   }
   IncomingStats stats = StatsOf(*target_);
