@@ -37,6 +37,17 @@ ClusterOptions FenceCluster(std::vector<FaultTransport*>* faults, bool mapping =
   return o;
 }
 
+// FenceCluster with `mapping`, and a quiesce timeout no test waits for: a
+// room that quiesces did so on a word about its writes, never the timeout.
+ClusterOptions MappingClusterWithoutQuiesceTimeout(std::vector<FaultTransport*>* faults) {
+  ClusterOptions o = FenceCluster(faults, /*mapping=*/true);
+  o.tweak = [base = o.tweak](ManagerOptions& m) {
+    base(m);
+    m.quiesce_timeout = std::chrono::minutes(5);
+  };
+  return o;
+}
+
 // Prefill's writes of `r` queue, as behind a partitioned link, and then it
 // goes silent: decode fails the room.
 void HoldAndSilencePrefill(Request& r, FaultTransport& prefill) {
@@ -259,12 +270,7 @@ TEST(FenceTest, AMappingPrefillRejoinsOnlyAfterItsWritesFinishedAndItsOldRoomQui
 // quiesced then (write_rule.h, kRejoined), not at the quiesce timeout.
 TEST(FenceTest, AMappingPrefillWhoseQuiescedWasLostQuiescesItsOldRoomWhenMetRejoined) {
   std::vector<FaultTransport*> faults;  // prefill, decode
-  ClusterOptions o = FenceCluster(&faults, /*mapping=*/true);
-  o.tweak = [base = o.tweak](ManagerOptions& m) {
-    base(m);
-    m.quiesce_timeout = std::chrono::minutes(5);  // never the timeout's doing
-  };
-  auto c = TestCluster::Create(o);
+  auto c = TestCluster::Create(MappingClusterWithoutQuiesceTimeout(&faults));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_EQ(faults.size(), 2u);
   KVManager& prefill = *(*c)->prefill[0].manager;
@@ -296,12 +302,7 @@ TEST(FenceTest, AMappingPrefillWhoseQuiescedWasLostQuiescesItsOldRoomWhenMetRejo
 // Before, meeting the same process again counted as its rejoin.
 TEST(FenceTest, MeetingTheSamePrefillIncarnationAgainIsNoRejoin) {
   std::vector<FaultTransport*> faults;  // prefill, decode
-  ClusterOptions o = FenceCluster(&faults, /*mapping=*/true);
-  o.tweak = [base = o.tweak](ManagerOptions& m) {
-    base(m);
-    m.quiesce_timeout = std::chrono::minutes(5);  // never the timeout's doing
-  };
-  auto c = TestCluster::Create(o);
+  auto c = TestCluster::Create(MappingClusterWithoutQuiesceTimeout(&faults));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_EQ(faults.size(), 2u);
   KVManager& prefill = *(*c)->prefill[0].manager;
