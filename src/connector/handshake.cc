@@ -328,7 +328,7 @@ PeerId ManagerImpl::RetirePrefillPeerLocked(Peer& old, Peer& fresh, bool same, O
   by_tpeer_.erase(old.tpeer);
   DropBeatLocked(old, out);
   if (old.grant != 0 && !old.fenced)
-    retired_grants_.push_back({old.key, old.id->incarnation, old.grant, old.mapping});
+    retired_grants_.push_back({old.key, old.id->incarnation, old.grant, old.mapping, old.session});
   return old.tpeer;
 }
 

@@ -3,6 +3,7 @@
 // records its handshake and registry rounds pass along.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -59,10 +60,20 @@ struct RetiredGrant {
   uint64_t incarnation = 0;
   GrantId grant = 0;
   bool mapping = false;  // Peer::mapping
+  uint64_t session = 0;  // Peer::session of the peer that held it
 };
+
+// Numbers every Peer object: one session with a process, under one grant
+// (the same process met again is a new session). What a room's pages were
+// given under (ReceiverSource::session).
+inline uint64_t NextPeerSession() {
+  static std::atomic<uint64_t> next{0};
+  return ++next;
+}
 
 // A rank on the other side (or a sibling) that we exchange messages with.
 struct Peer {
+  uint64_t session = NextPeerSession();
   std::string key;
   SharedKey shared_key;  // `key`, for the rooms that read from this peer
   Shared<RankId> id;     // set once; the rooms that read from it share it

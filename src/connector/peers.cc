@@ -259,14 +259,15 @@ void ManagerImpl::FenceRound() {
       continue;
     }
     KVB_LOG_INFO("fenced {}{}: its write grant is revoked, nothing it sends lands", t.key, which);
-    // Only the sources of the incarnation that held this grant: an older one
-    // at the position writes under its own grant, whose revoke may still be
+    // Only the sources whose pages went under this grant (its session): an
+    // older session at the position, of an older incarnation or of this one
+    // met again, writes under its own grant, whose revoke may still be
     // waiting (retired_grants_).
-    const uint64_t incarnation = current ? p->id->incarnation : t.incarnation;
+    const uint64_t session = current ? p->session : t.session;
     for (auto& [id, room] : receivers_) {
       bool touches = false;
       for (ReceiverSource& src : room->sources) {
-        if (src.peer_key != t.key || src.prefill->incarnation != incarnation) continue;
+        if (src.peer_key != t.key || src.session != session) continue;
         touches = true;
         // Of the incarnation whose grant is now revoked, whichever peer
         // holds the position now.

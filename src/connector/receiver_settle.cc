@@ -32,11 +32,11 @@ void ManagerImpl::OnPeerAckedLocked(Peer& peer, Outbox& out) {
       if (src.peer_key != peer.key) continue;
       of_peer = true;
       // The same process met again under the incarnation a failed room's
-      // pages went to (this rank rejoined and retired it): asked again to
-      // say when none of its writes of the room is left, as the notice on
-      // the old session went with it (OnDecodeRoomFailed answers once they
-      // finished, or at once).
-      if (room->failure && !src.quiesced && src.meta_sent &&
+      // pages went to, in an earlier session (this rank rejoined and retired
+      // it): asked again to say when none of its writes of the room is left,
+      // as the notice on that session went with it (OnDecodeRoomFailed
+      // answers once they finished, or at once).
+      if (room->failure && !src.quiesced && src.session != 0 && src.session != peer.session &&
           src.prefill->incarnation == peer.id->incarnation)
         Send(out, peer, RoomFailedMsg{room->room, room->generation, false, *room->failure});
     }

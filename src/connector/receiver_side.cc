@@ -395,8 +395,10 @@ void ManagerImpl::SendMetaLocked(ReceiverRoom& room, Outbox& out) {
       m.state.clear();
       m.aux_index = -1;
     }
-    Send(out, *FindPeerLocked(src.peer_key), m);
+    Peer& peer = *FindPeerLocked(src.peer_key);
+    Send(out, peer, m);
     src.meta_sent = true;
+    src.session = peer.session;
     SettleSourceLocked(room, src, FindPeerLocked(src.peer_key));  // a dummy: never writes
   }
   room.meta.reset();  // every source has it (the Send above queued a copy)

@@ -167,6 +167,7 @@ struct ReceiverSource {
   Shared<RankId> prefill;  // the connected rank (Peer::id, shared)
   bool dummy = false;
   bool meta_sent = false;
+  uint64_t session = 0;  // Peer::session the metadata went to (0: none went)
   uint32_t next_chunk = 0;
   bool last_received = false;
   bool told = false;  // this prefill rank knows the request failed

@@ -135,18 +135,19 @@ Result<MappedPeerSegment> MappedPeerSegment::Map(int fd, uint64_t size) {
                                 " is not a kvbridge shared segment (it is '" +
                                 std::string(target, n < 0 ? 0 : static_cast<size_t>(n)) + "')");
   }
-  if (fstat(fd, &st) != 0) return InternalError("fstat " + path + ": " + ErrnoText(errno));
-  if (static_cast<uint64_t>(st.st_size) != size) {
-    return InvalidArgumentError("shared segment has " + std::to_string(st.st_size) +
-                                " bytes, its owner says " + std::to_string(size));
-  }
   // Sealed at its size (AllocateSharedBuffer): an owner that could shrink
-  // it would make a write through this mapping fault (SIGBUS) in this process.
+  // it would make a write through this mapping fault (SIGBUS) in this
+  // process. Checked before the size: a seal cannot be taken back.
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
     return InvalidArgumentError("shared segment fd " + std::to_string(fd) +
                                 " is not sealed against shrinking (F_SEAL_SHRINK); refusing to "
                                 "map memory its owner could cut short");
+  }
+  if (fstat(fd, &st) != 0) return InternalError("fstat " + path + ": " + ErrnoText(errno));
+  if (static_cast<uint64_t>(st.st_size) != size) {
+    return InvalidArgumentError("shared segment has " + std::to_string(st.st_size) +
+                                " bytes, its owner says " + std::to_string(size));
   }
   // MAP_POPULATE: the page tables are filled here, once per peer, at ~0.07
   // s/GiB; left to demand faults, the first write into each 4 KiB page

@@ -1,6 +1,7 @@
 // The target side of the UCX data path: admitting incoming data AMs (the
 // write capability and the per-sender bound), placing them, acknowledging
 // batches, and taking ACKs as a sender. See ucx_transport_impl.h.
+#include <algorithm>
 #include <cstring>
 
 #include "common/log.h"
@@ -216,8 +217,23 @@ std::optional<GrantId> UcxTransport::MatchTokenLocked(const LocalRegion& region,
   return match;
 }
 
+bool UcxTransport::RefusedBatch(ucp_ep_h reply_ep, std::pair<uint64_t, uint64_t> key) const {
+  auto peer = incoming_peers_.find(reply_ep);
+  return peer != incoming_peers_.end() &&
+         std::find(peer->second.refused.begin(), peer->second.refused.end(), key) !=
+             peer->second.refused.end();
+}
+
 void UcxTransport::RefuseWithoutState(const DataHeader& h, ucp_ep_h reply_ep, bool revoked,
                                       bool unknown) {
+  if (unknown) {
+    auto& refused = incoming_peers_[reply_ep].refused;
+    const std::pair<uint64_t, uint64_t> key{h.connection, h.batch};
+    if (std::find(refused.begin(), refused.end(), key) == refused.end()) {
+      refused.push_back(key);
+      if (refused.size() > IncomingPeer::kRefusedBatches) refused.pop_front();
+    }
+  }
   ++incoming_stats_.rejected_token;
   if (revoked) ++incoming_stats_.rejected_revoked;
   const std::string why = revoked   ? "under a revoked grant"
@@ -268,8 +284,12 @@ bool UcxTransport::AdmitDataAm(const DataHeader& h, std::span<const GatherPiece>
     token_ok = false;  // a block for another sender's batch
   }
   // A region that does not exist opens no batch (nobody holds its token):
-  // only a batch opened under a token counts such a block, as failed.
-  if (unknown && found == incoming_.end()) token_ok = false;
+  // only a batch opened under a token counts such a block, as failed. Nor
+  // does a later block of a batch refused so (it could never complete).
+  if (found == incoming_.end() && (unknown || RefusedBatch(reply_ep, key))) {
+    unknown = true;
+    token_ok = false;
+  }
   // Refusals that keep no state: the sender learns from the ACK.
   if (!token_ok) {
     RefuseWithoutState(h, reply_ep, revoked, unknown);

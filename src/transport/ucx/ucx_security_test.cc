@@ -268,14 +268,22 @@ TEST_F(UcxSecurityTest, WritesIntoAnUnknownRegionKeepNoBatchOpen) {
   EXPECT_EQ(stats.open_batches, 0u);
   EXPECT_EQ(stats.rejected_limit, 0u);
   EXPECT_EQ(stats.rejected_token, kSent);
+  // A later block of a batch refused so, into the real region with its
+  // token, is refused too: it would open a batch that never completes.
+  DataHeader second = HeaderFor(dst_key_, 0, payload.size(), /*batch=*/1, 2);
+  forger.Send(&second, sizeof(second), payload.data(), payload.size());
   // The same sender's writes into the real region are still taken.
   DataHeader good = HeaderFor(dst_key_, 4096, payload.size(), 100, 1);
   forger.Send(&good, sizeof(good), payload.data(), payload.size());
-  const auto& more = forger.WaitAcks(kSent + 1);
-  ASSERT_EQ(more.size(), kSent + 1);
+  const auto& more = forger.WaitAcks(kSent + 2);
+  ASSERT_EQ(more.size(), kSent + 2);
+  EXPECT_EQ(more[kSent].first.batch, 1u);
+  EXPECT_EQ(more[kSent].first.code, static_cast<int32_t>(StatusCode::kInvalidArgument));
+  EXPECT_EQ(more.back().first.batch, 100u);
   EXPECT_EQ(more.back().first.code, 0);
+  EXPECT_EQ(StatsOf(*target_).open_batches, 0u);
   EXPECT_EQ(dst_[4096], 0xcd);
-  EXPECT_TRUE(AllZero(dst_.data(), 4096));
+  EXPECT_TRUE(AllZero(dst_.data(), 4096)) << "a block of a refused batch was written";
 }
 
 // A gathered data AM's header: the DataHeader, then `pieces`.

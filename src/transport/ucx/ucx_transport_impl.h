@@ -223,6 +223,11 @@ struct IncomingPeer {
   size_t open_batches = 0;
   bool logged_token = false;
   bool logged_limit = false;
+  // The latest batches (connection, batch) refused for naming no region
+  // (at most kRefusedBatches): their later blocks are refused too, never
+  // opening a batch that could not complete.
+  static constexpr size_t kRefusedBatches = 64;
+  std::deque<std::pair<uint64_t, uint64_t>> refused;
 };
 
 // Counters of the incoming data path (any thread).
@@ -367,6 +372,7 @@ class UcxTransport final : public Transport {
   // A write refused by ACK, keeping no state (no valid token, a revoked
   // grant, no such region), logged once per sender.
   void RefuseWithoutState(const DataHeader& h, ucp_ep_h reply_ep, bool revoked, bool unknown);
+  bool RefusedBatch(ucp_ep_h reply_ep, std::pair<uint64_t, uint64_t> key) const;
   // Which capability `token` is for `region`: 0 for the region's own token,
   // the grant's id, or nullopt (unknown; `*revoked` when it was revoked).
   std::optional<GrantId> MatchTokenLocked(const LocalRegion& region, const RegionToken& token,
