@@ -241,6 +241,7 @@ TEST_F(UcxSecurityTest, MessagesAndAcksSentByRendezvousAreRefusedUnread) {
   }
   // The writer's writes still land.
   EXPECT_TRUE(Write(dst_key_, 0, 4096).ok());
+  StatsOf(*target_);  // a barrier with the target's progress thread, which wrote
   EXPECT_EQ(dst_[100], src_[100]);
 }
 
