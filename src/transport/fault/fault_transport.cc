@@ -30,10 +30,7 @@ FaultTransport::~FaultTransport() {
     for (auto& [id, info] : peers_) {
       FailQueueLocked(info, AbortedError("transport " + name_ + " shut down"));
     }
-    const Status down = AbortedError("transport " + name_ + " shut down");
-    for (WriteCallback& done : orphans_)
-      tasks_.push_back([done = std::move(done), down] { done(down); });
-    orphans_.clear();
+    FailOrphansLocked(AbortedError("transport " + name_ + " shut down"));
   }
   cv_.notify_all();
   worker_.join();  // runs every queued task first
@@ -307,6 +304,12 @@ void FaultTransport::Disconnect(PeerId peer) {
   inner_->Disconnect(peer);
 }
 
+void FaultTransport::FailOrphansLocked(const Status& why) {
+  for (WriteCallback& done : orphans_)
+    tasks_.push_back([done = std::move(done), why] { done(why); });
+  orphans_.clear();
+}
+
 void FaultTransport::FailQueueLocked(PeerInfo& info, const Status& why) {
   for (Item& item : info.queue) {
     if (item.is_batch) {
@@ -388,10 +391,7 @@ void FaultTransport::KeepHeldWritesPastDisconnect(bool keep) {
 void FaultTransport::ReleaseHeldWrites() {
   std::lock_guard<std::mutex> lock(mu_);
   hold_ = false;
-  const Status gone = AbortedError("its endpoint was disconnected while the batch was held");
-  for (WriteCallback& done : orphans_)
-    tasks_.push_back([done = std::move(done), gone] { done(gone); });
-  orphans_.clear();
+  FailOrphansLocked(AbortedError("its endpoint was disconnected while the batch was held"));
   for (auto& [id, info] : peers_) {
     for (Item& item : info.queue)
       if (item.is_batch) item.held = false;

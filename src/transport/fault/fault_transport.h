@@ -183,6 +183,8 @@ class FaultTransport final : public Transport {
   Status ValidateLocked(PeerId peer, const std::vector<WriteOp>& ops) const;
   Result<PeerInfo*> OpenPeerLocked(PeerId peer);
   WriteCallback Wrap(PeerId peer, WriteCallback done);
+  // Completes the batches kept past Disconnect with `why` (on the worker).
+  void FailOrphansLocked(const Status& why);
   // Moves a failed/closed peer's queue to tasks_ completing with `why`.
   void FailQueueLocked(PeerInfo& info, const Status& why);
   void OnInnerFailure(PeerId peer, const Status& why);
