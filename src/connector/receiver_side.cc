@@ -309,9 +309,15 @@ void ManagerImpl::FailUnresolved(ReceiverRoom& room, const Status& s,
       FailReceiverLocked(
           room, MakeRecord(origin, cause, s.message(), Phase::kBootstrapping, "layout check"), out);
     } else {
-      // A known peer that is dead: fail now instead of waiting for the deadline.
+      // A known peer that is dead: fail now instead of waiting for the
+      // deadline. Not one retired by this rank's rejoin: its record is this
+      // rank's own (RetirePeersLocked), and the lookup that failed was of
+      // whatever is at that position now; it is tried again.
       for (auto& [key, peer] : peers_) {
-        if (peer->failed && peer->failure && s.message().find(key) != std::string::npos) {
+        if (peer->retired || !peer->failed || !peer->failure ||
+            peer->failure->origin.SameRank(Self()))
+          continue;
+        if (s.message().find(key) != std::string::npos) {
           FailReceiverLocked(room, *peer->failure, out);
           break;
         }
