@@ -73,20 +73,28 @@ void ManagerImpl::TickReceiversLocked(SteadyTime now, Outbox& out) {
     }
     if (!room.resolved) {
       if (elapsed <= opts_.bootstrap_timeout) continue;
-      const Status why = room.last_resolve_error ? *room.last_resolve_error : Status();
-      bool lost = why.message().find("unreachable") != std::string::npos;
-      RankId origin;
-      if (lost) {
+      const Status why = room.last_resolve_error ? room.last_resolve_error->why : Status();
+      RankId origin = Self();
+      FailureCause cause = FailureCause::kDeadlineExceeded;
+      const char* mechanism = "phase deadline";
+      if (room.last_resolve_error && room.last_resolve_error->unanswered) {
+        // The registry answered; the prefill rank it listed did not.
+        origin = *room.last_resolve_error->unanswered;
+        cause = FailureCause::kPeerUnreachable;
+        mechanism = "bootstrap lookup";
+      } else if (why.code() == StatusCode::kUnavailable &&
+                 why.message().find("unreachable") != std::string::npos) {
+        // The registry's own answer when it did not answer (registry_client.h).
+        origin = RankId{};
         origin.role = Role::kBootstrap;
         origin.host = registry_->address();
-      } else {
-        origin = Self();
+        cause = FailureCause::kRegistryLost;
+        mechanism = "registry";
       }
       FailReceiverLocked(
           room,
-          MakeRecord(origin, lost ? FailureCause::kRegistryLost : FailureCause::kDeadlineExceeded,
-                     why.ok() ? "prefill instance not found" : why.message(), Phase::kBootstrapping,
-                     lost ? "registry" : "phase deadline"),
+          MakeRecord(origin, cause, why.ok() ? "prefill instance not found" : why.message(),
+                     Phase::kBootstrapping, mechanism),
           out);
       continue;
     }

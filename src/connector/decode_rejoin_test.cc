@@ -77,8 +77,7 @@ TEST(DecodeRejoinTest, ALookupThatFailsAfterARejoinIsRetriedNotBlamedOnTheOldInc
   });
   SetLogLevel("warn");
   ASSERT_TRUE(looked_up) << "no lookup failed while the registry did not answer";
-  EXPECT_NE(next.receivers[0]->Poll(), KVPoll::kFailed)
-      << next.receivers[0]->Failure()->Message();
+  EXPECT_NE(next.receivers[0]->Poll(), KVPoll::kFailed) << next.receivers[0]->Failure()->Message();
   proxy->ResumeDroppingHeld();
   next.senders.push_back(std::move(KVSender::Create(*(*c)->prefill[0].manager, next.room)).value());
   ASSERT_TRUE(WaitFor([&] { return next.receivers[0]->Poll() == KVPoll::kWaitingForInput; }))

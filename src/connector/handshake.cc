@@ -343,8 +343,15 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
     // One retired by this rank's rejoin is connected again, whatever it is now.
     if (p != nullptr && p->failed && !p->retired) failed_incarnation = p->id->incarnation;
   }
-  Result<RankRecord> rec = registry_->GetRank(pos.dp, pos.cp, pos.tp, pos.pp);
-  if (!rec.ok()) return rec.status().WithContext(key);
+  std::string unanswered;  // the rank's own endpoint, with sglang's server
+  Result<RankRecord> rec = registry_->LookUpRank(pos.dp, pos.cp, pos.tp, pos.pp, &unanswered);
+  if (!rec.ok()) {
+    if (!unanswered.empty()) {
+      *registered = pos;
+      registered->host = unanswered;
+    }
+    return rec.status().WithContext(key);
+  }
   *registered = RankIdOf(*rec);
   const bool same = failed_incarnation != 0 && rec->incarnation == failed_incarnation;
   if (same && notice == nullptr) return UnavailableError(key + " failed and has not restarted");

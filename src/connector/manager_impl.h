@@ -159,8 +159,9 @@ class ManagerImpl {
 
   // The authenticated handshake (handshake.cc, peer_auth.h).
   // Connects to the prefill rank at `position` unless already connected;
-  // `registered` gets its registry record once read. With `notice`, a failed
-  // rank found at the same incarnation is met again to be told (Peer::notice).
+  // `registered` gets its registry record once read (the position at the
+  // host of a rank endpoint that did not answer, with sglang's server). With
+  // `notice`, a failed rank at the same incarnation is met again to be told.
   Result<std::string> EnsurePrefillPeer(const RankId& position, RankId* registered,
                                         const FailureRecord* notice = nullptr);
   // Decode: `old`, held at the position `fresh` (a new incarnation, or the
@@ -427,8 +428,7 @@ class ManagerImpl {
   // and with sglang's server every witness met, no dead rank to look up): no
   // lookup, no connect. False, changing nothing, else: the resolver's then.
   bool ResolveFromKnownLocked(ReceiverRoom& room, Outbox& out) KVB_REQUIRES(mu_);
-  void FailUnresolved(ReceiverRoom& room, const Status& s,
-                      const std::optional<RankId>& incompatible);
+  void FailUnresolved(ReceiverRoom& room, const Status& s, const std::optional<RankId>& about);
   void OnHelloAckLocked(Peer& peer, const HelloAckMsg& ack, Outbox& out) KVB_REQUIRES(mu_);
   void SendMetaLocked(ReceiverRoom& room, Outbox& out) KVB_REQUIRES(mu_);
   void OnNotify(const RankId& from, const NotifyMsg& msg, Outbox& out) KVB_REQUIRES(mu_);

@@ -125,7 +125,7 @@ bool ManagerImpl::ResolveFromKnownLocked(ReceiverRoom& room, Outbox& out) {
 
 Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
   std::lock_guard<std::mutex> resolve(resolve_mu_);
-  std::optional<RankId> incompatible;  // the prefill rank whose layout does not fit
+  std::optional<RankId> about;  // the prefill rank that does not fit or did not answer
   Status s = [&]() -> Status {
     KVB_ASSIGN_OR_RETURN(const ParallelInfo info, PrefillParallelInfo());
     KVB_RETURN_IF_ERROR(FailIfSourceInstanceDead(room));
@@ -135,7 +135,12 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
       RankId registered = at.position;  // the registry's record of that rank, when read
       Result<std::string> key = EnsurePrefillPeer(at.position, &registered);
       if (!key.ok()) {
-        if (key.status().code() == StatusCode::kFailedPrecondition) incompatible = registered;
+        // About that prefill rank: its layout does not fit, or the registry
+        // answered (it has a host) and the rank did not.
+        const StatusCode code = key.status().code();
+        if (code == StatusCode::kFailedPrecondition ||
+            (code == StatusCode::kUnavailable && !registered.host.empty()))
+          about = registered;
         return key.status();
       }
       MutexLock lock(mu_);
@@ -145,7 +150,7 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
     if (sglang_registry_) EnsureWitnesses(*room, info);
     return Status();
   }();
-  if (!s.ok()) FailUnresolved(*room, s, incompatible);
+  if (!s.ok()) FailUnresolved(*room, s, about);
   return s;
 }
 
@@ -283,14 +288,15 @@ void ManagerImpl::AdoptSourcesLocked(ReceiverRoom& room, std::vector<ReceiverSou
 }
 
 void ManagerImpl::FailUnresolved(ReceiverRoom& room, const Status& s,
-                                 const std::optional<RankId>& incompatible) {
+                                 const std::optional<RankId>& about) {
   Outbox out;
   {
     MutexLock lock(mu_);
     if (s.ok()) {
       room.last_resolve_error.reset();
     } else {
-      room.last_resolve_error = s;
+      room.last_resolve_error = ReceiverRoom::ResolveError{
+          s, s.code() == StatusCode::kUnavailable ? about : std::nullopt};
     }
     if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kNotFound) {
       FailureCause cause = s.code() == StatusCode::kFailedPrecondition
@@ -302,7 +308,7 @@ void ManagerImpl::FailUnresolved(ReceiverRoom& room, const Status& s,
         // two instances' shapes (e.g. pp sizes), the instance's first rank.
         // Never this decode rank's tp/pp under a prefill role: that names a
         // rank that may not exist.
-        origin = incompatible.value_or(RankId{});
+        origin = about.value_or(RankId{});
         origin.role = Role::kPrefill;
         origin.dp = room.prefill_dp_rank;
       }

@@ -211,7 +211,15 @@ struct ReceiverRoom {
   Phase phase = Phase::kBootstrapping;
   SteadyTime phase_since;
   SteadyTime meta_sent_at{};
-  BoxedOptional<Status> last_resolve_error;  // none while resolving went well
+  // Why the last lookup of its sources failed (none while they went well),
+  // and the prefill rank that did not answer it (its own endpoint, with
+  // sglang's server, or its transport address), when it was not the registry:
+  // whom the bootstrap deadline names.
+  struct ResolveError {
+    Status why;
+    std::optional<RankId> unanswered;
+  };
+  BoxedOptional<ResolveError> last_resolve_error;
 
   KVPoll poll() const { return static_cast<KVPoll>(state.load(std::memory_order_acquire)); }
 };

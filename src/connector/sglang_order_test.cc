@@ -291,5 +291,48 @@ TEST(SglangOrderTest, AReceiverWhoseLookupFailedIsLookedUpAgainEachRoundUntilRes
   ASSERT_NO_FATAL_FAILURE(ExpectDelivered(c, r));
 }
 
+// Review finding (session 35): with sglang's server, which lists only where
+// a prefill rank is, the rank's own endpoint serves its record. When the
+// server answers and that endpoint does not, the bootstrap deadline named
+// the registry (registry_lost, origin bootstrap): the error said
+// "unreachable". It names the prefill rank at that position, unreachable.
+// The rank is listed at a port where nothing listens; the clock is the
+// test's.
+TEST(SglangOrderTest, APrefillRankWhoseEndpointDoesNotAnswerIsNamedNotTheRegistry) {
+  ClusterOptions o;
+  o.sglang_server = true;
+  auto clock = std::make_shared<ManualClock>();
+  o.hooks.clock = clock;
+  o.hooks.manual_ticks = true;
+  o.prefill_tp = 2;
+  auto made = TestCluster::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  TestCluster& c = **made;
+  int dead_port = 0;
+  {
+    auto gone = SglangStandinServer::Start();  // a port that was just closed
+    ASSERT_TRUE(gone.ok());
+    dead_port = (*gone)->port();
+  }
+  ASSERT_TRUE(c.sglang_server->MoveRank(0, 0, 1, 0, dead_port));
+  auto rx = std::move(KVReceiver::Create(*c.decode[0].manager, 17)).value();
+  ASSERT_TRUE(rx->Init(0).ok());  // the lookup fails: retried, not an error
+  EXPECT_EQ(rx->Poll(), KVPoll::kBootstrapping);
+  clock->Advance(ManagerOptions{}.bootstrap_timeout + std::chrono::seconds(1));
+  ManagerAccess::Of(*c.decode[0].manager).TickNow();
+  ASSERT_EQ(rx->Poll(), KVPoll::kFailed);
+  const FailureRecord got = *rx->Failure();
+  EXPECT_EQ(got.cause, FailureCause::kPeerUnreachable) << got.Message();
+  EXPECT_EQ(got.origin.role, Role::kPrefill) << got.Message();
+  EXPECT_EQ(got.origin.tp, 1) << got.Message();
+  EXPECT_EQ(got.origin.host, "127.0.0.1") << got.Message();
+  EXPECT_NE(got.detail.find("rank 127.0.0.1:" + std::to_string(dead_port) + " unreachable"),
+            std::string::npos)
+      << got.Message();
+  EXPECT_EQ(got.detail.find("bootstrap server 127.0.0.1:" + std::to_string(dead_port)),
+            std::string::npos)
+      << got.Message();
+}
+
 }  // namespace
 }  // namespace kvbridge::internal

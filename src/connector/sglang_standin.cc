@@ -77,6 +77,16 @@ void SglangStandinServer::Register(const httplib::Request& req, httplib::Respons
   }
 }
 
+bool SglangStandinServer::MoveRank(int dp, int cp, int tp, int pp, int port) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ranks_.find(Key{dp, cp, tp, pp});
+  if (it == ranks_.end()) return false;
+  json where = json::parse(it->second);
+  where["rank_port"] = port;
+  it->second = where.dump();
+  return true;
+}
+
 void SglangStandinServer::Lookup(const httplib::Request& req, httplib::Response& res) {
   const char* names[] = {"prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank"};
   int v[4];

@@ -35,6 +35,10 @@ class SglangStandinServer {
   // rank registered; held_lookups() counts those answers.
   void HoldLookups(bool hold);
   int held_lookups() const;
+  // Tests: lists the registered rank at (dp, cp, tp, pp) at `port` from now
+  // on, as sglang's server would after a rank at that port registered
+  // (e.g. a port where nothing answers). False when no rank is there.
+  bool MoveRank(int dp, int cp, int tp, int pp, int port);
 
  private:
   SglangStandinServer() = default;

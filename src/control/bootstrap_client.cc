@@ -115,12 +115,12 @@ Result<std::string> BootstrapClient::Call(const char* method, const std::string&
                                           const std::string& body, const std::string& credential,
                                           std::string* answered_credential,
                                           Session* session) const {
-  return CallAt(host_, port_, address_, method, path, body, /*auth=*/true, credential,
-                answered_credential, session);
+  return CallAt(host_, port_, "bootstrap server " + address_, method, path, body, /*auth=*/true,
+                credential, answered_credential, session);
 }
 
 Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
-                                            const std::string& address, const char* method,
+                                            const std::string& who, const char* method,
                                             const std::string& path, const std::string& body,
                                             bool auth, const std::string& credential,
                                             std::string* answered_credential,
@@ -173,7 +173,7 @@ Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
     if (session != nullptr) session->client.reset();  // a failed connection is not used again
     if (std::chrono::steady_clock::now() >= deadline) break;
     if (res.error() == httplib::Error::ConnectionTimeout) {
-      KVB_LOG_DEBUG("bootstrap server {}: connect timed out after {} ms; trying again", address,
+      KVB_LOG_DEBUG("{}: connect timed out after {} ms; trying again", who,
                     kConnectAttempt.count());
       continue;
     }
@@ -183,10 +183,9 @@ Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
       break;
     resent = true;
   }
-  const std::string context = "bootstrap server " + address + " " + method_name + " " + path;
+  const std::string context = who + " " + method_name + " " + path;
   if (!res) {
-    Status s = UnavailableError("bootstrap server " + address +
-                                " unreachable: " + Why(res.error(), timeout_));
+    Status s = UnavailableError(who + " unreachable: " + Why(res.error(), timeout_));
     KVB_LOG_DEBUG("{} failed: {}", context, s.ToString());
     return s;
   }
@@ -196,7 +195,7 @@ Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
     }
     return std::move(res->body);
   }
-  Status s = StatusFromResponse(res->status, res->body, "bootstrap server " + address);
+  Status s = StatusFromResponse(res->status, res->body, who);
   KVB_LOG_DEBUG("{} answered {}: {}", context, res->status, s.ToString());
   return s;
 }
@@ -244,6 +243,11 @@ Status BootstrapClient::RegisterRank(const RankRecord& record) const {
 }
 
 Result<RankRecord> BootstrapClient::GetRank(int dp, int cp, int tp, int pp) const {
+  return LookUpRank(dp, cp, tp, pp, nullptr);
+}
+
+Result<RankRecord> BootstrapClient::LookUpRank(int dp, int cp, int tp, int pp,
+                                               std::string* unanswered) const {
   if (dp < 0 || cp < 0 || tp < 0 || pp < 0) {
     return InvalidArgumentError("GetRank: ranks must be >= 0, got " +
                                 RankKey{dp, cp, tp, pp}.ToString());
@@ -255,13 +259,14 @@ Result<RankRecord> BootstrapClient::GetRank(int dp, int cp, int tp, int pp) cons
   // sglang's own server keeps only where the rank is; the rank itself
   // serves the rest of its record there (RankEndpoint).
   if (j.is_object() && !j.contains("attn_tp_size") && j.contains("rank_ip"))
-    return RecordFromRank(j, RankKey{dp, cp, tp, pp});
+    return RecordFromRank(j, RankKey{dp, cp, tp, pp}, unanswered);
   Result<RankRecord> r = RankRecord::FromJson(j);
   if (!r.ok()) return Malformed("GET " + path, r.status());
   return r;
 }
 
-Result<RankRecord> BootstrapClient::RecordFromRank(const json& where, const RankKey& key) const {
+Result<RankRecord> BootstrapClient::RecordFromRank(const json& where, const RankKey& key,
+                                                   std::string* unanswered) const {
   JsonFields f(where, "rank location");
   std::string ip;
   int port = 0;
@@ -272,12 +277,20 @@ Result<RankRecord> BootstrapClient::RecordFromRank(const json& where, const Rank
   const std::string at = JoinHostPort(ip, port);
   Result<std::string> text = CallAt(ip, port, "rank " + at, "GET", kRankEndpointPath, "",
                                     /*auth=*/false);  // the secret goes to the registry only
-  if (!text.ok())
+  if (!text.ok()) {
+    if (unanswered != nullptr && text.status().code() == StatusCode::kUnavailable) *unanswered = ip;
     return text.status().WithContext("prefill rank " + key.ToString() + " (listed by " + address_ +
                                      " without kvbridge's fields)");
+  }
   Result<json> j = ParseJson(*text, "the rank record (" + Clip(*text, 80) + ")", size_t{1} << 20);
   Result<RankRecord> r = j.ok() ? RankRecord::FromJson(*j) : Result<RankRecord>(j.status());
-  if (!r.ok()) return Malformed("GET " + at + kRankEndpointPath, r.status());
+  if (!r.ok()) {  // the rank's answer, not the registry's
+    Status s = InternalError("prefill rank " + key.ToString() + " at " + at + " (listed by " +
+                             address_ + ") sent a malformed answer to GET " + kRankEndpointPath +
+                             ": " + r.status().message());
+    KVB_LOG_WARN("{}", s.message());
+    return s;
+  }
   if (r->role != RankRole::kPrefill || !(r->key() == key))
     return FailedPreconditionError(
         fmt::format("{} listed {} as prefill rank {}, but the rank there is {} rank {}", address_,

@@ -66,6 +66,8 @@ class BootstrapClient final : public RegistryClient {
   Status RegisterRank(const RankRecord& record) const override;
   // GET /route for one prefill rank; ranks must be >= 0.
   Result<RankRecord> GetRank(int dp, int cp, int tp, int pp) const override;
+  Result<RankRecord> LookUpRank(int dp, int cp, int tp, int pp,
+                                std::string* unanswered) const override;
   // GET /route with every rank -1.
   Result<ParallelInfo> GetParallelInfo() const override;
   // GET /health.
@@ -109,16 +111,18 @@ class BootstrapClient final : public RegistryClient {
                            const std::string& credential = "",
                            std::string* answered_credential = nullptr,
                            Session* session = nullptr) const;
-  // The same to another server; `auth`: send the shared secret (and the
+  // The same to another server, named `who` in errors ("bootstrap server
+  // HOST:PORT", "rank IP:PORT"); `auth`: send the shared secret (and the
   // credential): never to a server that is not the registry.
-  Result<std::string> CallAt(const std::string& host, int port, const std::string& address,
+  Result<std::string> CallAt(const std::string& host, int port, const std::string& who,
                              const char* method, const std::string& path, const std::string& body,
                              bool auth, const std::string& credential = "",
                              std::string* answered_credential = nullptr,
                              Session* session = nullptr) const;
   // A rank sglang's server listed by its location only: its record, read
   // from the rank itself (RankEndpoint) and checked to be at `key`.
-  Result<RankRecord> RecordFromRank(const nlohmann::json& where, const RankKey& key) const;
+  Result<RankRecord> RecordFromRank(const nlohmann::json& where, const RankKey& key,
+                                    std::string* unanswered) const;
   // Call() and parse the answer as JSON (Internal when it is not).
   Result<nlohmann::json> CallJson(const char* method, const std::string& path,
                                   const std::string& body, const std::string& credential = "",

@@ -90,9 +90,43 @@ TEST(RankEndpointTest, ARankAtAnotherPositionIsRefusedNamingBoth) {
       << got.status().message();
   EXPECT_NE(got.status().message().find("dp0 cp0 tp1 pp0"), std::string::npos)
       << got.status().message();
-  // Not JSON of a record at all: malformed, not a crash.
+  // Not JSON of a record at all: malformed, not a crash, and the rank's
+  // answer, not the registry's (review finding, session 36).
   (*endpoint)->SetRecord("[1, 2]");
-  EXPECT_EQ(sglang.Client()->GetRank(0, 0, 0, 0).status().code(), StatusCode::kInternal);
+  const Status bad = sglang.Client()->GetRank(0, 0, 0, 0).status();
+  EXPECT_EQ(bad.code(), StatusCode::kInternal);
+  const std::string at = "127.0.0.1:" + std::to_string((*endpoint)->port());
+  EXPECT_NE(bad.message().find("prefill rank dp0 cp0 tp0 pp0 at " + at), std::string::npos)
+      << bad.message();
+  EXPECT_EQ(bad.message().find("bootstrap server"), std::string::npos) << bad.message();
+}
+
+// With sglang's server, a lookup says which step did not answer: the rank's
+// own endpoint (its host is given), not the registry (nothing is given).
+TEST(RankEndpointTest, ALookupSaysWhenTheRankNotTheRegistryDidNotAnswer) {
+  int closed = 0;
+  {
+    auto gone = RankEndpoint::Start("127.0.0.1");
+    ASSERT_TRUE(gone.ok()) << gone.status().ToString();
+    closed = (*gone)->port();
+  }
+  SglangLikeServer sglang(closed);
+  std::string unanswered;
+  Result<RankRecord> got = sglang.Client()->LookUpRank(0, 0, 1, 0, &unanswered);
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().ToString();
+  EXPECT_EQ(unanswered, "127.0.0.1");
+  EXPECT_NE(
+      got.status().message().find("rank 127.0.0.1:" + std::to_string(closed) + " unreachable"),
+      std::string::npos)
+      << got.status().message();
+  // The registry itself not answering: nothing is named.
+  auto nobody = BootstrapClient::Create("127.0.0.1:" + std::to_string(closed), milliseconds(500),
+                                        AuthTokenFromEnvironment());
+  ASSERT_TRUE(nobody.ok());
+  unanswered.clear();
+  got = (*nobody)->LookUpRank(0, 0, 1, 0, &unanswered);
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().ToString();
+  EXPECT_EQ(unanswered, "");
 }
 
 TEST(RankEndpointTest, SglangsServerIsToldFromKvbridgesByItsRoutes) {

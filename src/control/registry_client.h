@@ -7,10 +7,10 @@
 // The semantics of every call are the bootstrap registry's (control/registry.h):
 // the same liveness states, the same fencing of a declared-dead incarnation,
 // dense failure sequence numbers. Errors: Unavailable when the registry
-// cannot be reached; InvalidArgument / NotFound / FailedPrecondition as the
-// Registry methods say; Internal when the registry holds or answers
-// something that is not what the call promises (bad JSON, an unknown schema
-// version), naming what was wrong.
+// cannot be reached, its message "<registry> unreachable: <why>" (the
+// bootstrap deadline names the registry by it); InvalidArgument / NotFound / FailedPrecondition as
+// the Registry methods say; Internal when the registry holds or answers something that is not what
+// the call promises (bad JSON, an unknown schema version), naming what was wrong.
 //
 // Thread safety: every method may be called concurrently.
 #pragma once
@@ -41,6 +41,15 @@ class RegistryClient {
   virtual Status RegisterRank(const RankRecord& record) const = 0;
   // One prefill rank's record; ranks must be >= 0.
   virtual Result<RankRecord> GetRank(int dp, int cp, int tp, int pp) const = 0;
+  // GetRank, saying which step did not answer when it fails: with a
+  // registry that lists only where a rank is (sglang's server), the rank
+  // serves the rest of its record itself; when the registry answered and
+  // that rank did not, `*unanswered` is the rank's endpoint's host (else
+  // left as it was). A registry that holds whole records has no such step.
+  virtual Result<RankRecord> LookUpRank(int dp, int cp, int tp, int pp,
+                                        std::string* /*unanswered*/) const {
+    return GetRank(dp, cp, tp, pp);
+  }
   // The prefill layout once every prefill rank registered (Unavailable before).
   virtual Result<ParallelInfo> GetParallelInfo() const = 0;
   // OK when the registry answers.
