@@ -312,7 +312,13 @@ Result<ParallelInfo> ParallelInfo::FromJson(const json& j) {
   // Not used here: a value that is not an object is left out, not an error.
   if (f.HasValue("dsv41_spec_layout") && j.at("dsv41_spec_layout").is_object())
     p.dsv41_spec_layout = j.at("dsv41_spec_layout");
-  int64_t ranks = int64_t{p.attn_tp_size} * p.attn_cp_size * p.attn_dp_size * p.pp_size;
+  // Each factor is checked before the next multiplies it: four sizes near
+  // INT_MAX would overflow the product and wrap below the limit.
+  int64_t ranks = 1;
+  for (int size : {p.attn_tp_size, p.attn_cp_size, p.attn_dp_size, p.pp_size}) {
+    ranks *= size;  // <= 65536 * INT_MAX: fits
+    if (ranks > kMaxRanksPerInstance) break;
+  }
   if (ranks > kMaxRanksPerInstance) {
     return f.Error("attn_tp_size * attn_cp_size * dp_size * pp_size exceeds " +
                    std::to_string(kMaxRanksPerInstance) + " ranks");

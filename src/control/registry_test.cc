@@ -183,6 +183,27 @@ TEST_F(RegistryTest, ParallelInfoCountsPrefillRanksOnly) {
   EXPECT_EQ(back->ToJson(), info->ToJson());
 }
 
+// A registry's answer (sglang's server, or one that is not what it says)
+// whose four sizes multiply past 2^63: refused, not wrapped below the rank
+// limit into an instance of 0 ranks that counts as complete (review finding,
+// session 36).
+TEST(ParallelInfoTest, SizesWhoseProductOverflowsAreRefused) {
+  nlohmann::json j = {{"attn_tp_size", 65536}, {"attn_cp_size", 65536}, {"dp_size", 65536},
+                      {"pp_size", 65536},      {"page_size", 16},       {"kv_cache_dtype", "bf16"}};
+  Result<ParallelInfo> got = ParallelInfo::FromJson(j);
+  ASSERT_FALSE(got.ok()) << "ranks_expected " << got->ranks_expected;
+  EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(got.status().message().find("exceeds 65536"), std::string::npos)
+      << got.status().message();
+  j["attn_tp_size"] = j["attn_cp_size"] = j["dp_size"] = j["pp_size"] = 2147483647;
+  EXPECT_FALSE(ParallelInfo::FromJson(j).ok());
+  j["attn_tp_size"] = 4;
+  j["attn_cp_size"] = j["dp_size"] = j["pp_size"] = 1;
+  got = ParallelInfo::FromJson(j);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->ranks_expected, 4);
+}
+
 struct ConflictCase {
   std::function<void(RankRecord&)> mutate;
   std::string mine_then_theirs[2];
