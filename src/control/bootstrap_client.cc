@@ -224,21 +224,35 @@ std::string BootstrapClient::Credential() const {
 
 Status BootstrapClient::RegisterRank(const RankRecord& record) const {
   KVB_RETURN_IF_ERROR(record.Validate());
+  auto same = [&record](const std::optional<RankRecord>& r) {
+    return r && r->role == record.role && r->key() == record.key() &&
+           r->incarnation == record.incarnation;
+  };
   std::string shown;
   {
     // The same rank again (same position and incarnation) shows the
-    // credential it was given; any other starts a new registration.
+    // credential it was given. A new registration proposes one, and a
+    // retry of it proposes the same: when the registry took the first try
+    // but its answer was lost, the retry proves it is the registrant
+    // (a fresh proposal would be refused, the position held for good).
     std::lock_guard<std::mutex> lock(mu_);
-    if (registered_ && registered_->role == record.role && registered_->key() == record.key() &&
-        registered_->incarnation == record.incarnation) {
+    if (same(registered_) && !credential_.empty()) {
       shown = credential_;
+    } else {
+      if (!same(proposed_)) {
+        proposed_ = record;
+        proposal_ = NewAuthToken();
+      }
+      shown = proposal_;
     }
   }
   std::string answered;
   KVB_RETURN_IF_ERROR(Call("PUT", "/route", DumpJson(record.ToJson()), shown, &answered).status());
   std::lock_guard<std::mutex> lock(mu_);
   registered_ = record;
-  credential_ = std::move(answered);
+  // sglang's own server answers no credential (and checks none).
+  credential_ = answered.empty() ? shown : std::move(answered);
+  if (same(proposed_)) proposed_.reset();
   return Status::Ok();
 }
 

@@ -143,6 +143,8 @@ class BootstrapClient final : public RegistryClient {
   mutable std::mutex mu_;
   mutable std::optional<RankRecord> registered_;  // guarded by mu_: the last RankRegister
   mutable std::string credential_;                // guarded by mu_: the server's answer to it
+  mutable std::optional<RankRecord> proposed_;    // guarded by mu_: a registration not yet answered
+  mutable std::string proposal_;                  // guarded by mu_: the credential it proposes
 };
 
 // Splits "host:port" / "[v6]:port" strictly. InvalidArgument naming the text.

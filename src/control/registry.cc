@@ -1,5 +1,7 @@
 #include "control/registry.h"
 
+#include <algorithm>
+#include <cctype>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -45,6 +47,22 @@ Status Denied(std::string message) {
   return Status(StatusCode::kPermissionDenied, std::move(message));
 }
 
+// The credential a new registration gets: the one its registrant proposed
+// (a retry whose first answer was lost then shows what the registry took),
+// else a fresh one. InvalidArgument for a proposal that is not 32 to 256
+// characters of [0-9A-Za-z_-].
+Result<std::string> NewCredential(std::string_view proposed, const RankRecord& record) {
+  if (proposed.empty()) return NewAuthToken();
+  const bool charset = std::all_of(proposed.begin(), proposed.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+  if (proposed.size() < 32 || proposed.size() > 256 || !charset)
+    return InvalidArgumentError("registration of " + record.Describe() +
+                                ": the rank credential it proposes must be 32 to 256 characters "
+                                "of [0-9A-Za-z_-]");
+  return std::string(proposed);
+}
+
 RankRole RankRoleOf(Role role) {
   return role == Role::kPrefill ? RankRole::kPrefill : RankRole::kDecode;
 }
@@ -74,20 +92,21 @@ class MemoryRegistry final : public Registry {
       KVB_RETURN_IF_ERROR(CheckCredential(held->second, credential, "registers again"));
     }
     KVB_RETURN_IF_ERROR(CheckPrefillLayout(record, now));
+    KVB_ASSIGN_OR_RETURN(const std::string fresh, NewCredential(credential, record));
     auto [it, inserted] = prefill_.try_emplace(record.key());
     Entry& e = it->second;
     if (!inserted) {
       if (e.record.incarnation == record.incarnation) {
         KVB_RETURN_IF_ERROR(CheckNotFenced(e));
       } else {
-        e.credential = NewAuthToken();
+        e.credential = fresh;
         ++e.restarts;
         e.dead_by_seq = 0;
         KVB_LOG_INFO("registry: {} replaces incarnation {} (restart {})", record.Describe(),
                      e.record.incarnation, e.restarts);
       }
     } else {
-      e.credential = NewAuthToken();
+      e.credential = fresh;
       KVB_LOG_INFO("registry: {} registered ({} of {} prefill ranks)", record.Describe(),
                    prefill_.size(), ExpectedRanks(record));
     }
@@ -380,12 +399,15 @@ class MemoryRegistry final : public Registry {
                                     record.Describe() +
                                     " is refused until silent ones are forgotten");
     }
+    Result<std::string> fresh = std::string();
+    if (!decode_.contains(key) && !(fresh = NewCredential(credential, record)).ok())
+      return fresh.status();
     auto [it, inserted] = decode_.try_emplace(key);
     if (!inserted) {
       KVB_RETURN_IF_ERROR(CheckCredential(it->second, credential, "registers again"));
       KVB_RETURN_IF_ERROR(CheckNotFenced(it->second));
     } else {
-      it->second.credential = NewAuthToken();
+      it->second.credential = *fresh;
       KVB_LOG_INFO("registry: {} registered", record.Describe());
     }
     it->second.record = record;

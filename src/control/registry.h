@@ -216,8 +216,11 @@ class Registry {
   // restart; with the same incarnation after a failure record declared it
   // dead -> FailedPrecondition.
   //
-  // Returns the registration's credential: a fresh one for a new position,
-  // decode rank or incarnation. Registering again the incarnation that holds
+  // Returns the registration's credential for a new position, decode rank
+  // or incarnation: the one the registrant proposes in `credential` (32 to
+  // 256 characters of [0-9A-Za-z_-], else InvalidArgument), so that a retry
+  // whose first answer was lost after the registry took it shows what it
+  // took; a fresh one when none is proposed. Registering again the incarnation that holds
   // the position (a retry, a rank re-registering) must show the credential
   // it was given (`credential`) and keeps it; without it PermissionDenied,
   // so that no other client takes over a live registration unseen (a new
