@@ -305,11 +305,19 @@ Status EtcdGateway::RangePrefix(const std::string& prefix, std::vector<EtcdKv>* 
   return Status::Ok();
 }
 
-Result<int64_t> EtcdGateway::Revision(const std::string& key) const {
-  KVB_ASSIGN_OR_RETURN(json a, Call("/v3/kv/range", json{{"key", B64(key)}, {"count_only", true}}));
-  int64_t revision = 0;
-  KVB_RETURN_IF_ERROR(HeaderRevision(a, &revision).WithContext(name_ + " range"));
-  return revision;
+Result<int64_t> EtcdGateway::NewestUnder(const std::string& prefix) const {
+  KVB_ASSIGN_OR_RETURN(json a, Call("/v3/kv/range", json{{"key", B64(prefix)},
+                                                         {"range_end", B64(EtcdPrefixEnd(prefix))},
+                                                         {"sort_order", "DESCEND"},
+                                                         {"sort_target", "MOD"},
+                                                         {"limit", 1},
+                                                         {"keys_only", true}}));
+  if (!a.contains("kvs")) return int64_t{0};
+  if (!a["kvs"].is_array()) return InternalError(name_ + " range: 'kvs' is not an array");
+  if (a["kvs"].empty()) return int64_t{0};
+  Result<EtcdKv> kv = ReadKv(a["kvs"][0]);
+  if (!kv.ok()) return kv.status().WithContext(name_ + " range");
+  return kv->mod_revision;
 }
 
 Status EtcdGateway::Get(const std::string& key, EtcdKv* kv, bool* found) const {

@@ -96,8 +96,10 @@ class EtcdGateway {
 
   // Every pair with a key starting with `prefix`, and the store's revision.
   Status RangePrefix(const std::string& prefix, std::vector<EtcdKv>* kvs, int64_t* revision) const;
-  // The store's revision now (a count-only range of `key`).
-  Result<int64_t> Revision(const std::string& key) const;
+  // The revision of the newest write of a key under `prefix` that is there
+  // now (0 when none): not the store's revision, which other writers of the
+  // same etcd (another namespace) move too. A deletion is not seen.
+  Result<int64_t> NewestUnder(const std::string& prefix) const;
   // One key; found false when absent.
   Status Get(const std::string& key, EtcdKv* kv, bool* found) const;
   // A lease of `ttl_s` seconds; the granted TTL (etcd may raise it to its

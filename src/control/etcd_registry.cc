@@ -189,7 +189,10 @@ Result<RankRecord> EtcdRegistryClient::GetRank(int dp, int cp, int tp, int pp) c
 }
 
 Status EtcdRegistryClient::CatchUp() const {
-  KVB_ASSIGN_OR_RETURN(const int64_t rev, s_->gateway->Revision(s_->prefix));
+  // The newest write under this namespace, not the store's revision: the
+  // watch sees only this namespace, so a store revision moved by another
+  // writer of the same etcd would never be reached (review finding).
+  KVB_ASSIGN_OR_RETURN(const int64_t rev, s_->gateway->NewestUnder(s_->prefix));
   if (s_->AwaitRevision(rev)) return Status();
   return UnavailableError(
       fmt::format("etcd registry: the watch did not reach revision {} within {} ms", rev,

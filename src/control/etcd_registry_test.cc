@@ -167,6 +167,39 @@ TEST_F(EtcdRegistryTest, CatchUpShowsARestartTheStoreAlreadyHolds) {
   }
 }
 
+// Another deployment writing to the same etcd moves the store's revision,
+// and this namespace's watch never sees those writes. CatchUp waited for
+// the store's revision: 2 s and Unavailable on every call, with decode's
+// lookups serialised behind it (review finding, session 36). It waits for
+// the newest write under its own namespace.
+TEST_F(EtcdRegistryTest, CatchUpIsNotHeldByWritesOfAnotherNamespace) {
+  // Leases long enough that none expires in the test: an expiry is a write
+  // under the namespace, which the old wait would have reached.
+  auto o = ParseEtcdRegistryUrl(etcd_->Url(ns_));
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  o->unresponsive_after = milliseconds(60000);
+  o->dead_after = milliseconds(120000);
+  o->auth_token = kSecret;
+  auto made = EtcdRegistryClient::Create(*o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  std::unique_ptr<EtcdRegistryClient> a = std::move(made).value();
+  ASSERT_TRUE(a->RegisterRank(Prefill(0, 1, 11)).ok());
+  ASSERT_TRUE(a->CatchUp().ok());
+  EtcdGatewayOptions go;
+  go.endpoints = ParseEtcdEndpoints(etcd_->Endpoints()).value();
+  auto gw = EtcdGateway::Create(go).value();
+  for (int i = 0; i < 3; ++i) {
+    auto put =
+        gw->Call("/v3/kv/put",
+                 json{{"key", EtcdGateway::B64("/kvbridge/" + ns_ + "-other/" + std::to_string(i))},
+                      {"value", EtcdGateway::B64("x")}});
+    ASSERT_TRUE(put.ok()) << put.status().ToString();
+  }
+  Status caught = a->CatchUp();
+  EXPECT_TRUE(caught.ok()) << caught.ToString();
+  EXPECT_EQ(a->GetRank(0, 0, 0, 0).value().incarnation, 11u);
+}
+
 TEST_F(EtcdRegistryTest, SilentRankTurnsUnresponsiveThenDeadByLease) {
   auto watcher = Client();
   ASSERT_TRUE(watcher);

@@ -55,7 +55,7 @@ class DropFirstAnswer {
     return a;
   }
   void Serve() {
-    for (int n = 0; !stop_; ) {
+    for (int n = 0; !stop_;) {
       pollfd p{listen_fd_, POLLIN, 0};
       if (poll(&p, 1, 20) <= 0) continue;
       const int client = accept(listen_fd_, nullptr, nullptr);
@@ -142,8 +142,8 @@ TEST(RegistrationRetryTest, ARetryAfterALostAnswerIsTakenAndHeartbeatsWork) {
   EXPECT_TRUE(beat.ok()) << beat.ToString();
   // Another client proposing its own credential still cannot take the
   // registration over.
-  auto other = BootstrapClient::Create((*server)->address(), milliseconds(1000),
-                                       AuthTokenFromEnvironment());
+  auto other =
+      BootstrapClient::Create((*server)->address(), milliseconds(1000), AuthTokenFromEnvironment());
   ASSERT_TRUE(other.ok());
   EXPECT_EQ((*other)->RegisterRank(Prefill(0)).code(), StatusCode::kPermissionDenied);
 }

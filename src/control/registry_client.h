@@ -65,7 +65,8 @@ class RegistryClient {
   virtual Result<FailureBatch> FailuresSince(uint64_t since) const = 0;
 
   // Waits (bounded by the call timeout) until this client's reads show
-  // every write the registry had taken when the call began: a client that
+  // every write the registry had taken when the call began (with etcd: of
+  // a key still there; a deletion is not waited for): a client that
   // reads from a watched copy (etcd) may lag the store by a few
   // milliseconds, enough to take a rank that has just restarted for its
   // dead incarnation. Unavailable when the registry did not answer or the
