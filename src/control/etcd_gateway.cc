@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <charconv>
 #include <thread>
 
@@ -343,7 +344,8 @@ Result<int64_t> EtcdGateway::LeaseGrant(int64_t ttl_s, int64_t* granted_s) const
   return id;
 }
 
-Result<std::vector<int64_t>> EtcdGateway::LeaseKeepAlive(const std::vector<int64_t>& leases) const {
+Result<std::vector<int64_t>> EtcdGateway::LeaseKeepAlive(
+    const std::vector<int64_t>& leases, std::chrono::milliseconds per_member) const {
   // The keep-alive route is a stream: one request per line, one result each.
   std::string body;
   for (int64_t id : leases) body += DumpJson(json{{"ID", std::to_string(id)}}) + "\n";
@@ -362,7 +364,8 @@ Result<std::vector<int64_t>> EtcdGateway::LeaseKeepAlive(const std::vector<int64
       last = token.status();
       continue;
     }
-    auto cli = CallClient(e, options_.timeout, *token);
+    auto cli = CallClient(e, std::clamp(per_member, std::chrono::milliseconds(1), options_.timeout),
+                          *token);
     const std::string where = "etcd " + e.ToString() + " lease keep-alive";
     httplib::Result res = cli->Post("/v3/lease/keepalive", body, "application/json");
     if (!res) {

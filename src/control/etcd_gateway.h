@@ -106,8 +106,12 @@ class EtcdGateway {
   // minimum) in *granted_s.
   Result<int64_t> LeaseGrant(int64_t ttl_s, int64_t* granted_s) const;
   // Refreshes each lease once (one request); the TTL etcd reports for each,
-  // 0 for a lease it no longer has.
-  Result<std::vector<int64_t>> LeaseKeepAlive(const std::vector<int64_t>& leases) const;
+  // 0 for a lease it no longer has. Each member is given at most
+  // `per_member` (and the call timeout) before the next is tried: a member
+  // that went silent (stopped, black-holed) must not hold a keep-alive past
+  // the lease it keeps.
+  Result<std::vector<int64_t>> LeaseKeepAlive(const std::vector<int64_t>& leases,
+                                              std::chrono::milliseconds per_member) const;
   Status LeaseRevoke(int64_t lease) const;
 
   // Streams the events of keys under `prefix` from `start_revision` to

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "connector/stall_proxy.h"
 #include "control/etcd_seal.h"
 #include "control/etcd_view.h"
 #include "control/json_fields.h"
@@ -262,6 +263,51 @@ TEST_F(EtcdRegistryTest, HeartbeatsKeepARankAliveAndAreFencedByARecord) {
   s = Find(watcher->ListRanks().value(), RankRole::kPrefill, 0);
   EXPECT_EQ(s.state, Liveness::kAlive);
   EXPECT_EQ(s.restarts, 1u);
+}
+
+// A member that goes silent (stopped, black-holed: it accepts connections
+// and never answers), listed first. Each keep-alive tried it for the whole
+// call timeout (2 s) before the next member: longer than the 2 s alive
+// lease, which expired, and the rank's siblings failed a healthy rank
+// (review finding, session 36). The proxy in front of the one member is the
+// silent one; the alive key's create_revision says whether it ever expired
+// (an expired lease deletes the key, and the next keep-alive makes a new one).
+TEST_F(EtcdRegistryTest, ASilentMemberListedFirstDoesNotLetTheAliveLeaseExpire) {
+  StallProxy silent(etcd_->endpoint(0));
+  ASSERT_TRUE(silent.ok());
+  auto o =
+      ParseEtcdRegistryUrl("etcd://" + silent.address() + "," + etcd_->endpoint(0) + "/" + ns_);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  o->unresponsive_after = milliseconds(2000);
+  o->dead_after = milliseconds(20000);
+  o->auth_token = kSecret;
+  auto made = EtcdRegistryClient::Create(*o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  std::unique_ptr<EtcdRegistryClient> rank = std::move(made).value();
+  ASSERT_TRUE(rank->RegisterRank(Prefill(0, 1, 9)).ok());
+  EtcdGatewayOptions go;
+  go.endpoints = ParseEtcdEndpoints(etcd_->Endpoints()).value();
+  auto gw = EtcdGateway::Create(go).value();
+  const std::string alive =
+      "/kvbridge/" + ns_ + "/alive/" + EtcdRankPath(RankRole::kPrefill, RankKey{0, 0, 0, 0}, 9);
+  auto created = [&]() -> int64_t {
+    EtcdKv kv;
+    bool found = false;
+    EXPECT_TRUE(gw->Get(alive, &kv, &found).ok());
+    return found ? kv.create_revision : 0;
+  };
+  const int64_t before = created();
+  ASSERT_NE(before, 0) << "no alive key at " << alive;
+  silent.Stall();
+  // Three alive-lease TTLs of heartbeats (a bounded load loop).
+  const auto end = std::chrono::steady_clock::now() + milliseconds(6000);
+  while (std::chrono::steady_clock::now() < end) {
+    Status beat = rank->Heartbeat(RankRole::kPrefill, 0, 0, 0, 0, 9);
+    ASSERT_TRUE(beat.ok()) << beat.ToString();
+    std::this_thread::sleep_for(milliseconds(100));  // the heartbeat interval
+  }
+  EXPECT_EQ(created(), before) << "the alive lease expired while a member was silent";
+  silent.ResumeDroppingHeld();
 }
 
 TEST_F(EtcdRegistryTest, ConcurrentPublishersGetDenseUniqueSeqsSeenByWatch) {

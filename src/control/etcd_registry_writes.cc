@@ -127,8 +127,14 @@ Status EtcdRegistryClient::Heartbeat(RankRole role, int dp, int cp, int tp, int 
     if (now - own.last_try < own.alive_ttl / 3) return Status::Ok();
     s_->own.last_try = now;
   }
-  Result<std::vector<int64_t>> ttls =
-      s_->gateway->LeaseKeepAlive({own.alive_lease, own.record_lease});
+  // A third of the alive lease per member: one that went silent costs that
+  // much, and the next member still refreshes the lease before it runs out
+  // (it was last refreshed at most a third of it ago). With the full call
+  // timeout (2 s) a silent first member let a 2 s lease expire: the rank
+  // was counted unresponsive, and its siblings failed it (review finding).
+  Result<std::vector<int64_t>> ttls = s_->gateway->LeaseKeepAlive(
+      {own.alive_lease, own.record_lease},
+      std::chrono::duration_cast<std::chrono::milliseconds>(own.alive_ttl / 3));
   if (!ttls.ok()) {
     // etcd cannot be reached (an election, a member gone): the record lease
     // still holds for a while, and etcd extends every lease when a new

@@ -156,8 +156,8 @@ TEST(RegistrationRetryTest, AMalformedProposedCredentialIsRefused) {
   o.port = 0;
   auto server = BootstrapServer::Start(o);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
-  for (const std::string bad : {std::string("short"), std::string(40, '\x7f'),
-                                std::string(300, 'a'), std::string(40, '!')}) {
+  for (const std::string& bad : {std::string("short"), std::string(40, '\x7f'),
+                                 std::string(300, 'a'), std::string(40, '!')}) {
     httplib::Client cli("127.0.0.1", (*server)->port());
     httplib::Headers h{{"Authorization", BearerValue(AuthTokenFromEnvironment())},
                        {kRankCredentialHeader, bad}};
