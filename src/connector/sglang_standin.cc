@@ -18,7 +18,9 @@ Result<std::unique_ptr<SglangStandinServer>> SglangStandinServer::Start(const st
   s->http_.Get("/route", [self](const httplib::Request& req, httplib::Response& res) {
     self->Lookup(req, res);
   });
-  KVB_RETURN_IF_ERROR(s->serving_.Start(s->http_, host, 0, "sglang stand-in"));
+  HttpServeOptions serve;
+  serve.limits.max_body_bytes = 1 << 20;  // registrations
+  KVB_RETURN_IF_ERROR(s->serving_.Start(s->http_, host, 0, "sglang stand-in", serve));
   return s;
 }
 

@@ -496,8 +496,15 @@ Result<std::unique_ptr<BootstrapServer>> BootstrapServer::Start(
   // Not SO_REUSEPORT (see HttpServerThread): a second server on the port
   // would split the ranks between two registries. Ranks of a large instance
   // register at the same moment, hence the wide backlog.
-  KVB_RETURN_IF_ERROR(impl->serving.Start(impl->http, options.host, options.port,
-                                          "bootstrap server", kListenBacklog));
+  // The front (HttpServerThread) refuses a body over kMaxBodyBytes before
+  // reading it, and a chunked one at all; connections beyond the threads
+  // wait in the backlog.
+  internal::HttpServeOptions serve;
+  serve.backlog = kListenBacklog;
+  serve.limits.max_body_bytes = kMaxBodyBytes;
+  serve.max_connections = threads;
+  KVB_RETURN_IF_ERROR(
+      impl->serving.Start(impl->http, options.host, options.port, "bootstrap server", serve));
   KVB_LOG_INFO("bootstrap server listening on {}", impl->serving.address());
   return std::unique_ptr<BootstrapServer>(new BootstrapServer(std::move(impl)));
 }

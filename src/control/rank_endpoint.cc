@@ -23,7 +23,10 @@ Result<std::unique_ptr<RankEndpoint>> RankEndpoint::Start(const std::string& hos
     }
     res.set_content(body, "application/json");
   });
-  KVB_RETURN_IF_ERROR(e->serving_.Start(e->http_, host, 0, "rank endpoint"));
+  HttpServeOptions serve;
+  serve.limits.max_body_bytes = 1024;
+  serve.max_connections = 4;
+  KVB_RETURN_IF_ERROR(e->serving_.Start(e->http_, host, 0, "rank endpoint", serve));
   return e;
 }
 
