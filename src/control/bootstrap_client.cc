@@ -123,8 +123,8 @@ Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
                                             const std::string& who, const char* method,
                                             const std::string& path, const std::string& body,
                                             bool auth, const std::string& credential,
-                                            std::string* answered_credential,
-                                            Session* session) const {
+                                            std::string* answered_credential, Session* session,
+                                            bool* no_answer) const {
   // Most calls get a client of their own: httplib::Client is not safe for
   // concurrent requests, a fresh connection notices a restarted server at
   // once, and the server holds a thread for each open connection. The calls
@@ -184,6 +184,7 @@ Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
     resent = true;
   }
   const std::string context = who + " " + method_name + " " + path;
+  if (no_answer != nullptr) *no_answer = !res;
   if (!res) {
     Status s = UnavailableError(who + " unreachable: " + Why(res.error(), timeout_));
     KVB_LOG_DEBUG("{} failed: {}", context, s.ToString());
@@ -289,10 +290,13 @@ Result<RankRecord> BootstrapClient::RecordFromRank(const json& where, const Rank
   if (s.ok()) s = f.Int("rank_port", 1, 65535, &port);
   if (!s.ok()) return Malformed("GET /route for rank " + key.ToString(), s);
   const std::string at = JoinHostPort(ip, port);
-  Result<std::string> text = CallAt(ip, port, "rank " + at, "GET", kRankEndpointPath, "",
-                                    /*auth=*/false);  // the secret goes to the registry only
+  bool no_answer = false;
+  Result<std::string> text =
+      CallAt(ip, port, "rank " + at, "GET", kRankEndpointPath, "",
+             /*auth=*/false, "", nullptr, nullptr, &no_answer);  // the secret: to the registry only
   if (!text.ok()) {
-    if (unanswered != nullptr && text.status().code() == StatusCode::kUnavailable) *unanswered = ip;
+    // Not a rank that answered (e.g. 503, its record not set yet): it is up.
+    if (unanswered != nullptr && no_answer) *unanswered = ip;
     return text.status().WithContext("prefill rank " + key.ToString() + " (listed by " + address_ +
                                      " without kvbridge's fields)");
   }

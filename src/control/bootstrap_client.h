@@ -117,8 +117,8 @@ class BootstrapClient final : public RegistryClient {
   Result<std::string> CallAt(const std::string& host, int port, const std::string& who,
                              const char* method, const std::string& path, const std::string& body,
                              bool auth, const std::string& credential = "",
-                             std::string* answered_credential = nullptr,
-                             Session* session = nullptr) const;
+                             std::string* answered_credential = nullptr, Session* session = nullptr,
+                             bool* no_answer = nullptr) const;
   // A rank sglang's server listed by its location only: its record, read
   // from the rank itself (RankEndpoint) and checked to be at `key`.
   Result<RankRecord> RecordFromRank(const nlohmann::json& where, const RankKey& key,

@@ -38,7 +38,7 @@ struct HttpFrontLimits {
 // Why a request was refused: the HTTP status to answer and the Status whose
 // code and message make the JSON body. The connection is closed after it.
 struct HttpRefusal {
-  int http_status = 400;  // 400, 411, 413, 414, 431 or 501
+  int http_status = 400;  // 400, 411, 413, 414, 415, 431 or 501
   Status status;
 };
 

@@ -74,6 +74,13 @@ TEST(HttpRequestFramer, RefusesWhatBreaksABoundWithItsStatus) {
       {"space before colon", get + "X : a\r\n", 400, StatusCode::kInvalidArgument, "header line"},
       {"empty lines only", "\r\n\r\n\r\n\r\n\r\n", 400, StatusCode::kInvalidArgument,
        "empty lines"},
+      // httplib inflates these without bound (review finding, session 36).
+      {"gzip body", post + "Content-Encoding: gzip\r\nContent-Length: 1\r\n", 415,
+       StatusCode::kInvalidArgument, "Content-Encoding 'gzip' is not accepted"},
+      {"deflate body", post + "content-encoding: Deflate\r\n", 415, StatusCode::kInvalidArgument,
+       "uncompressed"},
+      {"brotli body", post + "Content-Encoding: br\r\n", 415, StatusCode::kInvalidArgument,
+       "uncompressed"},
   };
   for (const RefusalCase& c : cases) {
     HttpRequestFramer f(Limits());
@@ -85,6 +92,14 @@ TEST(HttpRequestFramer, RefusesWhatBreaksABoundWithItsStatus) {
     EXPECT_NE(f.refusal().status.message().find(c.part), std::string::npos)
         << c.name << ": " << f.refusal().status.message();
   }
+}
+
+// "identity" is no compression: taken.
+TEST(HttpRequestFramer, AnIdentityContentEncodingIsTaken) {
+  HttpRequestFramer f(Limits());
+  f.Feed("POST /x HTTP/1.1\r\nContent-Encoding: identity\r\nContent-Length: 2\r\n\r\n{}");
+  ASSERT_EQ(f.Next(), Event::kRequest);
+  EXPECT_NE(f.TakeRequest().find("{}"), std::string::npos);
 }
 
 // The front drops the body of a request refused for its size (up to a

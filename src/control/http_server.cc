@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -359,6 +360,14 @@ void HttpServerThread::AcceptLoop() {
 
 void HttpServerThread::Serve(int fd) {
   const ServerTimeouts t = TimeoutsOf(*http_);
+  // A blocking send waits until all of a write is queued: a client that
+  // stops reading would hold the thread, and Stop(), for good (review
+  // finding). Each send gives up after the write timeout, as httplib's did.
+  const auto write_s = std::chrono::duration_cast<std::chrono::seconds>(t.write);
+  timeval send_timeout{static_cast<time_t>(write_s.count()),
+                       static_cast<suseconds_t>((t.write - write_s).count())};
+  if (t.write != Micros::max())
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
   const Endpoints ends = EndpointsOf(fd);
   HttpRequestFramer framer(options_.limits);
   size_t served = 0;
@@ -384,10 +393,10 @@ void HttpServerThread::Serve(int fd) {
     if (framer.TakeContinue() && !WriteAll(fd, "HTTP/1.1 100 Continue\r\n\r\n", t.write)) {
       return;
     }
-    // Between requests, Stop() closes the connection; within one, the
-    // client has the read timeout to go on.
+    // Stop() closes the connection, between requests and within one (a
+    // request trickled in within each read timeout would hold it for days).
     const bool idle = framer.idle();
-    if (WaitReadable(fd, idle ? t.idle : t.read, idle) <= 0) return;
+    if (WaitReadable(fd, idle ? t.idle : t.read, /*wake=*/true) <= 0) return;
     ssize_t n;
     do {
       n = ::recv(fd, chunk, sizeof(chunk), 0);

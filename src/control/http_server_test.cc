@@ -15,6 +15,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <set>
 #include <sstream>
 #include <string>
@@ -301,6 +302,76 @@ TEST(HttpFrontRankEndpointTest, OneListeningSocketAndStopClosesIt) {
   EXPECT_EQ(ReadToClose(fd), "");
   close(fd);
   EXPECT_EQ(ListeningSockets(), before);
+}
+
+// A client that asks for a large answer and stops reading it: a blocking
+// send waited until all of it was queued, holding the connection's thread
+// and Stop() for good (review finding, session 36). Each send now gives up
+// after the server's write timeout (1 s here). The client reads the first
+// bytes (the barrier: the server is writing) and no more; its receive
+// buffer is small.
+TEST(HttpFrontServeTest, AClientThatStopsReadingDoesNotHoldStop) {
+  httplib::Server http;
+  const std::string big(size_t{32} << 20, 'x');
+  http.Get("/big", [&big](const httplib::Request&, httplib::Response& res) {
+    res.set_content(big, "text/plain");
+  });
+  http.set_write_timeout(1, 0);
+  HttpServerThread serving;
+  ASSERT_TRUE(serving.Start(http, "127.0.0.1", 0, "test server").ok());
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  int rcvbuf = 4096;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+  timeval tv{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(serving.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_TRUE(SendAll(fd, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n"));
+  char first[16];
+  ASSERT_GT(recv(fd, first, sizeof(first), 0), 0);
+  auto stopped = std::async(std::launch::async, [&serving] { return serving.Stop(); });
+  EXPECT_EQ(stopped.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "Stop() is held by a client that stopped reading";
+  close(fd);  // lets an old server's send fail, so the test ends either way
+  EXPECT_TRUE(stopped.get());
+}
+
+// A request that trickles in, each byte within the read timeout: Stop()
+// waited for it to end (a 1 MiB body at a byte per read timeout: days).
+// It closes the connection within a request too. The barrier: a first
+// request on the connection was answered, so it is being served.
+TEST(HttpFrontServeTest, StopClosesARequestThatTricklesIn) {
+  httplib::Server http;
+  http.Get("/x", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok", "text/plain");
+  });
+  http.set_read_timeout(1, 0);
+  HttpServerThread serving;
+  ASSERT_TRUE(serving.Start(http, "127.0.0.1", 0, "test server").ok());
+  const int fd = Connect(serving.port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n"));
+  std::string pending;
+  ASSERT_EQ(ReadResponse(fd, &pending).rfind("HTTP/1.1 200", 0), 0u);
+  ASSERT_TRUE(SendAll(fd, "GET /x HTTP/1.1\r\nX: "));
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {  // a byte every 200 ms, for at most 30 s
+    for (int i = 0; i < 150 && !done; ++i) {
+      if (!SendAll(fd, "a")) return;
+      std::this_thread::sleep_for(milliseconds(200));  // the trickle's pace
+    }
+  });
+  auto stopped = std::async(std::launch::async, [&serving] { return serving.Stop(); });
+  EXPECT_EQ(stopped.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+      << "Stop() waits for a request that trickles in";
+  EXPECT_TRUE(stopped.get());
+  done = true;
+  trickle.join();
+  close(fd);
 }
 
 }  // namespace

@@ -119,6 +119,15 @@ TEST(RankEndpointTest, ALookupSaysWhenTheRankNotTheRegistryDidNotAnswer) {
       got.status().message().find("rank 127.0.0.1:" + std::to_string(closed) + " unreachable"),
       std::string::npos)
       << got.status().message();
+  // A rank that answers, but has no record yet (503): it is up, not named
+  // as unanswered (review finding, session 36).
+  auto early = RankEndpoint::Start("127.0.0.1");
+  ASSERT_TRUE(early.ok()) << early.status().ToString();
+  SglangLikeServer listing((*early)->port());
+  unanswered.clear();
+  got = listing.Client()->LookUpRank(0, 0, 1, 0, &unanswered);
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().ToString();
+  EXPECT_EQ(unanswered, "") << got.status().ToString();
   // The registry itself not answering: nothing is named.
   auto nobody = BootstrapClient::Create("127.0.0.1:" + std::to_string(closed), milliseconds(500),
                                         AuthTokenFromEnvironment());
