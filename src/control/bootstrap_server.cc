@@ -482,7 +482,6 @@ Result<std::unique_ptr<BootstrapServer>> BootstrapServer::Start(
   impl->options = options;
   impl->registry = internal::CreateMemoryRegistry(std::move(ro));
   const size_t threads = static_cast<size_t>(options.threads);
-  impl->http.new_task_queue = [threads] { return new internal::ConnectionThreads(threads); };
   impl->http.set_payload_max_length(kMaxBodyBytes);
   // An idle connection is closed after this (it also bounds how long Stop()
   // waits for idle clients); a client that stalls a read or write, after the

@@ -287,7 +287,7 @@ Status HttpServerThread::Start(httplib::Server& http, const std::string& host, i
   http_ = &http;
   options_ = options;
   what_ = what;
-  queue_.reset(http.new_task_queue());
+  queue_ = std::make_unique<ConnectionThreads>(options.max_connections);
   acceptor_ = std::thread([this] { AcceptLoop(); });
   std::lock_guard<std::mutex> lock(stop_mu_);
   started_ = true;
@@ -311,6 +311,7 @@ bool HttpServerThread::Stop() {
   // Runs the connections still queued (they close at once) and joins.
   queue_->shutdown();
   queue_.reset();
+
   ::close(wake_[0]);
   ::close(wake_[1]);
   return true;

@@ -63,9 +63,10 @@ struct HttpServeOptions {
   // Line, head, header and body bounds; set max_body_bytes per server.
   HttpFrontLimits limits;
   // Connections open at once; further clients wait in the listen backlog
-  // until one closes. Each open connection is served by a task on the
-  // server's own task queue (new_task_queue), so a queue with fewer
-  // threads makes the rest wait there, as before.
+  // until one closes. Each open connection has a thread (ConnectionThreads,
+  // started as needed, up to this many); the server's new_task_queue is not
+  // used (httplib's ThreadPool hands work over where ThreadSanitizer cannot
+  // see it: tests/tsan.supp).
   size_t max_connections = 64;
 };
 

@@ -306,7 +306,6 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   }
   auto impl = std::make_unique<Impl>();
   impl->registry = std::move(registry);
-  impl->http.new_task_queue = [] { return new httplib::ThreadPool(2); };
   impl->http.set_keep_alive_timeout(1);  // bounds how long Stop() waits for idle scrapers
   MetricsRegistry* reg = impl->registry.get();
   impl->http.Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {

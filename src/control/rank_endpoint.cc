@@ -5,8 +5,6 @@ namespace kvbridge::internal {
 Result<std::unique_ptr<RankEndpoint>> RankEndpoint::Start(const std::string& host) {
   std::unique_ptr<RankEndpoint> e(new RankEndpoint());
   RankEndpoint* self = e.get();
-  // A few threads: one decode rank asks once per prefill rank it meets.
-  e->http_.new_task_queue = [] { return new ConnectionThreads(4); };
   e->http_.set_read_timeout(std::chrono::seconds(5));
   e->http_.set_write_timeout(std::chrono::seconds(5));
   e->http_.set_payload_max_length(1024);  // GETs only
@@ -25,7 +23,7 @@ Result<std::unique_ptr<RankEndpoint>> RankEndpoint::Start(const std::string& hos
   });
   HttpServeOptions serve;
   serve.limits.max_body_bytes = 1024;
-  serve.max_connections = 4;
+  serve.max_connections = 4;  // one decode rank asks once per prefill rank it meets
   KVB_RETURN_IF_ERROR(e->serving_.Start(e->http_, host, 0, "rank endpoint", serve));
   return e;
 }
