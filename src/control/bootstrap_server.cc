@@ -180,46 +180,6 @@ Status PutHeartbeat(internal::Registry& registry, const httplib::Request& req, c
   return registry.Heartbeat(*role, dp, cp, tp, pp, incarnation, CredentialOf(req));
 }
 
-// An httplib server whose one-request entry (protected in httplib) the
-// socket-free dispatch below may call.
-class DispatchServer final : public httplib::Server {
- public:
-  using httplib::Server::process_request;
-};
-
-// A request's bytes in, the answer's bytes out.
-class StringStream final : public httplib::Stream {
- public:
-  explicit StringStream(std::string_view in) : in_(in) {}
-  bool is_readable() const override { return pos_ < in_.size(); }
-  bool is_writable() const override { return true; }
-  ssize_t read(char* ptr, size_t size) override {
-    const size_t n = std::min(size, in_.size() - pos_);
-    std::memcpy(ptr, in_.data() + pos_, n);
-    pos_ += n;
-    return static_cast<ssize_t>(n);
-  }
-  ssize_t write(const char* ptr, size_t size) override {
-    out_.append(ptr, size);
-    return static_cast<ssize_t>(size);
-  }
-  void get_remote_ip_and_port(std::string& ip, int& port) const override {
-    ip = "127.0.0.1";
-    port = 0;
-  }
-  void get_local_ip_and_port(std::string& ip, int& port) const override {
-    ip = "127.0.0.1";
-    port = 0;
-  }
-  socket_t socket() const override { return INVALID_SOCKET; }
-  std::string& out() { return out_; }
-
- private:
-  std::string_view in_;
-  size_t pos_ = 0;
-  std::string out_;
-};
-
 }  // namespace
 
 // Hidden although nested in an exported class: the pimpl is not public API.
@@ -228,7 +188,7 @@ struct [[gnu::visibility("hidden")]] BootstrapServer::Impl {
   std::string token;
   std::unique_ptr<internal::Registry> registry;
   std::shared_ptr<internal::MetricsRegistry> metrics;
-  DispatchServer http;
+  httplib::Server http;
   internal::HttpServerThread serving;  // after `http`: stops serving before it goes
 
   // The routes: sglang's (registration, parallel info, dp ranks, health),
@@ -518,11 +478,7 @@ std::string BootstrapServer::address() const { return impl_->serving.address(); 
 
 std::string internal::BootstrapServerAccess::Answer(BootstrapServer& server,
                                                     std::string_view raw_request) {
-  StringStream stream(raw_request);
-  bool closed = false;
-  server.impl_->http.process_request(stream, /*close_connection=*/true, closed,
-                                     [](httplib::Request&) {});
-  return std::move(stream.out());
+  return internal::AnswerFromMemory(server.impl_->http, raw_request);
 }
 
 void BootstrapServer::Stop() {

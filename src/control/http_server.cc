@@ -37,6 +37,39 @@ struct ServerAccess : httplib::Server {
   using httplib::Server::write_timeout_usec_;
 };
 
+// A request's bytes in, the answer's bytes out.
+class StringStream final : public httplib::Stream {
+ public:
+  explicit StringStream(std::string_view in) : in_(in) {}
+  bool is_readable() const override { return pos_ < in_.size(); }
+  bool is_writable() const override { return true; }
+  ssize_t read(char* ptr, size_t size) override {
+    const size_t n = std::min(size, in_.size() - pos_);
+    std::memcpy(ptr, in_.data() + pos_, n);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    out_.append(ptr, size);
+    return static_cast<ssize_t>(size);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 0;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 0;
+  }
+  socket_t socket() const override { return INVALID_SOCKET; }
+  std::string& out() { return out_; }
+
+ private:
+  std::string_view in_;
+  size_t pos_ = 0;
+  std::string out_;
+};
+
 constexpr int kDefaultBacklog = 5;  // httplib's
 constexpr size_t kReadChunk = 16 << 10;
 // After a refusal the client may still be sending its request; closing with
@@ -222,6 +255,14 @@ int BoundPort(int fd) {
 }
 
 }  // namespace
+
+std::string AnswerFromMemory(httplib::Server& http, std::string_view raw_request) {
+  StringStream stream(raw_request);
+  bool closed = false;
+  (http.*(&ServerAccess::process_request))(stream, /*close_connection=*/true, closed,
+                                           [](httplib::Request&) {});
+  return std::move(stream.out());
+}
 
 std::string JoinHostPort(const std::string& host, int port) {
   bool v6 = host.find(':') != std::string::npos;

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -24,6 +25,11 @@ namespace kvbridge::internal {
 
 // "host:port", an IPv6 host in brackets.
 std::string JoinHostPort(const std::string& host, int port);
+
+// httplib's answer to `raw_request` (one request's bytes), through its own
+// request processing with no socket and no front (for the fuzz target and
+// tests of the handlers).
+std::string AnswerFromMemory(httplib::Server& http, std::string_view raw_request);
 
 // httplib's task queue for a server that strangers can reach: a connection
 // holds a thread for as long as its client keeps it (httplib reads a request
