@@ -26,9 +26,36 @@ DeadlineBreach Breach(std::optional<RankId> origin, std::string detail, Phase ph
 
 }  // namespace
 
-std::optional<DeadlineBreach> SenderDeadline(
-    const SenderRoom& room, SteadyTime now, const PhaseTimeouts& timeouts,
-    const std::function<std::optional<RankId>(int decode_tp)>& met_decode) {
+SilentDecode SilentDecodeRank(const SenderRoom& room, int decode_tp,
+                              const std::vector<RankId>& met_decode) {
+  // The decode group that holds this request, when one of its ranks sent
+  // metadata: a silent rank of the same instance and dp.
+  const RankId* group = room.flows.empty() ? nullptr : &room.flows.begin()->second.decode;
+  std::vector<const RankId*> positions;  // one per rank position (not process)
+  for (const RankId& id : met_decode) {
+    if (id.role != Role::kDecode || id.tp != decode_tp) continue;
+    if (group != nullptr && (id.instance != group->instance || id.dp != group->dp)) continue;
+    bool seen = false;
+    for (const RankId* p : positions) seen = seen || p->SameRank(id);
+    if (!seen) positions.push_back(&id);
+  }
+  SilentDecode out;
+  if (positions.size() == 1) {
+    out.rank = *positions.front();
+  } else if (positions.size() > 1) {
+    std::string names;
+    for (const RankId* p : positions) names += (names.empty() ? "" : ", ") + p->ShortName();
+    out.unsure = fmt::format(
+        "this rank met {} decode ranks at tp{} ({}) and cannot tell which "
+        "one this request was for",
+        positions.size(), decode_tp, names);
+  }
+  return out;
+}
+
+std::optional<DeadlineBreach> SenderDeadline(const SenderRoom& room, SteadyTime now,
+                                             const PhaseTimeouts& timeouts,
+                                             const std::vector<RankId>& met_decode) {
   const auto elapsed = now - room.phase_since;
   if (room.inflight > 0) {
     if (elapsed <= timeouts.transfer) return std::nullopt;
@@ -48,18 +75,23 @@ std::optional<DeadlineBreach> SenderDeadline(
   std::string what = "the application sent no chunk";
   Phase phase = room.phase;
   std::optional<RankId> origin;
+  std::string unsure;  // why no silent decode rank is named
   if (room.poll() == KVPoll::kBootstrapping) {
     phase = Phase::kWaitingForMetadata;
     std::string missing;
     for (int d : room.expected_decode) {
       if (room.flows.count(d)) continue;
       missing += fmt::format(" tp{}", d);
-      if (!origin) origin = met_decode(d);  // the first silent decode rank met
+      if (origin) continue;
+      SilentDecode silent = SilentDecodeRank(room, d, met_decode);
+      origin = std::move(silent.rank);
+      if (!origin && unsure.empty()) unsure = std::move(silent.unsure);
     }
     what = missing.empty() ? "no decode rank sent metadata" : "no metadata from decode" + missing;
   }
-  return Breach(std::move(origin),
-                fmt::format("{} within {:.1f} s", what, Seconds(timeouts.waiting)), phase);
+  std::string detail = fmt::format("{} within {:.1f} s", what, Seconds(timeouts.waiting));
+  if (!origin && !unsure.empty()) detail += "; " + unsure;
+  return Breach(std::move(origin), std::move(detail), phase);
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "connector/rooms.h"
@@ -36,11 +37,24 @@ struct DeadlineBreach {
 // Prefill: a room that has not failed or succeeded. Its posted writes past
 // `transfer` name the first decode rank with writes in flight; otherwise,
 // past `waiting`: still bootstrapping, the decode ranks whose metadata never
-// came (naming the first one this rank met, `met_decode(tp)`, else itself);
-// waiting for input, the application that sent no chunk.
-std::optional<DeadlineBreach> SenderDeadline(
-    const SenderRoom& room, SteadyTime now, const PhaseTimeouts& timeouts,
-    const std::function<std::optional<RankId>(int decode_tp)>& met_decode);
+// came (naming the first one SilentDecodeRank finds among the decode ranks
+// this rank met, `met_decode`, else itself, saying why when it could not
+// tell); waiting for input, the application that sent no chunk.
+std::optional<DeadlineBreach> SenderDeadline(const SenderRoom& room, SteadyTime now,
+                                             const PhaseTimeouts& timeouts,
+                                             const std::vector<RankId>& met_decode);
+
+// The decode rank at tp `decode_tp` whose metadata `room` still waits for,
+// among the ranks this rank met: of the same instance and dp as the decode
+// ranks whose metadata came, or, when none came, the only position met at
+// that tp. Several positions that could hold it (other dp ranks or
+// instances): none, and `unsure` says so; none met: neither.
+struct SilentDecode {
+  std::optional<RankId> rank;
+  std::string unsure;
+};
+SilentDecode SilentDecodeRank(const SenderRoom& room, int decode_tp,
+                              const std::vector<RankId>& met_decode);
 
 // Decode: a source's handshake that has not completed, as the room's
 // deadline tells it: the refusals (kRefusedAsDeclaredFailed) its prefill

@@ -6,6 +6,8 @@
 
 #include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace kvbridge::internal {
 namespace {
@@ -33,19 +35,20 @@ std::unique_ptr<SenderRoom> Sender(std::initializer_list<int> arrived) {
   return room;
 }
 
-// Decode tp ranks this prefill rank met (the others it never heard from).
-auto Met(std::map<int, RankId> met) {
-  return [met](int tp) -> std::optional<RankId> {
-    auto it = met.find(tp);
-    if (it == met.end()) return std::nullopt;
-    return it->second;
-  };
+// Decode ranks this prefill rank met (the others it never heard from).
+std::vector<RankId> Met(std::initializer_list<RankId> met) { return met; }
+
+RankId DecodeAt(int dp, int tp, std::string instance = "") {
+  RankId r = Rank(Role::kDecode, tp);
+  r.dp = dp;
+  r.instance = std::move(instance);
+  return r;
 }
 
 TEST(DeadlineRuleTest, MissingMetadataNamesTheFirstSilentDecodeRankThisRankMet) {
   auto held = Sender({0, 2});
   const SenderRoom& room = *held;
-  const auto met = Met({{3, Rank(Role::kDecode, 3)}});  // tp1 never met
+  const auto met = Met({Rank(Role::kDecode, 3)});  // tp1 never met
   EXPECT_FALSE(SenderDeadline(room, kT0 + kTimeouts.waiting, kTimeouts, met));
   auto b = SenderDeadline(room, kT0 + kTimeouts.waiting + milliseconds(1), kTimeouts, met);
   ASSERT_TRUE(b);
@@ -194,6 +197,48 @@ TEST(DeadlineRuleTest, AHandshakeNeverAnsweredNamesThatPrefillRank) {
   b = ReceiverDeadline(room, kT0 + milliseconds(30500), kTimeouts, pending);
   ASSERT_TRUE(b);
   EXPECT_EQ(b->detail, "handshake with prefill tp1 not completed in 30.5 s");
+}
+
+// Review finding (4): with several decode dp ranks or instances, a rank at
+// the silent tp was named whichever group it belonged to.
+TEST(DeadlineRuleTest, AMissingRankIsLookedForInTheGroupWhoseMetadataCame) {
+  auto room = std::make_unique<SenderRoom>(9, kT0, WallTime{});
+  room->expected_decode = {0, 1};
+  room->flows[0].decode = DecodeAt(1, 0, "b");  // decode[b] dp1 tp0 sent its metadata
+  // Met first: tp1 of dp0 and of instance a; the one that holds it is met last.
+  const auto met =
+      Met({DecodeAt(0, 1, "b"), DecodeAt(1, 1, "a"), DecodeAt(1, 0, "b"), DecodeAt(1, 1, "b")});
+  auto b = SenderDeadline(*room, kT0 + milliseconds(30001), kTimeouts, met);
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(b->origin);
+  EXPECT_EQ(b->origin->dp, 1);
+  EXPECT_EQ(b->origin->tp, 1);
+  EXPECT_EQ(b->origin->instance, "b");
+  EXPECT_EQ(b->detail, "no metadata from decode tp1 within 30.0 s");
+  // That rank never met: nobody else's rank is named in its place.
+  b = SenderDeadline(*room, kT0 + milliseconds(30001), kTimeouts,
+                     Met({DecodeAt(0, 1, "b"), DecodeAt(1, 1, "a")}));
+  ASSERT_TRUE(b);
+  EXPECT_FALSE(b->origin);
+}
+
+TEST(DeadlineRuleTest, NoMetadataAtAllAndSeveralCandidatesNamesNoneAndSaysWhy) {
+  auto room = std::make_unique<SenderRoom>(9, kT0, WallTime{});
+  room->expected_decode = {0};
+  RankId again = DecodeAt(1, 0);  // a second process of dp1 tp0 (it rejoined)
+  again.pid = 999;
+  auto b = SenderDeadline(*room, kT0 + milliseconds(30001), kTimeouts,
+                          Met({DecodeAt(0, 0), DecodeAt(1, 0), again}));
+  ASSERT_TRUE(b);
+  EXPECT_FALSE(b->origin);
+  EXPECT_EQ(b->detail,
+            "no metadata from decode tp0 within 30.0 s; this rank met 2 decode ranks at tp0 "
+            "(decode tp0, decode dp1 tp0) and cannot tell which one this request was for");
+  // One position (in two processes): that one is named.
+  b = SenderDeadline(*room, kT0 + milliseconds(30001), kTimeouts, Met({DecodeAt(1, 0), again}));
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(b->origin);
+  EXPECT_EQ(b->origin->dp, 1);
 }
 
 }  // namespace

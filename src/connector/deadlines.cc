@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "common/log.h"
 #include "connector/deadline_rule.h"
@@ -23,11 +24,11 @@ PhaseTimeouts TimeoutsOf(const ManagerOptions& o) {
 
 void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
   inbox_.Expire(now, opts_.waiting_timeout);
-  // The decode ranks this rank met, by tp (the first at each): a request
-  // whose metadata never came names the silent one when it was met.
-  std::map<int, RankId> met_decode;
+  // The decode ranks this rank met: a request whose metadata never came
+  // names the silent one when it can tell which (SilentDecodeRank).
+  std::vector<RankId> met_decode;
   for (auto& [key, peer] : peers_)
-    if (peer->id->role == Role::kDecode) met_decode.emplace(peer->id->tp, peer->id);
+    if (peer->id->role == Role::kDecode) met_decode.push_back(peer->id);
   for (auto& [id, sp] : senders_) {
     SenderRoom& room = *sp;
     if (room.failure) continue;
@@ -42,10 +43,7 @@ void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
         continue;
       }
     }
-    auto breach = SenderDeadline(room, now, TimeoutsOf(opts_), [&](int tp) {
-      auto it = met_decode.find(tp);
-      return it == met_decode.end() ? std::nullopt : std::optional<RankId>(it->second);
-    });
+    auto breach = SenderDeadline(room, now, TimeoutsOf(opts_), met_decode);
     if (!breach) continue;
     FailureRecord r = MakeRecord(breach->origin.value_or(Self()), FailureCause::kDeadlineExceeded,
                                  std::move(breach->detail), breach->phase, breach->mechanism);
