@@ -250,8 +250,10 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
 }
 
 void ManagerImpl::OnHelloProof(const RankId& from, const HelloProofMsg& p) {
-  PendingHello pending;
-  uint64_t own_incarnation = 0;
+  // The challenge stays pending until a proof checks out: anyone who saw
+  // the plain challenge can send a junk proof under its session, and the
+  // real one may still come.
+  std::string t;
   {
     MutexLock lock(mu_);
     auto it = pending_hellos_.find(p.session);
@@ -261,24 +263,26 @@ void ManagerImpl::OnHelloProof(const RankId& from, const HelloProofMsg& p) {
                       from.ToString()));
       return;
     }
-    pending = std::move(it->second);
-    pending_hellos_.erase(it);
-    // Tracked from here, in the same step: a failure the transport reports
-    // on the endpoint while the proof is checked is not lost between the
-    // two (NoPeersEndpointFailedLocked).
-    accepting_[pending.tpeer] = false;
-    own_incarnation = incarnation_.load();
+    t = HandshakeAuth::Transcript(it->second.digest, Self(), it->second.nonce, p.session);
   }
-  const std::string t = HandshakeAuth::Transcript(pending.digest, Self(), pending.nonce, p.session);
   Status verified = handshake_->Verify(Role::kDecode, t, p.proof, from.ToString());
   if (!verified.ok()) {
     DropUnauthenticated(verified.message());
-    {
-      MutexLock lock(mu_);
-      accepting_.erase(pending.tpeer);
-    }
-    transport_->Disconnect(pending.tpeer);
     return;
+  }
+  PendingHello pending;
+  uint64_t own_incarnation = 0;
+  {
+    MutexLock lock(mu_);
+    auto it = pending_hellos_.find(p.session);
+    if (it == pending_hellos_.end()) return;  // a second good proof, or expired meanwhile
+    pending = std::move(it->second);
+    pending_hellos_.erase(it);
+    // Tracked from here, in the same step: a failure the transport reports
+    // on the endpoint while the peer is accepted is not lost between the
+    // two (NoPeersEndpointFailedLocked).
+    accepting_[pending.tpeer] = false;
+    own_incarnation = incarnation_.load();
   }
   const SessionKeys keys = handshake_->Keys(t);
   const AuthTransport::Binding b{keys.prefill_to_decode, pending.hello.session,

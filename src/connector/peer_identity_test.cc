@@ -303,70 +303,108 @@ void WithImportableKeys(Transport& t, HelloMsg* hello) {
 // A handshake done right but under another secret is refused; the same
 // handshake under the deployment's secret is accepted (its answer opens
 // under the session it made), so the refusal is the secret's doing.
+// A rank that joins with its own AuthTransport and plays decode's side of
+// the handshake by hand, under `secret`.
+class Newcomer {
+ public:
+  Newcomer(TestCluster& c, KVManager& prefill, const RankId& as, HelloMsg keyed_hello)
+      : auth_(std::make_unique<AuthTransport>(
+            std::move(CreateLoopbackTransport(c.fabric(), "newcomer")).value())),
+        self_(as),
+        keyed_(std::move(keyed_hello)) {
+    auth_->SetAuthHandlers(
+        [&](std::string_view bytes, const RankId* proven) {
+          std::lock_guard<std::mutex> lock(mu_);
+          got_.emplace_back(std::string(bytes), proven != nullptr);
+          cv_.notify_all();
+        },
+        [](const Status&) {});
+    to_prefill_ = auth_->Connect(ManagerAccess::Of(prefill).transport().Address()).value();
+    WithImportableKeys(*auth_, &keyed_);
+  }
+  AuthTransport& auth() { return *auth_; }
+  // The next message received and whether it came sealed (fails the test
+  // after 30 s).
+  std::pair<Message, bool> Next() {
+    std::unique_lock<std::mutex> lock(mu_);
+    EXPECT_TRUE(cv_.wait_for(lock, std::chrono::seconds(30), [&] { return !got_.empty(); }));
+    if (got_.empty()) return {};
+    auto [bytes, sealed] = got_.front();
+    got_.pop_front();
+    return {std::move(DecodeMessage(bytes)).value(), sealed};
+  }
+  bool NothingReceived() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return got_.empty();
+  }
+  // Sends a new Hello and takes prefill's challenge: its transcript, and the
+  // session bound under `hs`'s keys.
+  struct Challenged {
+    HelloChallengeMsg challenge;
+    std::string transcript;
+  };
+  Challenged Hello(const HandshakeAuth& hs) {
+    HelloMsg hello = keyed_;
+    hello.address = auth_->Address();
+    hello.session = SecureRandomU64().value();
+    hello.nonce = NewNonce().value();
+    const std::string hello_bytes = EncodeMessage(self_, hello);
+    EXPECT_TRUE(auth_->SendPlain(to_prefill_, hello_bytes).ok());
+    auto [answer, sealed] = Next();
+    const auto* c = std::get_if<HelloChallengeMsg>(&answer.body);
+    EXPECT_NE(c, nullptr) << MessageTypeName(answer.body);
+    EXPECT_FALSE(sealed);
+    if (c == nullptr) return {};
+    Challenged out{
+        *c, HandshakeAuth::Transcript(Sha256(hello_bytes), answer.from, c->nonce, c->session)};
+    const SessionKeys k = hs.Keys(out.transcript);
+    // Where prefill's answer comes from: the endpoint it connected back on
+    // is the one bound below (any endpoint of ours: the session id routes).
+    auth_->Bind(to_prefill_,
+                {k.decode_to_prefill, c->session, k.prefill_to_decode, hello.session, answer.from});
+    prefill_ = answer.from;
+    return out;
+  }
+  void Prove(const Challenged& c, const Digest& proof) {
+    ASSERT_TRUE(auth_
+                    ->SendPlain(to_prefill_,
+                                EncodeMessage(self_, HelloProofMsg{c.challenge.session, proof}))
+                    .ok());
+  }
+  const RankId& self() const { return self_; }
+
+ private:
+  std::unique_ptr<AuthTransport> auth_;
+  RankId self_;
+  HelloMsg keyed_;
+  PeerId to_prefill_ = 0;
+  RankId prefill_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::string, bool>> got_;  // bytes, sealed
+};
+
 TEST_F(PeerIdentityTest, HandshakeUnderAnotherSecretIsRefusedUnderTheRightOneAccepted) {
   const PeerId endpoint = PrefillEndpointToDecode();
-  auto auth = std::make_unique<AuthTransport>(
-      std::move(CreateLoopbackTransport(cluster_->fabric(), "newcomer")).value());
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::pair<std::string, bool>> got;  // bytes, sealed
-  auth->SetAuthHandlers(
-      [&](std::string_view bytes, const RankId* proven) {
-        std::lock_guard<std::mutex> lock(mu);
-        got.emplace_back(std::string(bytes), proven != nullptr);
-        cv.notify_all();
-      },
-      [](const Status&) {});
-  auto next = [&]() -> std::pair<Message, bool> {
-    std::unique_lock<std::mutex> lock(mu);
-    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return !got.empty(); }));
-    if (got.empty()) return {};
-    auto [bytes, sealed] = got.front();
-    got.pop_front();
-    return {std::move(DecodeMessage(bytes)).value(), sealed};
-  };
-  const PeerId to_prefill =
-      auth->Connect(ManagerAccess::Of(prefill()).transport().Address()).value();
-  RankId newcomer = decode().self();
-  newcomer.instance = "newcomer";
-  newcomer.incarnation = 99;
-  HelloMsg keyed = ForgedHello();
-  WithImportableKeys(*auth, &keyed);
+  RankId as = decode().self();
+  as.instance = "newcomer";
+  as.incarnation = 99;
+  Newcomer newcomer(*cluster_, prefill(), as, ForgedHello());
   for (const std::string& secret :
        {std::string("another deployment's secret"), AuthTokenFromEnvironment()}) {
     SCOPED_TRACE(secret == AuthTokenFromEnvironment() ? "the deployment's secret" : "another");
     HandshakeAuth hs(secret);
-    HelloMsg hello = keyed;
-    hello.address = auth->Address();
-    hello.session = SecureRandomU64().value();
-    hello.nonce = NewNonce().value();
-    const std::string hello_bytes = EncodeMessage(newcomer, hello);
-    ASSERT_TRUE(auth->SendPlain(to_prefill, hello_bytes).ok());
-    auto [answer, sealed] = next();
-    const auto* c = std::get_if<HelloChallengeMsg>(&answer.body);
-    ASSERT_NE(c, nullptr) << MessageTypeName(answer.body);
-    EXPECT_FALSE(sealed);
-    const std::string t =
-        HandshakeAuth::Transcript(Sha256(hello_bytes), answer.from, c->nonce, c->session);
-    EXPECT_EQ(hs.Verify(Role::kPrefill, t, c->proof, "prefill tp0").ok(),
+    const Newcomer::Challenged c = newcomer.Hello(hs);
+    EXPECT_EQ(hs.Verify(Role::kPrefill, c.transcript, c.challenge.proof, "prefill tp0").ok(),
               secret == AuthTokenFromEnvironment());
-    const SessionKeys k = hs.Keys(t);
-    // Where prefill's answer comes from: the endpoint it connected back on
-    // is the one bound below (any endpoint of ours: the session id routes).
-    auth->Bind(to_prefill,
-               {k.decode_to_prefill, c->session, k.prefill_to_decode, hello.session, answer.from});
     const uint64_t p0 = Dropped(prefill());
-    ASSERT_TRUE(auth->SendPlain(to_prefill,
-                                EncodeMessage(newcomer, HelloProofMsg{c->session,
-                                                                      hs.Prove(Role::kDecode, t)}))
-                    .ok());
+    ASSERT_NO_FATAL_FAILURE(newcomer.Prove(c, hs.Prove(Role::kDecode, c.transcript)));
     if (secret != AuthTokenFromEnvironment()) {
       ASSERT_TRUE(WaitFor([&] { return Dropped(prefill()) == p0 + 1; }));
-      std::lock_guard<std::mutex> lock(mu);
-      EXPECT_TRUE(got.empty()) << "prefill answered a proof under another secret";
+      EXPECT_TRUE(newcomer.NothingReceived()) << "prefill answered a proof under another secret";
       continue;
     }
-    auto [ack, ack_sealed] = next();
+    auto [ack, ack_sealed] = newcomer.Next();
     const auto* verdict = std::get_if<HelloAckMsg>(&ack.body);
     ASSERT_NE(verdict, nullptr) << MessageTypeName(ack.body);
     EXPECT_EQ(verdict->code, StatusCode::kOk) << verdict->message;
@@ -374,6 +412,29 @@ TEST_F(PeerIdentityTest, HandshakeUnderAnotherSecretIsRefusedUnderTheRightOneAcc
     EXPECT_EQ(Dropped(prefill()), p0);
   }
   ExpectRealDecodePeer(endpoint);
+}
+
+// Review finding: prefill took a pending challenge off its table before
+// checking the proof, so anyone who saw the plain challenge could answer it
+// with junk first and the real proof then answered nothing. The challenge
+// now stays until a proof checks out.
+TEST_F(PeerIdentityTest, AJunkProofDoesNotUseUpTheChallengeOfTheRealOne) {
+  RankId as = decode().self();
+  as.instance = "newcomer";
+  as.incarnation = 99;
+  Newcomer newcomer(*cluster_, prefill(), as, ForgedHello());
+  HandshakeAuth hs(AuthTokenFromEnvironment());
+  const Newcomer::Challenged c = newcomer.Hello(hs);
+  const uint64_t p0 = Dropped(prefill());
+  intruder_->Send(prefill(), EncodeMessage(as, HelloProofMsg{c.challenge.session, Digest{}}));
+  ASSERT_TRUE(WaitFor([&] { return Dropped(prefill()) == p0 + 1; }));
+  ASSERT_NO_FATAL_FAILURE(newcomer.Prove(c, hs.Prove(Role::kDecode, c.transcript)));
+  auto [ack, ack_sealed] = newcomer.Next();
+  const auto* verdict = std::get_if<HelloAckMsg>(&ack.body);
+  ASSERT_NE(verdict, nullptr) << MessageTypeName(ack.body);
+  EXPECT_EQ(verdict->code, StatusCode::kOk) << verdict->message;
+  EXPECT_TRUE(ack_sealed);
+  EXPECT_EQ(Dropped(prefill()), p0 + 1);
 }
 
 // A handshake recorded on the wire and replayed: the Hello earns a new
