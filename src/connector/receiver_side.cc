@@ -493,6 +493,19 @@ void ManagerImpl::OnPrefillRoomFailed(const RankId& from, const RoomFailedMsg& m
   }
   ReceiverRoom& room = *it->second;
   const std::string key = PeerKey(from);
+  // Only a source of this request may fail it here (others reach it
+  // relayed, checked above, or through the registry): a prefill rank of
+  // another dp or instance that learned the generation has no part in it.
+  const bool source =
+      std::any_of(room.sources.begin(), room.sources.end(), [&](const ReceiverSource& s) {
+        return s.peer_key == key && s.prefill->incarnation == from.incarnation;
+      });
+  if (!source) {
+    ++invalid_dropped_;
+    KVB_LOG_WARN("dropping a failure of room {} from {}: not a source of that request", msg.room,
+                 from.ToString());
+    return;
+  }
   for (ReceiverSource& s : room.sources) {
     if (s.peer_key != key) continue;
     s.told = true;

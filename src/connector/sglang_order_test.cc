@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "connector/connector_test_util.h"
+#include "connector/protocol.h"
 #include "transport/fault/fault_transport.h"
 
 namespace kvbridge::internal {
@@ -332,6 +333,46 @@ TEST(SglangOrderTest, APrefillRankWhoseEndpointDoesNotAnswerIsNamedNotTheRegistr
   EXPECT_EQ(got.detail.find("bootstrap server 127.0.0.1:" + std::to_string(dead_port)),
             std::string::npos)
       << got.Message();
+}
+
+// A prefill rank decode met but does not read this request from (with
+// sglang's server, every rank of the dp is met as a witness) could fail the
+// request with a record of its choosing: decode took a RoomFailed with the
+// right generation from anyone. Only the request's sources are taken now.
+TEST(SglangOrderTest, APrefillRankThatIsNotASourceCannotFailTheRequest) {
+  ClusterOptions o;
+  o.sglang_server = true;
+  o.prefill_tp = 2;
+  o.decode_tp = 2;
+  o.tweak = TolerantLiveness;
+  auto made = TestCluster::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  TestCluster& c = **made;
+  Request r{.room = 5, .src = {1, 2}, .dst = {3, 4}};
+  ASSERT_NO_FATAL_FAILURE(Start(c, r, false));
+  KVManager& decode = *c.decode[0].manager;
+  KVManager& other = *c.prefill[1].manager;  // decode tp0 reads from prefill tp0 only
+  FailureRecord forged;
+  forged.room = r.room;
+  forged.origin = other.self();
+  forged.cause = FailureCause::kAborted;
+  forged.detail = "not this rank's to say";
+  ASSERT_TRUE(WaitFor([&] {  // the witness's handshake may still be under way
+    auto p = PeerAt(ManagerAccess::Of(other), decode.self());
+    return p && p->ready;
+  }));
+  const uint64_t before = decode.Stats().invalid_messages_dropped;
+  ASSERT_TRUE(ManagerAccess::Of(other)
+                  .transport()
+                  .SendMessage(ProvenEndpoint(other, decode.self()),
+                               EncodeMessage(other.self(),
+                                             RoomFailedMsg{r.room, r.receivers[0]->generation(),
+                                                           false, forged}))
+                  .ok());
+  ASSERT_TRUE(WaitFor([&] { return decode.Stats().invalid_messages_dropped == before + 1; }));
+  EXPECT_NE(r.receivers[0]->Poll(), KVPoll::kFailed) << r.receivers[0]->Failure()->Message();
+  ASSERT_NO_FATAL_FAILURE(SendChunks(r, {2}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(c, r));
 }
 
 }  // namespace
