@@ -4,6 +4,8 @@
 // instance; the other instance keeps serving.
 #include <gtest/gtest.h>
 
+#include "connector/connector_test_util.h"
+#include "connector/protocol.h"
 #include "connector/test_cluster.h"
 
 namespace kvbridge::internal {
@@ -149,6 +151,70 @@ TEST(DecodeInstancesTest, AFailedRankFailsOnlyItsOwnInstance) {
   Open(c.prefill(), again);
   SendAndExpectDelivered(again);
   for (auto& d : c.a()) EXPECT_EQ(d.manager->Stats().rooms_failed, 0u);
+}
+
+// Room ids are the application's; a request is read by one decode instance
+// and dp (the one whose metadata came first). Another instance's metadata
+// for the same room id took the request's missing tp1 flow (prefill would
+// have written a's KV into b's pages), and its failure notice failed a's
+// request. Now b's request is refused, saying why, and a's goes through.
+TEST(DecodeInstancesTest, AnotherInstanceUsingTheSameRoomIdChangesNothingInTheRequest) {
+  TwoDecodeInstances c;
+  ASSERT_TRUE(c.Start().ok());
+  KVManager& prefill = *c.prefill().manager;
+  Request ra(7, &c.a());
+  ra.sender = std::move(KVSender::Create(prefill, ra.room)).value();
+  c.prefill().pool->Fill(ra.room, ra.src, ra.src_aux, {});
+  auto open = [](ClusterRank& d, Request& r) {
+    r.receivers.push_back(std::move(KVReceiver::Create(*d.manager, r.room)).value());
+    ASSERT_TRUE(r.receivers.back()->Init(0).ok());
+    ASSERT_TRUE(r.receivers.back()->SendMetadata(r.dst, 0, {}).ok());
+  };
+  ASSERT_NO_FATAL_FAILURE(open(c.a()[0], ra));
+  ASSERT_TRUE(WaitFor([&] { return ra.sender->DecodePrefixPages() != -1; }));  // a tp0's came
+
+  const std::vector<int32_t> b_pages{40, 41, 42, 43};
+  c.b[1].pool->Scrub(b_pages, 0xAB);
+  Request rb(7, &c.b);
+  rb.dst = b_pages;
+  ASSERT_NO_FATAL_FAILURE(open(c.b[1], rb));
+  ASSERT_TRUE(WaitFor([&] { return rb.receivers[0]->Poll() == KVPoll::kFailed; }))
+      << KVPollName(rb.receivers[0]->Poll());
+  const FailureRecord why = *rb.receivers[0]->Failure();
+  EXPECT_EQ(why.cause, FailureCause::kInvalidRequest);
+  EXPECT_TRUE(why.origin.SameRank(prefill.self())) << why.Message();
+  EXPECT_NE(why.detail.find("room 7 is already a request of decode[a] dp0"), std::string::npos)
+      << why.Message();
+  // b tp1's own failure notice for that room, as it sends one: then a
+  // barrier on the same ordered endpoint (metadata for a room with no
+  // sender is held once the notice before it was handled).
+  Transport& t = ManagerAccess::Of(*c.b[1].manager).transport();
+  const PeerId to_prefill = ProvenEndpoint(*c.b[1].manager, prefill.self());
+  FailureRecord aborted = why;
+  aborted.origin = c.b[1].manager->self();
+  aborted.cause = FailureCause::kAborted;
+  ASSERT_TRUE(
+      t.SendMessage(to_prefill,
+                    EncodeMessage(c.b[1].manager->self(),
+                                  RoomFailedMsg{7, rb.receivers[0]->generation(), false, aborted}))
+          .ok());
+  MetaMsg marker;
+  marker.room = 99;
+  marker.generation = 1;
+  marker.decode_tp_size = 2;
+  marker.pages = {50};
+  ASSERT_TRUE(t.SendMessage(to_prefill, EncodeMessage(c.b[1].manager->self(), marker)).ok());
+  ASSERT_TRUE(WaitFor([&] { return prefill.Stats().pending_metadata == 1u; }));
+  EXPECT_EQ(ra.sender->Poll(), KVPoll::kBootstrapping)
+      << (ra.sender->Failure() ? ra.sender->Failure()->Message() : "");
+
+  ASSERT_NO_FATAL_FAILURE(open(c.a()[1], ra));
+  ASSERT_TRUE(WaitFor([&] { return ra.sender->Poll() == KVPoll::kWaitingForInput; }))
+      << KVPollName(ra.sender->Poll())
+      << (ra.sender->Failure() ? ": " + ra.sender->Failure()->Message() : "");
+  ASSERT_TRUE(ra.sender->Init(ra.src.size(), ra.src_aux).ok());
+  SendAndExpectDelivered(ra);
+  EXPECT_TRUE(c.b[1].pool->PagesHold(b_pages, 0xAB));
 }
 
 TEST(DecodeInstancesTest, AnInstanceIdOutsideTheAllowedCharactersIsRefused) {

@@ -23,6 +23,12 @@ bool RankFailureTouches(const RankId& origin, bool sibling, const SenderRoom& ro
   return false;
 }
 
+bool OfRoomDecodeGroup(const SenderRoom& room, const RankId& from) {
+  if (room.flows.empty()) return true;
+  const RankId& group = room.flows.begin()->second.decode;
+  return from.dp == group.dp && from.instance == group.instance;
+}
+
 bool RankFailureTouches(const RankId& origin, bool sibling, const ReceiverRoom& room) {
   if (sibling) return true;
   return origin.role == Role::kPrefill && room.initialized && room.prefill_dp_rank == origin.dp;

@@ -39,6 +39,12 @@ RankFailureAction JudgeRankFailure(const FailureRecord& record, const RankFailur
 // request with metadata from a decode rank of its instance and dp; on
 // decode, an initialized request that reads from its dp (a prefill rank).
 bool RankFailureTouches(const RankId& origin, bool sibling, const SenderRoom& room);
+
+// Prefill: whether decode rank `from` takes part in `room`'s request. A
+// request is read by one decode instance and dp: the one of its first
+// metadata; before any came, any. Metadata or a failure notice from
+// another is not about this request and changes nothing in it.
+bool OfRoomDecodeGroup(const SenderRoom& room, const RankId& from);
 bool RankFailureTouches(const RankId& origin, bool sibling, const ReceiverRoom& room);
 
 }  // namespace kvbridge::internal

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "connector/manager_impl.h"
+#include "connector/rank_failure_rule.h"
 
 namespace kvbridge::internal {
 
@@ -32,6 +33,7 @@ void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& ms
   if (peer == nullptr) return;
   SenderRoom* owner = nullptr;
   SenderFlow* flow = FlowOfLocked(msg.room, from.tp, msg.generation, &owner);
+  if (flow != nullptr && !OfRoomDecodeGroup(*owner, from)) flow = nullptr;  // another group's
   if (flow == nullptr) {
     // About a request a released sender served (nothing of it is in
     // flight: FlowOfLocked found none): the room's next use is not its
@@ -44,7 +46,8 @@ void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& ms
     // request's: decode failed it before (or without) sending metadata, so
     // none will come. It fails now with decode's reason instead of waiting
     // for its deadline.
-    if (!closed && it != senders_.end() && it->second->live && !it->second->flows.count(from.tp)) {
+    if (!closed && it != senders_.end() && it->second->live && !it->second->flows.count(from.tp) &&
+        OfRoomDecodeGroup(*it->second, from)) {
       SenderRoom& room = *it->second;
       room.aborted_generations[from.tp] = msg.generation;
       FailSenderLocked(room, msg.record, out);

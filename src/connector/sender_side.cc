@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "connector/manager_impl.h"
+#include "connector/rank_failure_rule.h"
 
 namespace kvbridge::internal {
 
@@ -434,6 +435,22 @@ void ManagerImpl::OnMeta(const RankId& from, MetaMsg meta, Outbox& out) {
 void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg meta, Outbox& out) {
   Peer* peer = PeerFromLocked(from);
   if (peer == nullptr || peer->failed) return;
+  if (!OfRoomDecodeGroup(room, from)) {
+    // The room id of a request another decode instance or dp reads here:
+    // that rank's request is refused, this one goes on unchanged.
+    ++invalid_dropped_;
+    const RankId& group = room.flows.begin()->second.decode;
+    FailureRecord r = MakeRecord(
+        Self(), FailureCause::kInvalidRequest,
+        fmt::format("room {} is already a request of {} dp{} on this rank; room ids must be "
+                    "unique across decode instances and dp ranks",
+                    room.room, group.instance.empty() ? "decode" : "decode[" + group.instance + "]",
+                    group.dp),
+        Phase::kWaitingForMetadata, "metadata check");
+    r.generation = meta.generation;
+    Send(out, *peer, RoomFailedMsg{room.room, meta.generation, true, std::move(r)});
+    return;
+  }
   auto existing = room.flows.find(from.tp);
   if (existing != room.flows.end()) {
     if (existing->second.meta.generation != meta.generation) {
