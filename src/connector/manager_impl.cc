@@ -9,6 +9,7 @@
 #include "common/process.h"
 #include "connector/hello_rule.h"
 #include "connector/layout_json.h"
+#include "connector/relay_rule.h"
 #include "connector/room_failure_rule.h"
 #include "control/auth.h"
 #include "control/record_json.h"
@@ -480,6 +481,7 @@ void ManagerImpl::OnMessage(std::string_view bytes, const RankId* proven) {
           } else if constexpr (std::is_same_v<T, NotifyMsg>) {
             OnNotify(m.from, body, out);
           } else if constexpr (std::is_same_v<T, RoomFailedMsg>) {
+            body.record = AsTakenFromPeer(std::move(body.record), m.from, Self(), WallNow());
             if (opts_.role == Role::kPrefill) {
               OnDecodeRoomFailed(m.from, body, out);
             } else {
@@ -488,7 +490,7 @@ void ManagerImpl::OnMessage(std::string_view bytes, const RankId* proven) {
           } else if constexpr (std::is_same_v<T, QuiescedMsg>) {
             OnQuiesced(m.from, body, out);
           } else if constexpr (std::is_same_v<T, RankFailedMsg>) {
-            ApplyRankFailureLocked(body.record, out);
+            ApplyRankFailureLocked(AsTakenFromPeer(body.record, m.from, Self(), WallNow()), out);
           }
         },
         m.body);

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "common/clock.h"
 #include "connector/protocol.h"
 #include "connector/rooms.h"
 
@@ -29,5 +30,14 @@ std::optional<std::string> RoomRecordRefusal(const RoomFailedMsg& msg);
 // group poll only.
 std::optional<std::string> RelayedRecordRefusal(const RankId& from, const RoomFailedMsg& msg,
                                                 const ReceiverRoom* room);
+
+// A record as this rank takes it from peer `from` (any message that
+// carries one). Its fields are the sender's word: one that says this
+// process detected it is not this process's finding (an echo or a forgery:
+// it would be published to the registry as this rank's own) and is kept as
+// `from`'s; a detection time after `now` is taken as `now` (a record from
+// the future would match every later use of its room id, SameRequest).
+FailureRecord AsTakenFromPeer(FailureRecord r, const RankId& from, const RankId& self,
+                              WallTime now);
 
 }  // namespace kvbridge::internal

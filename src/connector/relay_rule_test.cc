@@ -89,5 +89,35 @@ TEST(RelayRuleTest, ADecodeRankIsNoRelay) {
   EXPECT_NE(why->find("is not a prefill rank"), std::string::npos) << *why;
 }
 
+// Review finding: a record's fields are the sender's word. One that said
+// this process detected it was published to the registry as this rank's
+// own finding; one detected in the future matched every later use of its
+// room id.
+TEST(RecordFromPeerTest, ADetectionClaimedForThisProcessIsKeptAsTheSendersAndTheFutureIsNow) {
+  RankId self = Prefill(0, 0);
+  self.pid = 10;
+  self.incarnation = 7;
+  RankId peer;
+  peer.role = Role::kDecode;
+  peer.tp = 1;
+  peer.pid = 20;
+  const WallTime now = WallTime{} + std::chrono::hours(1000);
+  FailureRecord r = Relayed(5).record;
+  r.detected_by = self;
+  r.detected_at = now + std::chrono::hours(24 * 365);
+  const FailureRecord taken = AsTakenFromPeer(r, peer, self, now);
+  EXPECT_TRUE(taken.detected_by.SameRank(peer));
+  EXPECT_EQ(taken.detected_by.pid, 20);
+  EXPECT_EQ(taken.detected_at, now);
+  // Another process at this position (an earlier incarnation), and a time
+  // already past: kept as they are.
+  r.detected_by.incarnation = 6;
+  r.detected_at = now - std::chrono::seconds(3);
+  const FailureRecord kept = AsTakenFromPeer(r, peer, self, now);
+  EXPECT_EQ(kept.detected_by.incarnation, 6u);
+  EXPECT_TRUE(kept.detected_by.SameRank(self));
+  EXPECT_EQ(kept.detected_at, now - std::chrono::seconds(3));
+}
+
 }  // namespace
 }  // namespace kvbridge::internal
