@@ -9,6 +9,7 @@
 #include "connector/manager_impl.h"
 #include "connector/rank_failure_rule.h"
 #include "connector/relay_rule.h"
+#include "connector/room_failure_rule.h"
 #include "control/record_json.h"
 
 namespace kvbridge::internal {
@@ -147,7 +148,7 @@ FailureRecord ManagerImpl::GroupFailure(const Room& room) {
                    fmt::format("{}; no record of why reached {} within {} ms (from its peers or "
                                "the registry at {})",
                                where, self_.ShortName(), wait.count(), registry_->address()),
-                   Phase::kTransferring, "group poll");
+                   Phase::kTransferring, kGroupPollMechanism);
     r.hint = "look at the other ranks' errors for this room";
   }
   r.room = room.room;

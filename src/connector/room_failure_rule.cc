@@ -12,7 +12,8 @@ std::optional<FailureRecord> RoomFailure(KVPoll poll, bool failed, uint64_t room
 }
 
 bool PublishesRoomRecord(const FailureRecord& record, bool detected_by_this_process) {
-  return !IsRankFailure(record.cause) && detected_by_this_process;
+  return !IsRankFailure(record.cause) && detected_by_this_process &&
+         record.mechanism != kGroupPollMechanism;
 }
 
 }  // namespace kvbridge::internal

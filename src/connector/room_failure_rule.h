@@ -18,10 +18,16 @@ namespace kvbridge::internal {
 std::optional<FailureRecord> RoomFailure(KVPoll poll, bool failed, uint64_t room, Phase phase,
                                          const FailureRecord& record);
 
+// The mechanism of the record a rank makes up when its group failed a
+// request and no record of why reached it (ManagerImpl::GroupFailure).
+inline constexpr char kGroupPollMechanism[] = "group poll";
+
 // Whether this rank publishes the room's record for the request's other
 // ranks: a request's own failure (bad input, abort, layout, deadline)
 // detected by this very process. A rank's failure is published once, by
-// whoever detected it.
+// whoever detected it. A record made up by the group poll is not a finding:
+// published, it would reach the other ranks as this rank's own abort and
+// could stand first in place of the real record still on its way.
 bool PublishesRoomRecord(const FailureRecord& record, bool detected_by_this_process);
 
 }  // namespace kvbridge::internal

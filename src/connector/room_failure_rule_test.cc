@@ -45,6 +45,10 @@ TEST(RoomFailureRuleTest, ARequestsOwnFailureDetectedHereTravels) {
       << "a record heard from another rank is not published again";
   EXPECT_FALSE(PublishesRoomRecord(Record(FailureCause::kPeerExited, Phase::kTransferring), true))
       << "a rank's failure is published once, as the rank's";
+  FailureRecord made_up = Record(FailureCause::kAborted, Phase::kTransferring);
+  made_up.mechanism = kGroupPollMechanism;
+  EXPECT_FALSE(PublishesRoomRecord(made_up, true))
+      << "the group poll's record when none reached this rank is not a finding of its own";
 }
 
 }  // namespace
