@@ -48,7 +48,7 @@ Result<std::string> AuthTransport::SealFor(PeerId peer, SealLane lane, std::stri
       return FailedPreconditionError(
           fmt::format("peer {}: no authenticated session (its handshake has not completed)", peer));
     key = it->second.key;
-    h.lane = lane;
+    h.lane = shared == shared_.end() ? lane : SealLane::kSecond;
     h.session = it->second.remote_session;
     h.seq = it->second.next_seq[static_cast<int>(lane)]++;
   }

@@ -95,8 +95,12 @@ class HandshakeAuth {
 // (protocol.h); a sealed one with "KVBS".
 inline constexpr size_t kSealHeaderBytes = 4 + 1 + 8 + 8;
 inline constexpr size_t kSealTagBytes = 16;
-enum class SealLane : uint8_t { kOrdered = 0, kUnfenced = 1, kUrgent = 2 };
-inline constexpr int kSealLanes = 3;
+// kSecond: whatever is sent on an endpoint shared with the session's main
+// one (AuthTransport::Share: heartbeats). It is its own connection, so its
+// messages arrive in their own order, and a beat there must not move a
+// main lane's window past a burst still queued behind writes.
+enum class SealLane : uint8_t { kOrdered = 0, kUnfenced = 1, kUrgent = 2, kSecond = 3 };
+inline constexpr int kSealLanes = 4;
 
 struct SealedHeader {
   SealLane lane = SealLane::kOrdered;

@@ -11,9 +11,12 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "connector/auth_transport.h"
 #include "transport/forwarding_transport.h"
@@ -196,7 +199,8 @@ struct Inbox {
 class AuthTransportTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto fabric = std::make_shared<LoopbackFabric>();
+    fabric_ = std::make_shared<LoopbackFabric>();
+    const auto& fabric = fabric_;
     receiver_ = std::make_unique<AuthTransport>(
         std::move(CreateLoopbackTransport(fabric, "receiver")).value());
     inbox_.Install(*receiver_);
@@ -212,6 +216,7 @@ class AuthTransportTest : public ::testing::Test {
     receiver_->Bind(back_, {KeyOf(2), 0x51, KeyOf(1), 0x52, Prefill()});
   }
 
+  std::shared_ptr<LoopbackFabric> fabric_;
   std::unique_ptr<AuthTransport> receiver_, sender_;
   std::unique_ptr<Transport> raw_;
   Inbox inbox_;
@@ -303,6 +308,48 @@ TEST_F(AuthTransportTest, ASharedEndpointSealsUnderItsMainSessionWithoutReusingN
   // Gone with its main endpoint.
   sender_->Disconnect(to_receiver_);
   EXPECT_EQ(sender_->SendUrgentMessage(beat, "late").code(), StatusCode::kFailedPrecondition);
+}
+
+// Keeps the urgent messages sent through it, by endpoint, instead of
+// sending them: a test delivers them in the order a network could.
+class KeepUrgent final : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  Status SendUrgentMessage(PeerId p, std::string payload) override {
+    kept[p].push_back(std::move(payload));
+    return Status();
+  }
+  std::map<PeerId, std::vector<std::string>> kept;
+};
+
+// Review finding: the heartbeat endpoint took its numbers from the main
+// endpoint's urgent lane. A burst of urgent notices queued behind writes on
+// the main connection, overtaken by the next beat on the idle one, was cut
+// by the replay window: the first of the burst were refused as too old.
+TEST_F(AuthTransportTest, ABeatThatOvertakesABurstOnTheMainEndpointCutsNothingFromIt) {
+  auto keep = std::make_unique<KeepUrgent>(
+      std::move(CreateLoopbackTransport(fabric_, "burst sender")).value());
+  KeepUrgent& wire = *keep;
+  AuthTransport sender(std::move(keep));
+  sender.SetAuthHandlers([](std::string_view, const RankId*) {}, [](const Status&) {});
+  const PeerId main = sender.Connect(receiver_->Address()).value();
+  const PeerId beat = sender.Connect(receiver_->Address()).value();
+  sender.Bind(main, {KeyOf(1), 0x52, KeyOf(2), 0x51, RankId{}});
+  sender.Share(beat, main);
+  constexpr size_t kBurst = ReplayWindow::kReplayWindow + 76;
+  for (size_t i = 0; i < kBurst; ++i) ASSERT_TRUE(sender.SendUrgentMessage(main, "notice").ok());
+  ASSERT_TRUE(sender.SendUrgentMessage(beat, "beat").ok());
+  ASSERT_EQ(wire.kept[main].size(), kBurst);
+  ASSERT_EQ(wire.kept[beat].size(), 1u);
+  // The beat arrives first, then the burst.
+  ASSERT_TRUE(raw_->SendMessage(raw_to_receiver_, wire.kept[beat][0]).ok());
+  for (const std::string& bytes : wire.kept[main])
+    ASSERT_TRUE(raw_->SendMessage(raw_to_receiver_, bytes).ok());
+  ASSERT_TRUE(inbox_.WaitTotal(kBurst + 1));
+  std::lock_guard<std::mutex> lock(inbox_.mu);
+  EXPECT_EQ(inbox_.got.size(), kBurst + 1);
+  EXPECT_TRUE(inbox_.refused.empty())
+      << inbox_.refused.size() << " refused, the first: " << inbox_.refused[0].ToString();
 }
 
 // Forwards everything to `inner`, except that the first SendMessage waits
