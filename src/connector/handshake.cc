@@ -244,6 +244,18 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
   }
   // Bound before the proof leaves: prefill's sealed answer can come at once.
   auth_->Bind(tpeer, b);
+  bool swapped = false;
+  {
+    // A retry may have swapped and closed this endpoint meanwhile
+    // (RetryHello): a binding made after its close would stay for good.
+    MutexLock lock(mu_);
+    const Peer* p = FindPeerLocked(PeerKey(from));
+    swapped = p == nullptr || p->tpeer != tpeer;
+  }
+  if (swapped) {
+    transport_->Disconnect(tpeer);  // forgets the binding; the retry's Hello goes on
+    return;
+  }
   Status sent = auth_->SendPlain(tpeer, EncodeMessage(Self(), HelloProofMsg{c.session, proof}));
   if (!sent.ok())
     KVB_LOG_WARN("handshake with {}: proof not sent: {}", from.ShortName(), sent.ToString());
