@@ -2,7 +2,7 @@
 # Installs the Debian packages kvbridge needs, only those that are missing.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config ccache clang-format libucx-dev ucx-utils nlohmann-json3-dev
-      libcpp-httplib-dev libcli11-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev
+      libcpp-httplib-dev libhttp-parser-dev libcli11-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev
       libbenchmark-dev prometheus-cpp-dev libssl-dev pybind11-dev python3-dev python3-pytest python3-numpy etcd-server
       etcd-client iproute2 procps clang libclang-rt-14-dev)
 # Hosts in network namespaces and their faults (tests/integration/netns):

@@ -1,0 +1,260 @@
+// HttpCall against servers that write hostile bytes: each bound holds as
+// soon as it is passed, the rest is not read (the server sees the client
+// go), and a trickling server does not hold a call past its deadline.
+#include "control/http_client.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+#include "control/hostile_server_test_util.h"
+#include "control/registry.h"
+
+namespace kvbridge::internal {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+using testing::HostilePeer;
+using testing::HostileServer;
+
+constexpr size_t kMiB = size_t{1} << 20;
+// What a hostile server offers: far more than any bound.
+constexpr size_t kFlood = 64 * kMiB;
+// What it may get to send before the client has gone: the client's reads
+// up to the bound plus the kernels' socket buffers.
+constexpr size_t kMaxSentBeforeClose = 8 * kMiB;
+
+HttpCallRequest Get(int port) {
+  HttpCallRequest r;
+  r.host = "127.0.0.1";
+  r.port = port;
+  r.method = "GET";
+  r.target = "/kvbridge/rank_record";
+  r.wanted_headers = {kRankCredentialHeader};
+  return r;
+}
+
+HttpCallOptions Within(milliseconds timeout, size_t max_body = kMiB) {
+  HttpCallOptions o;
+  o.connect_timeout = milliseconds(1000);
+  o.deadline = Clock::now() + timeout;
+  o.max_body = max_body;
+  return o;
+}
+
+struct Outcome {
+  Result<HttpAnswer> answer;
+  HttpCallFailure failure;
+};
+
+// Records what a hostile server got to send (in the test's XML output).
+void RecordSent(const HostileServer& server) {
+  ::testing::Test::RecordProperty("sent_bytes", std::to_string(server.sent()));
+}
+
+Outcome Call(int port, milliseconds timeout = milliseconds(5000), size_t max_body = kMiB) {
+  HttpCallFailure failure = HttpCallFailure::kNone;
+  Result<HttpAnswer> a = HttpCall(Get(port), Within(timeout, max_body), &failure);
+  return Outcome{std::move(a), failure};
+}
+
+TEST(HttpClientHostileTest, AnEndlessStatusLineIsCutOffAtTheHeadBound) {
+  HostileServer server([](HostilePeer& p) {
+    if (p.Send("HTTP/1.1 200 OK")) p.SendFill(kFlood);
+  });
+  Outcome o = Call(server.port());
+  server.Join();
+  RecordSent(server);
+  ASSERT_FALSE(o.answer.ok());
+  EXPECT_EQ(o.failure, HttpCallFailure::kBadAnswer) << o.answer.status().ToString();
+  EXPECT_EQ(o.answer.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(o.answer.status().message().find("head"), std::string::npos)
+      << o.answer.status().message();
+  EXPECT_LT(server.sent(), kMaxSentBeforeClose);
+}
+
+TEST(HttpClientHostileTest, AnEndlessHeaderLineIsCutOffAtTheHeadBound) {
+  HostileServer server([](HostilePeer& p) {
+    if (p.Send("HTTP/1.1 200 OK\r\nX-Endless: ")) p.SendFill(kFlood);
+  });
+  Outcome o = Call(server.port());
+  server.Join();
+  RecordSent(server);
+  ASSERT_FALSE(o.answer.ok());
+  EXPECT_EQ(o.failure, HttpCallFailure::kBadAnswer) << o.answer.status().ToString();
+  EXPECT_EQ(o.answer.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_LT(server.sent(), kMaxSentBeforeClose);
+}
+
+TEST(HttpClientHostileTest, TooManyHeaderFieldsAreRefused) {
+  HostileServer server([](HostilePeer& p) {
+    std::string head = "HTTP/1.1 200 OK\r\n";
+    for (int i = 0; i < 200; ++i) head += "X-" + std::to_string(i) + ": 1\r\n";
+    p.Send(head + "Content-Length: 0\r\n\r\n");
+  });
+  Outcome o = Call(server.port());
+  ASSERT_FALSE(o.answer.ok());
+  EXPECT_EQ(o.failure, HttpCallFailure::kBadAnswer);
+  EXPECT_NE(o.answer.status().message().find("more than 100 header fields"), std::string::npos)
+      << o.answer.status().message();
+}
+
+TEST(HttpClientHostileTest, AnEndlessChunkedBodyStopsAtMaxBody) {
+  HostileServer server([](HostilePeer& p) {
+    if (!p.Send("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")) return;
+    const std::string chunk = "10000\r\n" + std::string(0x10000, 'x') + "\r\n";
+    for (size_t i = 0; i < kFlood / 0x10000; ++i) {
+      if (!p.Send(chunk)) return;
+    }
+  });
+  Outcome o = Call(server.port());
+  server.Join();
+  RecordSent(server);
+  ASSERT_FALSE(o.answer.ok());
+  EXPECT_EQ(o.failure, HttpCallFailure::kBadAnswer) << o.answer.status().ToString();
+  EXPECT_EQ(o.answer.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(o.answer.status().message().find("body over 1 MiB (chunked)"), std::string::npos)
+      << o.answer.status().message();
+  EXPECT_LT(server.sent(), kMaxSentBeforeClose);
+}
+
+TEST(HttpClientHostileTest, AnEndlessCloseDelimitedBodyStopsAtMaxBody) {
+  HostileServer server([](HostilePeer& p) {
+    if (p.Send("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")) p.SendFill(kFlood);
+  });
+  Outcome o = Call(server.port());
+  server.Join();
+  RecordSent(server);
+  ASSERT_FALSE(o.answer.ok());
+  EXPECT_EQ(o.answer.status().code(), StatusCode::kResourceExhausted)
+      << o.answer.status().ToString();
+  EXPECT_LT(server.sent(), kMaxSentBeforeClose);
+}
+
+TEST(HttpClientHostileTest, AHugeContentLengthIsRefusedBeforeTheBody) {
+  HostileServer server([](HostilePeer& p) {
+    if (p.Send("HTTP/1.1 200 OK\r\nContent-Length: 10000000000\r\n\r\n")) p.SendFill(kFlood);
+  });
+  Outcome o = Call(server.port());
+  server.Join();
+  RecordSent(server);
+  ASSERT_FALSE(o.answer.ok());
+  EXPECT_EQ(o.failure, HttpCallFailure::kBadAnswer);
+  EXPECT_EQ(o.answer.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(o.answer.status().message().find("Content-Length: 10000000000"), std::string::npos)
+      << o.answer.status().message();
+  EXPECT_LT(server.sent(), kMaxSentBeforeClose);
+}
+
+TEST(HttpClientHostileTest, ATricklingServerDoesNotHoldTheCallPastItsDeadline) {
+  // A byte every 100 ms, for up to 30 s: each read comes well within any
+  // per-read timeout, only the call's own deadline ends it.
+  HostileServer server([](HostilePeer& p) {
+    const std::string head = "HTTP/1.1 200 OK\r\nX-Slow: " + std::string(300, 's');
+    for (char c : head) {
+      if (!p.Send(std::string_view(&c, 1)) || p.ClosedWithin(milliseconds(100))) return;
+    }
+  });
+  const auto start = Clock::now();
+  Outcome o = Call(server.port(), milliseconds(500));
+  const auto took = Clock::now() - start;
+  server.Join();
+  RecordSent(server);
+  ASSERT_FALSE(o.answer.ok());
+  EXPECT_EQ(o.failure, HttpCallFailure::kNoAnswer) << o.answer.status().ToString();
+  EXPECT_TRUE(IsNoAnswer(o.failure));
+  EXPECT_LT(took, milliseconds(1500));
+  EXPECT_LT(server.sent(), size_t{30});
+}
+
+TEST(HttpClientHostileTest, ABodyCutShortIsNoAnswer) {
+  HostileServer server([](HostilePeer& p) {
+    p.Send("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + std::string(50, 'x'));
+    p.Close();
+  });
+  Outcome o = Call(server.port());
+  ASSERT_FALSE(o.answer.ok());
+  EXPECT_EQ(o.failure, HttpCallFailure::kNoAnswer) << o.answer.status().ToString();
+  EXPECT_EQ(o.answer.status().code(), StatusCode::kUnavailable);
+  // The same for a chunked body without its last chunk.
+  HostileServer chunked([](HostilePeer& p) {
+    p.Send("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n");
+    p.Close();
+  });
+  o = Call(chunked.port());
+  EXPECT_EQ(o.failure, HttpCallFailure::kNoAnswer) << o.answer.status().ToString();
+}
+
+TEST(HttpClientHostileTest, MalformedAndCompressedAnswersAreRefused) {
+  HostileServer garbage([](HostilePeer& p) { p.Send("SSH-2.0-OpenSSH\r\n\r\n"); });
+  Outcome o = Call(garbage.port());
+  EXPECT_EQ(o.failure, HttpCallFailure::kBadAnswer) << o.answer.status().ToString();
+  EXPECT_EQ(o.answer.status().code(), StatusCode::kInternal);
+  HostileServer gzip([](HostilePeer& p) {
+    p.Send("HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 3\r\n\r\nabc");
+  });
+  o = Call(gzip.port());
+  EXPECT_EQ(o.failure, HttpCallFailure::kBadAnswer);
+  EXPECT_NE(o.answer.status().message().find("Content-Encoding 'gzip'"), std::string::npos)
+      << o.answer.status().message();
+}
+
+TEST(HttpClientTest, AnswersWithALengthChunkedAndToTheCloseAreRead) {
+  HostileServer length([](HostilePeer& p) {
+    p.Send("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n" + std::string(kRankCredentialHeader) +
+           ": secret-1\r\n\r\nhello");
+  });
+  Outcome o = Call(length.port());
+  ASSERT_TRUE(o.answer.ok()) << o.answer.status().ToString();
+  EXPECT_EQ(o.answer->status, 200);
+  EXPECT_EQ(o.answer->body, "hello");
+  EXPECT_EQ(o.answer->Header(kRankCredentialHeader), "secret-1");
+  EXPECT_EQ(o.failure, HttpCallFailure::kNone);
+
+  HostileServer chunked([](HostilePeer& p) {
+    p.Send(
+        "HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "3\r\n{\"a\r\n3;ext=1\r\n\":1\r\n1\r\n}\r\n0\r\nX-Trailer: t\r\n\r\n");
+  });
+  o = Call(chunked.port());
+  ASSERT_TRUE(o.answer.ok()) << o.answer.status().ToString();
+  EXPECT_EQ(o.answer->status, 503);
+  EXPECT_EQ(o.answer->body, "{\"a\":1}");
+  EXPECT_EQ(o.answer->Header(kRankCredentialHeader), "");
+
+  HostileServer to_close([](HostilePeer& p) {
+    p.Send("HTTP/1.0 200 OK\r\n\r\n" + std::string(kMiB, 'z'));
+    p.Close();
+  });
+  o = Call(to_close.port());  // exactly max_body: taken
+  ASSERT_TRUE(o.answer.ok()) << o.answer.status().ToString();
+  EXPECT_EQ(o.answer->body.size(), kMiB);
+}
+
+TEST(HttpClientTest, AClosedPortIsNoAnswer) {
+  int closed = 0;
+  {
+    HostileServer gone([](HostilePeer&) {});
+    closed = gone.port();
+    HttpCall(Get(closed), Within(milliseconds(2000))).status().IgnoreError();  // accepted, ended
+  }
+  Outcome o = Call(closed);
+  ASSERT_FALSE(o.answer.ok());
+  EXPECT_EQ(o.failure, HttpCallFailure::kConnectFailed) << o.answer.status().ToString();
+  EXPECT_TRUE(IsNoAnswer(o.failure));
+  EXPECT_EQ(o.answer.status().code(), StatusCode::kUnavailable);
+}
+
+TEST(HttpClientTest, AHeaderValueWithALineBreakIsNotSent) {
+  // A header line break would let a value write headers of its own.
+  HttpCallRequest bad = Get(1);
+  bad.headers.emplace_back("X-A", "1\r\nX-B: 2");
+  HttpCallFailure failure = HttpCallFailure::kNone;
+  Result<HttpAnswer> a = HttpCall(bad, Within(milliseconds(1000)), &failure);
+  EXPECT_EQ(a.status().code(), StatusCode::kInvalidArgument) << a.status().ToString();
+}
+
+}  // namespace
+}  // namespace kvbridge::internal
