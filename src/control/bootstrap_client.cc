@@ -9,6 +9,7 @@
 #include "common/host_identity.h"
 #include "common/log.h"
 #include "control/auth.h"
+#include "control/http_client.h"
 #include "control/http_server.h"
 #include "control/http_status.h"
 #include "control/json_fields.h"
@@ -38,6 +39,20 @@ std::string Why(httplib::Error err, std::chrono::milliseconds timeout) {
       return "cannot bind the local address";
     default:
       return httplib::to_string(err);
+  }
+}
+
+std::string Why(HttpCallFailure failure, std::chrono::milliseconds timeout) {
+  switch (failure) {
+    case HttpCallFailure::kConnectFailed:
+      return "connection refused or failed";
+    case HttpCallFailure::kConnectTimeout:
+      return "connect timed out after " + std::to_string(timeout.count()) + " ms";
+    case HttpCallFailure::kSendFailed:
+      return "sending the request failed";
+    default:
+      return "no complete answer within " + std::to_string(timeout.count()) +
+             " ms (read failed or timed out)";
   }
 }
 
@@ -116,7 +131,7 @@ Result<std::string> BootstrapClient::Call(const char* method, const std::string&
                                           std::string* answered_credential,
                                           Session* session) const {
   return CallAt(host_, port_, "bootstrap server " + address_, method, path, body, /*auth=*/true,
-                credential, answered_credential, session);
+                credential, answered_credential, session, nullptr, kMaxRegistryAnswer);
 }
 
 Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
@@ -124,15 +139,18 @@ Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
                                             const std::string& path, const std::string& body,
                                             bool auth, const std::string& credential,
                                             std::string* answered_credential, Session* session,
-                                            bool* no_answer) const {
-  // Most calls get a client of their own: httplib::Client is not safe for
-  // concurrent requests, a fresh connection notices a restarted server at
-  // once, and the server holds a thread for each open connection. The calls
-  // of every heartbeat interval (`session`) keep a connection instead: on a
-  // lossy link every new connection risks a lost SYN or SYN-ACK. The server still closes it
-  // after a few requests (httplib's keep-alive count) or 1 s idle, so no rank
-  // pins a server thread for good; a request that fails on a reused
-  // connection is sent once more on a new one.
+                                            bool* no_answer, size_t max_body) const {
+  if (session == nullptr) {
+    return CallOnce(host, port, who, method, path, body, auth, credential, answered_credential,
+                    no_answer, max_body);
+  }
+  // The calls of every heartbeat interval (`session`) keep a connection: on
+  // a lossy link every new connection risks a lost SYN or SYN-ACK. The
+  // server still closes it after a few requests (httplib's keep-alive count)
+  // or 1 s idle, so no rank pins a server thread for good; a request that
+  // fails on a reused connection is sent once more on a new one. These go to
+  // the bootstrap server only (never to an address the registry names),
+  // through httplib's client: its reads are not bounded (see CallOnce).
   //
   // A new connection's SYN is retransmitted only after TCP's 1 s initial
   // RTO: one lost packet would hold a heartbeat back for as long as the
@@ -144,8 +162,7 @@ Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
   httplib::Headers headers;
   if (auth && !auth_token_.empty()) headers.emplace("Authorization", BearerValue(auth_token_));
   if (auth && !credential.empty()) headers.emplace(kRankCredentialHeader, credential);
-  std::unique_lock<std::mutex> lock;
-  if (session != nullptr) lock = std::unique_lock<std::mutex>(session->mu);
+  std::lock_guard<std::mutex> lock(session->mu);
   const std::string method_name(method);
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   httplib::Result res{nullptr, httplib::Error::Unknown};
@@ -153,24 +170,21 @@ Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    std::unique_ptr<httplib::Client> own;
-    if (session != nullptr && session->client == nullptr) {
+    if (session->client == nullptr) {
       session->client = NewClient(host, port, /*keep_alive=*/true);
       session->used = false;
     }
-    httplib::Client& cli = session != nullptr
-                               ? *session->client
-                               : *(own = NewClient(host, port, /*keep_alive=*/false));
+    httplib::Client& cli = *session->client;
     cli.set_connection_timeout(std::clamp(left, std::chrono::milliseconds(1), kConnectAttempt));
     res = method_name == "GET"   ? cli.Get(path, headers)
           : method_name == "PUT" ? cli.Put(path, headers, body, "application/json")
                                  : cli.Post(path, headers, body, "application/json");
     if (res) {
-      if (session != nullptr) session->used = true;
+      session->used = true;
       break;
     }
-    const bool reused = session != nullptr && session->used;
-    if (session != nullptr) session->client.reset();  // a failed connection is not used again
+    const bool reused = session->used;
+    session->client.reset();  // a failed connection is not used again
     if (std::chrono::steady_clock::now() >= deadline) break;
     if (res.error() == httplib::Error::ConnectionTimeout) {
       KVB_LOG_DEBUG("{}: connect timed out after {} ms; trying again", who,
@@ -201,6 +215,57 @@ Result<std::string> BootstrapClient::CallAt(const std::string& host, int port,
   return s;
 }
 
+Result<std::string> BootstrapClient::CallOnce(const std::string& host, int port,
+                                              const std::string& who, const char* method,
+                                              const std::string& path, const std::string& body,
+                                              bool auth, const std::string& credential,
+                                              std::string* answered_credential, bool* no_answer,
+                                              size_t max_body) const {
+  // A connection of its own (Connection: close): a fresh connection notices
+  // a restarted server at once, and the server holds a thread for each open
+  // one. Read with HttpCall, which stops at the first byte past its bounds
+  // (head, header count, `max_body`, the call's deadline): httplib's client
+  // read a header line or a chunked body without end, and the rank endpoint
+  // read here is at an address anyone who can write to the registry names.
+  // A connect that times out is tried again, as in CallAt, until `timeout_`.
+  HttpCallRequest req{host, port, method, path, {}, body};
+  if (auth && !auth_token_.empty())
+    req.headers.emplace_back("Authorization", BearerValue(auth_token_));
+  if (auth && !credential.empty()) req.headers.emplace_back(kRankCredentialHeader, credential);
+  req.wanted_headers.push_back(kRankCredentialHeader);
+  HttpCallOptions opts;
+  opts.deadline = std::chrono::steady_clock::now() + timeout_;
+  opts.max_body = max_body;
+  HttpCallFailure failure = HttpCallFailure::kNone;
+  Result<HttpAnswer> res = UnavailableError("not called");
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        opts.deadline - std::chrono::steady_clock::now());
+    opts.connect_timeout = std::clamp(left, std::chrono::milliseconds(1), kConnectAttempt);
+    res = HttpCall(req, opts, &failure);
+    if (failure != HttpCallFailure::kConnectTimeout ||
+        std::chrono::steady_clock::now() >= opts.deadline)
+      break;
+    KVB_LOG_DEBUG("{}: connect timed out after {} ms; trying again", who, kConnectAttempt.count());
+  }
+  const std::string context = who + " " + method + " " + path;
+  if (no_answer != nullptr) *no_answer = IsNoAnswer(failure);
+  if (!res.ok()) {
+    Status s = IsNoAnswer(failure)
+                   ? UnavailableError(who + " unreachable: " + Why(failure, timeout_))
+                   : Status(res.status().code(), who + " " + res.status().message());
+    KVB_LOG_DEBUG("{} failed: {} ({})", context, s.ToString(), res.status().message());
+    return s;
+  }
+  if (res->status >= 200 && res->status < 300) {
+    if (answered_credential != nullptr) *answered_credential = res->Header(kRankCredentialHeader);
+    return std::move(res->body);
+  }
+  Status s = StatusFromResponse(res->status, res->body, who);
+  KVB_LOG_DEBUG("{} answered {}: {}", context, res->status, s.ToString());
+  return s;
+}
+
 Status BootstrapClient::Malformed(const std::string& what, const Status& parse_error) const {
   Status s = InternalError("bootstrap server " + address_ + " sent a malformed answer to " + what +
                            ": " + parse_error.message());
@@ -213,7 +278,7 @@ Result<json> BootstrapClient::CallJson(const char* method, const std::string& pa
                                        Session* session) const {
   KVB_ASSIGN_OR_RETURN(std::string text, Call(method, path, body, credential, nullptr, session));
   // The server is a stranger too: its answer is bounded like a request.
-  Result<json> j = ParseJson(text, "the answer (" + Clip(text, 80) + ")", size_t{64} << 20);
+  Result<json> j = ParseJson(text, "the answer (" + Clip(text, 80) + ")", kMaxRegistryAnswer);
   if (!j.ok()) return Malformed(std::string(method) + " " + path, j.status());
   return j;
 }
@@ -292,15 +357,15 @@ Result<RankRecord> BootstrapClient::RecordFromRank(const json& where, const Rank
   const std::string at = JoinHostPort(ip, port);
   bool no_answer = false;
   Result<std::string> text =
-      CallAt(ip, port, "rank " + at, "GET", kRankEndpointPath, "",
-             /*auth=*/false, "", nullptr, nullptr, &no_answer);  // the secret: to the registry only
+      CallAt(ip, port, "rank " + at, "GET", kRankEndpointPath, "", /*auth=*/false, "", nullptr,
+             nullptr, &no_answer, kMaxRankAnswer);  // the secret: to the registry only
   if (!text.ok()) {
     // Not a rank that answered (e.g. 503, its record not set yet): it is up.
     if (unanswered != nullptr && no_answer) *unanswered = ip;
     return text.status().WithContext("prefill rank " + key.ToString() + " (listed by " + address_ +
                                      " without kvbridge's fields)");
   }
-  Result<json> j = ParseJson(*text, "the rank record (" + Clip(*text, 80) + ")", size_t{1} << 20);
+  Result<json> j = ParseJson(*text, "the rank record (" + Clip(*text, 80) + ")", kMaxRankAnswer);
   Result<RankRecord> r = j.ok() ? RankRecord::FromJson(*j) : Result<RankRecord>(j.status());
   if (!r.ok()) {  // the rank's answer, not the registry's
     Status s = InternalError("prefill rank " + key.ToString() + " at " + at + " (listed by " +

@@ -8,7 +8,11 @@
 //   NotFound / InvalidArgument / FailedPrecondition  the server's 404 / 400 /
 //                409 (the code travels in the error body).
 //   Internal     the server answered with a body that is not what the route
-//                promises (bad JSON or missing fields).
+//                promises (bad JSON or missing fields), or with something
+//                that is not HTTP (a malformed answer, a compressed body).
+//   ResourceExhausted  the answer passed a bound (its head over 80 KiB, over
+//                100 header fields, a body over 64 MiB, 1 MiB from a rank
+//                endpoint); the rest of it is not read (HttpCall).
 //
 // Rank credential: the client keeps the credential the server handed to the
 // rank it last registered (RegisterRank) and shows it with that rank's
@@ -24,6 +28,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -95,6 +100,10 @@ class BootstrapClient final : public RegistryClient {
   BootstrapClient(std::string address, std::string host, int port,
                   std::chrono::milliseconds timeout, std::string auth_token);
 
+  // Bytes of an answer's body read at most: the registry's (as CallJson
+  // parses it), and a rank endpoint's (a record is a few KiB).
+  static constexpr size_t kMaxRegistryAnswer = size_t{64} << 20;
+  static constexpr size_t kMaxRankAnswer = size_t{1} << 20;
   // A kept keep-alive connection and the lock that takes it.
   struct Session {
     std::mutex mu;
@@ -113,12 +122,22 @@ class BootstrapClient final : public RegistryClient {
                            Session* session = nullptr) const;
   // The same to another server, named `who` in errors ("bootstrap server
   // HOST:PORT", "rank IP:PORT"); `auth`: send the shared secret (and the
-  // credential): never to a server that is not the registry.
+  // credential): never to a server that is not the registry. Without a
+  // `session`, CallOnce: the answer is read within bounds (`max_body`, the
+  // head, `timeout_` for the whole call). With one, httplib's client, whose
+  // reads are not bounded: only for the bootstrap server's own routes.
   Result<std::string> CallAt(const std::string& host, int port, const std::string& who,
                              const char* method, const std::string& path, const std::string& body,
                              bool auth, const std::string& credential = "",
                              std::string* answered_credential = nullptr, Session* session = nullptr,
-                             bool* no_answer = nullptr) const;
+                             bool* no_answer = nullptr, size_t max_body = kMaxRegistryAnswer) const;
+  // CallAt without a session: one bounded call (HttpCall) on a connection
+  // of its own; an answer over `max_body` bytes is an error, not read.
+  Result<std::string> CallOnce(const std::string& host, int port, const std::string& who,
+                               const char* method, const std::string& path, const std::string& body,
+                               bool auth, const std::string& credential,
+                               std::string* answered_credential, bool* no_answer,
+                               size_t max_body) const;
   // A rank sglang's server listed by its location only: its record, read
   // from the rank itself (RankEndpoint) and checked to be at `key`.
   Result<RankRecord> RecordFromRank(const nlohmann::json& where, const RankKey& key,
