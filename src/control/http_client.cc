@@ -148,7 +148,7 @@ bool HasLineBreak(std::string_view s) { return s.find_first_of("\r\n") != std::s
 Result<std::string> FormatRequest(const HttpCallRequest& req) {
   if (req.method.empty() || req.target.empty() || req.target.front() != '/' ||
       req.target.find_first_of(" \t\r\n") != std::string::npos) {
-    return InvalidArgumentError("bad request method or target '" + req.target + "'");
+    return InvalidArgumentError("request not sent: bad method or target '" + req.target + "'");
   }
   const bool v6 = req.host.find(':') != std::string::npos;
   std::string out = req.method + " " + req.target + " HTTP/1.1\r\nHost: " + (v6 ? "[" : "") +
@@ -161,7 +161,8 @@ Result<std::string> FormatRequest(const HttpCallRequest& req) {
   for (const auto& [name, value] : req.headers) {
     if (name.empty() || HasLineBreak(name) || HasLineBreak(value) ||
         name.find(':') != std::string::npos) {
-      return InvalidArgumentError("bad request header '" + name + "'");
+      return InvalidArgumentError("request not sent: header '" + name.substr(0, 64) +
+                                  "' has a line break or is malformed");
     }
     out += name + ": " + value + "\r\n";
   }
@@ -395,7 +396,7 @@ Result<HttpAnswer> HttpCall(const HttpCallRequest& request, const HttpCallOption
   *failure = HttpCallFailure::kNone;
   Result<std::string> wire = FormatRequest(request);
   if (!wire.ok()) {
-    *failure = HttpCallFailure::kSendFailed;
+    *failure = HttpCallFailure::kBadRequest;
     return wire.status();
   }
   Socket sock;

@@ -75,11 +75,13 @@ enum class HttpCallFailure {
   kSendFailed,      // the request could not be sent whole
   kNoAnswer,        // closed, reset or out of time before a whole answer
   kBadAnswer,       // an answer came, but malformed or over a bound
+  kBadRequest,      // the request cannot be sent as asked (a line break in a header): not sent
 };
 
 // True for the failures where no (complete) answer came from the server.
 inline bool IsNoAnswer(HttpCallFailure f) {
-  return f != HttpCallFailure::kNone && f != HttpCallFailure::kBadAnswer;
+  return f != HttpCallFailure::kNone && f != HttpCallFailure::kBadAnswer &&
+         f != HttpCallFailure::kBadRequest;
 }
 
 // Sends `request` and reads its answer. On failure the Status says why

@@ -254,6 +254,8 @@ TEST(HttpClientTest, AHeaderValueWithALineBreakIsNotSent) {
   HttpCallFailure failure = HttpCallFailure::kNone;
   Result<HttpAnswer> a = HttpCall(bad, Within(milliseconds(1000)), &failure);
   EXPECT_EQ(a.status().code(), StatusCode::kInvalidArgument) << a.status().ToString();
+  EXPECT_EQ(failure, HttpCallFailure::kBadRequest);
+  EXPECT_FALSE(IsNoAnswer(failure));
 }
 
 }  // namespace
