@@ -50,7 +50,7 @@ Result<std::string> AuthTransport::SealFor(PeerId peer, SealLane lane, std::stri
     key = it->second.key;
     h.lane = shared == shared_.end() ? lane : SealLane::kSecond;
     h.session = it->second.remote_session;
-    h.seq = it->second.next_seq[static_cast<int>(lane)]++;
+    h.seq = it->second.next_seq[static_cast<int>(h.lane)]++;
   }
   return Seal(key, h, payload);
 }

@@ -26,31 +26,17 @@ DeadlineBreach Breach(std::optional<RankId> origin, std::string detail, Phase ph
 
 }  // namespace
 
-SilentDecode SilentDecodeRank(const SenderRoom& room, int decode_tp,
-                              const std::vector<RankId>& met_decode) {
-  // The decode group that holds this request, when one of its ranks sent
-  // metadata: a silent rank of the same instance and dp.
-  const RankId* group = room.flows.empty() ? nullptr : &room.flows.begin()->second.decode;
-  std::vector<const RankId*> positions;  // one per rank position (not process)
-  for (const RankId& id : met_decode) {
-    if (id.role != Role::kDecode || id.tp != decode_tp) continue;
-    if (group != nullptr && (id.instance != group->instance || id.dp != group->dp)) continue;
-    bool seen = false;
-    for (const RankId* p : positions) seen = seen || p->SameRank(id);
-    if (!seen) positions.push_back(&id);
-  }
-  SilentDecode out;
-  if (positions.size() == 1) {
-    out.rank = *positions.front();
-  } else if (positions.size() > 1) {
-    std::string names;
-    for (const RankId* p : positions) names += (names.empty() ? "" : ", ") + p->ShortName();
-    out.unsure = fmt::format(
-        "this rank met {} decode ranks at tp{} ({}) and cannot tell which "
-        "one this request was for",
-        positions.size(), decode_tp, names);
-  }
-  return out;
+std::optional<RankId> SilentDecodeRank(const SenderRoom& room, int decode_tp,
+                                       const std::vector<RankId>& met_decode) {
+  // Decode tp ranks are expected once the first metadata came: its rank
+  // names the group (instance, dp, stage) that holds this request.
+  if (room.flows.empty()) return std::nullopt;
+  const RankId& group = room.flows.begin()->second.decode;
+  for (const RankId& id : met_decode)
+    if (id.role == Role::kDecode && id.tp == decode_tp && id.instance == group.instance &&
+        id.dp == group.dp && id.pp == group.pp)
+      return id;
+  return std::nullopt;
 }
 
 std::optional<DeadlineBreach> SenderDeadline(const SenderRoom& room, SteadyTime now,
@@ -75,22 +61,17 @@ std::optional<DeadlineBreach> SenderDeadline(const SenderRoom& room, SteadyTime 
   std::string what = "the application sent no chunk";
   Phase phase = room.phase;
   std::optional<RankId> origin;
-  std::string unsure;  // why no silent decode rank is named
   if (room.poll() == KVPoll::kBootstrapping) {
     phase = Phase::kWaitingForMetadata;
     std::string missing;
     for (int d : room.expected_decode) {
       if (room.flows.count(d)) continue;
       missing += fmt::format(" tp{}", d);
-      if (origin) continue;
-      SilentDecode silent = SilentDecodeRank(room, d, met_decode);
-      origin = std::move(silent.rank);
-      if (!origin && unsure.empty()) unsure = std::move(silent.unsure);
+      if (!origin) origin = SilentDecodeRank(room, d, met_decode);
     }
     what = missing.empty() ? "no decode rank sent metadata" : "no metadata from decode" + missing;
   }
   std::string detail = fmt::format("{} within {:.1f} s", what, Seconds(timeouts.waiting));
-  if (!origin && !unsure.empty()) detail += "; " + unsure;
   return Breach(std::move(origin), std::move(detail), phase);
 }
 

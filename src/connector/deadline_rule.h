@@ -38,23 +38,19 @@ struct DeadlineBreach {
 // `transfer` name the first decode rank with writes in flight; otherwise,
 // past `waiting`: still bootstrapping, the decode ranks whose metadata never
 // came (naming the first one SilentDecodeRank finds among the decode ranks
-// this rank met, `met_decode`, else itself, saying why when it could not
-// tell); waiting for input, the application that sent no chunk.
+// this rank met, `met_decode`, else itself); waiting for input, the
+// application that sent no chunk.
 std::optional<DeadlineBreach> SenderDeadline(const SenderRoom& room, SteadyTime now,
                                              const PhaseTimeouts& timeouts,
                                              const std::vector<RankId>& met_decode);
 
 // The decode rank at tp `decode_tp` whose metadata `room` still waits for,
-// among the ranks this rank met: of the same instance and dp as the decode
-// ranks whose metadata came, or, when none came, the only position met at
-// that tp. Several positions that could hold it (other dp ranks or
-// instances): none, and `unsure` says so; none met: neither.
-struct SilentDecode {
-  std::optional<RankId> rank;
-  std::string unsure;
-};
-SilentDecode SilentDecodeRank(const SenderRoom& room, int decode_tp,
-                              const std::vector<RankId>& met_decode);
+// among the ranks this rank met: of the same instance, dp and stage as the
+// decode ranks whose metadata came (with several decode dp ranks or
+// instances, a rank at that tp may be another group's). None when none
+// came or that rank was never met.
+std::optional<RankId> SilentDecodeRank(const SenderRoom& room, int decode_tp,
+                                       const std::vector<RankId>& met_decode);
 
 // Decode: a source's handshake that has not completed, as the room's
 // deadline tells it: the refusals (kRefusedAsDeclaredFailed) its prefill

@@ -222,23 +222,20 @@ TEST(DeadlineRuleTest, AMissingRankIsLookedForInTheGroupWhoseMetadataCame) {
   EXPECT_FALSE(b->origin);
 }
 
-TEST(DeadlineRuleTest, NoMetadataAtAllAndSeveralCandidatesNamesNoneAndSaysWhy) {
+TEST(DeadlineRuleTest, AMissingRankIsLookedForInTheStageWhoseMetadataCame) {
+  // With sglang's server a prefill stage meets every decode stage of its dp.
   auto room = std::make_unique<SenderRoom>(9, kT0, WallTime{});
-  room->expected_decode = {0};
-  RankId again = DecodeAt(1, 0);  // a second process of dp1 tp0 (it rejoined)
-  again.pid = 999;
-  auto b = SenderDeadline(*room, kT0 + milliseconds(30001), kTimeouts,
-                          Met({DecodeAt(0, 0), DecodeAt(1, 0), again}));
-  ASSERT_TRUE(b);
-  EXPECT_FALSE(b->origin);
-  EXPECT_EQ(b->detail,
-            "no metadata from decode tp0 within 30.0 s; this rank met 2 decode ranks at tp0 "
-            "(decode tp0, decode dp1 tp0) and cannot tell which one this request was for");
-  // One position (in two processes): that one is named.
-  b = SenderDeadline(*room, kT0 + milliseconds(30001), kTimeouts, Met({DecodeAt(1, 0), again}));
+  room->expected_decode = {0, 1};
+  room->flows[0].decode = DecodeAt(0, 0);
+  room->flows[0].decode.pp = 1;
+  RankId stage0 = DecodeAt(0, 1);
+  RankId stage1 = DecodeAt(0, 1);
+  stage1.pp = 1;
+  auto b = SenderDeadline(*room, kT0 + milliseconds(30001), kTimeouts, Met({stage0, stage1}));
   ASSERT_TRUE(b);
   ASSERT_TRUE(b->origin);
-  EXPECT_EQ(b->origin->dp, 1);
+  EXPECT_EQ(b->origin->pp, 1);
+  EXPECT_EQ(b->origin->tp, 1);
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ PhaseTimeouts TimeoutsOf(const ManagerOptions& o) {
 void ManagerImpl::TickSendersLocked(SteadyTime now, Outbox& out) {
   inbox_.Expire(now, opts_.waiting_timeout);
   // The decode ranks this rank met: a request whose metadata never came
-  // names the silent one when it can tell which (SilentDecodeRank).
+  // names the silent one of the group whose metadata came (SilentDecodeRank).
   std::vector<RankId> met_decode;
   for (auto& [key, peer] : peers_)
     if (peer->id->role == Role::kDecode) met_decode.push_back(peer->id);

@@ -247,10 +247,11 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
   bool swapped = false;
   {
     // A retry may have swapped and closed this endpoint meanwhile
-    // (RetryHello): a binding made after its close would stay for good.
+    // (RetryHello), or the peer failed and it was closed: a binding made
+    // after its close would stay for good.
     MutexLock lock(mu_);
     const Peer* p = FindPeerLocked(PeerKey(from));
-    swapped = p == nullptr || p->tpeer != tpeer;
+    swapped = p == nullptr || p->tpeer != tpeer || (p->failed && !p->notice);
   }
   if (swapped) {
     transport_->Disconnect(tpeer);  // forgets the binding; the retry's Hello goes on

@@ -71,7 +71,11 @@ void ManagerImpl::ApplyRoomFailureLocked(const FailureRecord& r, Outbox& out) {
       return;  // applied already (told by a peer and read from the registry)
   room_records_.push_front(r);
   if (room_records_.size() > kMaxRoomRecords) room_records_.pop_back();
-  if (auto s = senders_.find(r.room); s != senders_.end() && SameRequest(*s->second, r))
+  // A decode rank's record is about the request of its decode group only
+  // (another group may use the same room id here).
+  if (auto s = senders_.find(r.room);
+      s != senders_.end() && SameRequest(*s->second, r) &&
+      (r.origin.role != Role::kDecode || OfRoomDecodeGroup(*s->second, r.origin)))
     FailSenderLocked(*s->second, r, out);
   if (auto d = receivers_.find(r.room); d != receivers_.end() && SameRequest(*d->second, r))
     FailReceiverLocked(*d->second, r, out);
@@ -88,7 +92,11 @@ void ManagerImpl::ApplyRoomFailureLocked(const FailureRecord& r, Outbox& out) {
 void ManagerImpl::RelayRoomFailureLocked(const RankId& from, const RoomFailedMsg& msg,
                                          Outbox& out) {
   if (RoomRecordRefusal(msg)) return;
-  ApplyRoomFailureLocked(msg.record, out);
+  // Not applied to a request here that another decode group holds the
+  // room id for (OfRoomDecodeGroup); still passed to `from`'s group.
+  auto s = senders_.find(msg.room);
+  if (s == senders_.end() || !s->second->live || OfRoomDecodeGroup(*s->second, from))
+    ApplyRoomFailureLocked(msg.record, out);
   for (auto& [key, p] : peers_) {
     const RankId& id = p->id;
     if (p->failed || !p->ready || id.role != Role::kDecode || id.instance != from.instance ||

@@ -31,9 +31,8 @@ std::optional<std::string> RelayedRecordRefusal(const RankId& from, const RoomFa
 
 FailureRecord AsTakenFromPeer(FailureRecord r, const RankId& from, const RankId& self,
                               WallTime now) {
-  if (r.detected_by.SameRank(self) && r.detected_by.pid == self.pid &&
-      r.detected_by.incarnation == self.incarnation)
-    r.detected_by = from;
+  // This process, whatever incarnation (the publish rule's test).
+  if (r.detected_by.SameRank(self) && r.detected_by.pid == self.pid) r.detected_by = from;
   if (r.detected_at > now) r.detected_at = now;
   return r;
 }

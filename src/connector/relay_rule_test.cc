@@ -109,12 +109,15 @@ TEST(RecordFromPeerTest, ADetectionClaimedForThisProcessIsKeptAsTheSendersAndThe
   EXPECT_TRUE(taken.detected_by.SameRank(peer));
   EXPECT_EQ(taken.detected_by.pid, 20);
   EXPECT_EQ(taken.detected_at, now);
-  // Another process at this position (an earlier incarnation), and a time
-  // already past: kept as they are.
+  // This process under an earlier incarnation (before a rejoin) is still
+  // this process; another at this position (another pid) is not. A time
+  // already past is kept.
   r.detected_by.incarnation = 6;
+  EXPECT_TRUE(AsTakenFromPeer(r, peer, self, now).detected_by.SameRank(peer));
+  r.detected_by.pid = 11;
   r.detected_at = now - std::chrono::seconds(3);
   const FailureRecord kept = AsTakenFromPeer(r, peer, self, now);
-  EXPECT_EQ(kept.detected_by.incarnation, 6u);
+  EXPECT_EQ(kept.detected_by.pid, 11);
   EXPECT_TRUE(kept.detected_by.SameRank(self));
   EXPECT_EQ(kept.detected_at, now - std::chrono::seconds(3));
 }

@@ -35,19 +35,22 @@ void ManagerImpl::OnDecodeRoomFailed(const RankId& from, const RoomFailedMsg& ms
   SenderFlow* flow = FlowOfLocked(msg.room, from.tp, msg.generation, &owner);
   if (flow != nullptr && !OfRoomDecodeGroup(*owner, from)) flow = nullptr;  // another group's
   if (flow == nullptr) {
+    auto it = senders_.find(msg.room);
+    // A live request of another decode group (instance, dp) holds the room
+    // id here: the notice is about that group's use of it, not this one.
+    const bool other_group =
+        it != senders_.end() && it->second->live && !OfRoomDecodeGroup(*it->second, from);
     // About a request a released sender served (nothing of it is in
     // flight: FlowOfLocked found none): the room's next use is not its
     // concern. Otherwise the inbox keeps it for the sender or metadata to
     // come.
-    const bool closed =
-        inbox_.OnNoticeWithoutFlow(msg.room, from.tp, msg.generation, msg.record, Now());
-    auto it = senders_.find(msg.room);
+    const bool closed = other_group || inbox_.OnNoticeWithoutFlow(msg.room, from.tp, msg.generation,
+                                                                  msg.record, Now());
     // A live sender that has no metadata from that rank yet is this
     // request's: decode failed it before (or without) sending metadata, so
     // none will come. It fails now with decode's reason instead of waiting
     // for its deadline.
-    if (!closed && it != senders_.end() && it->second->live && !it->second->flows.count(from.tp) &&
-        OfRoomDecodeGroup(*it->second, from)) {
+    if (!closed && it != senders_.end() && it->second->live && !it->second->flows.count(from.tp)) {
       SenderRoom& room = *it->second;
       room.aborted_generations[from.tp] = msg.generation;
       FailSenderLocked(room, msg.record, out);

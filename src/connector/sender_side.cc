@@ -436,14 +436,20 @@ void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg 
   Peer* peer = PeerFromLocked(from);
   if (peer == nullptr || peer->failed) return;
   if (!OfRoomDecodeGroup(room, from)) {
-    // The room id of a request another decode instance or dp reads here:
-    // that rank's request is refused, this one goes on unchanged.
+    if (room.failure || room.poll() == KVPoll::kSuccess) {
+      // A next use of the room id, by another group: for the next sender.
+      inbox_.HoldForNextSender(std::move(meta), from, Now());
+      return;
+    }
+    // The room id of a request another decode instance or dp reads here,
+    // still under way: that rank's request is refused, this one goes on
+    // unchanged.
     ++invalid_dropped_;
     const RankId& group = room.flows.begin()->second.decode;
     FailureRecord r = MakeRecord(
         Self(), FailureCause::kInvalidRequest,
-        fmt::format("room {} is already a request of {} dp{} on this rank; room ids must be "
-                    "unique across decode instances and dp ranks",
+        fmt::format("room {} is already a request of {} dp{} under way on this rank; a "
+                    "room id is one request at a time across decode instances and dp ranks",
                     room.room, group.instance.empty() ? "decode" : "decode[" + group.instance + "]",
                     group.dp),
         Phase::kWaitingForMetadata, "metadata check");

@@ -129,8 +129,10 @@ TEST(BootstrapClientHostileRankTest, ATricklingRankDoesNotHoldTheLookupPastTheTi
       << l.record.status().message();
   EXPECT_EQ(l.unanswered, "127.0.0.1");
   // The registry's call and the rank's, each within the 500 ms timeout.
-  EXPECT_LT(l.took, milliseconds(1500));
-  EXPECT_LT(rank.sent(), size_t{30});
+  // Well short of the 30 s the rank trickles for (the old client: 32.5 s),
+  // with room for a sanitizer build on a loaded machine.
+  EXPECT_LT(l.took, milliseconds(10000));
+  EXPECT_LT(rank.sent(), size_t{100});
 }
 
 TEST(BootstrapClientHostileRankTest, ARankThatClosesMidBodyDidNotAnswer) {

@@ -3,7 +3,11 @@
 // go), and a trickling server does not hold a call past its deadline.
 #include "control/http_client.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <string>
@@ -165,8 +169,10 @@ TEST(HttpClientHostileTest, ATricklingServerDoesNotHoldTheCallPastItsDeadline) {
   ASSERT_FALSE(o.answer.ok());
   EXPECT_EQ(o.failure, HttpCallFailure::kNoAnswer) << o.answer.status().ToString();
   EXPECT_TRUE(IsNoAnswer(o.failure));
-  EXPECT_LT(took, milliseconds(1500));
-  EXPECT_LT(server.sent(), size_t{30});
+  // Well short of the 30 s the server trickles for (the old client: 32.5 s),
+  // with room for a sanitizer build on a loaded machine.
+  EXPECT_LT(took, milliseconds(10000));
+  EXPECT_LT(server.sent(), size_t{100});
 }
 
 TEST(HttpClientHostileTest, ABodyCutShortIsNoAnswer) {
@@ -234,13 +240,18 @@ TEST(HttpClientTest, AnswersWithALengthChunkedAndToTheCloseAreRead) {
 }
 
 TEST(HttpClientTest, AClosedPortIsNoAnswer) {
-  int closed = 0;
-  {
-    HostileServer gone([](HostilePeer&) {});
-    closed = gone.port();
-    HttpCall(Get(closed), Within(milliseconds(2000))).status().IgnoreError();  // accepted, ended
-  }
-  Outcome o = Call(closed);
+  // A port bound but not listening refuses connections, and stays this
+  // test's while the socket is open (no other test can take it meanwhile).
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  Outcome o = Call(ntohs(a.sin_port));
+  ::close(fd);
   ASSERT_FALSE(o.answer.ok());
   EXPECT_EQ(o.failure, HttpCallFailure::kConnectFailed) << o.answer.status().ToString();
   EXPECT_TRUE(IsNoAnswer(o.failure));
