@@ -41,7 +41,7 @@ struct TwoDecodeInstances {
       mo.args = r.pool->Args();
       mo.parallel.tp_size = 2;
       mo.parallel.tp_rank = tp;
-      mo.bootstrap_addr = cluster->server->address();
+      mo.bootstrap_addr = cluster->bootstrap_address();
       mo.start_bootstrap_server = false;
       mo.instance_id = "b";
       TolerantLiveness(mo);
@@ -158,8 +158,11 @@ TEST(DecodeInstancesTest, AFailedRankFailsOnlyItsOwnInstance) {
 // for the same room id took the request's missing tp1 flow (prefill would
 // have written a's KV into b's pages), and its failure notice failed a's
 // request. Now b's request is refused, saying why, and a's goes through.
-TEST(DecodeInstancesTest, AnotherInstanceUsingTheSameRoomIdChangesNothingInTheRequest) {
+class SameRoomIdTest : public ::testing::TestWithParam<bool> {};  // sglang's server
+
+TEST_P(SameRoomIdTest, AnotherInstanceUsingTheSameRoomIdChangesNothingInTheRequest) {
   TwoDecodeInstances c;
+  c.options.sglang_server = GetParam();
   ASSERT_TRUE(c.Start().ok());
   KVManager& prefill = *c.prefill().manager;
   Request ra(7, &c.a());
@@ -216,6 +219,37 @@ TEST(DecodeInstancesTest, AnotherInstanceUsingTheSameRoomIdChangesNothingInTheRe
   SendAndExpectDelivered(ra);
   EXPECT_TRUE(c.b[1].pool->PagesHold(b_pages, 0xAB));
 }
+
+// A room id whose request here already ended is free for another decode
+// group's next request: its metadata waits for the next sender.
+TEST_P(SameRoomIdTest, AnotherInstancesNextUseOfAnEndedRoomIdGoesThrough) {
+  TwoDecodeInstances c;
+  c.options.sglang_server = GetParam();
+  ASSERT_TRUE(c.Start().ok());
+  Request ra(8, &c.a());
+  Open(c.prefill(), ra);
+  SendAndExpectDelivered(ra);  // a's sender stays, at Success
+  Request rb(8, &c.b);
+  rb.dst = {20, 21, 22, 23};
+  for (auto& d : c.b) {
+    rb.receivers.push_back(std::move(KVReceiver::Create(*d.manager, rb.room)).value());
+    ASSERT_TRUE(rb.receivers.back()->Init(0).ok());
+    ASSERT_TRUE(rb.receivers.back()->SendMetadata(rb.dst, 0, {}).ok());
+  }
+  KVManager& prefill = *c.prefill().manager;
+  ASSERT_TRUE(WaitFor([&] { return prefill.Stats().pending_metadata == 2u; }));
+  ra.sender.reset();
+  rb.sender = std::move(KVSender::Create(prefill, rb.room)).value();
+  c.prefill().pool->Fill(rb.room, rb.src, rb.src_aux, {});
+  ASSERT_TRUE(WaitFor([&] { return rb.sender->Poll() == KVPoll::kWaitingForInput; }))
+      << KVPollName(rb.sender->Poll())
+      << (rb.sender->Failure() ? ": " + rb.sender->Failure()->Message() : "");
+  ASSERT_TRUE(rb.sender->Init(rb.src.size(), rb.src_aux).ok());
+  SendAndExpectDelivered(rb);
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, SameRoomIdTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "sglang" : "kvbridge"; });
 
 TEST(DecodeInstancesTest, AnInstanceIdOutsideTheAllowedCharactersIsRefused) {
   ClusterOptions o;
