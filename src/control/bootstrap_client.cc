@@ -233,18 +233,24 @@ Result<std::string> BootstrapClient::CallOnce(const std::string& host, int port,
     req.headers.emplace_back("Authorization", BearerValue(auth_token_));
   if (auth && !credential.empty()) req.headers.emplace_back(kRankCredentialHeader, credential);
   req.wanted_headers.push_back(kRankCredentialHeader);
+  // Connected within `timeout_` (as httplib's connect), and the whole call
+  // within twice it: the exchange gets at least one `timeout_` of its own
+  // (httplib gave each read one), and a server that trickles holds it no
+  // longer.
+  const auto start = std::chrono::steady_clock::now();
+  const auto connect_deadline = start + timeout_;
   HttpCallOptions opts;
-  opts.deadline = std::chrono::steady_clock::now() + timeout_;
+  opts.deadline = start + 2 * timeout_;
   opts.max_body = max_body;
   HttpCallFailure failure = HttpCallFailure::kNone;
   Result<HttpAnswer> res = UnavailableError("not called");
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        opts.deadline - std::chrono::steady_clock::now());
+        connect_deadline - std::chrono::steady_clock::now());
     opts.connect_timeout = std::clamp(left, std::chrono::milliseconds(1), kConnectAttempt);
     res = HttpCall(req, opts, &failure);
     if (failure != HttpCallFailure::kConnectTimeout ||
-        std::chrono::steady_clock::now() >= opts.deadline)
+        std::chrono::steady_clock::now() >= connect_deadline)
       break;
     KVB_LOG_DEBUG("{}: connect timed out after {} ms; trying again", who, kConnectAttempt.count());
   }

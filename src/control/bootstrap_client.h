@@ -124,8 +124,8 @@ class BootstrapClient final : public RegistryClient {
   // HOST:PORT", "rank IP:PORT"); `auth`: send the shared secret (and the
   // credential): never to a server that is not the registry. Without a
   // `session`, CallOnce: the answer is read within bounds (`max_body`, the
-  // head, `timeout_` for the whole call). With one, httplib's client, whose
-  // reads are not bounded: only for the bootstrap server's own routes.
+  // head, a connection within `timeout_`, the whole call within twice it). With one, httplib's
+  // client, whose reads are not bounded: only for the bootstrap server's own routes.
   Result<std::string> CallAt(const std::string& host, int port, const std::string& who,
                              const char* method, const std::string& path, const std::string& body,
                              bool auth, const std::string& credential = "",
