@@ -23,9 +23,8 @@ using nlohmann::json;
 using std::chrono::milliseconds;
 using testing::HostilePeer;
 using testing::HostileServer;
-
-constexpr size_t kFlood = size_t{64} << 20;
-constexpr size_t kMaxSentBeforeClose = size_t{8} << 20;
+using testing::kFlood;
+using testing::kMaxSentBeforeClose;
 
 // sglang's server as far as a lookup needs it: every rank is at `rank_port`.
 class ListingServer {
@@ -79,9 +78,7 @@ void ExpectRefusedByName(const Lookup& l, const HostileServer& rank, StatusCode 
 }
 
 TEST(BootstrapClientHostileRankTest, AnEndlessHeaderLineFailsTheLookupAndIsNotRead) {
-  HostileServer rank([](HostilePeer& p) {
-    if (p.Send("HTTP/1.1 200 OK\r\nX-Endless: ")) p.SendFill(kFlood);
-  });
+  HostileServer rank(testing::EndlessHeaderLine());
   Lookup l = LookUp(rank);
   rank.Join();
   ExpectRefusedByName(l, rank, StatusCode::kResourceExhausted, "head (status line and headers)");
@@ -89,13 +86,7 @@ TEST(BootstrapClientHostileRankTest, AnEndlessHeaderLineFailsTheLookupAndIsNotRe
 }
 
 TEST(BootstrapClientHostileRankTest, AnEndlessChunkedRecordStopsAtOneMiB) {
-  HostileServer rank([](HostilePeer& p) {
-    if (!p.Send("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")) return;
-    const std::string chunk = "10000\r\n" + std::string(0x10000, ' ') + "\r\n";
-    for (size_t i = 0; i < kFlood / 0x10000; ++i) {
-      if (!p.Send(chunk)) return;
-    }
-  });
+  HostileServer rank(testing::EndlessChunkedBody());
   Lookup l = LookUp(rank);
   rank.Join();
   ExpectRefusedByName(l, rank, StatusCode::kResourceExhausted, "answered with a body over 1 MiB");
@@ -103,9 +94,7 @@ TEST(BootstrapClientHostileRankTest, AnEndlessChunkedRecordStopsAtOneMiB) {
 }
 
 TEST(BootstrapClientHostileRankTest, AHugeContentLengthIsRefusedBeforeTheBody) {
-  HostileServer rank([](HostilePeer& p) {
-    if (p.Send("HTTP/1.1 200 OK\r\nContent-Length: 10000000000\r\n\r\n")) p.SendFill(kFlood);
-  });
+  HostileServer rank(testing::HugeContentLength());
   Lookup l = LookUp(rank);
   rank.Join();
   ExpectRefusedByName(l, rank, StatusCode::kResourceExhausted, "Content-Length: 10000000000");
@@ -113,12 +102,7 @@ TEST(BootstrapClientHostileRankTest, AHugeContentLengthIsRefusedBeforeTheBody) {
 }
 
 TEST(BootstrapClientHostileRankTest, ATricklingRankDoesNotHoldTheLookupPastTheTimeout) {
-  HostileServer rank([](HostilePeer& p) {
-    const std::string head = "HTTP/1.1 200 OK\r\nX-Slow: " + std::string(300, 's');
-    for (char c : head) {
-      if (!p.Send(std::string_view(&c, 1)) || p.ClosedWithin(milliseconds(100))) return;
-    }
-  });
+  HostileServer rank(testing::Trickle());
   Lookup l = LookUp(rank, milliseconds(500));
   rank.Join();
   ASSERT_FALSE(l.record.ok());

@@ -130,4 +130,41 @@ class HostileServer {
   std::atomic<bool> accepted_{false};
 };
 
+// Bytes a hostile server offers in the floods below, and the most a client
+// that stops at its bounds lets it send before it is gone.
+inline constexpr size_t kFlood = size_t{64} << 20;
+inline constexpr size_t kMaxSentBeforeClose = size_t{8} << 20;
+
+// Answers that never end, each past a different bound of the client.
+inline HostileServer::Script EndlessHeaderLine() {
+  return [](HostilePeer& p) {
+    if (p.Send("HTTP/1.1 200 OK\r\nX-Endless: ")) p.SendFill(kFlood);
+  };
+}
+inline HostileServer::Script EndlessChunkedBody() {
+  return [](HostilePeer& p) {
+    if (!p.Send("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")) return;
+    const std::string chunk = "10000\r\n" + std::string(0x10000, ' ') + "\r\n";
+    for (size_t i = 0; i < kFlood / 0x10000; ++i) {
+      if (!p.Send(chunk)) return;
+    }
+  };
+}
+inline HostileServer::Script HugeContentLength() {
+  return [](HostilePeer& p) {
+    if (p.Send("HTTP/1.1 200 OK\r\nContent-Length: 10000000000\r\n\r\n")) p.SendFill(kFlood);
+  };
+}
+// A byte of its head every 100 ms, for up to 30 s: each read comes well
+// within any per-read timeout; only a deadline for the whole call ends it.
+inline HostileServer::Script Trickle() {
+  return [](HostilePeer& p) {
+    const std::string head = "HTTP/1.1 200 OK\r\nX-Slow: " + std::string(300, 's');
+    for (char c : head) {
+      if (!p.Send(std::string_view(&c, 1)) || p.ClosedWithin(std::chrono::milliseconds(100)))
+        return;
+    }
+  };
+}
+
 }  // namespace kvbridge::internal::testing
