@@ -37,18 +37,29 @@ struct ServerAccess : httplib::Server {
   using httplib::Server::write_timeout_usec_;
 };
 
-// A request's bytes in, the answer's bytes out.
-class StringStream final : public httplib::Stream {
+// A whole request already in memory, read by httplib as a stream: its
+// bytes, then end of stream. How the answer leaves is the subclass's.
+class InMemoryRequest : public httplib::Stream {
  public:
-  explicit StringStream(std::string_view in) : in_(in) {}
+  explicit InMemoryRequest(std::string_view request) : in_(request) {}
   bool is_readable() const override { return pos_ < in_.size(); }
-  bool is_writable() const override { return true; }
   ssize_t read(char* ptr, size_t size) override {
     const size_t n = std::min(size, in_.size() - pos_);
     std::memcpy(ptr, in_.data() + pos_, n);
     pos_ += n;
     return static_cast<ssize_t>(n);
   }
+
+ private:
+  const std::string_view in_;
+  size_t pos_ = 0;
+};
+
+// A request's bytes in, the answer's bytes out.
+class StringStream final : public InMemoryRequest {
+ public:
+  using InMemoryRequest::InMemoryRequest;
+  bool is_writable() const override { return true; }
   ssize_t write(const char* ptr, size_t size) override {
     out_.append(ptr, size);
     return static_cast<ssize_t>(size);
@@ -65,8 +76,6 @@ class StringStream final : public httplib::Stream {
   std::string& out() { return out_; }
 
  private:
-  std::string_view in_;
-  size_t pos_ = 0;
   std::string out_;
 };
 
@@ -164,18 +173,11 @@ Endpoints EndpointsOf(int fd) {
 // What httplib reads one request from: the request's bytes, already
 // complete and within bounds, then end of stream; its answer goes to the
 // client's socket, each write within the server's write timeout.
-class FrontStream final : public httplib::Stream {
+class FrontStream final : public InMemoryRequest {
  public:
   FrontStream(int fd, std::string_view request, const Endpoints& ends, Micros write_timeout)
-      : fd_(fd), in_(request), ends_(ends), write_timeout_(write_timeout) {}
-  bool is_readable() const override { return pos_ < in_.size(); }
+      : InMemoryRequest(request), fd_(fd), ends_(ends), write_timeout_(write_timeout) {}
   bool is_writable() const override { return Writable(fd_, write_timeout_); }
-  ssize_t read(char* ptr, size_t size) override {
-    const size_t n = std::min(size, in_.size() - pos_);
-    std::memcpy(ptr, in_.data() + pos_, n);
-    pos_ += n;
-    return static_cast<ssize_t>(n);
-  }
   ssize_t write(const char* ptr, size_t size) override {
     if (!is_writable()) return -1;
     for (;;) {
@@ -195,8 +197,6 @@ class FrontStream final : public httplib::Stream {
 
  private:
   const int fd_;
-  const std::string_view in_;
-  size_t pos_ = 0;
   const Endpoints& ends_;
   const Micros write_timeout_;
 };
