@@ -284,12 +284,13 @@ class WatchedConnects : public WatchedEndpoints {
 };
 
 // The transport reports the endpoint of decode's Hello failed after prefill
-// challenged it and before decode's proof arrives. Prefill forgets that
-// Hello (the endpoint closed; the proof, released afterwards, answers
-// nothing), and decode's Hello sent again is accepted on a new endpoint.
-// Before, the report found no peer and was lost, and the proof made decode
-// a ready peer on the endpoint its transport had called failed.
-TEST(AcceptorTest, AnEndpointThatFailsBeforeItsHelloIsProvenIsForgotten) {
+// challenged it and before decode's proof arrives. Prefill lets that
+// endpoint go; the proof, released afterwards, is taken on a new endpoint
+// (prefill keeps no Hello: the proof brings it, peer_auth.h), or decode's
+// Hello sent again is. Before, the report found no peer and was lost, and
+// the proof made decode a ready peer on the endpoint its transport had
+// called failed.
+TEST(AcceptorTest, AnEndpointThatFailsBeforeItsHelloIsProvenIsLetGo) {
   HeldProofs* proofs = nullptr;
   WatchedConnects* connects = nullptr;
   ClusterOptions o;
@@ -311,16 +312,9 @@ TEST(AcceptorTest, AnEndpointThatFailsBeforeItsHelloIsProvenIsForgotten) {
   // Barrier: the failure was taken (the endpoint closed) before the proof goes.
   EXPECT_TRUE(connects->WaitForDisconnected(back[0], std::chrono::seconds(10)))
       << "prefill kept the endpoint its transport reported failed";
-  const uint64_t dropped = prefill.Stats().unauthenticated_messages_dropped;
-  // Barrier: prefill took the released proof and answered nothing (it
-  // answers no challenge that is still open). Under load decode may have
-  // sent its Hello again and let that endpoint go first: then no proof
-  // leaves, and the checks below stand alone.
-  if (proofs->Release()) {
-    EXPECT_TRUE(WaitFor([&] { return prefill.Stats().unauthenticated_messages_dropped > dropped; },
-                        std::chrono::seconds(10)))
-        << "the proof of the forgotten Hello never reached prefill, or was taken";
-  }
+  // Under load decode may have sent its Hello again and let the first
+  // endpoint go: then no proof leaves, and the checks below stand alone.
+  proofs->Release();
   ASSERT_TRUE(
       WaitFor([&] { return rx->Poll() == KVPoll::kWaitingForInput; }, std::chrono::seconds(20)))
       << KVPollName(rx->Poll()) << " " << rx->Failure().value_or(FailureRecord{}).Message();

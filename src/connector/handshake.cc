@@ -13,12 +13,6 @@
 namespace kvbridge::internal {
 namespace {
 
-// Hellos challenged and not yet proven that a prefill rank keeps (each holds
-// an endpoint back to whoever sent it): the oldest go first, and none lives
-// longer than kPendingHelloLifetime.
-constexpr size_t kMaxPendingHellos = 64;
-constexpr auto kPendingHelloLifetime = std::chrono::seconds(30);
-
 bool IsHandshake(const MessageBody& b) {
   return std::holds_alternative<HelloMsg>(b) || std::holds_alternative<HelloChallengeMsg>(b) ||
          std::holds_alternative<HelloProofMsg>(b);
@@ -94,13 +88,19 @@ Status ManagerImpl::SendHello(const std::string& key, PeerId tpeer) {
   KVB_ASSIGN_OR_RETURN(hello.session, SecureRandomU64());
   KVB_ASSIGN_OR_RETURN(hello.nonce, NewNonce());
   std::string bytes = EncodeMessage(Self(), hello);
+  if (bytes.size() > kMaxHelloBytes) {
+    return InvalidArgumentError(
+        fmt::format("this rank's Hello to {} is {} bytes, over the {} a peer takes: too many "
+                    "registered regions",
+                    key, bytes.size(), kMaxHelloBytes));
+  }
   {
     // Kept before the Hello leaves: the challenge can come at once.
     MutexLock lock(mu_);
     Peer* p = FindPeerLocked(key);
     if (p == nullptr || p->tpeer != tpeer)
       return UnavailableError(key + ": endpoint replaced before its Hello left");
-    p->hello_digest = Sha256(bytes);
+    p->hello_bytes = bytes;
     p->hello_session = hello.session;
   }
   return auth_->SendPlain(tpeer, std::move(bytes));
@@ -153,60 +153,32 @@ Status ManagerImpl::GrantKeysFor(const std::string& key, HelloMsg& hello) {
 }
 
 void ManagerImpl::OnHello(const RankId& from, HelloMsg hello, std::string_view bytes) {
-  // Nothing in the Hello is believed yet: its sender only gets a challenge,
-  // on an endpoint to the address it gave.
-  Result<Nonce> nonce = NewNonce();
-  Result<uint64_t> session = SecureRandomU64();
-  if (!nonce.ok() || !session.ok()) {
-    KVB_LOG_ERROR("cannot challenge {}: {}", from.ToString(),
-                  (nonce.ok() ? session.status() : nonce.status()).ToString());
-    return;
-  }
+  // Nothing in the Hello is believed, nor kept: its sender gets a challenge
+  // derived from it (ChallengeMaker), on an endpoint to the address it gave.
   Result<PeerId> conn = transport_->Connect(hello.address);
   if (!conn.ok()) {
     KVB_LOG_WARN("cannot connect back to {}: {}", from.ToString(), conn.status().ToString());
     return;
   }
-  PendingHello pending;
-  pending.from = from;
-  pending.digest = Sha256(bytes);
-  pending.nonce = *nonce;
-  pending.tpeer = *conn;
-  pending.at = Now();
-  const std::string t = HandshakeAuth::Transcript(pending.digest, Self(), pending.nonce, *session);
-  const HelloChallengeMsg challenge{hello.session, *session, pending.nonce,
-                                    handshake_->Prove(Role::kPrefill, t)};
-  pending.hello = std::move(hello);
-  std::vector<PeerId> dropped;
+  const SteadyTime now = Now();
+  const Digest digest = Sha256(bytes);
+  const RankId self = Self();
+  const Challenge c = challenge_maker_->For(digest, now);
+  ChallengeTable::Kept kept;
   {
     MutexLock lock(mu_);
-    for (auto it = pending_hellos_.begin(); it != pending_hellos_.end();) {
-      if (pending.at - it->second.at <= kPendingHelloLifetime) {
-        ++it;
-        continue;
-      }
-      dropped.push_back(it->second.tpeer);
-      it = pending_hellos_.erase(it);
-    }
-    while (pending_hellos_.size() >= kMaxPendingHellos) {
-      auto oldest = pending_hellos_.begin();
-      for (auto it = pending_hellos_.begin(); it != pending_hellos_.end(); ++it)
-        if (it->second.at < oldest->second.at) oldest = it;
-      dropped.push_back(oldest->second.tpeer);
-      pending_hellos_.erase(oldest);
-    }
-    for (const auto& [s, earlier] : pending_hellos_) {
-      if (!SameProcess(earlier.from, from)) continue;
-      // Its Hello again: our challenge or its proof was lost or late.
-      KVB_LOG_WARN(
-          "{} sent its Hello again {:.2f} s after the last one, whose challenge got no proof; "
-          "challenging it anew",
-          from.ToString(), std::chrono::duration<double>(pending.at - earlier.at).count());
-      break;
-    }
-    pending_hellos_[*session] = std::move(pending);
+    kept = challenges_.Keep(c.session, from, *conn, now);
   }
-  for (PeerId p : dropped) transport_->Disconnect(p);
+  if (kept.again_after_s) {  // our challenge or its proof was lost or late
+    KVB_LOG_WARN(
+        "{} sent its Hello again {:.2f} s after the last one, whose challenge got no proof; "
+        "challenging it anew",
+        from.ToString(), *kept.again_after_s);
+  }
+  for (PeerId p : kept.let_go) transport_->Disconnect(p);
+  const std::string t = HandshakeAuth::Transcript(digest, self, c.nonce, c.session);
+  const HelloChallengeMsg challenge{hello.session, c.session, c.nonce,
+                                    handshake_->Prove(Role::kPrefill, t)};
   Status sent = auth_->SendPlain(*conn, EncodeMessage(Self(), challenge));
   if (!sent.ok()) KVB_LOG_WARN("challenge to {} not sent: {}", from.ToString(), sent.ToString());
 }
@@ -214,6 +186,7 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello, std::string_view b
 void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& c) {
   PeerId tpeer = 0;
   Digest proof{};
+  std::string hello;  // what the proof answers, for prefill to find its challenge again
   AuthTransport::Binding b;
   {
     MutexLock lock(mu_);
@@ -227,7 +200,8 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
       KVB_LOG_DEBUG("challenge from {} answers no Hello of this rank", from.ToString());
       return;
     }
-    const std::string t = HandshakeAuth::Transcript(p->hello_digest, from, c.nonce, c.session);
+    const std::string t =
+        HandshakeAuth::Transcript(Sha256(p->hello_bytes), from, c.nonce, c.session);
     Status verified = handshake_->Verify(Role::kPrefill, t, c.proof, from.ToString());
     if (!verified.ok()) {
       // Not a failure of the peer: anyone can send this. The real answer
@@ -240,6 +214,7 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
     const SessionKeys keys = handshake_->Keys(t);
     b = {keys.decode_to_prefill, c.session, keys.prefill_to_decode, c.decode_session, from};
     proof = handshake_->Prove(Role::kDecode, t);
+    hello = p->hello_bytes;
     tpeer = p->tpeer;
   }
   // Bound before the proof leaves: prefill's sealed answer can come at once.
@@ -257,50 +232,90 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
     transport_->Disconnect(tpeer);  // forgets the binding; the retry's Hello goes on
     return;
   }
-  Status sent = auth_->SendPlain(tpeer, EncodeMessage(Self(), HelloProofMsg{c.session, proof}));
+  Status sent = auth_->SendPlain(
+      tpeer, EncodeMessage(Self(), HelloProofMsg{c.session, proof, std::move(hello)}));
   if (!sent.ok())
     KVB_LOG_WARN("handshake with {}: proof not sent: {}", from.ShortName(), sent.ToString());
 }
 
-void ManagerImpl::OnHelloProof(const RankId& from, const HelloProofMsg& p) {
-  // The challenge stays pending until a proof checks out: anyone who saw
-  // the plain challenge can send a junk proof under its session, and the
-  // real one may still come.
-  std::string t;
-  {
-    MutexLock lock(mu_);
-    auto it = pending_hellos_.find(p.session);
-    if (it == pending_hellos_.end() || !SameProcess(it->second.from, from)) {
-      DropUnauthenticated(
-          fmt::format("HelloProof from {} answers no challenge of this rank (replayed or too late)",
-                      from.ToString()));
-      return;
-    }
-    t = HandshakeAuth::Transcript(it->second.digest, Self(), it->second.nonce, p.session);
+namespace {
+
+// A proof that checked: the Hello it carries and the transcript it proves.
+struct CheckedProof {
+  HelloMsg hello;
+  std::string transcript;
+};
+
+// The proof brings its Hello back and the challenge is derived again from
+// it (ChallengeMaker): a flood of Hellos (no secret needed) has no table of
+// pending ones to push the genuine one out of. Unauthenticated, saying
+// why, for a proof that does not check.
+Result<CheckedProof> CheckProof(const HandshakeAuth& auth, const ChallengeMaker& maker,
+                                const RankId& self, const RankId& from, const HelloProofMsg& p,
+                                SteadyTime now) {
+  Result<Message> hello = DecodeMessage(p.hello);
+  if (!hello.ok() || !std::holds_alternative<HelloMsg>(hello->body) ||
+      !SameProcess(hello->from, from)) {
+    return UnauthenticatedError(
+        fmt::format("HelloProof from {} carries no Hello of its sender: {}", from.ToString(),
+                    hello.ok() ? "another message" : hello.status().message()));
   }
-  Status verified = handshake_->Verify(Role::kDecode, t, p.proof, from.ToString());
-  if (!verified.ok()) {
-    DropUnauthenticated(verified.message());
+  const Digest digest = Sha256(p.hello);
+  const std::optional<Challenge> c = maker.Find(digest, p.session, now);
+  if (!c) {
+    return UnauthenticatedError(
+        fmt::format("HelloProof from {} answers no challenge of this rank (replayed or too late)",
+                    from.ToString()));
+  }
+  CheckedProof out{std::move(std::get<HelloMsg>(hello->body)),
+                   HandshakeAuth::Transcript(digest, self, c->nonce, p.session)};
+  KVB_RETURN_IF_ERROR(auth.Verify(Role::kDecode, out.transcript, p.proof, from.ToString()));
+  return out;
+}
+
+}  // namespace
+
+void ManagerImpl::OnHelloProof(const RankId& from, const HelloProofMsg& p) {
+  const SteadyTime now = Now();
+  const RankId self = Self();  // the incarnation the transcript names
+  Result<CheckedProof> proof = CheckProof(*handshake_, *challenge_maker_, self, from, p, now);
+  if (!proof.ok()) {
+    DropUnauthenticated(proof.status().message());
     return;
   }
-  PendingHello pending;
-  uint64_t own_incarnation = 0;
+  bool replayed = false;
+  std::optional<PeerId> tpeer;
   {
     MutexLock lock(mu_);
-    auto it = pending_hellos_.find(p.session);
-    if (it == pending_hellos_.end()) return;  // a second good proof, or expired meanwhile
-    pending = std::move(it->second);
-    pending_hellos_.erase(it);
+    replayed = !challenges_.FirstProof(p.session, now);
+    if (!replayed) tpeer = challenges_.TakeEndpoint(p.session, from);
     // Tracked from here, in the same step: a failure the transport reports
     // on the endpoint while the peer is accepted is not lost between the
     // two (NoPeersEndpointFailedLocked).
-    accepting_[pending.tpeer] = false;
-    own_incarnation = incarnation_.load();
+    if (tpeer) accepting_[*tpeer] = false;
   }
-  const SessionKeys keys = handshake_->Keys(t);
-  const AuthTransport::Binding b{keys.prefill_to_decode, pending.hello.session,
+  if (replayed) {
+    DropUnauthenticated(fmt::format(
+        "HelloProof from {} proves a handshake proven already (replayed)", from.ToString()));
+    return;
+  }
+  if (!tpeer) {
+    // Its challenge's endpoint was let go (more Hellos came meanwhile than
+    // ChallengeTable::kMaxEndpoints, or it failed): one anew to the address.
+    Result<PeerId> conn = transport_->Connect(proof->hello.address);
+    if (!conn.ok()) {
+      KVB_LOG_WARN("cannot connect back to {} after its proof: {}", from.ToString(),
+                   conn.status().ToString());
+      return;
+    }
+    MutexLock lock(mu_);
+    accepting_[*conn] = false;
+    tpeer = *conn;
+  }
+  const SessionKeys keys = handshake_->Keys(proof->transcript);
+  const AuthTransport::Binding b{keys.prefill_to_decode, proof->hello.session,
                                  keys.decode_to_prefill, p.session, from};
-  PendingAccept a{from, std::move(pending.hello), pending.tpeer, b, own_incarnation};
+  PendingAccept a{from, std::move(proof->hello), *tpeer, b, self.incarnation};
   if (!hooks_.manual_ticks) {
     MutexLock lock(mu_);
     accepts_.push_back(std::move(a));

@@ -144,6 +144,7 @@ Status ManagerImpl::StartTransport(const std::string& token) {
     KVB_LOG_INFO("metrics on port {}", metrics_->port());
   }
   handshake_ = std::make_unique<HandshakeAuth>(token);
+  KVB_ASSIGN_OR_RETURN(challenge_maker_, ChallengeMaker::Create());
   auto auth = std::make_unique<AuthTransport>(std::move(transport_));
   auth_ = auth.get();
   transport_ = std::move(auth);
@@ -313,8 +314,7 @@ ManagerImpl::~ManagerImpl() {
   PublishBeforeGoing();
   if (registry_) registry_->SetChangeCallback(nullptr);
   // Transport threads may still deliver messages and completions that flush
-  // work: from now nothing reaches the engine or the transport, and the
-  // engine goes only once no flush is under way.
+  // work: from now none reaches engine or transport (gone once none flushes).
   closing_.store(true);
   while (flushing_.load() != 0) std::this_thread::yield();
   engine_.reset();  // queued chunks complete Aborted (OnChunkDone: metrics still up)

@@ -30,6 +30,7 @@
 #include "common/process.h"
 #include "common/thread_annotations.h"
 #include "connector/auth_transport.h"
+#include "connector/challenge_table.h"
 #include "connector/core_hooks.h"
 #include "connector/manager_metrics.h"
 #include "connector/outbox.h"
@@ -305,13 +306,12 @@ class ManagerImpl {
   std::optional<FailureRecord> RoomRecordLocked(const Room& room) const KVB_REQUIRES(mu_);
 
  public:
-  // Why `room`'s request failed on some rank of its group, for a rank whose
-  // group state (sglang's MIN over the group) is Failed while its own may
-  // not be: its own record; else a room record from another rank, waking
-  // the registry thread's read and waiting up to four heartbeat intervals
-  // for one; else the latest rank failure known here; else a record saying
-  // that no reason reached this rank. Waits only when this rank holds no
-  // record, and never on the network.
+  // Why `room`'s request failed on some rank of its group (sglang's MIN over
+  // the group is Failed, its own state may not be): its own record; else a
+  // room record from another rank, waking the registry thread's read and
+  // waiting up to four heartbeat intervals for one; else the latest rank
+  // failure known here; else a record saying no reason reached this rank.
+  // Waits only when this rank holds no record, and never on the network.
   template <typename Room>
   FailureRecord GroupFailure(const Room& room);
 
@@ -488,6 +488,7 @@ class ManagerImpl {
   std::unique_ptr<Transport> transport_;  // auth_ over the real transport
   AuthTransport* auth_ = nullptr;         // owned by transport_
   std::unique_ptr<HandshakeAuth> handshake_;
+  std::optional<ChallengeMaker> challenge_maker_;  // prefill's; set before any handler runs
   RegionSet regions_;
   std::vector<std::string> kv_keys_, aux_keys_, state_keys_;
   std::unique_ptr<TransferEngine> engine_;
@@ -584,8 +585,7 @@ class ManagerImpl {
   // Endpoints of proven Hellos from the proof to the peer's installation:
   // true once the transport reported one failed (no peer holds it yet).
   std::map<PeerId, bool> accepting_ KVB_GUARDED_BY(mu_);
-  // Prefill: Hellos challenged, not yet proven, by session id (kMaxPendingHellos).
-  std::map<uint64_t, PendingHello> pending_hellos_ KVB_GUARDED_BY(mu_);
+  ChallengeTable challenges_ KVB_GUARDED_BY(mu_);  // prefill's handshakes in progress
   std::atomic<uint64_t> unauth_dropped_{0};
   // Peers whose Hello the ticker found unanswered.
   std::set<std::string> hello_retries_ KVB_GUARDED_BY(mu_);

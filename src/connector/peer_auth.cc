@@ -37,6 +37,45 @@ Result<Nonce> NewNonce() {
   return n;
 }
 
+Result<ChallengeMaker> ChallengeMaker::Create() {
+  std::array<uint8_t, 32> key{};
+  KVB_RETURN_IF_ERROR(SecureRandomBytes(key.data(), key.size()));
+  return ChallengeMaker(key);
+}
+
+Challenge ChallengeMaker::InWindow(const Digest& hello_digest, int64_t window) const {
+  WireWriter w;
+  w.Bytes("kvbridge challenge v1");
+  w.Bytes(AsView(hello_digest));
+  w.I64(window);
+  const Digest d = HmacSha256(key_, w.Finish());
+  Challenge c;
+  std::memcpy(c.nonce.data(), d.data(), c.nonce.size());
+  std::memcpy(&c.session, d.data() + c.nonce.size(), sizeof(c.session));
+  if (c.session == 0) c.session = 1;  // 0 names no session
+  return c;
+}
+
+namespace {
+int64_t WindowOf(SteadyTime t) {
+  return std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count() /
+         ChallengeMaker::kWindow.count();
+}
+}  // namespace
+
+Challenge ChallengeMaker::For(const Digest& hello_digest, SteadyTime now) const {
+  return InWindow(hello_digest, WindowOf(now));
+}
+
+std::optional<Challenge> ChallengeMaker::Find(const Digest& hello_digest, uint64_t session,
+                                              SteadyTime now) const {
+  for (int64_t w : {WindowOf(now), WindowOf(now) - 1}) {
+    const Challenge c = InWindow(hello_digest, w);
+    if (c.session == session) return c;
+  }
+  return std::nullopt;
+}
+
 HostIdentity HostOf(const RankId& id) { return {id.host, id.boot_id, id.pid}; }
 
 bool SameProcess(const RankId& a, const RankId& b) {

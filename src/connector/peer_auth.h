@@ -31,10 +31,13 @@
 
 #include <array>
 #include <bitset>
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
+#include "common/clock.h"
 #include "common/digest.h"
 #include "common/host_identity.h"
 #include "kvbridge/errors.h"
@@ -88,6 +91,36 @@ class HandshakeAuth {
   SessionKeys Keys(std::string_view transcript) const;
 
  private:
+  std::array<uint8_t, 32> key_{};
+};
+
+// Prefill's challenges, kept nowhere (docs/security.md, "A flood of
+// Hellos"): the nonce and session id a challenge gives are derived from a
+// key of this process, the SHA-256 of the Hello and the time window it came
+// in. The proof brings the Hello back (HelloProofMsg::hello) and prefill
+// derives the challenge again, so no table of pending Hellos exists for a
+// flood of Hellos (which needs no secret) to push the genuine one out of.
+// A challenge is good in its window and the next one
+// (kWindow..2*kWindow); replays of a proof are the caller's to refuse
+// (ManagerImpl keeps the sessions proven in that time).
+struct Challenge {
+  Nonce nonce{};
+  uint64_t session = 0;  // never 0
+};
+class ChallengeMaker {
+ public:
+  static constexpr std::chrono::seconds kWindow{30};
+  // Under a fresh key from the kernel CSPRNG; Internal when none.
+  static Result<ChallengeMaker> Create();
+  explicit ChallengeMaker(const std::array<uint8_t, 32>& key) : key_(key) {}
+  // The challenge for a Hello whose bytes hash to `hello_digest`, at `now`.
+  Challenge For(const Digest& hello_digest, SteadyTime now) const;
+  // The challenge of session id `session` that this maker gave the Hello at
+  // `now` or in the window before; nullopt for any other session id.
+  std::optional<Challenge> Find(const Digest& hello_digest, uint64_t session, SteadyTime now) const;
+
+ private:
+  Challenge InWindow(const Digest& hello_digest, int64_t window) const;
   std::array<uint8_t, 32> key_{};
 };
 

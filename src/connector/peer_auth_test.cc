@@ -43,6 +43,42 @@ Nonce NonceOf(uint8_t fill) {
 
 const Digest kHello = Sha256("a decode rank's Hello, as sent");
 
+// A challenge is derived, not kept: the same Hello in the same window gets
+// the same one, and it is found again from the Hello and its session id in
+// its window and the next, never later, never under another key or for
+// another Hello.
+TEST(ChallengeMakerTest, AChallengeIsFoundAgainInItsWindowAndTheNextOnly) {
+  std::array<uint8_t, 32> key{};
+  key.fill(7);
+  const ChallengeMaker maker(key);
+  const Digest hello = Sha256("a Hello");
+  const SteadyTime t0{std::chrono::seconds(3000)};  // the start of a window
+  const Challenge c = maker.For(hello, t0);
+  EXPECT_NE(c.session, 0u);
+  const Challenge again = maker.For(hello, t0 + std::chrono::seconds(29));
+  EXPECT_EQ(again.session, c.session);
+  EXPECT_EQ(again.nonce, c.nonce);
+  const Challenge other = maker.For(Sha256("another Hello"), t0);
+  EXPECT_NE(other.session, c.session);
+  EXPECT_NE(other.nonce, c.nonce);
+  EXPECT_NE(maker.For(hello, t0 + ChallengeMaker::kWindow).session, c.session);
+
+  for (auto later : {std::chrono::seconds(0), std::chrono::seconds(31), std::chrono::seconds(59)}) {
+    const std::optional<Challenge> found = maker.Find(hello, c.session, t0 + later);
+    ASSERT_TRUE(found.has_value()) << later.count() << " s later";
+    EXPECT_EQ(found->nonce, c.nonce);
+  }
+  EXPECT_FALSE(maker.Find(hello, c.session, t0 + std::chrono::seconds(60)).has_value());
+  EXPECT_FALSE(maker.Find(hello, c.session, t0 - std::chrono::seconds(1)).has_value());
+  EXPECT_FALSE(maker.Find(Sha256("another Hello"), c.session, t0).has_value());
+  EXPECT_FALSE(maker.Find(hello, c.session + 1, t0).has_value());
+  key[0] ^= 1;
+  EXPECT_FALSE(ChallengeMaker(key).Find(hello, c.session, t0).has_value());
+  // Two processes' makers (fresh keys) give different challenges.
+  EXPECT_NE(ChallengeMaker::Create()->For(hello, t0).session,
+            ChallengeMaker::Create()->For(hello, t0).session);
+}
+
 TEST(HandshakeAuthTest, ProofVerifiesUnderTheSameSecretAndTranscriptOnly) {
   HandshakeAuth ours("secret-of-this-deployment");
   const std::string t = HandshakeAuth::Transcript(kHello, Prefill(), NonceOf(1), 77);

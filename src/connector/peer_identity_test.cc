@@ -255,12 +255,13 @@ TEST_F(PeerIdentityTest, ForgedHelloDoesNotEvictTheRealDecodePeer) {
   ExpectRealDecodePeer(endpoint);
 
   const uint64_t p0 = Dropped(prefill());
+  const std::string hello = EncodeMessage(impostor, ForgedHello());
   const std::string t =
-      HandshakeAuth::Transcript(Sha256(EncodeMessage(impostor, ForgedHello())), answer.from,
-                                challenge->nonce, challenge->session);
+      HandshakeAuth::Transcript(Sha256(hello), answer.from, challenge->nonce, challenge->session);
   HandshakeAuth guess("not the deployment's secret");
-  intruder_->Send(prefill(), EncodeMessage(impostor, HelloProofMsg{challenge->session,
-                                                                   guess.Prove(Role::kDecode, t)}));
+  intruder_->Send(prefill(),
+                  EncodeMessage(impostor, HelloProofMsg{challenge->session,
+                                                        guess.Prove(Role::kDecode, t), hello}));
   ASSERT_TRUE(WaitFor([&] { return Dropped(prefill()) == p0 + 1; }));
   ExpectRealDecodePeer(endpoint);
   Deliver(4);
@@ -342,6 +343,7 @@ class Newcomer {
   struct Challenged {
     HelloChallengeMsg challenge;
     std::string transcript;
+    std::string hello;  // as sent
   };
   Challenged Hello(const HandshakeAuth& hs) {
     HelloMsg hello = keyed_;
@@ -356,7 +358,8 @@ class Newcomer {
     EXPECT_FALSE(sealed);
     if (c == nullptr) return {};
     Challenged out{
-        *c, HandshakeAuth::Transcript(Sha256(hello_bytes), answer.from, c->nonce, c->session)};
+        *c, HandshakeAuth::Transcript(Sha256(hello_bytes), answer.from, c->nonce, c->session),
+        hello_bytes};
     const SessionKeys k = hs.Keys(out.transcript);
     // Where prefill's answer comes from: the endpoint it connected back on
     // is the one bound below (any endpoint of ours: the session id routes).
@@ -367,8 +370,8 @@ class Newcomer {
   }
   void Prove(const Challenged& c, const Digest& proof) {
     ASSERT_TRUE(auth_
-                    ->SendPlain(to_prefill_,
-                                EncodeMessage(self_, HelloProofMsg{c.challenge.session, proof}))
+                    ->SendPlain(to_prefill_, EncodeMessage(self_, HelloProofMsg{c.challenge.session,
+                                                                                proof, c.hello}))
                     .ok());
   }
   const RankId& self() const { return self_; }
@@ -426,7 +429,8 @@ TEST_F(PeerIdentityTest, AJunkProofDoesNotUseUpTheChallengeOfTheRealOne) {
   HandshakeAuth hs(AuthTokenFromEnvironment());
   const Newcomer::Challenged c = newcomer.Hello(hs);
   const uint64_t p0 = Dropped(prefill());
-  intruder_->Send(prefill(), EncodeMessage(as, HelloProofMsg{c.challenge.session, Digest{}}));
+  intruder_->Send(prefill(),
+                  EncodeMessage(as, HelloProofMsg{c.challenge.session, Digest{}, c.hello}));
   ASSERT_TRUE(WaitFor([&] { return Dropped(prefill()) == p0 + 1; }));
   ASSERT_NO_FATAL_FAILURE(newcomer.Prove(c, hs.Prove(Role::kDecode, c.transcript)));
   auto [ack, ack_sealed] = newcomer.Next();
@@ -435,6 +439,83 @@ TEST_F(PeerIdentityTest, AJunkProofDoesNotUseUpTheChallengeOfTheRealOne) {
   EXPECT_EQ(verdict->code, StatusCode::kOk) << verdict->message;
   EXPECT_TRUE(ack_sealed);
   EXPECT_EQ(Dropped(prefill()), p0 + 1);
+}
+
+// Review finding (session 37): prefill kept at most 64 challenged Hellos and
+// let the oldest go, so Hellos sent faster than one proof's round trip (no
+// secret needed) pushed the genuine one out, and its proof answered
+// nothing. Challenges are derived from the Hello now (ChallengeMaker) and the
+// proof brings its Hello back: the genuine proof is taken after any number
+// of Hellos, and taken once.
+TEST_F(PeerIdentityTest, AFloodOfHellosDoesNotPushOutTheGenuineOne) {
+  RankId as = decode().self();
+  as.instance = "newcomer";
+  as.incarnation = 99;
+  Newcomer newcomer(*cluster_, prefill(), as, ForgedHello());
+  HandshakeAuth hs(AuthTokenFromEnvironment());
+  const Newcomer::Challenged c = newcomer.Hello(hs);
+  constexpr int kFlood = 200;  // > the 64 challenge endpoints prefill keeps
+  for (int i = 0; i < kFlood; ++i) {
+    RankId flooder = decode().self();
+    flooder.instance = "flooder";
+    flooder.pid += 1 + i;
+    HelloMsg h = ForgedHello();
+    h.session = 0x100000 + i;
+    intruder_->Send(prefill(), EncodeMessage(flooder, h));
+  }
+  // Prefill takes Hellos in order: the last one's challenge says it took
+  // them all (those of endpoints it let go meanwhile never leave).
+  int challenged = 0;
+  for (uint64_t last = 0; last != 0x100000 + kFlood - 1; ++challenged) {
+    const Message m = intruder_->Next();
+    const auto* challenge = std::get_if<HelloChallengeMsg>(&m.body);
+    ASSERT_NE(challenge, nullptr) << MessageTypeName(m.body);
+    last = challenge->decode_session;
+  }
+  EXPECT_GE(challenged, 64);
+  const uint64_t p0 = Dropped(prefill());
+  const Digest proof = hs.Prove(Role::kDecode, c.transcript);
+  ASSERT_NO_FATAL_FAILURE(newcomer.Prove(c, proof));
+  auto [ack, ack_sealed] = newcomer.Next();
+  const auto* verdict = std::get_if<HelloAckMsg>(&ack.body);
+  ASSERT_NE(verdict, nullptr) << MessageTypeName(ack.body);
+  EXPECT_EQ(verdict->code, StatusCode::kOk) << verdict->message;
+  EXPECT_TRUE(ack_sealed);
+  // The same proof again (recorded on the wire) proves nothing more.
+  ASSERT_NO_FATAL_FAILURE(newcomer.Prove(c, proof));
+  ASSERT_TRUE(WaitFor([&] { return Dropped(prefill()) == p0 + 1; }));
+  EXPECT_TRUE(newcomer.NothingReceived()) << "a replayed proof was answered";
+}
+
+// A proof whose Hello is not its sender's, or is no Hello, proves nothing:
+// the challenge is derived from the Hello the proof carries.
+TEST_F(PeerIdentityTest, AProofMustCarryItsSendersHello) {
+  RankId as = decode().self();
+  as.instance = "newcomer";
+  as.incarnation = 99;
+  Newcomer newcomer(*cluster_, prefill(), as, ForgedHello());
+  HandshakeAuth hs(AuthTokenFromEnvironment());
+  const Newcomer::Challenged c = newcomer.Hello(hs);
+  const Digest proof = hs.Prove(Role::kDecode, c.transcript);
+  RankId other = as;
+  other.pid += 1;
+  const uint64_t p0 = Dropped(prefill());
+  for (const std::string& carried :
+       {std::string(), EncodeMessage(as, HeartbeatMsg{1}), c.hello.substr(1)}) {
+    intruder_->Send(prefill(),
+                    EncodeMessage(as, HelloProofMsg{c.challenge.session, proof, carried}));
+  }
+  // The right Hello under another sender's name.
+  intruder_->Send(prefill(),
+                  EncodeMessage(other, HelloProofMsg{c.challenge.session, proof, c.hello}));
+  ASSERT_TRUE(WaitFor([&] { return Dropped(prefill()) == p0 + 4; })) << Dropped(prefill()) - p0;
+  EXPECT_TRUE(newcomer.NothingReceived());
+  // The genuine proof still goes through.
+  ASSERT_NO_FATAL_FAILURE(newcomer.Prove(c, proof));
+  auto [ack, ack_sealed] = newcomer.Next();
+  const auto* verdict = std::get_if<HelloAckMsg>(&ack.body);
+  ASSERT_NE(verdict, nullptr) << MessageTypeName(ack.body);
+  EXPECT_EQ(verdict->code, StatusCode::kOk) << verdict->message;
 }
 
 // A handshake recorded on the wire and replayed: the Hello earns a new

@@ -20,16 +20,6 @@
 
 namespace kvbridge::internal {
 
-// Prefill: a Hello challenged, not yet proven (ManagerImpl::pending_hellos_).
-struct PendingHello {
-  RankId from;
-  HelloMsg hello;
-  Digest digest{};
-  Nonce nonce{};
-  PeerId tpeer = 0;
-  SteadyTime at;
-};
-
 // A Hello whose proof checked, for the acceptor thread (AcceptRound).
 struct PendingAccept {
   RankId from;
@@ -102,10 +92,11 @@ struct Peer {
   // Encoded messages, sent in this order (all as ordered messages: nothing
   // was written to the peer before it answered, so none needs to overtake).
   std::vector<std::string> held;
-  // Decode side, while the handshake runs (peer_auth.h): the digest of the
-  // Hello sent last and its session id (0 once a challenge answered it),
-  // and how many challenges claiming this rank failed their proof.
-  Digest hello_digest{};
+  // Decode side, while the handshake runs (peer_auth.h): the Hello sent
+  // last, its bytes as sent, and its session id (0 once a challenge
+  // answered it), and how many challenges claiming this rank failed their
+  // proof.
+  std::string hello_bytes;
   uint64_t hello_session = 0;
   int auth_refusals = 0;
   // Challenges that came for an earlier Hello of ours (sent again since) or

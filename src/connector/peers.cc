@@ -27,9 +27,9 @@ void ManagerImpl::OnPeerFailure(PeerId tpeer, const Status& why) {
 }
 
 // A Hello's endpoint that no peer holds yet failed. Challenged and not yet
-// proven: the Hello is forgotten (its proof, if it comes, answers nothing;
-// decode sends its Hello again). Proven: its acceptance is dropped
-// (StaleAcceptLocked). Either way no peer is made on it.
+// proven: the endpoint is let go (its proof, if it comes, connects anew).
+// Proven: its acceptance is dropped (StaleAcceptLocked). Either way no peer
+// is made on it.
 void ManagerImpl::NoPeersEndpointFailedLocked(PeerId tpeer, const Status& why, Outbox& out) {
   auto accepting = accepting_.find(tpeer);
   if (accepting != accepting_.end()) {
@@ -38,13 +38,10 @@ void ManagerImpl::NoPeersEndpointFailedLocked(PeerId tpeer, const Status& why, O
                    why.ToString());
     return;
   }
-  for (auto p = pending_hellos_.begin(); p != pending_hellos_.end(); ++p) {
-    if (p->second.tpeer != tpeer) continue;
-    KVB_LOG_INFO("the endpoint of {}'s Hello failed before its proof ({}): forgotten",
-                 p->second.from.ToString(), why.ToString());
-    pending_hellos_.erase(p);
+  if (std::optional<RankId> from = challenges_.Forget(tpeer)) {
+    KVB_LOG_INFO("the endpoint of {}'s Hello failed before its proof ({}): let go",
+                 from->ToString(), why.ToString());
     out.disconnect.push_back(tpeer);
-    return;
   }
 }
 

@@ -13,9 +13,12 @@ namespace kvbridge::internal {
 namespace {
 
 // The magic names the message format: a rank of a build whose format differs
-// is told apart from garbage. "KVBN": RankId carries the boot id.
-constexpr uint32_t kMagic = 0x4b56424e;              // "KVBN"
-constexpr uint32_t kMagicBeforeBootId = 0x4b56424d;  // "KVBM"
+// is told apart from garbage. "KVBN": RankId carries the boot id. "KVBO":
+// the HelloProof carries its Hello (stateless challenges), and the
+// heartbeat endpoint seals in a lane of its own.
+constexpr uint32_t kMagic = 0x4b56424f;                          // "KVBO"
+constexpr uint32_t kMagicBeforeBootId = 0x4b56424d;              // "KVBM"
+constexpr uint32_t kMagicBeforeStatelessChallenge = 0x4b56424e;  // "KVBN"
 
 void PutRank(WireWriter& w, const RankId& r) {
   w.U8(static_cast<uint8_t>(r.role));
@@ -322,6 +325,7 @@ struct Encoder {
   void operator()(const HelloProofMsg& m) {
     w.U64(m.session);
     PutFixed(w, m.proof);
+    w.Bytes(m.hello);
   }
   void operator()(const HelloAckMsg& m) {
     w.U32(static_cast<uint32_t>(m.code));
@@ -473,6 +477,7 @@ bool DecodeBody(uint8_t type, WireReader& r, MessageBody* body) {
     case 9: {
       HelloProofMsg m;
       if (!r.U64(&m.session) || !GetFixed(r, "proof", &m.proof)) return r.Fail("proof truncated");
+      if (!r.BoundedBytes("the Hello a proof answers", &m.hello, kMaxHelloBytes)) return false;
       *body = m;
       return true;
     }
@@ -512,10 +517,15 @@ Result<Message> DecodeMessage(std::string_view bytes) {
   uint8_t type = 0xff;
   Message m;
   auto bad_magic = [&] {
-    return r.Fail(magic == kMagicBeforeBootId
-                      ? std::string("from a kvbridge build of an older message format (no boot id "
-                                    "in a rank): upgrade every rank of the deployment together")
-                      : fmt::format("bad magic {:#x}", magic));
+    const char* older = magic == kMagicBeforeBootId ? "no boot id in a rank"
+                        : magic == kMagicBeforeStatelessChallenge
+                            ? "a handshake whose proof does not carry its Hello"
+                            : nullptr;
+    if (older == nullptr) return r.Fail(fmt::format("bad magic {:#x}", magic));
+    return r.Fail(
+        fmt::format("from a kvbridge build of an older message format ({}): upgrade "
+                    "every rank of the deployment together",
+                    older));
   };
   bool ok = r.U32(&magic) && (magic == kMagic || bad_magic()) && r.U8(&type) &&
             GetRank(r, "sender", &m.from) && DecodeBody(type, r, &m.body) &&

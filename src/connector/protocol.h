@@ -45,9 +45,10 @@ inline constexpr uint32_t kMaxPagesPerMessage = 1u << 24;
 inline constexpr uint32_t kMaxBuffers = 4096;
 // One buffer's length; its address plus length must not wrap either.
 inline constexpr uint64_t kMaxBufferBytes = uint64_t{1} << 48;
-inline constexpr uint32_t kMaxNameBytes = 256;       // host, instance, dtype
-inline constexpr uint32_t kMaxBlobBytes = 64 << 10;  // a transport address, a remote key
-inline constexpr uint32_t kMaxTextBytes = 16 << 10;  // detail, mechanism, hint, HelloAck text
+inline constexpr uint32_t kMaxNameBytes = 256;        // host, instance, dtype
+inline constexpr uint32_t kMaxBlobBytes = 64 << 10;   // a transport address, a remote key
+inline constexpr uint32_t kMaxTextBytes = 16 << 10;   // detail, mechanism, hint, HelloAck text
+inline constexpr uint32_t kMaxHelloBytes = 16 << 20;  // an encoded Hello
 // Timestamps (microseconds since the epoch) lie in [0, kMaxTimestampMicros]:
 // about the year 2116, where the difference of any two still fits a
 // system_clock duration.
@@ -72,6 +73,10 @@ struct HelloChallengeMsg {
 struct HelloProofMsg {
   uint64_t session = 0;  // prefill's session id from the challenge
   Digest proof{};        // HandshakeAuth::Prove(kDecode, transcript)
+  // The Hello it answers, its bytes exactly as sent: prefill keeps no
+  // Hello (peer_auth.h, ChallengeMaker) and finds the challenge again from
+  // it. At most kMaxHelloBytes.
+  std::string hello;
 };
 // A HelloAck with this code refuses a process that a failure record held by
 // prefill declared failed (hello_rule.h, kToldItFailed): not a failure of

@@ -44,8 +44,7 @@ bool ManagerImpl::RetirePeersLocked(const FailureRecord& why, Outbox& out) {
   }
   // Handshakes and metadata of the old sessions (none comes for the new
   // incarnation before it is registered).
-  for (auto& [session, pending] : pending_hellos_) out.disconnect.push_back(pending.tpeer);
-  pending_hellos_.clear();
+  for (PeerId tpeer : challenges_.Clear()) out.disconnect.push_back(tpeer);
   for (const PendingAccept& a : accepts_) {  // proven, not taken
     out.disconnect.push_back(a.tpeer);
     accepting_.erase(a.tpeer);

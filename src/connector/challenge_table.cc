@@ -1,0 +1,72 @@
+#include "connector/challenge_table.h"
+
+#include <chrono>
+
+namespace kvbridge::internal {
+
+ChallengeTable::Kept ChallengeTable::Keep(uint64_t session, const RankId& from, PeerId tpeer,
+                                          SteadyTime now) {
+  Kept out;
+  for (auto it = endpoints_.begin(); it != endpoints_.end();) {
+    // Expired, or the same Hello again (replayed: the same challenge, which
+    // goes out on the new endpoint).
+    if (now - it->second.at <= kLifetime && it->first != session) {
+      ++it;
+      continue;
+    }
+    out.let_go.push_back(it->second.tpeer);
+    it = endpoints_.erase(it);
+  }
+  while (endpoints_.size() >= kMaxEndpoints) {
+    auto oldest = endpoints_.begin();
+    for (auto it = endpoints_.begin(); it != endpoints_.end(); ++it)
+      if (it->second.at < oldest->second.at) oldest = it;
+    out.let_go.push_back(oldest->second.tpeer);
+    endpoints_.erase(oldest);
+  }
+  for (const auto& [s, earlier] : endpoints_) {
+    if (!SameProcess(earlier.from, from)) continue;
+    out.again_after_s = std::chrono::duration<double>(now - earlier.at).count();
+    break;
+  }
+  endpoints_[session] = {from, tpeer, now};
+  return out;
+}
+
+bool ChallengeTable::FirstProof(uint64_t session, SteadyTime now) {
+  for (auto it = proven_.begin(); it != proven_.end();) {
+    if (now - it->second > kLifetime) {
+      it = proven_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return proven_.emplace(session, now).second;
+}
+
+std::optional<PeerId> ChallengeTable::TakeEndpoint(uint64_t session, const RankId& from) {
+  auto it = endpoints_.find(session);
+  if (it == endpoints_.end() || !SameProcess(it->second.from, from)) return std::nullopt;
+  const PeerId tpeer = it->second.tpeer;
+  endpoints_.erase(it);
+  return tpeer;
+}
+
+std::optional<RankId> ChallengeTable::Forget(PeerId tpeer) {
+  for (auto it = endpoints_.begin(); it != endpoints_.end(); ++it) {
+    if (it->second.tpeer != tpeer) continue;
+    RankId from = it->second.from;
+    endpoints_.erase(it);
+    return from;
+  }
+  return std::nullopt;
+}
+
+std::vector<PeerId> ChallengeTable::Clear() {
+  std::vector<PeerId> all;
+  for (const auto& [session, e] : endpoints_) all.push_back(e.tpeer);
+  endpoints_.clear();
+  return all;
+}
+
+}  // namespace kvbridge::internal

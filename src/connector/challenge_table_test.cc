@@ -1,0 +1,90 @@
+// What prefill remembers of handshakes in progress (challenge_table.h),
+// alone: bounded, and nothing lost there costs a genuine handshake more
+// than a new endpoint.
+#include "connector/challenge_table.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+namespace kvbridge::internal {
+namespace {
+
+RankId Decode(int64_t pid) {
+  RankId id;
+  id.role = Role::kDecode;
+  id.host = "host-b";
+  id.pid = pid;
+  id.incarnation = 7;
+  return id;
+}
+
+const SteadyTime kT0{std::chrono::seconds(1000)};
+
+TEST(ChallengeTableTest, KeepsTheNewestEndpointsAndLetsTheOldestGo) {
+  ChallengeTable t;
+  for (uint64_t s = 1; s <= ChallengeTable::kMaxEndpoints; ++s) {
+    EXPECT_TRUE(t.Keep(s, Decode(s), 100 + s, kT0 + std::chrono::milliseconds(s)).let_go.empty());
+  }
+  const ChallengeTable::Kept kept = t.Keep(1000, Decode(1000), 999, kT0 + std::chrono::seconds(1));
+  EXPECT_EQ(kept.let_go, std::vector<PeerId>{101});  // session 1's, the oldest
+  EXPECT_FALSE(t.TakeEndpoint(1, Decode(1)).has_value());
+  EXPECT_EQ(t.TakeEndpoint(2, Decode(2)), std::optional<PeerId>(102));
+  EXPECT_EQ(t.TakeEndpoint(1000, Decode(1000)), std::optional<PeerId>(999));
+  EXPECT_FALSE(t.TakeEndpoint(1000, Decode(1000)).has_value()) << "taken twice";
+}
+
+TEST(ChallengeTableTest, AnEndpointIsTakenOnlyForTheProcessWhoseHelloItAnswers) {
+  ChallengeTable t;
+  t.Keep(5, Decode(1), 42, kT0);
+  EXPECT_FALSE(t.TakeEndpoint(5, Decode(2)).has_value());
+  EXPECT_FALSE(t.TakeEndpoint(6, Decode(1)).has_value());
+  EXPECT_EQ(t.TakeEndpoint(5, Decode(1)), std::optional<PeerId>(42));
+}
+
+TEST(ChallengeTableTest, ExpiredAndReplacedEndpointsAreLetGo) {
+  ChallengeTable t;
+  t.Keep(1, Decode(1), 11, kT0);
+  t.Keep(2, Decode(2), 12, kT0 + std::chrono::seconds(30));
+  // The same Hello again: the same session, on a new endpoint.
+  ChallengeTable::Kept again = t.Keep(2, Decode(2), 13, kT0 + std::chrono::seconds(31));
+  EXPECT_EQ(again.let_go, std::vector<PeerId>{12});
+  const ChallengeTable::Kept later =
+      t.Keep(3, Decode(3), 14, kT0 + ChallengeTable::kLifetime + std::chrono::seconds(1));
+  EXPECT_EQ(later.let_go, std::vector<PeerId>{11});
+  EXPECT_EQ(t.Clear(), (std::vector<PeerId>{13, 14}));
+  EXPECT_TRUE(t.Clear().empty());
+}
+
+TEST(ChallengeTableTest, AHelloSentAgainBeforeItsProofIsNoticed) {
+  ChallengeTable t;
+  EXPECT_FALSE(t.Keep(1, Decode(1), 11, kT0).again_after_s.has_value());
+  const ChallengeTable::Kept again = t.Keep(2, Decode(1), 12, kT0 + std::chrono::seconds(2));
+  ASSERT_TRUE(again.again_after_s.has_value());
+  EXPECT_DOUBLE_EQ(*again.again_after_s, 2.0);
+  EXPECT_TRUE(again.let_go.empty()) << "the first challenge's proof may still come";
+}
+
+TEST(ChallengeTableTest, ASessionIsProvenOnceWhileItsChallengeIsGood) {
+  ChallengeTable t;
+  EXPECT_TRUE(t.FirstProof(9, kT0));
+  EXPECT_FALSE(t.FirstProof(9, kT0 + std::chrono::seconds(1)));
+  EXPECT_FALSE(t.FirstProof(9, kT0 + ChallengeTable::kLifetime));
+  EXPECT_TRUE(t.FirstProof(10, kT0));
+  // Past the time a challenge is good, no proof of it checks any more
+  // (ChallengeMaker::Find), and the session is forgotten.
+  EXPECT_TRUE(t.FirstProof(9, kT0 + ChallengeTable::kLifetime + std::chrono::seconds(1)));
+}
+
+TEST(ChallengeTableTest, AFailedEndpointIsForgottenNamingItsHellosSender) {
+  ChallengeTable t;
+  t.Keep(1, Decode(4), 21, kT0);
+  EXPECT_FALSE(t.Forget(22).has_value());
+  const std::optional<RankId> from = t.Forget(21);
+  ASSERT_TRUE(from.has_value());
+  EXPECT_EQ(from->pid, 4);
+  EXPECT_FALSE(t.TakeEndpoint(1, Decode(4)).has_value());
+}
+
+}  // namespace
+}  // namespace kvbridge::internal
