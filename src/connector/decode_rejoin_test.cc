@@ -1,5 +1,6 @@
 // A decode rank that the others declared failed and that rejoined: what it
-// keeps of its old incarnation's peers must not fail its new requests.
+// keeps of its old incarnation's peers must not fail its new requests, and
+// what it declared failed in the registry must still fail them.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -9,6 +10,7 @@
 #include "common/log.h"
 #include "common/log_capture.h"
 #include "connector/connector_test_util.h"
+#include "connector/registry_test_util.h"
 #include "connector/stall_proxy.h"
 #include "transport/fault/fault_transport.h"
 
@@ -90,6 +92,94 @@ TEST(DecodeRejoinTest, ALookupThatFailsAfterARejoinIsRetriedNotBlamedOnTheOldInc
   ASSERT_TRUE(next.senders[0]->Init(next.src.size(), next.src_aux).ok());
   ASSERT_NO_FATAL_FAILURE(SendChunks(next, {4}));
   ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, next));
+}
+
+// Waits until the registry at `server` holds a rank failure naming `origin`'s
+// process (its position and incarnation).
+void AwaitRankRecord(const std::string& server, const RankId& origin) {
+  auto client =
+      BootstrapClient::Create(server, std::chrono::milliseconds(2000), AuthTokenFromEnvironment());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto held = [&] {
+    Result<FailureBatch> b = (*client)->FailuresSince(0);
+    if (!b.ok()) return false;
+    for (const auto& j : b->records) {
+      Result<FailureRecord> r = FailureRecordFromJson(j);
+      if (r.ok() && IsRankFailure(r->cause) && r->origin.SameRank(origin) &&
+          r->origin.incarnation == origin.incarnation)
+        return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(WaitFor(held)) << "the registry never held a record of " << origin.ToString();
+}
+
+// A decode rank that declared a prefill process failed, and got that into
+// the registry, is then itself declared failed and rejoins. The prefill
+// process lives on at the same incarnation (it is cut off from the
+// registry, so nothing has fenced it yet): every rank holds it failed, and
+// so must the rejoined decode rank. Before, the rejoin forgot every record
+// this rank had detected, published ones too: its next request looked the
+// prefill rank up, met the declared-failed process again as a healthy peer
+// and went on with it.
+TEST(DecodeRejoinTest, AProcessThisRankDeclaredFailedInTheRegistryStaysFailedAfterItsRejoin) {
+  std::unique_ptr<StallProxy> proxy;  // prefill's way to the registry
+  ClusterOptions o;
+  o.decode_tp = 2;
+  o.tweak = [&proxy](ManagerOptions& m) {
+    TolerantLiveness(m);
+    if (m.role != Role::kPrefill) return;
+    m.heartbeat_misses = 400;  // it counts the registry lost only after 20 s
+    proxy = std::make_unique<StallProxy>(m.bootstrap_addr);
+    m.bootstrap_addr = proxy->address();
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(proxy && proxy->ok());
+  Request first{.room = 41, .src = {1, 2, 3, 4}, .dst = {30, 31, 32, 33}};
+  ASSERT_NO_FATAL_FAILURE(Start(**c, first, /*senders_first=*/false));
+  ASSERT_NO_FATAL_FAILURE(SendChunks(first, {4}));
+  ASSERT_NO_FATAL_FAILURE(ExpectDelivered(**c, first));
+  ManagerImpl& prefill = ManagerAccess::Of(*(*c)->prefill[0].manager);
+  ManagerImpl& decode = ManagerAccess::Of(*(*c)->decode[0].manager);
+  ManagerImpl& sibling = ManagerAccess::Of(*(*c)->decode[1].manager);
+  const RankId cut_off = prefill.self();
+  const RankId before = decode.self();
+  const std::string server = (*c)->bootstrap_address();
+
+  // Prefill no longer reaches the registry. Decode tp0 declares it failed,
+  // as its own finding, and publishes that.
+  proxy->Stall();
+  FailureRecord blame = DeathOf(cut_off);
+  blame.cause = FailureCause::kPeerUnresponsive;
+  blame.detail = "no heartbeat for 2.00 s";
+  blame.mechanism = "peer heartbeat";
+  blame.detected_by = before;
+  decode.ApplyRecordForTest(blame, /*publish=*/true);
+  ASSERT_NO_FATAL_FAILURE(AwaitRankRecord(server, cut_off));
+
+  // Then its sibling declares decode tp0 failed: it reads that, and rejoins.
+  FailureRecord death = DeathOf(before);
+  death.cause = FailureCause::kPeerUnresponsive;
+  death.detected_by = sibling.self();
+  sibling.ApplyRecordForTest(death, /*publish=*/true);
+  ASSERT_TRUE(WaitFor([&] { return decode.Stats().rejoins == 1; })) << "decode never rejoined";
+  ASSERT_NE(decode.self().incarnation, before.incarnation);
+
+  // Its next request reads from the prefill rank it declared failed, still
+  // at that incarnation: it fails with that record instead of meeting it.
+  auto rx = std::move(KVReceiver::Create(*(*c)->decode[0].manager, 42)).value();
+  ASSERT_TRUE(rx->Init(0).ok());
+  ASSERT_TRUE(WaitFor([&] {
+    const KVPoll p = rx->Poll();
+    return p == KVPoll::kFailed || p == KVPoll::kWaitingForInput;
+  })) << KVPollName(rx->Poll());
+  ASSERT_EQ(rx->Poll(), KVPoll::kFailed) << "the declared-failed prefill process was met again";
+  const FailureRecord why = *rx->Failure();
+  EXPECT_TRUE(why.origin.SameRank(cut_off)) << why.Message();
+  EXPECT_EQ(why.origin.incarnation, cut_off.incarnation) << why.Message();
+  EXPECT_EQ(why.detail, blame.detail) << why.Message();
+  proxy->ResumeDroppingHeld();  // the managers deregister through it
 }
 
 }  // namespace

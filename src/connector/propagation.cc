@@ -490,8 +490,12 @@ void ManagerImpl::PublishQueued(std::chrono::system_clock::time_point answered_b
     return true;
   });
   std::vector<FailureRecord> unsent;
+  std::vector<std::pair<std::string, uint64_t>> published;  // rank failures the registry holds
   for (size_t i = 0; i < to_publish.size(); ++i) {
     Result<uint64_t> seq = registry_->PublishFailure(FailureRecordToJson(to_publish[i]));
+    const RankId& origin = to_publish[i].origin;
+    if (seq.ok() && IsRankFailure(to_publish[i].cause) && !origin.SameRank(Self()))
+      published.emplace_back(PeerKey(origin), origin.incarnation);
     if (seq.ok()) continue;
     KVB_LOG_WARN("failure record not published: {}", seq.status().ToString());
     // An unreachable registry (an etcd election, a restart) takes it and
@@ -502,11 +506,10 @@ void ManagerImpl::PublishQueued(std::chrono::system_clock::time_point answered_b
       break;
     }
   }
-  if (!unsent.empty()) {
-    MutexLock lock(mu_);
-    publish_queue_.insert(publish_queue_.begin(), unsent.begin(), unsent.end());
-    if (publish_queue_.size() > kMaxQueuedRecords) publish_queue_.resize(kMaxQueuedRecords);
-  }
+  MutexLock lock(mu_);
+  published_.insert(published.begin(), published.end());  // a rejoin keeps them (rejoin.cc)
+  publish_queue_.insert(publish_queue_.begin(), unsent.begin(), unsent.end());
+  if (publish_queue_.size() > kMaxQueuedRecords) publish_queue_.resize(kMaxQueuedRecords);
 }
 
 void ManagerImpl::CheckSiblings(const std::vector<RankStatus>& ranks) {

@@ -15,6 +15,11 @@ RankFailureAction JudgeRankFailure(const FailureRecord& r, const RankFailureFact
   return f.replaced && f.replaced() ? RankFailureAction::kDropStale : RankFailureAction::kApply;
 }
 
+bool KeptAcrossRejoin(const FailureRecord& held, const RankId& self, bool published) {
+  const bool own_finding = held.detected_by.SameRank(self) && held.detected_by.pid == self.pid;
+  return published || !own_finding;
+}
+
 bool RankFailureTouches(const RankId& origin, bool sibling, const SenderRoom& room) {
   if (sibling) return true;
   if (origin.role != Role::kDecode) return false;

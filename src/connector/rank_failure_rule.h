@@ -34,6 +34,17 @@ struct RankFailureFacts {
 
 RankFailureAction JudgeRankFailure(const FailureRecord& record, const RankFailureFacts& facts);
 
+// Whether a rejoin of this rank (`self`: position and pid) keeps `held`, a
+// record it applied of another rank's failure (ManagerImpl::dead_ranks_).
+// Dropped: what this very process detected (under any incarnation) and did
+// not get into the registry; blame gathered while the registry did not
+// answer stays local (PublishQueued), as most likely about this rank's own
+// isolation, and must not block the new incarnation's requests. Kept: what
+// the registry holds, whoever detected it; `published`: this process put
+// it there. Every other rank holds that process failed: the rejoined rank
+// must not meet it again as healthy until it comes back as a new incarnation.
+bool KeptAcrossRejoin(const FailureRecord& held, const RankId& self, bool published);
+
 // Whether the failure of the rank at `origin` fails a request here: every
 // request when it is a sibling (same group as this rank); on prefill, a
 // request with metadata from a decode rank of its instance and dp; on

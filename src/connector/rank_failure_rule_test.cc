@@ -82,6 +82,31 @@ TEST(RankFailureRuleTest, NewsOfThisProcessFencesItOnceAndOnlyThisLife) {
   EXPECT_EQ(replaced.asked, 0) << "a record about this rank is never stale news of another";
 }
 
+// Review finding: a rejoin forgot every failure this rank had detected,
+// the ones it had published too, so a process every other rank holds
+// failed was met again as healthy. What stays local is forgotten; what the
+// registry holds is kept.
+TEST(RankFailureRuleTest, ARejoinForgetsOnlyWhatThisProcessFoundAndKeptLocal) {
+  RankId self = Rank(Role::kDecode, 0, 0);
+  self.pid = 10;
+  FailureRecord r = Died(Rank(Role::kPrefill, 0, 0));
+  r.detected_by = self;
+  EXPECT_FALSE(KeptAcrossRejoin(r, self, /*published=*/false)) << "kept local: its own view";
+  EXPECT_TRUE(KeptAcrossRejoin(r, self, /*published=*/true)) << "in the registry";
+  // Under an earlier incarnation (before an earlier rejoin) it is still this process.
+  r.detected_by.incarnation = 6;
+  EXPECT_FALSE(KeptAcrossRejoin(r, self, false));
+  EXPECT_TRUE(KeptAcrossRejoin(r, self, true));
+  // Another rank's finding, or another process's at this position (read
+  // from the registry), is the registry's.
+  r.detected_by = Rank(Role::kDecode, 0, 1);
+  r.detected_by.pid = 10;
+  EXPECT_TRUE(KeptAcrossRejoin(r, self, false));
+  r.detected_by = self;
+  r.detected_by.pid = 11;
+  EXPECT_TRUE(KeptAcrossRejoin(r, self, false));
+}
+
 TEST(RankFailureRuleTest, ADecodeRankTouchesTheSendersWithMetadataFromItsInstanceAndDp) {
   SenderRoom room(5, SteadyTime{}, WallTime{});
   room.flows[0].decode = Rank(Role::kDecode, 1, 0, "decode-a");

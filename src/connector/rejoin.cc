@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "connector/manager_impl.h"
+#include "connector/rank_failure_rule.h"
 
 namespace kvbridge::internal {
 
@@ -133,15 +134,16 @@ void ManagerImpl::FinishRejoinLocked(uint64_t from) {
   const FailureRecord why = *declared_failed_;
   fatal_.reset();
   declared_failed_.reset();
-  // What the old incarnation blamed on others was about its own isolation
-  // (PublishQueued kept it local): it must not block the new one's rooms.
-  // Records the registry holds about others stay.
+  // What the old incarnation blamed on others and kept local was about its
+  // own isolation: it must not block the new one's rooms. What the registry
+  // holds stays, this rank's own published findings too (KeptAcrossRejoin).
   for (auto it = dead_ranks_.begin(); it != dead_ranks_.end();) {
-    if (!it->second.detected_by.SameRank(Self())) {
+    const std::pair<std::string, uint64_t> applied{it->first, it->second.origin.incarnation};
+    if (KeptAcrossRejoin(it->second, Self(), published_.count(applied) > 0)) {
       ++it;
       continue;
     }
-    applied_.erase({it->first, it->second.origin.incarnation});
+    applied_.erase(applied);
     it = dead_ranks_.erase(it);
   }
   std::erase_if(publish_queue_, [&](const FailureRecord& r) { return !r.origin.SameRank(Self()); });
