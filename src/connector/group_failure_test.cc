@@ -6,6 +6,7 @@
 
 #include "common/log_capture.h"
 #include "connector/connector_test_util.h"
+#include "connector/registry_test_util.h"
 #include "connector/stall_proxy.h"
 #include "control/auth.h"
 #include "control/bootstrap_client.h"
@@ -219,6 +220,54 @@ TEST(GroupFailureTest, ARoomRecordIsNotARankDeathAndDoesNotFailALaterUseOfTheRoo
   ASSERT_TRUE(ranks.ok());
   EXPECT_EQ(ranks->size(), 4u);
   for (const RankStatus& s : *ranks) EXPECT_EQ(s.dead_by_seq, 0u) << s.record.attn_tp_rank;
+}
+
+// Review finding: a record's detected_at is the word of the rank that
+// published it, in the registry as from a peer. One dated a day ahead
+// fails the request it names, as it should, but then matched every later
+// use of the room id (SameRequest): asked why its group failed, a later
+// use named that record and failed with it. Read from the registry, a
+// record is now dated no later than the reading, as a peer's word already
+// was (DatedNoLaterThan).
+TEST(GroupFailureTest, ARegistryRecordDatedInTheFutureIsNotWhyALaterUseOfTheRoomFailed) {
+  ClusterOptions o;
+  o.tweak = TolerantLiveness;
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  TestCluster& cluster = **c;
+  KVManager& prefill = *cluster.prefill[0].manager;
+  KVManager& decode = *cluster.decode[0].manager;
+  // The first use of the room: a sender without metadata and a receiver
+  // not initialized, so that neither tells the other anything: each learns
+  // of the failure from the registry only.
+  const uint64_t room = 45;
+  auto tx = std::move(KVSender::Create(prefill, room)).value();
+  auto rx = std::move(KVReceiver::Create(decode, room)).value();
+  // A request's failure at prefill, published by a registered rank (one
+  // PublishDeath registers for it) and dated a day ahead.
+  FailureRecord planted = DeathOf(prefill.self());
+  planted.cause = FailureCause::kInvalidRequest;
+  planted.detail = "dated a day ahead";
+  planted.mechanism = "Reject()";
+  planted.room = room;
+  planted.detected_at += std::chrono::hours(24);
+  ASSERT_NO_FATAL_FAILURE(PublishDeath(cluster.bootstrap_address(), decode.self(), planted));
+  // The barrier: each rank read it from the registry and failed its room.
+  ASSERT_TRUE(WaitFor([&] { return tx->Poll() == KVPoll::kFailed; })) << KVPollName(tx->Poll());
+  EXPECT_EQ(tx->Failure()->detail, planted.detail);
+  ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kFailed; })) << KVPollName(rx->Poll());
+  EXPECT_EQ(rx->Failure()->detail, planted.detail);
+  tx.reset();
+  rx.reset();
+
+  // The next use of the room id: no rank published anything about it.
+  Request again{.room = room, .src = Scattered(4, 64, 17), .dst = Scattered(4, 64, 18)};
+  ASSERT_NO_FATAL_FAILURE(Start(cluster, again, /*senders_first=*/false));
+  const FailureRecord why = again.receivers[0]->FailAsGroup();
+  EXPECT_NE(why.detail, planted.detail) << why.Message();
+  ASSERT_EQ(again.receivers[0]->Poll(), KVPoll::kFailed);
+  EXPECT_NE(again.receivers[0]->Failure()->detail, planted.detail)
+      << again.receivers[0]->Failure()->Message();
 }
 
 // Init leaves the lookups to the resolver thread, so an abort right after

@@ -392,10 +392,11 @@ void ManagerImpl::RegistryRound(uint64_t round) {
     {
       MutexLock lock(mu_);
       for (const nlohmann::json& j : batch->records) {
-        Result<FailureRecord> r = FailureRecordFromJson(j);
-        if (!r.ok()) continue;
-        ApplyRankFailureLocked(*r, out, ranks ? &live : nullptr);
-        ApplyRoomFailureLocked(*r, out);
+        Result<FailureRecord> read = FailureRecordFromJson(j);
+        if (!read.ok()) continue;
+        const FailureRecord r = DatedNoLaterThan(std::move(read).value(), WallNow());
+        ApplyRankFailureLocked(r, out, ranks ? &live : nullptr);
+        ApplyRoomFailureLocked(r, out);
       }
     }
     Flush(out);

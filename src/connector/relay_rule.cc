@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+
 namespace kvbridge::internal {
 
 bool IsRoomRecord(const FailureRecord& r) {
@@ -33,6 +35,10 @@ FailureRecord AsTakenFromPeer(FailureRecord r, const RankId& from, const RankId&
                               WallTime now) {
   // This process, whatever incarnation (the publish rule's test).
   if (r.detected_by.SameRank(self) && r.detected_by.pid == self.pid) r.detected_by = from;
+  return DatedNoLaterThan(std::move(r), now);
+}
+
+FailureRecord DatedNoLaterThan(FailureRecord r, WallTime now) {
   if (r.detected_at > now) r.detected_at = now;
   return r;
 }

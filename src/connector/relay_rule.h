@@ -35,9 +35,15 @@ std::optional<std::string> RelayedRecordRefusal(const RankId& from, const RoomFa
 // carries one). Its fields are the sender's word: one that says this
 // process detected it is not this process's finding (an echo or a forgery:
 // it would be published to the registry as this rank's own) and is kept as
-// `from`'s; a detection time after `now` is taken as `now` (a record from
-// the future would match every later use of its room id, SameRequest).
+// `from`'s; its detection time is DatedNoLaterThan `now`.
 FailureRecord AsTakenFromPeer(FailureRecord r, const RankId& from, const RankId& self,
                               WallTime now);
+
+// `r` with a detection time after `now` taken as `now`: a record from the
+// future would match every later use of its room id (SameRequest). For
+// every record another rank dates: told by a peer (AsTakenFromPeer) or
+// read from the registry, where a registered rank may date its own records
+// as it likes.
+FailureRecord DatedNoLaterThan(FailureRecord r, WallTime now);
 
 }  // namespace kvbridge::internal

@@ -122,5 +122,16 @@ TEST(RecordFromPeerTest, ADetectionClaimedForThisProcessIsKeptAsTheSendersAndThe
   EXPECT_EQ(kept.detected_at, now - std::chrono::seconds(3));
 }
 
+// Review finding: a record read from the registry is dated by the rank
+// that published it, which may date it in the future as a peer may.
+TEST(RecordFromPeerTest, ARecordFromTheRegistryIsDatedNoLaterThanItsReading) {
+  const WallTime now = WallTime{} + std::chrono::hours(1000);
+  FailureRecord r = Relayed(5).record;
+  r.detected_at = now + std::chrono::hours(24);
+  EXPECT_EQ(DatedNoLaterThan(r, now).detected_at, now);
+  r.detected_at = now - std::chrono::seconds(3);
+  EXPECT_EQ(DatedNoLaterThan(r, now).detected_at, now - std::chrono::seconds(3));
+}
+
 }  // namespace
 }  // namespace kvbridge::internal
