@@ -14,14 +14,14 @@ ChallengeTable::Kept ChallengeTable::Keep(uint64_t session, const RankId& from, 
       ++it;
       continue;
     }
-    out.let_go.push_back(it->second.tpeer);
+    LetGo(it->second.tpeer, now, out);
     it = endpoints_.erase(it);
   }
   while (endpoints_.size() >= kMaxEndpoints) {
     auto oldest = endpoints_.begin();
     for (auto it = endpoints_.begin(); it != endpoints_.end(); ++it)
       if (it->second.at < oldest->second.at) oldest = it;
-    out.let_go.push_back(oldest->second.tpeer);
+    LetGo(oldest->second.tpeer, now, out);
     endpoints_.erase(oldest);
   }
   for (const auto& [s, earlier] : endpoints_) {
@@ -31,6 +31,22 @@ ChallengeTable::Kept ChallengeTable::Keep(uint64_t session, const RankId& from, 
   }
   endpoints_[session] = {from, tpeer, now};
   return out;
+}
+
+void ChallengeTable::LetGo(PeerId tpeer, SteadyTime now, Kept& out) {
+  closing_.emplace_back(tpeer, now);
+  if (closing_.size() <= kMaxClosing) return;
+  out.close_now.push_back(closing_.front().first);
+  closing_.pop_front();
+}
+
+std::vector<PeerId> ChallengeTable::Due(SteadyTime now) {
+  std::vector<PeerId> due;
+  while (!closing_.empty() && now - closing_.front().second >= kCloseDelay) {
+    due.push_back(closing_.front().first);
+    closing_.pop_front();
+  }
+  return due;
 }
 
 bool ChallengeTable::FirstProof(uint64_t session, SteadyTime now) {
@@ -65,7 +81,9 @@ std::optional<RankId> ChallengeTable::Forget(PeerId tpeer) {
 std::vector<PeerId> ChallengeTable::Clear() {
   std::vector<PeerId> all;
   for (const auto& [session, e] : endpoints_) all.push_back(e.tpeer);
+  for (const auto& [tpeer, at] : closing_) all.push_back(tpeer);
   endpoints_.clear();
+  closing_.clear();
   return all;
 }
 

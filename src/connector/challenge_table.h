@@ -11,7 +11,9 @@
 // holds it under its mutex).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <deque>
 #include <map>
 #include <optional>
 #include <vector>
@@ -25,12 +27,18 @@ namespace kvbridge::internal {
 class ChallengeTable {
  public:
   static constexpr size_t kMaxEndpoints = 64;
+  // An endpoint let go is closed this long after (at a Due call), not at
+  // once: its challenge, queued on it, leaves first. Closing drops what is
+  // queued, so a flood of Hellos handled before the genuine challenge left
+  // would have dropped it. Past kMaxClosing, the oldest close at once.
+  static constexpr std::chrono::seconds kCloseDelay{1};
+  static constexpr size_t kMaxClosing = 1024;
   // A challenge (ChallengeMaker) is good in its window and the next:
   // nothing here outlives that.
   static constexpr auto kLifetime = 2 * ChallengeMaker::kWindow;
 
   struct Kept {
-    std::vector<PeerId> let_go;           // to close: expired, replaced, or the oldest
+    std::vector<PeerId> close_now;        // let go past kMaxClosing
     std::optional<double> again_after_s;  // since an unproven Hello of the same process
   };
   // Keeps `tpeer`, back to `from`, for the proof of challenge `session`.
@@ -43,7 +51,10 @@ class ChallengeTable {
   // The transport failed `tpeer`: taken off the table when kept; the
   // process it was kept for.
   std::optional<RankId> Forget(PeerId tpeer);
-  // Every endpoint kept, taken off the table (a rejoin: the old sessions).
+  // The endpoints let go kCloseDelay or more before `now`, to close.
+  std::vector<PeerId> Due(SteadyTime now);
+  // Every endpoint kept or let go, taken off the table (a rejoin: the old
+  // sessions).
   std::vector<PeerId> Clear();
 
  private:
@@ -52,8 +63,10 @@ class ChallengeTable {
     PeerId tpeer = 0;
     SteadyTime at;
   };
-  std::map<uint64_t, Endpoint> endpoints_;  // by session id
-  std::map<uint64_t, SteadyTime> proven_;   // session id -> when
+  std::map<uint64_t, Endpoint> endpoints_;             // by session id
+  std::map<uint64_t, SteadyTime> proven_;              // session id -> when
+  std::deque<std::pair<PeerId, SteadyTime>> closing_;  // let go, oldest first
+  void LetGo(PeerId tpeer, SteadyTime now, Kept& out);
 };
 
 }  // namespace kvbridge::internal

@@ -23,15 +23,36 @@ const SteadyTime kT0{std::chrono::seconds(1000)};
 
 TEST(ChallengeTableTest, KeepsTheNewestEndpointsAndLetsTheOldestGo) {
   ChallengeTable t;
-  for (uint64_t s = 1; s <= ChallengeTable::kMaxEndpoints; ++s) {
-    EXPECT_TRUE(t.Keep(s, Decode(s), 100 + s, kT0 + std::chrono::milliseconds(s)).let_go.empty());
-  }
-  const ChallengeTable::Kept kept = t.Keep(1000, Decode(1000), 999, kT0 + std::chrono::seconds(1));
-  EXPECT_EQ(kept.let_go, std::vector<PeerId>{101});  // session 1's, the oldest
-  EXPECT_FALSE(t.TakeEndpoint(1, Decode(1)).has_value());
+  for (uint64_t s = 1; s <= ChallengeTable::kMaxEndpoints; ++s)
+    EXPECT_TRUE(t.Keep(s, Decode(s), 100 + s, kT0).close_now.empty());
+  const SteadyTime later = kT0 + std::chrono::milliseconds(10);
+  EXPECT_TRUE(t.Keep(1000, Decode(1000), 999, later).close_now.empty());
+  EXPECT_FALSE(t.TakeEndpoint(1, Decode(1)).has_value()) << "session 1's, the oldest, let go";
   EXPECT_EQ(t.TakeEndpoint(2, Decode(2)), std::optional<PeerId>(102));
   EXPECT_EQ(t.TakeEndpoint(1000, Decode(1000)), std::optional<PeerId>(999));
   EXPECT_FALSE(t.TakeEndpoint(1000, Decode(1000)).has_value()) << "taken twice";
+  // Closed only once its challenge has had time to leave (a flood of Hellos
+  // handled before it did would otherwise drop it).
+  EXPECT_TRUE(t.Due(later + ChallengeTable::kCloseDelay - std::chrono::milliseconds(1)).empty());
+  EXPECT_EQ(t.Due(later + ChallengeTable::kCloseDelay), std::vector<PeerId>{101});
+  EXPECT_TRUE(t.Due(later + ChallengeTable::kCloseDelay).empty()) << "closed twice";
+}
+
+// Past kMaxClosing endpoints let go and not yet due, the oldest close at
+// once: a flood keeps what prefill holds open bounded.
+TEST(ChallengeTableTest, EndpointsLetGoAreBounded) {
+  ChallengeTable t;
+  const size_t n = ChallengeTable::kMaxEndpoints + ChallengeTable::kMaxClosing + 3;
+  std::vector<PeerId> closed_now;
+  for (uint64_t s = 1; s <= n; ++s) {
+    const ChallengeTable::Kept k = t.Keep(s, Decode(s), 100 + s, kT0);
+    closed_now.insert(closed_now.end(), k.close_now.begin(), k.close_now.end());
+  }
+  EXPECT_EQ(closed_now, (std::vector<PeerId>{101, 102, 103}));
+  const std::vector<PeerId> due = t.Due(kT0 + ChallengeTable::kCloseDelay);
+  ASSERT_EQ(due.size(), ChallengeTable::kMaxClosing);
+  EXPECT_EQ(due.front(), 104u);
+  EXPECT_EQ(t.Clear().size(), ChallengeTable::kMaxEndpoints);
 }
 
 TEST(ChallengeTableTest, AnEndpointIsTakenOnlyForTheProcessWhoseHelloItAnswers) {
@@ -47,12 +68,15 @@ TEST(ChallengeTableTest, ExpiredAndReplacedEndpointsAreLetGo) {
   t.Keep(1, Decode(1), 11, kT0);
   t.Keep(2, Decode(2), 12, kT0 + std::chrono::seconds(30));
   // The same Hello again: the same session, on a new endpoint.
-  ChallengeTable::Kept again = t.Keep(2, Decode(2), 13, kT0 + std::chrono::seconds(31));
-  EXPECT_EQ(again.let_go, std::vector<PeerId>{12});
-  const ChallengeTable::Kept later =
-      t.Keep(3, Decode(3), 14, kT0 + ChallengeTable::kLifetime + std::chrono::seconds(1));
-  EXPECT_EQ(later.let_go, std::vector<PeerId>{11});
-  EXPECT_EQ(t.Clear(), (std::vector<PeerId>{13, 14}));
+  t.Keep(2, Decode(2), 13, kT0 + std::chrono::seconds(31));
+  EXPECT_EQ(t.Due(kT0 + std::chrono::seconds(32)), std::vector<PeerId>{12});
+  const SteadyTime expired = kT0 + ChallengeTable::kLifetime + std::chrono::seconds(1);
+  t.Keep(3, Decode(3), 14, expired);
+  EXPECT_FALSE(t.TakeEndpoint(1, Decode(1)).has_value());
+  EXPECT_EQ(t.Due(expired + ChallengeTable::kCloseDelay), std::vector<PeerId>{11});
+  t.Keep(4, Decode(4), 15, expired);
+  t.Keep(4, Decode(4), 16, expired);  // 15 let go, not yet due: a rejoin closes it too
+  EXPECT_EQ(t.Clear(), (std::vector<PeerId>{13, 14, 16, 15}));
   EXPECT_TRUE(t.Clear().empty());
 }
 
@@ -62,7 +86,8 @@ TEST(ChallengeTableTest, AHelloSentAgainBeforeItsProofIsNoticed) {
   const ChallengeTable::Kept again = t.Keep(2, Decode(1), 12, kT0 + std::chrono::seconds(2));
   ASSERT_TRUE(again.again_after_s.has_value());
   EXPECT_DOUBLE_EQ(*again.again_after_s, 2.0);
-  EXPECT_TRUE(again.let_go.empty()) << "the first challenge's proof may still come";
+  EXPECT_EQ(t.TakeEndpoint(1, Decode(1)), std::optional<PeerId>(11))
+      << "the first challenge's proof may still come";
 }
 
 TEST(ChallengeTableTest, ASessionIsProvenOnceWhileItsChallengeIsGood) {

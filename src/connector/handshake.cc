@@ -175,7 +175,7 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello, std::string_view b
         "challenging it anew",
         from.ToString(), *kept.again_after_s);
   }
-  for (PeerId p : kept.let_go) transport_->Disconnect(p);
+  for (PeerId p : kept.close_now) transport_->Disconnect(p);
   const std::string t = HandshakeAuth::Transcript(digest, self, c.nonce, c.session);
   const HelloChallengeMsg challenge{hello.session, c.session, c.nonce,
                                     handshake_->Prove(Role::kPrefill, t)};

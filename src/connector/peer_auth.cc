@@ -58,8 +58,11 @@ Challenge ChallengeMaker::InWindow(const Digest& hello_digest, int64_t window) c
 
 namespace {
 int64_t WindowOf(SteadyTime t) {
-  return std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count() /
-         ChallengeMaker::kWindow.count();
+  // Rounded down, also before the clock's epoch (a scripted clock): every
+  // window is kWindow long.
+  const int64_t s = std::chrono::floor<std::chrono::seconds>(t.time_since_epoch()).count();
+  const int64_t w = ChallengeMaker::kWindow.count();
+  return s / w - (s % w < 0 ? 1 : 0);
 }
 }  // namespace
 

@@ -124,7 +124,7 @@ class ChallengeMaker {
   std::array<uint8_t, 32> key_{};
 };
 
-// Sealed messages. A plain control message starts with "KVBM"
+// Sealed messages. A plain control message starts with "KVBO"
 // (protocol.h); a sealed one with "KVBS".
 inline constexpr size_t kSealHeaderBytes = 4 + 1 + 8 + 8;
 inline constexpr size_t kSealTagBytes = 16;

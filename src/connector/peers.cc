@@ -454,6 +454,7 @@ void ManagerImpl::Tick() {
     }
     TickSendersLocked(now, out);
     TickReceiversLocked(now, out);
+    for (PeerId p : challenges_.Due(now)) out.disconnect.push_back(p);  // challenges let go
   }
   Flush(out);
   std::string beat = EncodeMessage(Self(), HeartbeatMsg{heartbeat_seq_.fetch_add(1)});
