@@ -527,7 +527,7 @@ class ManagerImpl {
   uint64_t rejoin_waits_logged_ KVB_GUARDED_BY(mu_) = 0;                 // waits when last logged
   std::map<std::string, FailureRecord> dead_ranks_ KVB_GUARDED_BY(mu_);  // by peer key
   std::set<std::pair<std::string, uint64_t>> applied_ KVB_GUARDED_BY(mu_);    // (key, incarnation)
-  std::set<std::pair<std::string, uint64_t>> published_ KVB_GUARDED_BY(mu_);  // published by us
+  std::set<std::pair<std::string, uint64_t>> published_ KVB_GUARDED_BY(mu_);  // registry holds
   std::optional<FailureRecord> registry_lost_ KVB_GUARDED_BY(mu_);
   std::optional<FailureRecord> recent_rank_failure_ KVB_GUARDED_BY(mu_);
   std::vector<FailureRecord> publish_queue_ KVB_GUARDED_BY(mu_);

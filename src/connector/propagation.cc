@@ -334,6 +334,20 @@ void ManagerImpl::BeatRound() {
   if (act) WakeRegistryRound();  // the registry round acts on it now
 }
 
+namespace {
+
+// The incarnation of every live rank `ranks` lists, by `key`.
+std::map<std::string, uint64_t> LiveIncarnations(
+    const std::optional<std::vector<RankStatus>>& ranks, std::string (*key)(const RankId&)) {
+  std::map<std::string, uint64_t> live;
+  if (!ranks) return live;
+  for (const RankStatus& s : *ranks)
+    if (s.state == Liveness::kAlive) live[key(RankIdOf(s.record))] = s.record.incarnation;
+  return live;
+}
+
+}  // namespace
+
 void ManagerImpl::RegistryRound(uint64_t round) {
   if (sglang_registry_) {  // it keeps no liveness or records: peers tell
     MaybeRejoin();         // a peer that failed this rank said so
@@ -383,11 +397,7 @@ void ManagerImpl::RegistryRound(uint64_t round) {
     if (listed.ok()) ranks = std::move(listed).value();
   }
   if (have_records) {
-    std::map<std::string, uint64_t> live;
-    if (ranks) {
-      for (const RankStatus& s : *ranks)
-        if (s.state == Liveness::kAlive) live[PeerKey(RankIdOf(s.record))] = s.record.incarnation;
-    }
+    const std::map<std::string, uint64_t> live = LiveIncarnations(ranks, PeerKey);
     Outbox out;
     {
       MutexLock lock(mu_);
@@ -395,6 +405,10 @@ void ManagerImpl::RegistryRound(uint64_t round) {
         Result<FailureRecord> read = FailureRecordFromJson(j);
         if (!read.ok()) continue;
         const FailureRecord r = DatedNoLaterThan(std::move(read).value(), WallNow());
+        // The registry holds it: a rejoin keeps it, even where this rank
+        // held its own unpublished finding about the same process.
+        if (IsRankFailure(r.cause) && !r.origin.SameRank(Self()))
+          published_.emplace(PeerKey(r.origin), r.origin.incarnation);
         ApplyRankFailureLocked(r, out, ranks ? &live : nullptr);
         ApplyRoomFailureLocked(r, out);
       }

@@ -40,8 +40,9 @@ RankFailureAction JudgeRankFailure(const FailureRecord& record, const RankFailur
 // not get into the registry; blame gathered while the registry did not
 // answer stays local (PublishQueued), as most likely about this rank's own
 // isolation, and must not block the new incarnation's requests. Kept: what
-// the registry holds, whoever detected it; `published`: this process put
-// it there. Every other rank holds that process failed: the rejoined rank
+// the registry holds, whoever detected it; `published`: the registry holds
+// a record of that process's failure (this process put it there, or read
+// it back). Every other rank holds that process failed: the rejoined rank
 // must not meet it again as healthy until it comes back as a new incarnation.
 bool KeptAcrossRejoin(const FailureRecord& held, const RankId& self, bool published);
 
