@@ -390,11 +390,26 @@ class Newcomer {
   std::deque<std::pair<std::string, bool>> got_;  // bytes, sealed
 };
 
-TEST_F(PeerIdentityTest, HandshakeUnderAnotherSecretIsRefusedUnderTheRightOneAccepted) {
-  const PeerId endpoint = PrefillEndpointToDecode();
-  RankId as = decode().self();
+// The newcomer's next message: a sealed HelloAck saying OK.
+void ExpectSealedOk(Newcomer& newcomer) {
+  auto [ack, ack_sealed] = newcomer.Next();
+  const auto* verdict = std::get_if<HelloAckMsg>(&ack.body);
+  ASSERT_NE(verdict, nullptr) << MessageTypeName(ack.body);
+  EXPECT_EQ(verdict->code, StatusCode::kOk) << verdict->message;
+  EXPECT_TRUE(ack_sealed);
+}
+
+// A rank of another instance (not met yet) at decode tp0's position.
+RankId NewcomerAt(const RankId& decode) {
+  RankId as = decode;
   as.instance = "newcomer";
   as.incarnation = 99;
+  return as;
+}
+
+TEST_F(PeerIdentityTest, HandshakeUnderAnotherSecretIsRefusedUnderTheRightOneAccepted) {
+  const PeerId endpoint = PrefillEndpointToDecode();
+  const RankId as = NewcomerAt(decode().self());
   Newcomer newcomer(*cluster_, prefill(), as, ForgedHello());
   for (const std::string& secret :
        {std::string("another deployment's secret"), AuthTokenFromEnvironment()}) {
@@ -410,11 +425,7 @@ TEST_F(PeerIdentityTest, HandshakeUnderAnotherSecretIsRefusedUnderTheRightOneAcc
       EXPECT_TRUE(newcomer.NothingReceived()) << "prefill answered a proof under another secret";
       continue;
     }
-    auto [ack, ack_sealed] = newcomer.Next();
-    const auto* verdict = std::get_if<HelloAckMsg>(&ack.body);
-    ASSERT_NE(verdict, nullptr) << MessageTypeName(ack.body);
-    EXPECT_EQ(verdict->code, StatusCode::kOk) << verdict->message;
-    EXPECT_TRUE(ack_sealed);
+    ASSERT_NO_FATAL_FAILURE(ExpectSealedOk(newcomer));
     EXPECT_EQ(Dropped(prefill()), p0);
   }
   ExpectRealDecodePeer(endpoint);
@@ -425,9 +436,7 @@ TEST_F(PeerIdentityTest, HandshakeUnderAnotherSecretIsRefusedUnderTheRightOneAcc
 // with junk first and the real proof then answered nothing. The challenge
 // now stays until a proof checks out.
 TEST_F(PeerIdentityTest, AJunkProofDoesNotUseUpTheChallengeOfTheRealOne) {
-  RankId as = decode().self();
-  as.instance = "newcomer";
-  as.incarnation = 99;
+  const RankId as = NewcomerAt(decode().self());
   Newcomer newcomer(*cluster_, prefill(), as, ForgedHello());
   HandshakeAuth hs(AuthTokenFromEnvironment());
   const Newcomer::Challenged c = newcomer.Hello(hs);
@@ -436,11 +445,7 @@ TEST_F(PeerIdentityTest, AJunkProofDoesNotUseUpTheChallengeOfTheRealOne) {
                   EncodeMessage(as, HelloProofMsg{c.challenge.session, Digest{}, c.hello}));
   ASSERT_TRUE(WaitFor([&] { return Dropped(prefill()) == p0 + 1; }));
   ASSERT_NO_FATAL_FAILURE(newcomer.Prove(c, hs.Prove(Role::kDecode, c.transcript)));
-  auto [ack, ack_sealed] = newcomer.Next();
-  const auto* verdict = std::get_if<HelloAckMsg>(&ack.body);
-  ASSERT_NE(verdict, nullptr) << MessageTypeName(ack.body);
-  EXPECT_EQ(verdict->code, StatusCode::kOk) << verdict->message;
-  EXPECT_TRUE(ack_sealed);
+  ASSERT_NO_FATAL_FAILURE(ExpectSealedOk(newcomer));
   EXPECT_EQ(Dropped(prefill()), p0 + 1);
 }
 
@@ -451,9 +456,7 @@ TEST_F(PeerIdentityTest, AJunkProofDoesNotUseUpTheChallengeOfTheRealOne) {
 // proof brings its Hello back: the genuine proof is taken after any number
 // of Hellos, and taken once.
 TEST_F(PeerIdentityTest, AFloodOfHellosDoesNotPushOutTheGenuineOne) {
-  RankId as = decode().self();
-  as.instance = "newcomer";
-  as.incarnation = 99;
+  const RankId as = NewcomerAt(decode().self());
   Newcomer newcomer(*cluster_, prefill(), as, ForgedHello());
   HandshakeAuth hs(AuthTokenFromEnvironment());
   constexpr int kFlood = 200;  // > the 64 challenge endpoints prefill keeps
@@ -480,11 +483,7 @@ TEST_F(PeerIdentityTest, AFloodOfHellosDoesNotPushOutTheGenuineOne) {
   const uint64_t p0 = Dropped(prefill());
   const Digest proof = hs.Prove(Role::kDecode, c.transcript);
   ASSERT_NO_FATAL_FAILURE(newcomer.Prove(c, proof));
-  auto [ack, ack_sealed] = newcomer.Next();
-  const auto* verdict = std::get_if<HelloAckMsg>(&ack.body);
-  ASSERT_NE(verdict, nullptr) << MessageTypeName(ack.body);
-  EXPECT_EQ(verdict->code, StatusCode::kOk) << verdict->message;
-  EXPECT_TRUE(ack_sealed);
+  ASSERT_NO_FATAL_FAILURE(ExpectSealedOk(newcomer));
   // The same proof again (recorded on the wire) proves nothing more.
   ASSERT_NO_FATAL_FAILURE(newcomer.Prove(c, proof));
   ASSERT_TRUE(WaitFor([&] { return Dropped(prefill()) == p0 + 1; }));
@@ -494,9 +493,7 @@ TEST_F(PeerIdentityTest, AFloodOfHellosDoesNotPushOutTheGenuineOne) {
 // A proof whose Hello is not its sender's, or is no Hello, proves nothing:
 // the challenge is derived from the Hello the proof carries.
 TEST_F(PeerIdentityTest, AProofMustCarryItsSendersHello) {
-  RankId as = decode().self();
-  as.instance = "newcomer";
-  as.incarnation = 99;
+  const RankId as = NewcomerAt(decode().self());
   Newcomer newcomer(*cluster_, prefill(), as, ForgedHello());
   HandshakeAuth hs(AuthTokenFromEnvironment());
   const Newcomer::Challenged c = newcomer.Hello(hs);
@@ -516,10 +513,7 @@ TEST_F(PeerIdentityTest, AProofMustCarryItsSendersHello) {
   EXPECT_TRUE(newcomer.NothingReceived());
   // The genuine proof still goes through.
   ASSERT_NO_FATAL_FAILURE(newcomer.Prove(c, proof));
-  auto [ack, ack_sealed] = newcomer.Next();
-  const auto* verdict = std::get_if<HelloAckMsg>(&ack.body);
-  ASSERT_NE(verdict, nullptr) << MessageTypeName(ack.body);
-  EXPECT_EQ(verdict->code, StatusCode::kOk) << verdict->message;
+  ASSERT_NO_FATAL_FAILURE(ExpectSealedOk(newcomer));
 }
 
 // A handshake recorded on the wire and replayed: the Hello earns a new
