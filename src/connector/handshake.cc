@@ -94,12 +94,14 @@ Status ManagerImpl::SendHello(const std::string& key, PeerId tpeer) {
                     "registered regions",
                     key, bytes.size(), kMaxHelloBytes));
   }
+  const Digest digest = Sha256(bytes);
   {
     // Kept before the Hello leaves: the challenge can come at once.
     MutexLock lock(mu_);
     Peer* p = FindPeerLocked(key);
     if (p == nullptr || p->tpeer != tpeer)
       return UnavailableError(key + ": endpoint replaced before its Hello left");
+    p->hello_digest = digest;
     p->hello_bytes = bytes;
     p->hello_session = hello.session;
   }
@@ -200,8 +202,7 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
       KVB_LOG_DEBUG("challenge from {} answers no Hello of this rank", from.ToString());
       return;
     }
-    const std::string t =
-        HandshakeAuth::Transcript(Sha256(p->hello_bytes), from, c.nonce, c.session);
+    const std::string t = HandshakeAuth::Transcript(p->hello_digest, from, c.nonce, c.session);
     Status verified = handshake_->Verify(Role::kPrefill, t, c.proof, from.ToString());
     if (!verified.ok()) {
       // Not a failure of the peer: anyone can send this. The real answer
@@ -214,7 +215,7 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
     const SessionKeys keys = handshake_->Keys(t);
     b = {keys.decode_to_prefill, c.session, keys.prefill_to_decode, c.decode_session, from};
     proof = handshake_->Prove(Role::kDecode, t);
-    hello = p->hello_bytes;
+    hello = std::move(p->hello_bytes);
     tpeer = p->tpeer;
   }
   // Bound before the proof leaves: prefill's sealed answer can come at once.

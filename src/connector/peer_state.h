@@ -96,7 +96,8 @@ struct Peer {
   // last, its bytes as sent, and its session id (0 once a challenge
   // answered it), and how many challenges claiming this rank failed their
   // proof.
-  std::string hello_bytes;
+  std::string hello_bytes;  // given to the proof (then empty)
+  Digest hello_digest{};
   uint64_t hello_session = 0;
   int auth_refusals = 0;
   // Challenges that came for an earlier Hello of ours (sent again since) or
