@@ -41,7 +41,16 @@ void ChallengeTable::LetGo(PeerId tpeer, SteadyTime now, Kept& out) {
 }
 
 std::vector<PeerId> ChallengeTable::Due(SteadyTime now) {
-  std::vector<PeerId> due;
+  Kept expired;  // close_now: past kMaxClosing waiting
+  for (auto it = endpoints_.begin(); it != endpoints_.end();) {
+    if (now - it->second.at <= kLifetime) {
+      ++it;
+      continue;
+    }
+    LetGo(it->second.tpeer, now, expired);
+    it = endpoints_.erase(it);
+  }
+  std::vector<PeerId> due = std::move(expired.close_now);
   while (!closing_.empty() && now - closing_.front().second >= kCloseDelay) {
     due.push_back(closing_.front().first);
     closing_.pop_front();

@@ -51,7 +51,9 @@ class ChallengeTable {
   // The transport failed `tpeer`: taken off the table when kept; the
   // process it was kept for.
   std::optional<RankId> Forget(PeerId tpeer);
-  // The endpoints let go kCloseDelay or more before `now`, to close.
+  // The endpoints let go kCloseDelay or more before `now`, to close; those
+  // kept past kLifetime are let go (a tick calls it: none stays open when
+  // no Hello comes).
   std::vector<PeerId> Due(SteadyTime now);
   // Every endpoint kept or let go, taken off the table (a rejoin: the old
   // sessions).

@@ -101,6 +101,18 @@ TEST(ChallengeTableTest, ASessionIsProvenOnceWhileItsChallengeIsGood) {
   EXPECT_TRUE(t.FirstProof(9, kT0 + ChallengeTable::kLifetime + std::chrono::seconds(1)));
 }
 
+// With no Hello coming, the ticker still lets expired endpoints go.
+TEST(ChallengeTableTest, ATickLetsExpiredEndpointsGoWithoutAnotherHello) {
+  ChallengeTable t;
+  t.Keep(1, Decode(1), 11, kT0);
+  t.Keep(2, Decode(2), 12, kT0 + std::chrono::seconds(10));
+  const SteadyTime expired = kT0 + ChallengeTable::kLifetime + std::chrono::seconds(1);
+  EXPECT_TRUE(t.Due(expired).empty()) << "let go, not closed at once";
+  EXPECT_FALSE(t.TakeEndpoint(1, Decode(1)).has_value());
+  EXPECT_EQ(t.Due(expired + ChallengeTable::kCloseDelay), std::vector<PeerId>{11});
+  EXPECT_EQ(t.TakeEndpoint(2, Decode(2)), std::optional<PeerId>(12));
+}
+
 TEST(ChallengeTableTest, AFailedEndpointIsForgottenNamingItsHellosSender) {
   ChallengeTable t;
   t.Keep(1, Decode(4), 21, kT0);

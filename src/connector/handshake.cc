@@ -181,7 +181,7 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello, std::string_view b
   const std::string t = HandshakeAuth::Transcript(digest, self, c.nonce, c.session);
   const HelloChallengeMsg challenge{hello.session, c.session, c.nonce,
                                     handshake_->Prove(Role::kPrefill, t)};
-  Status sent = auth_->SendPlain(*conn, EncodeMessage(Self(), challenge));
+  Status sent = auth_->SendPlain(*conn, EncodeMessage(self, challenge));
   if (!sent.ok()) KVB_LOG_WARN("challenge to {} not sent: {}", from.ToString(), sent.ToString());
 }
 
