@@ -7,15 +7,12 @@ namespace kvbridge::internal {
 ChallengeTable::Kept ChallengeTable::Keep(uint64_t session, const RankId& from, PeerId tpeer,
                                           SteadyTime now) {
   Kept out;
-  for (auto it = endpoints_.begin(); it != endpoints_.end();) {
-    // Expired, or the same Hello again (replayed: the same challenge, which
-    // goes out on the new endpoint).
-    if (now - it->second.at <= kLifetime && it->first != session) {
-      ++it;
-      continue;
-    }
-    LetGo(it->second.tpeer, now, out);
-    it = endpoints_.erase(it);
+  LetGoExpired(now, out);
+  // The same Hello again (replayed): the same challenge, which goes out on
+  // the new endpoint.
+  if (auto same = endpoints_.find(session); same != endpoints_.end()) {
+    LetGo(same->second.tpeer, now, out);
+    endpoints_.erase(same);
   }
   while (endpoints_.size() >= kMaxEndpoints) {
     auto oldest = endpoints_.begin();
@@ -40,16 +37,20 @@ void ChallengeTable::LetGo(PeerId tpeer, SteadyTime now, Kept& out) {
   closing_.pop_front();
 }
 
-std::vector<PeerId> ChallengeTable::Due(SteadyTime now) {
-  Kept expired;  // close_now: past kMaxClosing waiting
+void ChallengeTable::LetGoExpired(SteadyTime now, Kept& out) {
   for (auto it = endpoints_.begin(); it != endpoints_.end();) {
     if (now - it->second.at <= kLifetime) {
       ++it;
       continue;
     }
-    LetGo(it->second.tpeer, now, expired);
+    LetGo(it->second.tpeer, now, out);
     it = endpoints_.erase(it);
   }
+}
+
+std::vector<PeerId> ChallengeTable::Due(SteadyTime now) {
+  Kept expired;  // close_now: past kMaxClosing waiting
+  LetGoExpired(now, expired);
   std::vector<PeerId> due = std::move(expired.close_now);
   while (!closing_.empty() && now - closing_.front().second >= kCloseDelay) {
     due.push_back(closing_.front().first);

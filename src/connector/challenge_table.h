@@ -69,6 +69,7 @@ class ChallengeTable {
   std::map<uint64_t, SteadyTime> proven_;              // session id -> when
   std::deque<std::pair<PeerId, SteadyTime>> closing_;  // let go, oldest first
   void LetGo(PeerId tpeer, SteadyTime now, Kept& out);
+  void LetGoExpired(SteadyTime now, Kept& out);  // kept past kLifetime
 };
 
 }  // namespace kvbridge::internal
