@@ -407,8 +407,7 @@ void ManagerImpl::RegistryRound(uint64_t round) {
         const FailureRecord r = DatedNoLaterThan(std::move(read).value(), WallNow());
         // The registry holds it: a rejoin keeps it, even where this rank
         // held its own unpublished finding about the same process.
-        if (IsRankFailure(r.cause) && !r.origin.SameRank(Self()))
-          published_.emplace(PeerKey(r.origin), r.origin.incarnation);
+        if (auto held = RankFailureOfAnother(r, Self(), PeerKey)) published_.insert(*held);
         ApplyRankFailureLocked(r, out, ranks ? &live : nullptr);
         ApplyRoomFailureLocked(r, out);
       }
@@ -508,10 +507,11 @@ void ManagerImpl::PublishQueued(std::chrono::system_clock::time_point answered_b
   std::vector<std::pair<std::string, uint64_t>> published;  // rank failures the registry holds
   for (size_t i = 0; i < to_publish.size(); ++i) {
     Result<uint64_t> seq = registry_->PublishFailure(FailureRecordToJson(to_publish[i]));
-    const RankId& origin = to_publish[i].origin;
-    if (seq.ok() && IsRankFailure(to_publish[i].cause) && !origin.SameRank(Self()))
-      published.emplace_back(PeerKey(origin), origin.incarnation);
-    if (seq.ok()) continue;
+    if (seq.ok()) {
+      if (auto held = RankFailureOfAnother(to_publish[i], Self(), PeerKey))
+        published.push_back(*held);
+      continue;
+    }
     KVB_LOG_WARN("failure record not published: {}", seq.status().ToString());
     // An unreachable registry (an etcd election, a restart) takes it and
     // the ones after it later: no record is lost to a registry outage, and

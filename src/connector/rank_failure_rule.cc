@@ -20,6 +20,12 @@ bool KeptAcrossRejoin(const FailureRecord& held, const RankId& self, bool publis
   return published || !own_finding;
 }
 
+std::optional<std::pair<std::string, uint64_t>> RankFailureOfAnother(
+    const FailureRecord& r, const RankId& self, std::string (*key)(const RankId&)) {
+  if (!IsRankFailure(r.cause) || r.origin.SameRank(self)) return std::nullopt;
+  return std::make_pair(key(r.origin), r.origin.incarnation);
+}
+
 bool RankFailureTouches(const RankId& origin, bool sibling, const SenderRoom& room) {
   if (sibling) return true;
   if (origin.role != Role::kDecode) return false;

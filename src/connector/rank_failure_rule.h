@@ -6,6 +6,9 @@
 #pragma once
 
 #include <functional>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include "connector/rooms.h"
 #include "kvbridge/errors.h"
@@ -45,6 +48,12 @@ RankFailureAction JudgeRankFailure(const FailureRecord& record, const RankFailur
 // it back). Every other rank holds that process failed: the rejoined rank
 // must not meet it again as healthy until it comes back as a new incarnation.
 bool KeptAcrossRejoin(const FailureRecord& held, const RankId& self, bool published);
+
+// The (key, incarnation) of the process whose failure `r` records, when it
+// is a rank failure of another rank than `self`: what `published` above
+// answers for, once the registry holds `r` (published or read back).
+std::optional<std::pair<std::string, uint64_t>> RankFailureOfAnother(
+    const FailureRecord& r, const RankId& self, std::string (*key)(const RankId&));
 
 // Whether the failure of the rank at `origin` fails a request here: every
 // request when it is a sibling (same group as this rank); on prefill, a

@@ -107,6 +107,23 @@ TEST(RankFailureRuleTest, ARejoinForgetsOnlyWhatThisProcessFoundAndKeptLocal) {
   EXPECT_TRUE(KeptAcrossRejoin(r, self, false));
 }
 
+// What the registry holding a record makes a rejoin keep: another rank's
+// failure, by position and incarnation; never this rank's own, nor a
+// request's.
+TEST(RankFailureRuleTest, TheRegistryHoldsRankFailuresOfOtherRanksOnly) {
+  const RankId self = Rank(Role::kDecode, 0, 0);
+  RankId prefill = Rank(Role::kPrefill, 0, 0);
+  prefill.incarnation = 42;
+  auto key = [](const RankId& id) { return id.ShortName(); };
+  const auto held = RankFailureOfAnother(Died(prefill), self, key);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(*held, std::make_pair(prefill.ShortName(), uint64_t{42}));
+  EXPECT_FALSE(RankFailureOfAnother(Died(self), self, key).has_value()) << "this rank's own";
+  FailureRecord request = Died(prefill);
+  request.cause = FailureCause::kInvalidRequest;
+  EXPECT_FALSE(RankFailureOfAnother(request, self, key).has_value()) << "a request's failure";
+}
+
 TEST(RankFailureRuleTest, ADecodeRankTouchesTheSendersWithMetadataFromItsInstanceAndDp) {
   SenderRoom room(5, SteadyTime{}, WallTime{});
   room.flows[0].decode = Rank(Role::kDecode, 1, 0, "decode-a");
