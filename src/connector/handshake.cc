@@ -101,9 +101,7 @@ Status ManagerImpl::SendHello(const std::string& key, PeerId tpeer) {
     Peer* p = FindPeerLocked(key);
     if (p == nullptr || p->tpeer != tpeer)
       return UnavailableError(key + ": endpoint replaced before its Hello left");
-    p->hello_digest = digest;
-    p->hello_bytes = bytes;
-    p->hello_session = hello.session;
+    KeepHello(p->hellos, {hello.session, digest, bytes, hello.address});
   }
   return auth_->SendPlain(tpeer, std::move(bytes));
 }
@@ -188,21 +186,23 @@ void ManagerImpl::OnHello(const RankId& from, HelloMsg hello, std::string_view b
 void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& c) {
   PeerId tpeer = 0;
   Digest proof{};
-  std::string hello;  // what the proof answers, for prefill to find its challenge again
+  std::string hello;     // what the proof answers, for prefill to find its challenge again
+  bool earlier = false;  // it answers a Hello sent before the last
   AuthTransport::Binding b;
   {
     MutexLock lock(mu_);
     Peer* p = FindPeerLocked(PeerKey(from));
-    if (p == nullptr || p->acked || (p->failed && !p->notice) || p->hello_session == 0 ||
-        p->hello_session != c.decode_session || p->id->incarnation != from.incarnation) {
-      // An answer to a Hello this rank no longer waits for (sent again on a
-      // new endpoint, or answered already), or a replay.
+    SentHello* sent = p == nullptr ? nullptr : HelloAnswered(p->hellos, c.decode_session);
+    if (sent == nullptr || p->acked || (p->failed && !p->notice) ||
+        p->id->incarnation != from.incarnation) {
+      // An answer to a Hello this rank no longer waits for (answered
+      // already, or sent before a retry to another address), or a replay.
       ++stale_dropped_;
       if (p != nullptr) ++p->late_challenges;
       KVB_LOG_DEBUG("challenge from {} answers no Hello of this rank", from.ToString());
       return;
     }
-    const std::string t = HandshakeAuth::Transcript(p->hello_digest, from, c.nonce, c.session);
+    const std::string t = HandshakeAuth::Transcript(sent->digest, from, c.nonce, c.session);
     Status verified = handshake_->Verify(Role::kPrefill, t, c.proof, from.ToString());
     if (!verified.ok()) {
       // Not a failure of the peer: anyone can send this. The real answer
@@ -211,11 +211,16 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
       DropUnauthenticated(verified.message());
       return;
     }
-    p->hello_session = 0;  // one answer per Hello
     const SessionKeys keys = handshake_->Keys(t);
     b = {keys.decode_to_prefill, c.session, keys.prefill_to_decode, c.decode_session, from};
     proof = handshake_->Prove(Role::kDecode, t);
-    hello = std::move(p->hello_bytes);
+    earlier = sent != &p->hellos.back();
+    hello = std::move(sent->bytes);
+    p->hellos.clear();  // one answer per handshake
+    // A sign of life (it proved the secret), and the proof gets a retry's
+    // whole wait for its answer.
+    p->hello_at = p->last_heard = Now();
+    p->last_heard_wall = WallNow();
     tpeer = p->tpeer;
   }
   // Bound before the proof leaves: prefill's sealed answer can come at once.
@@ -233,6 +238,11 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
     transport_->Disconnect(tpeer);  // forgets the binding; the retry's Hello goes on
     return;
   }
+  if (earlier)
+    KVB_LOG_WARN(
+        "{} answered an earlier handshake attempt, after this rank had sent its Hello again: "
+        "its answers come slower than the retries; proving that one",
+        from.ShortName());
   Status sent = auth_->SendPlain(
       tpeer, EncodeMessage(Self(), HelloProofMsg{c.session, proof, std::move(hello)}));
   if (!sent.ok())

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+
 #include "connector/peer_auth.h"
 
 namespace kvbridge::internal {
@@ -33,6 +35,19 @@ bool KeepsOldPeer(OldPeerFate fate) {
 
 bool TakesRefusal(bool acked, int refused_attempt, int hello_attempts) {
   return !acked && refused_attempt != hello_attempts;
+}
+
+void KeepHello(std::vector<SentHello>& kept, SentHello sent) {
+  if (!kept.empty() && kept.back().address != sent.address) kept.clear();
+  if (kept.size() >= kHellosKept) kept.erase(kept.begin(), kept.end() - (kHellosKept - 1));
+  kept.push_back(std::move(sent));
+}
+
+SentHello* HelloAnswered(std::vector<SentHello>& kept, uint64_t session) {
+  if (session == 0) return nullptr;
+  for (SentHello& h : kept)
+    if (h.session == session) return &h;
+  return nullptr;
 }
 
 std::string NewIncarnationDetail(const RankId& old, const RankId& now) {

@@ -7,8 +7,12 @@
 // it is tested alone; the manager gathers the facts and carries out the fate.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
+#include "common/digest.h"
 #include "kvbridge/errors.h"
 
 namespace kvbridge::internal {
@@ -64,6 +68,28 @@ bool KeepsOldPeer(OldPeerFate fate);
 // answered (`acked`): a prefill process, hostile or confused, cannot use
 // the code to drop an endpoint in use or to drive registry rounds.
 bool TakesRefusal(bool acked, int refused_attempt, int hello_attempts);
+
+// Decode: a Hello sent and not answered yet.
+struct SentHello {
+  uint64_t session = 0;  // the challenge names it
+  Digest digest{};       // of `bytes`: the transcript's
+  std::string bytes;     // as sent: the proof carries them back
+  std::string address;   // where it asked prefill to connect back
+};
+inline constexpr size_t kHellosKept = 4;
+
+// Keeps `sent` among the Hellos a challenge may answer (`kept`, oldest
+// first, at most kHellosKept). Any of them: a prefill rank slower than
+// decode's retries (a loaded host) answers an earlier attempt, and that
+// answer proves it as well as one to the last would. Only the last is
+// kept when its address differs from the others': a retry moved off a
+// path that got no answer (transport.h, ConnectOverNetwork), and a
+// challenge that came over the old one is late.
+void KeepHello(std::vector<SentHello>& kept, SentHello sent);
+
+// The kept Hello whose session a challenge names; nullptr when none (a
+// Hello dropped, answered or never sent: the challenge is late or forged).
+SentHello* HelloAnswered(std::vector<SentHello>& kept, uint64_t session);
 
 // What the held peer's record says (cause peer_exited) when a new
 // incarnation takes its position and the peer was not failed yet, on either

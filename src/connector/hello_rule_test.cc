@@ -131,6 +131,38 @@ TEST(HelloRuleTest, TheRecordOfAReplacedPeerSaysWhetherItsProcessRejoinedOrWasRe
   EXPECT_EQ(NewIncarnationDetail(old, now), "restarted as pid 41");
 }
 
+SentHello Sent(uint64_t session, const std::string& address) {
+  return SentHello{session, Digest{static_cast<uint8_t>(session)},
+                   "hello " + std::to_string(session), address};
+}
+
+// Decode's Hellos as it sends them again: a challenge may answer any of
+// the last kHellosKept to one address, each with its own digest and bytes;
+// older ones, and every one before a move to another address, are late.
+TEST(HelloRuleTest, AChallengeMayAnswerAnyOfTheLastHellosToOneAddress) {
+  std::vector<SentHello> kept;
+  for (uint64_t s = 1; s <= 3; ++s) KeepHello(kept, Sent(s, "tcp://a"));
+  for (uint64_t s = 1; s <= 3; ++s) {
+    SCOPED_TRACE(s);
+    const SentHello* h = HelloAnswered(kept, s);
+    ASSERT_NE(h, nullptr);
+    EXPECT_EQ(h->bytes, "hello " + std::to_string(s));
+    EXPECT_EQ(h->digest[0], s);
+  }
+  EXPECT_EQ(HelloAnswered(kept, 4), nullptr) << "never sent";
+  EXPECT_EQ(HelloAnswered(kept, 0), nullptr) << "no session";
+  for (uint64_t s = 4; s <= 6; ++s) KeepHello(kept, Sent(s, "tcp://a"));
+  ASSERT_EQ(kept.size(), kHellosKept);
+  EXPECT_EQ(HelloAnswered(kept, 2), nullptr) << "older than the kept ones";
+  EXPECT_NE(HelloAnswered(kept, 3), nullptr);
+  EXPECT_NE(HelloAnswered(kept, 6), nullptr);
+  // A retry moved to another address: what came over the old one is late.
+  KeepHello(kept, Sent(7, "net://a"));
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(HelloAnswered(kept, 6), nullptr);
+  EXPECT_NE(HelloAnswered(kept, 7), nullptr);
+}
+
 // A hostile stream of refusals, as decode keeps its facts: each taken
 // refusal records its attempt (ManagerImpl::OnHelloAckLocked). However many
 // come, at most one per Hello attempt is taken, and none once a session

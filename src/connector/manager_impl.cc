@@ -343,7 +343,7 @@ std::vector<PeerSnapshot> ManagerImpl::Peers() const {
   MutexLock lock(mu_);
   std::vector<PeerSnapshot> out;
   for (const auto& [key, p] : peers_)
-    out.push_back({p->id, p->tpeer, p->ready, p->failed, p->last_heard, p->fenced});
+    out.push_back({p->id, p->tpeer, p->ready, p->failed, p->last_heard, p->fenced, p->acked});
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "connector/auth_transport.h"
+#include "connector/hello_rule.h"
 #include "connector/peer_auth.h"
 #include "connector/protocol.h"
 #include "connector/rooms.h"
@@ -92,16 +93,13 @@ struct Peer {
   // Encoded messages, sent in this order (all as ordered messages: nothing
   // was written to the peer before it answered, so none needs to overtake).
   std::vector<std::string> held;
-  // Decode side, while the handshake runs (peer_auth.h): the Hello sent
-  // last, its bytes as sent, and its session id (0 once a challenge
-  // answered it), and how many challenges claiming this rank failed their
-  // proof.
-  std::string hello_bytes;  // given to the proof (then empty)
-  Digest hello_digest{};
-  uint64_t hello_session = 0;
-  int auth_refusals = 0;
-  // Challenges that came for an earlier Hello of ours (sent again since) or
-  // for one answered already: the peer hears us but its answers come late.
+  // Decode side, while the handshake runs (peer_auth.h): the Hellos sent
+  // and not answered yet, any of which a challenge may answer (KeepHello,
+  // hello_rule.h).
+  std::vector<SentHello> hellos;
+  int auth_refusals = 0;  // challenges claiming this rank that failed their proof
+  // Challenges that came for a Hello of ours no longer kept (or one
+  // answered already): the peer hears us but its answers come late.
   int late_challenges = 0;
   // Handshakes prefill refused because a record it holds declared this
   // process failed (kRefusedAsDeclaredFailed), and the attempt refused last
@@ -195,6 +193,7 @@ struct PeerSnapshot {
   bool failed = false;
   SteadyTime last_heard{};  // on the manager's Clock
   bool fenced = false;      // its write grant is revoked
+  bool answered = false;    // decode: the peer answered its handshake (acked)
 };
 
 struct PendingMeta {
