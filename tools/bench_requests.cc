@@ -119,6 +119,15 @@ void PinSides(const CpuSides& pin, ClusterOptions& co) {
   }
 }
 
+// ": <message>" of a failure record `f` from a worker's report: a bench
+// run on a box whose logs are gone (CI) still says why; empty when `f` is
+// none.
+std::string Why(const nlohmann::json& f) {
+  if (!f.is_object()) return "";
+  const auto m = f.find("message");
+  return m != f.end() && m->is_string() ? ": " + m->get<std::string>() : "";
+}
+
 SweepResult RunSweep(const RequestsFlags& f, const HostNet* net, const std::string& name,
                      int tokens, int requests, int concurrency) {
   SweepResult r;
@@ -159,6 +168,7 @@ SweepResult RunSweep(const RequestsFlags& f, const HostNet* net, const std::stri
         if (cpu.is_number_integer()) seen.insert(cpu.get<int>());
     }
   }
+  std::string first_failure;  // ": <record>" of the first failed request a rank reported
   // Latency: the decode ranks' percentiles (the worst rank's, for tp > 1).
   for (int d = 0; d < c.decode_tp(); ++d) {
     const ProcessInfo& p = c.process(c.RankIndex(Role::kDecode, d));
@@ -174,18 +184,23 @@ SweepResult RunSweep(const RequestsFlags& f, const HostNet* net, const std::stri
     r.succeeded = d == 0 ? j.value("succeeded", uint64_t{0})
                          : std::min(r.succeeded, j.value("succeeded", uint64_t{0}));
     r.failed = std::max(r.failed, j.value("failed", uint64_t{0}));
+    if (first_failure.empty() && j.contains("failures") && j["failures"].is_array() &&
+        !j["failures"].empty())
+      first_failure = Why(j["failures"][0]);
     r.p50_us = std::max(r.p50_us, j.value("p50_us", 0.0));
     r.p99_us = std::max(r.p99_us, j.value("p99_us", 0.0));
     // The measured window: first measured SendMetadata to last Success.
     r.seconds = std::max(r.seconds, j.value("window_seconds", 0.0));
     if (j.value("warmup_failed", uint64_t{0}) > 0 && r.error.empty())
-      r.error = p.name + " failed warm-up requests (logs in " + log_dir + ")";
+      r.error = p.name + " failed warm-up requests" +
+                Why(j.value("warmup_failure", nlohmann::json())) + " (logs in " + log_dir + ")";
     if (j.value("corrupt_pages", uint64_t{0}) > 0 && r.error.empty())
       r.error = p.name + " saw corrupt pages";
   }
   if (r.seconds <= 0) r.seconds = wall;
   if (r.failed > 0 && r.error.empty())
-    r.error = std::to_string(r.failed) + " requests failed (logs in " + log_dir + ")";
+    r.error = std::to_string(r.failed) + " requests failed" + first_failure + " (logs in " +
+              log_dir + ")";
   c.Shutdown(milliseconds(10000));
   return r;
 }

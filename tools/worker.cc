@@ -324,6 +324,7 @@ int RunWorker(const WorkerFlags& f) {
   std::optional<Clock::time_point> window_start;
   Clock::time_point window_end{};
   uint64_t warmup_ok = 0, warmup_failed = 0;
+  std::shared_ptr<const FailureRecord> first_warmup_failure;  // why the first one failed
   // Memory per room in flight (bench scale): RssAnon before the first
   // admission and at the most rooms live, sampled when a new most is reached
   // (at most every 10 ms).
@@ -428,6 +429,7 @@ int RunWorker(const WorkerFlags& f) {
       o.failure = std::make_shared<const FailureRecord>(std::move(*why));
     if (l.warmup) {
       ++(o.success ? warmup_ok : warmup_failed);
+      if (!first_warmup_failure) first_warmup_failure = o.failure;
     } else {
       report.outcomes.push_back(o);
       window_end = Clock::now();
@@ -611,6 +613,7 @@ int RunWorker(const WorkerFlags& f) {
   out["at_us"] = WallMicros();
   out["warmup_succeeded"] = warmup_ok;
   out["warmup_failed"] = warmup_failed;
+  if (first_warmup_failure) out["warmup_failure"] = FailureToJson(*first_warmup_failure);
   out["fill_seconds"] = fill_s;
   out["peak_live"] = peak_live;
   out["cpus"] = AllowedCpus();  // where it may run (bench requests pins the sides)
