@@ -425,15 +425,22 @@ void ManagerImpl::Tick() {
   const auto silence_limit = opts_.heartbeat_interval * opts_.heartbeat_misses;
   std::vector<PeerId> beats;
   Outbox out;
+  // This rank's transport thread in one step (a handler, UCX progress) for
+  // half the limit or more has heard no beat meanwhile: the peers' silence
+  // is this rank's (WarnStuckDelivery says so), as when the ticker ran late.
+  const std::optional<StepWatch::Busy> busy = transport_->DeliveryBusy();
+  const bool deaf = busy && busy->for_us >= silence_limit / 2;
   {
     MutexLock lock(mu_);
-    if (now - last_tick_ > silence_limit) {
-      // This process was stopped or starved, not its peers: start counting
-      // their silence afresh.
+    const bool late = now - last_tick_ > silence_limit;
+    if (late) {
+      // This process was stopped or starved, not its peers.
       KVB_LOG_WARN("ticker ran {:.2f} s late; not blaming peers for it",
                    std::chrono::duration<double>(now - last_tick_).count());
-      for (auto& [key, peer] : peers_) peer->last_heard = now;
     }
+    // Their silence is counted afresh.
+    if (late || deaf)
+      for (auto& [key, peer] : peers_) peer->last_heard = now;
     last_tick_ = now;
     for (auto& [key, peer] : peers_) {
       const LivenessVerdict v =
@@ -469,8 +476,9 @@ void ManagerImpl::WarnStuckDelivery(std::chrono::microseconds silence_limit) {
   stuck_step_logged_ = busy->step;
   KVB_LOG_WARN(
       "this rank's transport thread has been in {} for {:.2f} s: no message or failure reaches "
-      "this rank until it returns, and its peers will take it for silent; get a stack of this "
-      "process (py-spy dump --native, gdb -p {}) to see where it waits",
+      "this rank until it returns (it blames no peer for silence meanwhile), and its peers will "
+      "take it for silent; get a stack of this process (py-spy dump --native, gdb -p {}) to see "
+      "where it waits",
       busy->what, std::chrono::duration<double>(busy->for_us).count(), self_.pid);
 }
 

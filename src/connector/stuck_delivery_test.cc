@@ -85,6 +85,9 @@ TEST(StuckDeliveryTest, ARankSaysOnceWhichStepItsTransportThreadIsStuckIn) {
 
   testing::LogCapture log;
   KVManager& decode = *(*c)->decode[0].manager;
+  ManagerImpl& decode_core = ManagerAccess::Of(decode);
+  // Judged as between hosts: /proc would otherwise vouch for prefill.
+  decode_core.JudgeLivenessAsRemoteForTest();
   decode_transport->Arm();
   decode_transport->WaitEntered();  // the next heartbeat from prefill
   const char* kWarn = "this rank's transport thread has been in the handler of an arriving message";
@@ -101,6 +104,11 @@ TEST(StuckDeliveryTest, ARankSaysOnceWhichStepItsTransportThreadIsStuckIn) {
   ASSERT_EQ(said.size(), 1u);
   EXPECT_NE(said[0].find(fmt::format("gdb -p {}", getpid())), std::string::npos) << said[0];
 
+  // Prefill's beats waited behind decode's stuck step for longer than the
+  // silence limit: that silence was decode's, and decode blamed nobody.
+  const RankId prefill = ManagerAccess::Of(*(*c)->prefill[0].manager).self();
+  ASSERT_TRUE(PeerAt(decode_core, prefill).has_value());
+  EXPECT_FALSE(PeerAt(decode_core, prefill)->failed) << "decode blamed prefill for its own stall";
   // Once the step ends the rank carries on: nobody was blamed for it.
   Request next{.room = 2, .src = {5, 6}, .dst = {7, 8}};
   Start(**c, next, false);
