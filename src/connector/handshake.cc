@@ -217,6 +217,7 @@ void ManagerImpl::OnHelloChallenge(const RankId& from, const HelloChallengeMsg& 
     earlier = sent != &p->hellos.back();
     hello = std::move(sent->bytes);
     p->hellos.clear();  // one answer per handshake
+    ++p->proofs_sent;
     // A sign of life (it proved the secret), and the proof gets a retry's
     // whole wait for its answer.
     p->hello_at = p->last_heard = Now();

@@ -15,6 +15,9 @@ double Seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double
 std::string UnansweredHandshake(const Peer& peer, SteadyTime now) {
   std::string detail = fmt::format("no answer to {} handshake attempts in {:.2f} s",
                                    peer.hello_attempts, Seconds(now - peer.last_heard));
+  if (peer.proofs_sent > 0)
+    detail += fmt::format("; challenges that checked and whose proof got no answer: {}",
+                          peer.proofs_sent);
   if (peer.late_challenges > 0)
     detail += fmt::format("; challenges that came too late for the attempt they answered: {}",
                           peer.late_challenges);
@@ -38,15 +41,18 @@ LivenessVerdict Blame(std::string silence, const char* mechanism, ProcessState p
 // A peer whose handshake is not answered: a lost Hello is sent again on a
 // new endpoint, after two silence limits and then four (across hosts a lost
 // SYN alone costs 1 s: a retry at one limit raced the first answer), before
-// the rank is blamed (Peer::kHandshakeBudget limits, or at once when /proc
-// says it exited).
+// the rank is blamed (Peer::kHandshakeBudget limits since it was last
+// heard, Peer::kMaxHelloAttempts Hellos, or at once when /proc says it
+// exited).
 LivenessVerdict JudgeHandshake(const Peer& peer, SteadyTime now,
                                std::chrono::microseconds silence_limit,
                                const std::function<ProcessState()>& process_state) {
   const auto wait = silence_limit * (peer.hello_attempts <= 1 ? 2 : 4);
   if (now - peer.hello_at <= wait) return {};
   const ProcessState ps = process_state();
-  if (ps == ProcessState::kExited || now - peer.last_heard > silence_limit * Peer::kHandshakeBudget)
+  if (ps == ProcessState::kExited ||
+      now - peer.last_heard > silence_limit * Peer::kHandshakeBudget ||
+      peer.hello_attempts >= Peer::kMaxHelloAttempts)
     return Blame(UnansweredHandshake(peer, now), "handshake", ps);
   LivenessVerdict v;
   v.kind = LivenessVerdict::Kind::kRetryHello;

@@ -2,6 +2,7 @@
 // process states, no threads, no clock, no manager.
 #include "connector/liveness_rule.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -134,6 +135,35 @@ TEST(LivenessRuleTest, AnUnansweredHelloIsSentAgainAfterTwoLimitsThenFourThenBla
   EXPECT_NE(v.silence.find("too late for the attempt they answered: 1"), std::string::npos);
   EXPECT_NE(v.silence.find("2 answers claiming to be it did not prove the shared secret"),
             std::string::npos);
+}
+
+// A challenge that checked is a sign of life (it restarts the silence), so
+// a prefill rank that keeps answering challenges but never a proof would
+// be retried for good: at Peer::kMaxHelloAttempts it is blamed however
+// recently it was heard, and the record says its proofs got no answer.
+TEST(LivenessRuleTest, AHandshakeWhoseProofsGetNoAnswerIsBlamedAtTheAttemptCap) {
+  Peer p = ReadyPeer();
+  p.acked = false;
+  p.proofs_sent = 2;
+  Proc proc{ProcessState::kRunning};
+  p.hello_attempts = Peer::kMaxHelloAttempts - 1;
+  p.hello_at = kT0;
+  p.last_heard = kT0 + 3 * kLimit;  // its last challenge
+  const SteadyTime retry = kT0 + 4 * kLimit + milliseconds(1);
+  EXPECT_EQ(Judge(p, retry, proc).kind, Kind::kRetryHello);
+  p.hello_attempts = Peer::kMaxHelloAttempts;
+  const LivenessVerdict v = Judge(p, retry, proc);
+  ASSERT_EQ(v.kind, Kind::kBlame);
+  EXPECT_STREQ(v.mechanism, "handshake");
+  EXPECT_NE(
+      v.silence.find(fmt::format("no answer to {} handshake attempts", Peer::kMaxHelloAttempts)),
+      std::string::npos)
+      << v.silence;
+  EXPECT_NE(v.silence.find("challenges that checked and whose proof got no answer: 2"),
+            std::string::npos)
+      << v.silence;
+  // Before its wait is over, the last attempt still has its chance.
+  EXPECT_EQ(Judge(p, kT0 + 4 * kLimit, proc).kind, Kind::kQuiet);
 }
 
 TEST(LivenessRuleTest, AnUnansweredHelloToAnExitedProcessIsBlamedAtItsFirstRetry) {

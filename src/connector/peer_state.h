@@ -122,6 +122,11 @@ struct Peer {
   // Silence limits a handshake may take, retries included, before either
   // side blames the other for it.
   static constexpr int kHandshakeBudget = 10;
+  // Hellos a handshake may send before the rank is blamed however recently
+  // it was heard: a challenge that checked is a sign of life, and a peer
+  // that keeps answering challenges but never a proof must still be named.
+  static constexpr int kMaxHelloAttempts = 5;
+  int proofs_sent = 0;  // decode: proofs of this handshake (none answered yet)
   bool failed = false;
   std::optional<FailureRecord> failure;  // why it failed (room 0)
   // Decode side: the per-peer write grant in our Hello (0: the regions'

@@ -412,30 +412,41 @@ TEST(ScriptedTimeTest, ALateChallengeIsSaidOnBothSidesAndTheHelloSentAgainIsAnsw
   EXPECT_EQ(s.decode().Stats().rooms_failed, 0u);
 }
 
-// A prefill rank slower than decode's retries (a loaded host: the CI run
-// of stop 47 lost every attempt this way): the challenge to the first
-// Hello comes after decode sent its Hello again, and the retry's challenge
-// never comes. The late challenge proves prefill as well as the last one
-// would: decode answers it, with no further round, and requests go
-// through. (Before, decode dropped it as late and blamed prefill once its
-// budget was spent.)
+// A prefill rank slower than decode's retries (a loaded host: stop 47's CI
+// run lost a handshake this way). Decode's first retry moves to its
+// network address (as UCX's always does), the retry's challenge is held
+// until decode has sent its Hello a third time, and that third one's
+// challenge is lost. The held challenge to the second attempt proves
+// prefill as well as one to the third would: decode answers it with no
+// further round, and requests go through. (Before, decode answered only
+// its last Hello and blamed prefill once its budget was spent.) The first
+// attempt's challenge, which came over the address decode moved off, is
+// late.
 TEST(ScriptedTimeTest, AChallengeToAnEarlierAttemptCompletesTheHandshake) {
   std::vector<FaultTransport*> faults;
   ScriptedCluster s = MakeScripted(&faults);
   ASSERT_TRUE(s.c);
   testing::LogCapture log;
+  faults[1]->TagNetworkAddress();  // the retries' Hellos name another address
   std::unique_ptr<KVReceiver> rx = HelloWithItsChallengeHeld(s, faults, 6);
   ASSERT_FALSE(HasFailure());
-  faults[0]->DropMessages(true);  // the retry's challenge is lost
-  DecodeRounds(s, 11);
-  ASSERT_TRUE(WaitFor([&] { return faults[0]->counters().messages_dropped >= 1; }))
+  DecodeRounds(s, 11);  // the second attempt, at two limits
+  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldMessages() == 2; }))
       << "decode did not send its Hello again";
+  faults[0]->DropMessages(true);  // the third attempt's challenge is lost
+  DecodeRounds(s, 21);            // the third attempt, four limits later
+  ASSERT_TRUE(WaitFor([&] { return faults[0]->counters().messages_dropped >= 1; }))
+      << "decode did not send its Hello a third time";
+  EXPECT_EQ(log.Matching("(attempt 3;").size(), 1u);
   faults[0]->DropMessages(false);
+  const uint64_t stale = s.decode().Stats().stale_messages_dropped;
   faults[0]->ReleaseHeldMessages();
-  // No round runs from here: only an answer to the late challenge makes
-  // decode ready.
+  // No round runs from here: only an answer to a held challenge makes
+  // decode's handshake answered.
   ASSERT_TRUE(WaitFor([&] { return PeerAt(s.decode(), s.prefill().self())->answered; }))
-      << "the challenge to the first attempt was not answered";
+      << "the challenge to the second attempt was not answered";
+  ASSERT_TRUE(WaitFor([&] { return s.decode().Stats().stale_messages_dropped == stale + 1; }))
+      << "the first attempt's challenge was not dropped as late";
   EXPECT_EQ(log.Matching("answered an earlier handshake attempt").size(), 1u);
   CompleteOneRequest(*s.c, 7);
   EXPECT_EQ(s.prefill().Stats().rooms_failed, 0u);
