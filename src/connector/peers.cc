@@ -428,8 +428,11 @@ void ManagerImpl::Tick() {
   // This rank's transport thread in one step (a handler, UCX progress) for
   // half the limit or more has heard no beat meanwhile: the peers' silence
   // is this rank's (WarnStuckDelivery says so), as when the ticker ran late.
+  // For a handshake budget at most: a thread stuck longer is deadlocked,
+  // and this rank's requests must not hang on it.
   const std::optional<StepWatch::Busy> busy = transport_->DeliveryBusy();
-  const bool deaf = busy && busy->for_us >= silence_limit / 2;
+  const bool deaf = busy && busy->for_us >= silence_limit / 2 &&
+                    busy->for_us < silence_limit * Peer::kHandshakeBudget;
   {
     MutexLock lock(mu_);
     const bool late = now - last_tick_ > silence_limit;
@@ -438,9 +441,10 @@ void ManagerImpl::Tick() {
       KVB_LOG_WARN("ticker ran {:.2f} s late; not blaming peers for it",
                    std::chrono::duration<double>(now - last_tick_).count());
     }
-    // Their silence is counted afresh.
+    // Their silence is counted afresh, but for a process /proc says exited.
     if (late || deaf)
-      for (auto& [key, peer] : peers_) peer->last_heard = now;
+      for (auto& [key, peer] : peers_)
+        if (late || LocalProcessState(peer->id) != ProcessState::kExited) peer->last_heard = now;
     last_tick_ = now;
     for (auto& [key, peer] : peers_) {
       const LivenessVerdict v =
