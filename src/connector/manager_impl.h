@@ -203,8 +203,8 @@ class ManagerImpl {
                                   Outbox& out) KVB_REQUIRES(mu_);  // kToldItFailed
   void Tick();
   // Ticker: says once per step that the transport's delivery thread is stuck
-  // in it (Transport::DeliveryBusy) when it has lasted half the silence limit.
-  void WarnStuckDelivery(std::chrono::microseconds silence_limit);
+  // in it (Tick's reading of Transport::DeliveryBusy, past half the limit).
+  void WarnStuckDelivery(const std::optional<StepWatch::Busy>& stuck);
   // Runs `round` every heartbeat interval until the manager stops (each
   // thread's loop); with `wake` (ticker_mu_), also once it is set (cleared).
   void EveryHeartbeat(const char* name, const std::function<void()>& round, bool* wake = nullptr);

@@ -430,9 +430,9 @@ void ManagerImpl::Tick() {
   // is this rank's (WarnStuckDelivery says so), as when the ticker ran late.
   // For a handshake budget at most: a thread stuck longer is deadlocked,
   // and this rank's requests must not hang on it.
-  const std::optional<StepWatch::Busy> busy = transport_->DeliveryBusy();
-  const bool deaf = busy && busy->for_us >= silence_limit / 2 &&
-                    busy->for_us < silence_limit * Peer::kHandshakeBudget;
+  std::optional<StepWatch::Busy> stuck = transport_->DeliveryBusy();
+  if (stuck && stuck->for_us < silence_limit / 2) stuck.reset();
+  const bool deaf = stuck && stuck->for_us < silence_limit * Peer::kHandshakeBudget;
   {
     MutexLock lock(mu_);
     const bool late = now - last_tick_ > silence_limit;
@@ -470,13 +470,12 @@ void ManagerImpl::Tick() {
   Flush(out);
   std::string beat = EncodeMessage(Self(), HeartbeatMsg{heartbeat_seq_.fetch_add(1)});
   for (PeerId p : beats) transport_->SendUrgentMessage(p, beat).IgnoreError();
-  WarnStuckDelivery(silence_limit);
+  WarnStuckDelivery(stuck);
 }
 
-void ManagerImpl::WarnStuckDelivery(std::chrono::microseconds silence_limit) {
-  // Half the limit: said before the peers blame this rank, once per step.
-  const std::optional<StepWatch::Busy> busy = transport_->DeliveryBusy();
-  if (!busy || busy->for_us < silence_limit / 2 || busy->step == stuck_step_logged_) return;
+void ManagerImpl::WarnStuckDelivery(const std::optional<StepWatch::Busy>& busy) {
+  // Half the limit (Tick): said before the peers blame this rank, once per step.
+  if (!busy || busy->step == stuck_step_logged_) return;
   stuck_step_logged_ = busy->step;
   KVB_LOG_WARN(
       "this rank's transport thread has been in {} for {:.2f} s: no message or failure reaches "
