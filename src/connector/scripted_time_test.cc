@@ -377,6 +377,25 @@ std::unique_ptr<KVReceiver> HelloWithItsChallengeHeld(ScriptedCluster& s,
   return rx;
 }
 
+// Releases the challenges held on prefill, with no round running: one
+// answers decode's handshake (decode says it answered an earlier attempt)
+// and one is dropped as late; then a request through the pair (`room`)
+// goes through and no room failed.
+void ReleaseAndExpectAnEarlierAttemptAnswered(ScriptedCluster& s,
+                                              std::vector<FaultTransport*>& faults,
+                                              const testing::LogCapture& log, uint64_t room) {
+  const uint64_t stale = s.decode().Stats().stale_messages_dropped;
+  faults[0]->ReleaseHeldMessages();
+  ASSERT_TRUE(WaitFor([&] { return PeerAt(s.decode(), s.prefill().self())->answered; }))
+      << "no held challenge answered the handshake";
+  ASSERT_TRUE(WaitFor([&] { return s.decode().Stats().stale_messages_dropped == stale + 1; }))
+      << "no held challenge was dropped as late";
+  EXPECT_EQ(log.Matching("answered an earlier handshake attempt").size(), 1u);
+  CompleteOneRequest(*s.c, room);
+  EXPECT_EQ(s.prefill().Stats().rooms_failed, 0u);
+  EXPECT_EQ(s.decode().Stats().rooms_failed, 0u);
+}
+
 // Prefill's challenge comes late (held on prefill's transport), so decode
 // sends its Hello again on a new endpoint after two limits. Each side says
 // so: decode that it sent it again, prefill that the same process sent its
@@ -401,15 +420,8 @@ TEST(ScriptedTimeTest, ALateChallengeIsSaidOnBothSidesAndTheHelloSentAgainIsAnsw
                          "proof; challenging it anew")
                 .size(),
             1u);
-  const uint64_t stale = s.decode().Stats().stale_messages_dropped;
-  faults[0]->ReleaseHeldMessages();
-  ASSERT_TRUE(WaitFor([&] { return PeerAt(s.decode(), s.prefill().self())->answered; }));
-  ASSERT_TRUE(WaitFor([&] { return s.decode().Stats().stale_messages_dropped == stale + 1; }))
-      << "the second challenge was not dropped";
-  EXPECT_EQ(log.Matching("answered an earlier handshake attempt").size(), 1u);
-  CompleteOneRequest(*s.c, 5);
-  EXPECT_EQ(s.prefill().Stats().rooms_failed, 0u);
-  EXPECT_EQ(s.decode().Stats().rooms_failed, 0u);
+  // The first answers, the second is dropped (one answer per handshake).
+  ReleaseAndExpectAnEarlierAttemptAnswered(s, faults, log, 5);
 }
 
 // A prefill rank slower than decode's retries (a loaded host: stop 47's CI
@@ -439,18 +451,10 @@ TEST(ScriptedTimeTest, AChallengeToAnEarlierAttemptCompletesTheHandshake) {
       << "decode did not send its Hello a third time";
   EXPECT_EQ(log.Matching("(attempt 3;").size(), 1u);
   faults[0]->DropMessages(false);
-  const uint64_t stale = s.decode().Stats().stale_messages_dropped;
-  faults[0]->ReleaseHeldMessages();
-  // No round runs from here: only an answer to a held challenge makes
-  // decode's handshake answered.
-  ASSERT_TRUE(WaitFor([&] { return PeerAt(s.decode(), s.prefill().self())->answered; }))
-      << "the challenge to the second attempt was not answered";
-  ASSERT_TRUE(WaitFor([&] { return s.decode().Stats().stale_messages_dropped == stale + 1; }))
-      << "the first attempt's challenge was not dropped as late";
-  EXPECT_EQ(log.Matching("answered an earlier handshake attempt").size(), 1u);
-  CompleteOneRequest(*s.c, 7);
-  EXPECT_EQ(s.prefill().Stats().rooms_failed, 0u);
-  EXPECT_EQ(s.decode().Stats().rooms_failed, 0u);
+  // No round runs from here: only an answer to a held challenge (the
+  // second attempt's) makes decode's handshake answered; the first
+  // attempt's is dropped as late.
+  ReleaseAndExpectAnEarlierAttemptAnswered(s, faults, log, 7);
 }
 
 // The first Hello's challenge comes after decode sent its Hello again to
