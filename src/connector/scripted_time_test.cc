@@ -6,8 +6,12 @@
 // tick that returned (the round ran to its end on the test's thread).
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "common/log_capture.h"
 #include "connector/connector_test_util.h"
+#include "connector/peer_auth.h"
+#include "connector/protocol.h"
 
 namespace kvbridge::internal {
 namespace {
@@ -421,6 +425,42 @@ TEST(ScriptedTimeTest, ALateChallengeIsSaidOnBothSidesAndTheHelloSentAgainIsAnsw
                 .size(),
             1u);
   // The first answers, the second is dropped (one answer per handshake).
+  ReleaseAndExpectAnEarlierAttemptAnswered(s, faults, log, 5);
+}
+
+// Decode's Hellos travel in clear, so anyone may send a challenge naming
+// one. A challenge that does not prove the shared secret is refused and
+// leaves the Hello it names waiting for its real answer: here a forgery
+// claiming to be prefill names each of the two Hellos decode keeps before
+// prefill's held challenges come, and those then complete the handshake
+// as they would have without it.
+TEST(ScriptedTimeTest, AForgedChallengeToAKeptHelloLeavesItAnswerable) {
+  std::vector<FaultTransport*> faults;
+  ScriptedCluster s = MakeScripted(&faults);
+  ASSERT_TRUE(s.c);
+  testing::LogCapture log;
+  std::unique_ptr<KVReceiver> rx = HelloWithItsChallengeHeld(s, faults, 4);
+  ASSERT_FALSE(HasFailure());
+  DecodeRounds(s, 11);
+  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldMessages() == 2; }))
+      << "decode did not send its Hello again";
+  auto intruder = std::move(CreateLoopbackTransport(s.c->fabric(), "intruder")).value();
+  const PeerId to_decode = intruder->Connect(s.decode().transport().Address()).value();
+  const uint64_t refused = s.decode().Stats().unauthenticated_messages_dropped;
+  std::set<uint64_t> named;  // decode's Hellos the forgeries name
+  for (const std::string& held : faults[0]->HeldMessagePayloads()) {
+    const Message real = DecodeMessage(held).value();
+    const auto& c = std::get<HelloChallengeMsg>(real.body);
+    named.insert(c.decode_session);
+    HelloChallengeMsg forged{c.decode_session, c.session + 1, NewNonce().value(), Digest{}};
+    forged.proof.fill(0x5a);
+    ASSERT_TRUE(intruder->SendMessage(to_decode, EncodeMessage(real.from, forged)).ok());
+  }
+  ASSERT_EQ(named.size(), 2u) << "the held challenges do not name two Hellos";
+  ASSERT_TRUE(WaitFor([&] {
+    return s.decode().Stats().unauthenticated_messages_dropped == refused + 2;
+  })) << "the forged challenges were not refused";
+  EXPECT_FALSE(PeerAt(s.decode(), s.prefill().self())->answered);
   ReleaseAndExpectAnEarlierAttemptAnswered(s, faults, log, 5);
 }
 

@@ -378,6 +378,16 @@ size_t FaultTransport::HeldMessages() const {
   return n;
 }
 
+std::vector<std::string> FaultTransport::HeldMessagePayloads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> held;
+  for (const auto& [id, info] : peers_) {
+    for (const Item& item : info.queue)
+      if (!item.is_batch && item.held) held.push_back(item.payload);
+  }
+  return held;
+}
+
 void FaultTransport::HoldWrites() {
   std::lock_guard<std::mutex> lock(mu_);
   hold_ = true;

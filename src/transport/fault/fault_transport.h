@@ -128,6 +128,9 @@ class FaultTransport final : public Transport {
   void ReleaseHeldMessages();
   // Number of messages held right now.
   size_t HeldMessages() const;
+  // Copies of the messages held right now, by endpoint (oldest first), in
+  // the order each endpoint sends them.
+  std::vector<std::string> HeldMessagePayloads() const;
   // While on, RevokeGrant waits (as a revoke waits for a stopped writer's
   // admitted receives); off lets the waiting ones through. Also counts
   // revokes_started.
