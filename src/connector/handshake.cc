@@ -87,6 +87,7 @@ Status ManagerImpl::SendHello(const std::string& key, PeerId tpeer) {
   }
   KVB_ASSIGN_OR_RETURN(hello.session, SecureRandomU64());
   KVB_ASSIGN_OR_RETURN(hello.nonce, NewNonce());
+  hello.address_tag = handshake_->TagAddress(hello.address, hello.session, hello.nonce);
   std::string bytes = EncodeMessage(Self(), hello);
   if (bytes.size() > kMaxHelloBytes) {
     return InvalidArgumentError(
@@ -154,7 +155,15 @@ Status ManagerImpl::GrantKeysFor(const std::string& key, HelloMsg& hello) {
 
 void ManagerImpl::OnHello(const RankId& from, HelloMsg hello, std::string_view bytes) {
   // Nothing in the Hello is believed, nor kept: its sender gets a challenge
-  // derived from it (ChallengeMaker), on an endpoint to the address it gave.
+  // derived from it (ChallengeMaker), on an endpoint to the address it gave,
+  // if a holder of the secret tagged that address (the transport's parser
+  // of it may trust its input: peer_auth.h, TagAddress).
+  Status tagged = handshake_->CheckAddressTag(hello.address, hello.session, hello.nonce,
+                                              hello.address_tag, from.ToString());
+  if (!tagged.ok()) {
+    DropUnauthenticated(tagged.message());
+    return;
+  }
   Result<PeerId> conn = transport_->Connect(hello.address);
   if (!conn.ok()) {
     KVB_LOG_WARN("cannot connect back to {}: {}", from.ToString(), conn.status().ToString());

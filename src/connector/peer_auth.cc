@@ -135,6 +135,27 @@ SessionKeys HandshakeAuth::Keys(std::string_view transcript) const {
   return k;
 }
 
+Digest HandshakeAuth::TagAddress(std::string_view address, uint64_t session,
+                                 const Nonce& nonce) const {
+  WireWriter w;
+  w.Bytes("kvbridge hello address v1");
+  w.Bytes(address);
+  w.U64(session);
+  w.Bytes(std::string_view(reinterpret_cast<const char*>(nonce.data()), nonce.size()));
+  return HmacSha256(key_, w.Finish());
+}
+
+Status HandshakeAuth::CheckAddressTag(std::string_view address, uint64_t session,
+                                      const Nonce& nonce, const Digest& tag,
+                                      std::string_view who) const {
+  if (DigestsEqual(TagAddress(address, session, nonce), tag)) return Status();
+  return UnauthenticatedError(fmt::format(
+      "Hello from {}: its address is not tagged under this rank's secret (forged, or a rank of "
+      "another deployment); not connecting back to it. Set {} (or {}) to the same secret on "
+      "every rank",
+      who, kAuthTokenEnv, kSglangAuthTokenEnv));
+}
+
 std::string Seal(const SessionKey& key, const SealedHeader& h, std::string_view payload) {
   WireWriter w;
   w.U32(kSealMagic);

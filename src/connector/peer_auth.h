@@ -89,6 +89,16 @@ class HandshakeAuth {
   Status Verify(Role prover, std::string_view transcript, const Digest& proof,
                 std::string_view who) const;
   SessionKeys Keys(std::string_view transcript) const;
+  // A Hello's tag over the address prefill answers it on, and its session
+  // id and nonce (HelloMsg::address_tag). Prefill connects back to that
+  // address before any proof, and UCX's parser of a worker address trusts
+  // its input (a malformed one aborts the process): only an address a
+  // holder of the secret tagged reaches it. A replayed Hello still carries
+  // a genuine address; the challenge-proof exchange refuses the replay.
+  Digest TagAddress(std::string_view address, uint64_t session, const Nonce& nonce) const;
+  // Ok when `tag` is TagAddress's; Unauthenticated naming `who` otherwise.
+  Status CheckAddressTag(std::string_view address, uint64_t session, const Nonce& nonce,
+                         const Digest& tag, std::string_view who) const;
 
  private:
   std::array<uint8_t, 32> key_{};
@@ -124,7 +134,7 @@ class ChallengeMaker {
   std::array<uint8_t, 32> key_{};
 };
 
-// Sealed messages. A plain control message starts with "KVBO"
+// Sealed messages. A plain control message starts with "KVBP"
 // (protocol.h); a sealed one with "KVBS".
 inline constexpr size_t kSealHeaderBytes = 4 + 1 + 8 + 8;
 inline constexpr size_t kSealTagBytes = 16;

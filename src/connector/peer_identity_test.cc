@@ -183,7 +183,7 @@ class PeerIdentityTest : public ::testing::Test {
     r.mechanism = "forgery";
     return r;
   }
-  HelloMsg ForgedHello() {
+  HelloMsg ForgedHello(uint64_t session = 0x5e55) {
     const ManagerImpl& d = ManagerAccess::Of(decode());
     HelloMsg h;
     h.layout = d.layout();
@@ -192,8 +192,14 @@ class PeerIdentityTest : public ::testing::Test {
     h.kv_keys.assign(h.layout.kv.size(), "k");
     h.aux_keys.assign(h.layout.aux.size(), "k");
     h.state_keys.assign(h.layout.state.size(), "k");
-    h.session = 0x5e55;
+    h.session = session;
     h.nonce.fill(3);
+    // Tagged under the deployment's secret, as a Hello recorded on the
+    // wire is: its address reaches prefill's connect back (an untagged one
+    // does not: AHelloWhoseAddressIsNotTaggedGetsNoConnectBack); what
+    // follows the challenge needs the secret, which the forger lacks.
+    h.address_tag =
+        HandshakeAuth(AuthTokenFromEnvironment()).TagAddress(h.address, h.session, h.nonce);
     return h;
   }
 
@@ -348,12 +354,8 @@ class Newcomer {
   };
   // `meanwhile` runs once the Hello left, before its challenge is awaited.
   Challenged Hello(const HandshakeAuth& hs, const std::function<void()>& meanwhile = {}) {
-    HelloMsg hello = keyed_;
-    hello.address = auth_->Address();
-    hello.session = SecureRandomU64().value();
-    hello.nonce = NewNonce().value();
+    HelloMsg hello = SendHello(hs);
     const std::string hello_bytes = EncodeMessage(self_, hello);
-    EXPECT_TRUE(auth_->SendPlain(to_prefill_, hello_bytes).ok());
     if (meanwhile) meanwhile();
     auto [answer, sealed] = Next();
     const auto* c = std::get_if<HelloChallengeMsg>(&answer.body);
@@ -370,6 +372,16 @@ class Newcomer {
                 {k.decode_to_prefill, c->session, k.prefill_to_decode, hello.session, answer.from});
     prefill_ = answer.from;
     return out;
+  }
+  // Sends a new Hello, its address tagged under `hs`'s secret.
+  HelloMsg SendHello(const HandshakeAuth& hs) {
+    HelloMsg hello = keyed_;
+    hello.address = auth_->Address();
+    hello.session = SecureRandomU64().value();
+    hello.nonce = NewNonce().value();
+    hello.address_tag = hs.TagAddress(hello.address, hello.session, hello.nonce);
+    EXPECT_TRUE(auth_->SendPlain(to_prefill_, EncodeMessage(self_, hello)).ok());
+    return hello;
   }
   void Prove(const Challenged& c, const Digest& proof) {
     ASSERT_TRUE(auth_
@@ -411,11 +423,21 @@ TEST_F(PeerIdentityTest, HandshakeUnderAnotherSecretIsRefusedUnderTheRightOneAcc
   const PeerId endpoint = PrefillEndpointToDecode();
   const RankId as = NewcomerAt(decode().self());
   Newcomer newcomer(*cluster_, prefill(), as, ForgedHello());
+  {
+    // Its Hello is refused before prefill connects back to its address.
+    const uint64_t p0 = Dropped(prefill());
+    newcomer.SendHello(HandshakeAuth("another deployment's secret"));
+    ASSERT_TRUE(WaitFor([&] { return Dropped(prefill()) == p0 + 1; }));
+    EXPECT_TRUE(newcomer.NothingReceived()) << "prefill answered a Hello under another secret";
+  }
+  // A Hello tagged under the deployment's secret (recorded on the wire)
+  // earns a challenge; a proof under another secret is refused.
+  const HandshakeAuth deployment(AuthTokenFromEnvironment());
   for (const std::string& secret :
        {std::string("another deployment's secret"), AuthTokenFromEnvironment()}) {
     SCOPED_TRACE(secret == AuthTokenFromEnvironment() ? "the deployment's secret" : "another");
     HandshakeAuth hs(secret);
-    const Newcomer::Challenged c = newcomer.Hello(hs);
+    const Newcomer::Challenged c = newcomer.Hello(deployment);
     EXPECT_EQ(hs.Verify(Role::kPrefill, c.transcript, c.challenge.proof, "prefill tp0").ok(),
               secret == AuthTokenFromEnvironment());
     const uint64_t p0 = Dropped(prefill());
@@ -465,8 +487,7 @@ TEST_F(PeerIdentityTest, AFloodOfHellosDoesNotPushOutTheGenuineOne) {
       RankId flooder = decode().self();
       flooder.instance = "flooder";
       flooder.pid += 1 + i;
-      HelloMsg h = ForgedHello();
-      h.session = 0x100000 + i;
+      HelloMsg h = ForgedHello(0x100000 + i);
       intruder_->Send(prefill(), EncodeMessage(flooder, h));
     }
   };

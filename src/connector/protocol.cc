@@ -15,10 +15,12 @@ namespace {
 // The magic names the message format: a rank of a build whose format differs
 // is told apart from garbage. "KVBN": RankId carries the boot id. "KVBO":
 // the HelloProof carries its Hello (stateless challenges), and the
-// heartbeat endpoint seals in a lane of its own.
-constexpr uint32_t kMagic = 0x4b56424f;                          // "KVBO"
+// heartbeat endpoint seals in a lane of its own. "KVBP": the Hello's
+// address is tagged under the secret (HelloMsg::address_tag).
+constexpr uint32_t kMagic = 0x4b564250;                          // "KVBP"
 constexpr uint32_t kMagicBeforeBootId = 0x4b56424d;              // "KVBM"
 constexpr uint32_t kMagicBeforeStatelessChallenge = 0x4b56424e;  // "KVBN"
+constexpr uint32_t kMagicBeforeAddressTag = 0x4b56424f;          // "KVBO"
 
 void PutRank(WireWriter& w, const RankId& r) {
   w.U8(static_cast<uint8_t>(r.role));
@@ -315,6 +317,7 @@ struct Encoder {
     PutStrings(w, m.state_keys);
     w.U64(m.session);
     PutFixed(w, m.nonce);
+    PutFixed(w, m.address_tag);
   }
   void operator()(const HelloChallengeMsg& m) {
     w.U64(m.decode_session);
@@ -375,7 +378,7 @@ bool DecodeHello(WireReader& r, MessageBody* body) {
       !r.BoundedBytes("address", &m.address, kMaxBlobBytes) ||
       !GetStrings(r, "kv keys", &m.kv_keys) || !GetStrings(r, "aux keys", &m.aux_keys) ||
       !GetStrings(r, "state keys", &m.state_keys) || !r.U64(&m.session) ||
-      !GetFixed(r, "nonce", &m.nonce))
+      !GetFixed(r, "nonce", &m.nonce) || !GetFixed(r, "address tag", &m.address_tag))
     return false;
   // A Hello describes one rank: its tp size is its layout's, and it has one
   // remote key per buffer it declares.
@@ -520,7 +523,8 @@ Result<Message> DecodeMessage(std::string_view bytes) {
     const char* older = magic == kMagicBeforeBootId ? "no boot id in a rank"
                         : magic == kMagicBeforeStatelessChallenge
                             ? "a handshake whose proof does not carry its Hello"
-                            : nullptr;
+                        : magic == kMagicBeforeAddressTag ? "a Hello whose address is not tagged"
+                                                          : nullptr;
     if (older == nullptr) return r.Fail(fmt::format("bad magic {:#x}", magic));
     return r.Fail(
         fmt::format("from a kvbridge build of an older message format ({}): upgrade "

@@ -63,6 +63,9 @@ struct HelloMsg {
   // it carry) and its fresh nonce.
   uint64_t session = 0;
   Nonce nonce{};
+  // HandshakeAuth::TagAddress over address, session and nonce: prefill
+  // checks it before it connects back to `address` (peer_auth.h says why).
+  Digest address_tag{};
 };
 struct HelloChallengeMsg {
   uint64_t decode_session = 0;  // the Hello's session id: which Hello this answers

@@ -72,7 +72,7 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
   layout.state_sharding = {{16, 1, {4, 4, 8}}, {}};
   layout.kv_layer_ids = {kDraftLayerId};
   std::vector<MessageBody> bodies = {
-      HelloMsg{layout, 4, "addr", {"k1"}, {"a"}, {"s0", "s1"}},
+      HelloMsg{layout, 4, "addr", {"k1"}, {"a"}, {"s0", "s1"}, 0x77, Nonce{1}, Digest{9, 8}},
       HelloAckMsg{StatusCode::kFailedPrecondition, "page size mismatch", "addr2", "shm"},
       MetaMsg{42, 7, 2, true, {1, 5, 9}, 3, {4}, 2},
       NotifyMsg{42, 7, 3, true, 12},
@@ -114,6 +114,9 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
   EXPECT_EQ(hello.kv_keys, (std::vector<std::string>{"k1"}));
   EXPECT_EQ(hello.tp_size, 4);
   EXPECT_EQ(hello.layout.tp_rank, 3);
+  EXPECT_EQ(hello.session, 0x77u);
+  EXPECT_EQ(hello.nonce, (Nonce{1}));
+  EXPECT_EQ(hello.address_tag, (Digest{9, 8}));
   auto challenge = std::get<HelloChallengeMsg>(
       DecodeMessage(EncodeMessage(Rank(Role::kPrefill, 0), bodies[8]))->body);
   EXPECT_EQ(challenge.decode_session, 0x11u);
@@ -217,6 +220,10 @@ TEST(ProtocolLimitsTest, AMessageOfTheOlderFormatSaysUpgradeEveryRank) {
   ExpectRejected(bytes,
                  "older message format (a handshake whose proof does not carry its Hello): "
                  "upgrade every rank");
+  const uint32_t before_address_tag = 0x4b56424f;  // "KVBO"
+  std::memcpy(bytes.data(), &before_address_tag, sizeof(before_address_tag));
+  ExpectRejected(bytes,
+                 "older message format (a Hello whose address is not tagged): upgrade every rank");
   const uint32_t other = 0x12345678;
   std::memcpy(bytes.data(), &other, sizeof(other));
   ExpectRejected(bytes, "bad magic 0x12345678");
