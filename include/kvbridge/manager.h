@@ -59,8 +59,9 @@ struct ManagerStats {
   // Control messages dropped because no handshake proved their sender:
   // plain messages that are not part of a handshake, sealed ones under an
   // unknown session or with a wrong tag or a replayed sequence number,
-  // messages naming another rank than their session proved, and handshake
-  // answers whose proof fails (docs/security.md, "Peers prove who they are").
+  // messages naming another rank than their session proved, Hellos whose
+  // address is not tagged under the secret, and handshake answers whose
+  // proof fails (docs/security.md, "Peers prove who they are").
   uint64_t unauthenticated_messages_dropped = 0;
   uint64_t pending_metadata = 0;  // metadata waiting for its sender
   // New requests a dead rank's failure record would block, waiting for the

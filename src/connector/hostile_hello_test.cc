@@ -72,8 +72,7 @@ TEST(HostileHelloTest, AMalformedAddressNotTaggedUnderTheSecretReachesNoUcxParse
   ASSERT_NE(intruder, nullptr);
   std::atomic<int> answers{0};  // whatever prefill sends the intruder
   intruder->SetMessageHandler([&](std::string_view) { ++answers; });
-  Result<PeerId> to_prefill =
-      intruder->Connect(ManagerAccess::Of(prefill).transport().Address());
+  Result<PeerId> to_prefill = intruder->Connect(ManagerAccess::Of(prefill).transport().Address());
   ASSERT_TRUE(to_prefill.ok()) << to_prefill.status().ToString();
   RankId as = decode.self();
   as.instance = "intruder";
@@ -92,15 +91,14 @@ TEST(HostileHelloTest, AMalformedAddressNotTaggedUnderTheSecretReachesNoUcxParse
     h.nonce.fill(static_cast<uint8_t>(i));
     // The last one under another deployment's secret; the others untagged.
     if (i + 1 == addresses.size())
-      h.address_tag = HandshakeAuth("another deployment").TagAddress(h.address, h.session,
-                                                                     h.nonce);
+      h.address_tag = HandshakeAuth("another deployment").TagAddress(h.address, h.session, h.nonce);
     ASSERT_TRUE(intruder->SendMessage(*to_prefill, EncodeMessage(as, h)).ok());
   }
   ASSERT_TRUE(WaitFor([&] {
     return prefill.Stats().unauthenticated_messages_dropped == dropped + addresses.size();
   })) << "prefill dropped "
-      << prefill.Stats().unauthenticated_messages_dropped - dropped << " of "
-      << addresses.size() << " Hellos";
+      << prefill.Stats().unauthenticated_messages_dropped - dropped << " of " << addresses.size()
+      << " Hellos";
   // Still alive, still serving its decode peer, and it answered none.
   Deliver(**c, 2);
   EXPECT_EQ(answers.load(), 0);
@@ -120,8 +118,8 @@ TEST(HostileHelloTest, TheAddressTagCoversAddressSessionAndNonceUnderOneSecret) 
   Nonce other = n;
   other[15] ^= 1;
   EXPECT_FALSE(mine.CheckAddressTag("address", 42, other, tag, "decode tp0").ok());
-  const Status refused = HandshakeAuth(std::string(64, 't'))
-                             .CheckAddressTag("address", 42, n, tag, "decode tp0");
+  const Status refused =
+      HandshakeAuth(std::string(64, 't')).CheckAddressTag("address", 42, n, tag, "decode tp0");
   EXPECT_EQ(refused.code(), StatusCode::kUnauthenticated);
   EXPECT_NE(refused.message().find("decode tp0"), std::string::npos) << refused.message();
   EXPECT_NE(refused.message().find(kAuthTokenEnv), std::string::npos) << refused.message();
