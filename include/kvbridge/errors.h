@@ -32,6 +32,7 @@ enum class FailureCause {
   kAborted,           // the application aborted the request (on some rank)
   kLocalError,        // the application reported a fatal error (e.g. OOM)
   kRegistryLost,      // the bootstrap registry is unreachable
+  kUnauthenticated,   // what names a peer did not prove the deployment's secret
 };
 
 enum class Phase {

@@ -68,6 +68,10 @@ constexpr CauseInfo kCauses[] = {
      "or chunk size) and restart it"},
     {FailureCause::kRegistryLost, "registry_lost", StatusCode::kUnavailable,
      "restart the bootstrap server (kvbridge bootstrap) or check its host and port"},
+    {FailureCause::kUnauthenticated, "unauthenticated", StatusCode::kUnauthenticated,
+     "give every rank the same secret (KVBRIDGE_AUTH_TOKEN or "
+     "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN) and the same kvbridge build; if they have it, "
+     "something else answered for that rank: check what serves the port the registry names"},
 };
 
 const CauseInfo& Info(FailureCause cause) {
@@ -96,6 +100,8 @@ std::string_view CauseVerb(const FailureRecord& r) {
       return "reported a fatal error";
     case FailureCause::kRegistryLost:
       return "lost the bootstrap registry";
+    case FailureCause::kUnauthenticated:
+      return "could not be authenticated";
   }
   return "failed";
 }

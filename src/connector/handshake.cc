@@ -8,6 +8,7 @@
 #include "connector/hello_rule.h"
 #include "connector/layout_json.h"
 #include "connector/manager_impl.h"
+#include "connector/record_tag.h"
 #include "transport/region_token.h"
 
 namespace kvbridge::internal {
@@ -408,6 +409,9 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
   *registered = RankIdOf(*rec);
   const bool same = failed_incarnation != 0 && rec->incarnation == failed_incarnation;
   if (same && notice == nullptr) return UnavailableError(key + " failed and has not restarted");
+  // Registries answer anyone: the address is the rank's only if its tag
+  // checks (record_tag.h).
+  KVB_RETURN_IF_ERROR(CheckRankAddressTag(*handshake_, *rec, registry_->address()));
   KVB_ASSIGN_OR_RETURN(RankLayout layout, LayoutFromJson(rec->layout));
   KVB_RETURN_IF_ERROR(CheckCompatible(layout, layout_));
   std::unique_ptr<Peer> peer = PrefillPeerOf(key, *rec, std::move(layout));

@@ -7,6 +7,7 @@
 // back only to an address a holder of the deployment's secret tagged
 // (HandshakeAuth::TagAddress).
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <atomic>
 #include <string>
@@ -16,7 +17,13 @@
 #include "connector/manager_impl.h"
 #include "connector/peer_auth.h"
 #include "connector/protocol.h"
+#include "connector/record_tag.h"
+#include "connector/sglang_standin.h"
 #include "control/auth.h"
+#include "control/bootstrap_client.h"
+#include "control/http_server.h"
+#include "control/rank_endpoint.h"
+#include "control/registry_test_util.h"
 #include "transport/ucx/ucx_blobs.h"
 #include "transport/ucx/ucx_test_util.h"
 
@@ -123,6 +130,120 @@ TEST(HostileHelloTest, TheAddressTagCoversAddressSessionAndNonceUnderOneSecret) 
   EXPECT_EQ(refused.code(), StatusCode::kUnauthenticated);
   EXPECT_NE(refused.message().find("decode tp0"), std::string::npos) << refused.message();
   EXPECT_NE(refused.message().find(kAuthTokenEnv), std::string::npos) << refused.message();
+}
+
+// The record tag covers what decode connects to and where the rank stands,
+// under one secret; it survives the record's JSON.
+TEST(RecordTagTest, TheTagCoversTheAddressPositionAndIncarnationUnderOneSecret) {
+  const HandshakeAuth mine(std::string(64, 's'));
+  RankRecord r = registry_test::Prefill(1);
+  r.instance = "p";
+  r.address_tag = RankAddressTag(mine, r);
+  EXPECT_EQ(r.address_tag.size(), 32u);
+  EXPECT_TRUE(CheckRankAddressTag(mine, r, "registry").ok());
+  Result<RankRecord> read = RankRecord::FromJson(r.ToJson());
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_TRUE(CheckRankAddressTag(mine, *read, "registry").ok());
+  const std::vector<std::function<void(RankRecord&)>> changes = {
+      [](RankRecord& x) { x.transport_address += "x"; }, [](RankRecord& x) { x.attn_tp_rank = 0; },
+      [](RankRecord& x) { x.attn_dp_rank = 1; },         [](RankRecord& x) { x.pp_rank = 1; },
+      [](RankRecord& x) { x.incarnation += 1; },         [](RankRecord& x) { x.instance = "q"; },
+      [](RankRecord& x) { x.role = RankRole::kDecode; },
+  };
+  for (size_t i = 0; i < changes.size(); ++i) {
+    RankRecord changed = r;
+    changes[i](changed);
+    const Status s = CheckRankAddressTag(mine, changed, "registry");
+    EXPECT_EQ(s.code(), StatusCode::kUnauthenticated) << "change " << i;
+    EXPECT_NE(s.message().find("does not check"), std::string::npos) << s.message();
+  }
+  const Status other = CheckRankAddressTag(HandshakeAuth(std::string(64, 't')), r, "registry");
+  EXPECT_EQ(other.code(), StatusCode::kUnauthenticated);
+  RankRecord untagged = r;
+  untagged.address_tag.clear();
+  const Status none = CheckRankAddressTag(mine, untagged, "http://10.0.0.9:8998");
+  EXPECT_NE(none.message().find("carries no address tag"), std::string::npos) << none.message();
+  EXPECT_NE(none.message().find("http://10.0.0.9:8998"), std::string::npos) << none.message();
+  EXPECT_NE(none.message().find(kAuthTokenEnv), std::string::npos) << none.message();
+  // A tag longer than any HMAC, or not base64, is a malformed record.
+  nlohmann::json j = r.ToJson();
+  j["address_tag"] = std::string(100, 'A');
+  EXPECT_EQ(RankRecord::FromJson(j).status().code(), StatusCode::kInvalidArgument);
+  j["address_tag"] = "not base64!";
+  EXPECT_EQ(RankRecord::FromJson(j).status().code(), StatusCode::kInvalidArgument);
+}
+
+// What the rank endpoint of a prefill rank serves, as an impostor answering
+// in its place (its port, after it exited) would: the rank's record with
+// its address replaced by a malformed UCX address, the tag kept or dropped.
+class ImpostorRankEndpoint {
+ public:
+  explicit ImpostorRankEndpoint(RankRecord served) : served_(std::move(served)) {
+    http_.Get(kRankEndpointPath, [this](const httplib::Request&, httplib::Response& res) {
+      ++answers_;
+      res.set_content(served_.ToJson().dump(), "application/json");
+    });
+    const Status s = serving_.Start(http_, "127.0.0.1", 0, "impostor rank endpoint");
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  int port() const { return serving_.port(); }
+  int answers() const { return answers_.load(); }
+
+ private:
+  const RankRecord served_;
+  std::atomic<int> answers_{0};
+  httplib::Server http_;
+  HttpServerThread serving_;  // after http_: stops serving before it goes
+};
+
+// With sglang's server, decode reads a prefill rank's record from the
+// rank's own endpoint over plain HTTP, and connected to the address it
+// names: an impostor answering there with a malformed UCX address aborted
+// the decode process inside ucp_ep_create. The request now fails at once,
+// naming the record that did not check, and decode lives on.
+TEST(HostileRecordTest, ADecodeRankConnectsToNoAddressWhoseTagDoesNotCheck) {
+  ClusterOptions o;
+  o.sglang_server = true;
+  o.tweak = TolerantLiveness;
+  o.wrap = [](std::unique_ptr<Transport>, Role r, int) -> std::unique_ptr<Transport> {
+    return testing::MakeUcxForTest(
+        testing::TcpTestOptions(r == Role::kPrefill ? "prefill" : "decode", false));
+  };
+  auto c = TestCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto client = BootstrapClient::Create((*c)->bootstrap_address(), std::chrono::seconds(5),
+                                        AuthTokenFromEnvironment());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Result<RankRecord> real = (*client)->GetRank(0, 0, 0, 0);
+  ASSERT_TRUE(real.ok()) << real.status().ToString();
+  ASSERT_TRUE(CheckRankAddressTag(HandshakeAuth(AuthTokenFromEnvironment()), *real, "test").ok());
+  KVManager& decode = *(*c)->decode[0].manager;
+  uint64_t room = 1;
+  for (bool keep_tag : {true, false}) {
+    SCOPED_TRACE(keep_tag ? "the rank's tag kept" : "no tag");
+    RankRecord forged = *real;
+    forged.transport_address = MalformedAddresses(real->transport_address)[3];
+    if (!keep_tag) forged.address_tag.clear();
+    ImpostorRankEndpoint impostor(forged);
+    ASSERT_TRUE((*c)->sglang_server->MoveRank(0, 0, 0, 0, impostor.port()));
+    auto rx = std::move(KVReceiver::Create(decode, room++)).value();
+    ASSERT_TRUE(rx->Init(0).ok());
+    ASSERT_TRUE(WaitFor([&] { return rx->Poll() == KVPoll::kFailed; }));
+    EXPECT_GE(impostor.answers(), 1);
+    const std::optional<FailureRecord> f = rx->Failure();
+    ASSERT_TRUE(f);
+    EXPECT_EQ(f->mechanism, "registry record check") << f->Message();
+    EXPECT_EQ(f->cause, FailureCause::kUnauthenticated) << f->Message();
+    EXPECT_TRUE(f->origin.SameRank(ManagerAccess::Of(*(*c)->prefill[0].manager).self()))
+        << f->Message();
+    EXPECT_NE(f->detail.find(keep_tag ? "has an address tag that does not check"
+                                      : "carries no address tag"),
+              std::string::npos)
+        << f->detail;
+  }
+  // The real rank listed again: decode meets it and a request goes through.
+  ASSERT_TRUE((*c)->sglang_server->MoveRank(0, 0, 0, 0, real->rank_port));
+  Deliver(**c, room);
 }
 
 }  // namespace

@@ -135,14 +135,20 @@ SessionKeys HandshakeAuth::Keys(std::string_view transcript) const {
   return k;
 }
 
+Digest HandshakeAuth::Tag(std::string_view purpose, std::string_view data) const {
+  WireWriter w;
+  w.Bytes(purpose);
+  w.Bytes(data);
+  return HmacSha256(key_, w.Finish());
+}
+
 Digest HandshakeAuth::TagAddress(std::string_view address, uint64_t session,
                                  const Nonce& nonce) const {
   WireWriter w;
-  w.Bytes("kvbridge hello address v1");
   w.Bytes(address);
   w.U64(session);
   w.Bytes(std::string_view(reinterpret_cast<const char*>(nonce.data()), nonce.size()));
-  return HmacSha256(key_, w.Finish());
+  return Tag("kvbridge hello address v1", w.Finish());
 }
 
 Status HandshakeAuth::CheckAddressTag(std::string_view address, uint64_t session,

@@ -96,6 +96,9 @@ class HandshakeAuth {
   // holder of the secret tagged reaches it. A replayed Hello still carries
   // a genuine address; the challenge-proof exchange refuses the replay.
   Digest TagAddress(std::string_view address, uint64_t session, const Nonce& nonce) const;
+  // HMAC under the secret's key of `purpose` and `data` (length-prefixed
+  // each): a tag no one without the secret can make, one per purpose.
+  Digest Tag(std::string_view purpose, std::string_view data) const;
   // Ok when `tag` is TagAddress's; Unauthenticated naming `who` otherwise.
   Status CheckAddressTag(std::string_view address, uint64_t session, const Nonce& nonce,
                          const Digest& tag, std::string_view who) const;

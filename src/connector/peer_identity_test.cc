@@ -196,7 +196,7 @@ class PeerIdentityTest : public ::testing::Test {
     h.nonce.fill(3);
     // Tagged under the deployment's secret, as a Hello recorded on the
     // wire is: its address reaches prefill's connect back (an untagged one
-    // does not: AHelloWhoseAddressIsNotTaggedGetsNoConnectBack); what
+    // does not: HostileHelloTest); what
     // follows the challenge needs the secret, which the forger lacks.
     h.address_tag =
         HandshakeAuth(AuthTokenFromEnvironment()).TagAddress(h.address, h.session, h.nonce);

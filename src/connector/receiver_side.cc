@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "connector/layout_json.h"
 #include "connector/manager_impl.h"
+#include "connector/record_tag.h"
 #include "connector/relay_rule.h"
 
 namespace kvbridge::internal {
@@ -138,7 +139,7 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
         // About that prefill rank: its layout does not fit, or the registry
         // answered (it has a host) and the rank did not.
         const StatusCode code = key.status().code();
-        if (code == StatusCode::kFailedPrecondition ||
+        if (code == StatusCode::kFailedPrecondition || code == StatusCode::kUnauthenticated ||
             (code == StatusCode::kUnavailable && !registered.host.empty()))
           about = registered;
         return key.status();
@@ -299,11 +300,15 @@ void ManagerImpl::FailUnresolved(ReceiverRoom& room, const Status& s,
           s, s.code() == StatusCode::kUnavailable ? about : std::nullopt};
     }
     if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kNotFound) {
+      // A record whose address tag does not check (record_tag.h): about
+      // the prefill rank it names, as a layout that does not fit is.
+      const bool untagged = s.code() == StatusCode::kUnauthenticated;
       FailureCause cause = s.code() == StatusCode::kFailedPrecondition
                                ? FailureCause::kLayoutMismatch
-                               : FailureCause::kInvalidRequest;
+                           : untagged ? FailureCause::kUnauthenticated
+                                      : FailureCause::kInvalidRequest;
       RankId origin = Self();
-      if (cause == FailureCause::kLayoutMismatch) {
+      if (cause == FailureCause::kLayoutMismatch || untagged) {
         // The prefill rank whose layout does not fit; for a mismatch of the
         // two instances' shapes (e.g. pp sizes), the instance's first rank.
         // Never this decode rank's tp/pp under a prefill role: that names a
@@ -312,8 +317,10 @@ void ManagerImpl::FailUnresolved(ReceiverRoom& room, const Status& s,
         origin.role = Role::kPrefill;
         origin.dp = room.prefill_dp_rank;
       }
-      FailReceiverLocked(
-          room, MakeRecord(origin, cause, s.message(), Phase::kBootstrapping, "layout check"), out);
+      FailReceiverLocked(room,
+                         MakeRecord(origin, cause, s.message(), Phase::kBootstrapping,
+                                    untagged ? "registry record check" : "layout check"),
+                         out);
     } else {
       // A known peer that is dead: fail now instead of waiting for the
       // deadline. Not one retired by this rank's rejoin: its record is this

@@ -143,6 +143,7 @@ json RankRecord::ToJson() const {
       {"incarnation", incarnation},
       {"instance", instance},
       {"transport_address", Base64Encode(transport_address)},
+      {"address_tag", Base64Encode(address_tag)},
       {"layout", layout},
       {"dsv41_spec_layout", dsv41_spec_layout},
       {"prefill_http_port", prefill_http_port != 0 ? json(prefill_http_port) : json(nullptr)},
@@ -221,6 +222,18 @@ Status KvbridgeExtras(const JsonFields& f, RankRecord* r) {
       return decoded.status().WithContext("rank record: field 'transport_address'");
     }
     r->transport_address = std::move(decoded).value();
+  }
+  if (f.HasValue("address_tag")) {
+    std::string encoded;
+    KVB_RETURN_IF_ERROR(f.String("address_tag", &encoded));
+    Result<std::string> decoded = Base64Decode(encoded);
+    if (!decoded.ok()) return decoded.status().WithContext("rank record: field 'address_tag'");
+    if (decoded->size() > RankRecord::kMaxAddressTagBytes) {
+      return InvalidArgumentError("rank record: field 'address_tag' is " +
+                                  std::to_string(decoded->size()) + " bytes, more than " +
+                                  std::to_string(RankRecord::kMaxAddressTagBytes));
+    }
+    r->address_tag = std::move(decoded).value();
   }
   if (f.HasValue("layout")) KVB_RETURN_IF_ERROR(f.Object("layout", &r->layout));
   return Status::Ok();

@@ -79,16 +79,22 @@ struct RankRecord {
   int attn_dp_rank = 0;
   int pp_size = 1;
   int pp_rank = 0;
-  std::string rank_ip;                               // non-empty
-  int rank_port = 0;                                 // 0..65535; 0 = no side-channel port
-  int page_size = 0;                                 // tokens per page, >= 1
-  std::string kv_cache_dtype;                        // e.g. "bfloat16", non-empty
-  std::string host;                                  // host name of the process, non-empty
-  std::string boot_id;                               // its host's boot id; may be empty
-  int64_t pid = 0;                                   // >= 0; 0 = not given (an sglang rank)
-  uint64_t incarnation = 0;                          // non-zero, new for every process start
-  std::string instance;                              // ManagerOptions::instance_id; may be empty
-  std::string transport_address;                     // binary; base64 in JSON; may be empty
+  std::string rank_ip;            // non-empty
+  int rank_port = 0;              // 0..65535; 0 = no side-channel port
+  int page_size = 0;              // tokens per page, >= 1
+  std::string kv_cache_dtype;     // e.g. "bfloat16", non-empty
+  std::string host;               // host name of the process, non-empty
+  std::string boot_id;            // its host's boot id; may be empty
+  int64_t pid = 0;                // >= 0; 0 = not given (an sglang rank)
+  uint64_t incarnation = 0;       // non-zero, new for every process start
+  std::string instance;           // ManagerOptions::instance_id; may be empty
+  std::string transport_address;  // binary; base64 in JSON; may be empty
+  // The rank's tag over its position, incarnation, instance and transport
+  // address, under the deployment's secret (connector/record_tag.h): a
+  // reader connects to the address only when it checks. Binary, at most
+  // kMaxAddressTagBytes; base64 in JSON; empty for a rank that gives none.
+  std::string address_tag;
+  static constexpr size_t kMaxAddressTagBytes = 64;
   nlohmann::json layout = nlohmann::json::object();  // opaque, filled by the connector
   // sglang's fields that decode reads back in the parallel info.
   int prefill_http_port = 0;          // 0 = not given
