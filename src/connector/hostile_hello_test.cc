@@ -61,14 +61,21 @@ std::vector<std::string> MalformedAddresses(const std::string& genuine) {
   return out;
 }
 
-TEST(HostileHelloTest, AMalformedAddressNotTaggedUnderTheSecretReachesNoUcxParser) {
+// A prefill/decode pair over UCX (TCP), registered with kvbridge's
+// bootstrap server or, with `sglang_server`, with a stand-in of sglang's.
+ClusterOptions OverUcx(bool sglang_server) {
   ClusterOptions o;
+  o.sglang_server = sglang_server;
   o.tweak = TolerantLiveness;
   o.wrap = [](std::unique_ptr<Transport>, Role r, int) -> std::unique_ptr<Transport> {
     return testing::MakeUcxForTest(
         testing::TcpTestOptions(r == Role::kPrefill ? "prefill" : "decode", false));
   };
-  auto c = TestCluster::Create(o);
+  return o;
+}
+
+TEST(HostileHelloTest, AMalformedAddressNotTaggedUnderTheSecretReachesNoUcxParser) {
+  auto c = TestCluster::Create(OverUcx(/*sglang_server=*/false));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   KVManager& prefill = *(*c)->prefill[0].manager;
   const ManagerImpl& decode = ManagerAccess::Of(*(*c)->decode[0].manager);
@@ -202,14 +209,7 @@ class ImpostorRankEndpoint {
 // the decode process inside ucp_ep_create. The request now fails at once,
 // naming the record that did not check, and decode lives on.
 TEST(HostileRecordTest, ADecodeRankConnectsToNoAddressWhoseTagDoesNotCheck) {
-  ClusterOptions o;
-  o.sglang_server = true;
-  o.tweak = TolerantLiveness;
-  o.wrap = [](std::unique_ptr<Transport>, Role r, int) -> std::unique_ptr<Transport> {
-    return testing::MakeUcxForTest(
-        testing::TcpTestOptions(r == Role::kPrefill ? "prefill" : "decode", false));
-  };
-  auto c = TestCluster::Create(o);
+  auto c = TestCluster::Create(OverUcx(/*sglang_server=*/true));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   auto client = BootstrapClient::Create((*c)->bootstrap_address(), std::chrono::seconds(5),
                                         AuthTokenFromEnvironment());

@@ -29,7 +29,6 @@ std::string RankAddressTag(const HandshakeAuth& auth, const RankRecord& r);
 // Ok when `r.address_tag` is RankAddressTag's; Unauthenticated naming the
 // rank, `source` (where the record was read) and the variables that hold
 // the secret otherwise (a record with no tag: a rank of an older build).
-Status CheckRankAddressTag(const HandshakeAuth& auth, const RankRecord& r,
-                           std::string_view source);
+Status CheckRankAddressTag(const HandshakeAuth& auth, const RankRecord& r, std::string_view source);
 
 }  // namespace kvbridge::internal

@@ -381,6 +381,18 @@ std::unique_ptr<KVReceiver> HelloWithItsChallengeHeld(ScriptedCluster& s,
   return rx;
 }
 
+// HelloWithItsChallengeHeld, then decode's rounds up to its first retry
+// (at two limits), until both attempts' challenges are held on prefill.
+std::unique_ptr<KVReceiver> TwoHellosWithTheirChallengesHeld(ScriptedCluster& s,
+                                                             std::vector<FaultTransport*>& faults,
+                                                             uint64_t room) {
+  std::unique_ptr<KVReceiver> rx = HelloWithItsChallengeHeld(s, faults, room);
+  DecodeRounds(s, 11);
+  EXPECT_TRUE(WaitFor([&] { return faults[0]->HeldMessages() == 2; }))
+      << "decode did not send its Hello again";
+  return rx;
+}
+
 // Releases the challenges held on prefill, with no round running: one
 // answers decode's handshake (decode says it answered an earlier attempt)
 // and one is dropped as late; then a request through the pair (`room`)
@@ -411,11 +423,8 @@ TEST(ScriptedTimeTest, ALateChallengeIsSaidOnBothSidesAndTheHelloSentAgainIsAnsw
   ScriptedCluster s = MakeScripted(&faults);
   ASSERT_TRUE(s.c);
   testing::LogCapture log;
-  std::unique_ptr<KVReceiver> rx = HelloWithItsChallengeHeld(s, faults, 4);
+  std::unique_ptr<KVReceiver> rx = TwoHellosWithTheirChallengesHeld(s, faults, 4);
   ASSERT_FALSE(HasFailure());
-  DecodeRounds(s, 11);
-  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldMessages() == 2; }))
-      << "decode did not send its Hello again";
   EXPECT_EQ(log.Matching("sent it again on a new endpoint (attempt 2; challenges that came for "
                          "earlier attempts: 0)")
                 .size(),
@@ -439,11 +448,8 @@ TEST(ScriptedTimeTest, AForgedChallengeToAKeptHelloLeavesItAnswerable) {
   ScriptedCluster s = MakeScripted(&faults);
   ASSERT_TRUE(s.c);
   testing::LogCapture log;
-  std::unique_ptr<KVReceiver> rx = HelloWithItsChallengeHeld(s, faults, 4);
+  std::unique_ptr<KVReceiver> rx = TwoHellosWithTheirChallengesHeld(s, faults, 4);
   ASSERT_FALSE(HasFailure());
-  DecodeRounds(s, 11);
-  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldMessages() == 2; }))
-      << "decode did not send its Hello again";
   auto intruder = std::move(CreateLoopbackTransport(s.c->fabric(), "intruder")).value();
   const PeerId to_decode = intruder->Connect(s.decode().transport().Address()).value();
   const uint64_t refused = s.decode().Stats().unauthenticated_messages_dropped;
@@ -480,11 +486,9 @@ TEST(ScriptedTimeTest, AChallengeToAnEarlierAttemptCompletesTheHandshake) {
   ASSERT_TRUE(s.c);
   testing::LogCapture log;
   faults[1]->TagNetworkAddress();  // the retries' Hellos name another address
-  std::unique_ptr<KVReceiver> rx = HelloWithItsChallengeHeld(s, faults, 6);
+  // The second attempt, at two limits.
+  std::unique_ptr<KVReceiver> rx = TwoHellosWithTheirChallengesHeld(s, faults, 6);
   ASSERT_FALSE(HasFailure());
-  DecodeRounds(s, 11);  // the second attempt, at two limits
-  ASSERT_TRUE(WaitFor([&] { return faults[0]->HeldMessages() == 2; }))
-      << "decode did not send its Hello again";
   faults[0]->DropMessages(true);  // the third attempt's challenge is lost
   DecodeRounds(s, 21);            // the third attempt, four limits later
   ASSERT_TRUE(WaitFor([&] { return faults[0]->counters().messages_dropped >= 1; }))
