@@ -85,8 +85,8 @@ FailureRecord ExampleRecord(FailureCause cause) {
     case FailureCause::kUnauthenticated:
       r.origin = p0;
       r.detail =
-          "the record of prefill dp0 cp0 tp0 pp0 (host node-a, pid 31336, incarnation 7) read "
-          "from node-a:8998 carries no address tag: not connecting to its address";
+          "the record of prefill dp0 cp0 tp0 pp0 (host node-a, pid 31336, incarnation 7) looked "
+          "up at node-a:8998 carries no address tag: not connecting to its address";
       r.phase = Phase::kBootstrapping, r.detected_by = d0, r.mechanism = "registry record check";
       r.last_sign_of_life = {};
       break;

@@ -398,7 +398,10 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
     if (p != nullptr && p->failed && !p->retired) failed_incarnation = p->id->incarnation;
   }
   std::string unanswered;  // the rank's own endpoint, with sglang's server
-  Result<RankRecord> rec = registry_->LookUpRank(pos.dp, pos.cp, pos.tp, pos.pp, &unanswered);
+  // Registries answer anyone: nothing in the record is taken unless its
+  // tag checks (record_tag.h), not even to name the rank.
+  Result<RankRecord> rec =
+      LookUpTaggedRank(*registry_, *handshake_, pos.dp, pos.cp, pos.tp, pos.pp, &unanswered);
   if (!rec.ok()) {
     if (!unanswered.empty()) {
       *registered = pos;
@@ -409,9 +412,6 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
   *registered = RankIdOf(*rec);
   const bool same = failed_incarnation != 0 && rec->incarnation == failed_incarnation;
   if (same && notice == nullptr) return UnavailableError(key + " failed and has not restarted");
-  // Registries answer anyone: the address is the rank's only if its tag
-  // checks (record_tag.h).
-  KVB_RETURN_IF_ERROR(CheckRankAddressTag(*handshake_, *rec, registry_->address()));
   KVB_ASSIGN_OR_RETURN(RankLayout layout, LayoutFromJson(rec->layout));
   KVB_RETURN_IF_ERROR(CheckCompatible(layout, layout_));
   std::unique_ptr<Peer> peer = PrefillPeerOf(key, *rec, std::move(layout));

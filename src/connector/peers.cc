@@ -7,6 +7,7 @@
 #include "common/process.h"
 #include "connector/liveness_rule.h"
 #include "connector/manager_impl.h"
+#include "connector/record_tag.h"
 
 namespace kvbridge::internal {
 
@@ -346,8 +347,8 @@ void ManagerImpl::MeetPrefillAgain() {
   for (const auto& [id, notice] : todo) {
     // Its host first, without the resolver lock: behind a partition this
     // lookup of its rank endpoint waits for the client's timeout.
-    if (notice &&
-        (unreached.count(id.host) > 0 || !registry_->GetRank(id.dp, id.cp, id.tp, id.pp).ok())) {
+    if (notice && (unreached.count(id.host) > 0 ||
+                   !LookUpTaggedRank(*registry_, *handshake_, id.dp, id.cp, id.tp, id.pp).ok())) {
       unreached.insert(id.host);
       continue;
     }

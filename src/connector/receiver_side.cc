@@ -199,9 +199,10 @@ Status ManagerImpl::FailIfSourceInstanceDead(const std::shared_ptr<ReceiverRoom>
     registry_->CatchUp().IgnoreError();  // else: the copy as it is
   for (const Dead& d : dead) {
     const FailureRecord& r = d.record;
-    Result<RankRecord> now =
-        d.look_up ? registry_->GetRank(r.origin.dp, r.origin.cp, r.origin.tp, r.origin.pp)
-                  : Result<RankRecord>(UnavailableError("not reached"));
+    // Restarted only by a record its rank tagged (record_tag.h).
+    Result<RankRecord> now = d.look_up ? LookUpTaggedRank(*registry_, *handshake_, r.origin.dp,
+                                                          r.origin.cp, r.origin.tp, r.origin.pp)
+                                       : Result<RankRecord>(UnavailableError("not reached"));
     if (now.ok() && now->incarnation != r.origin.incarnation) {
       MutexLock lock(mu_);
       dead_ranks_.erase(d.key);  // restarted

@@ -18,17 +18,27 @@
 
 #include "connector/peer_auth.h"
 #include "control/registry.h"
+#include "control/registry_client.h"
 #include "kvbridge/status.h"
 
 namespace kvbridge::internal {
 
 // The tag over `r`'s role, position (dp, cp, tp, pp), incarnation,
-// instance and transport address.
+// instance, host, boot id, pid and transport address: all decode takes from
+// the record about the process it meets (e.g. whether a new incarnation is
+// the same process rejoined).
 std::string RankAddressTag(const HandshakeAuth& auth, const RankRecord& r);
 
 // Ok when `r.address_tag` is RankAddressTag's; Unauthenticated naming the
 // rank, `source` (where the record was read) and the variables that hold
 // the secret otherwise (a record with no tag: a rank of an older build).
 Status CheckRankAddressTag(const HandshakeAuth& auth, const RankRecord& r, std::string_view source);
+
+// The registry's record of the rank at (dp, cp, tp, pp), only when its tag
+// checks: every lookup whose answer this rank acts on goes through here
+// (`unanswered` as RegistryClient::LookUpRank).
+Result<RankRecord> LookUpTaggedRank(const RegistryClient& registry, const HandshakeAuth& auth,
+                                    int dp, int cp, int tp, int pp,
+                                    std::string* unanswered = nullptr);
 
 }  // namespace kvbridge::internal
