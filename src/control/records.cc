@@ -1,6 +1,7 @@
 // JSON forms of the registry's value types (registry.h).
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <limits>
 
 #include "common/base64.h"
@@ -197,6 +198,23 @@ Status SglangExtras(const JsonFields& f, RankRecord* r) {
   return Status::Ok();
 }
 
+// An optional binary field, base64 in JSON, of at most `max_bytes` decoded
+// (`out` untouched when the field is absent).
+Status Base64Field(const JsonFields& f, const char* name, size_t max_bytes, std::string* out) {
+  if (!f.HasValue(name)) return Status::Ok();
+  std::string encoded;
+  KVB_RETURN_IF_ERROR(f.String(name, &encoded));
+  Result<std::string> decoded = Base64Decode(encoded);
+  const std::string field = std::string("rank record: field '") + name + "'";
+  if (!decoded.ok()) return decoded.status().WithContext(field);
+  if (decoded->size() > max_bytes) {
+    return InvalidArgumentError(field + " is " + std::to_string(decoded->size()) +
+                                " bytes, more than " + std::to_string(max_bytes));
+  }
+  *out = std::move(decoded).value();
+  return Status::Ok();
+}
+
 // kvbridge's optional fields; defaults for a rank that does not send them.
 Status KvbridgeExtras(const JsonFields& f, RankRecord* r) {
   if (f.HasValue("host")) {
@@ -214,27 +232,9 @@ Status KvbridgeExtras(const JsonFields& f, RankRecord* r) {
     r->incarnation = DerivedIncarnation(*r);
   }
   if (f.HasValue("instance")) KVB_RETURN_IF_ERROR(f.String("instance", &r->instance));
-  if (f.HasValue("transport_address")) {
-    std::string encoded;
-    KVB_RETURN_IF_ERROR(f.String("transport_address", &encoded));
-    Result<std::string> decoded = Base64Decode(encoded);
-    if (!decoded.ok()) {
-      return decoded.status().WithContext("rank record: field 'transport_address'");
-    }
-    r->transport_address = std::move(decoded).value();
-  }
-  if (f.HasValue("address_tag")) {
-    std::string encoded;
-    KVB_RETURN_IF_ERROR(f.String("address_tag", &encoded));
-    Result<std::string> decoded = Base64Decode(encoded);
-    if (!decoded.ok()) return decoded.status().WithContext("rank record: field 'address_tag'");
-    if (decoded->size() > RankRecord::kMaxAddressTagBytes) {
-      return InvalidArgumentError("rank record: field 'address_tag' is " +
-                                  std::to_string(decoded->size()) + " bytes, more than " +
-                                  std::to_string(RankRecord::kMaxAddressTagBytes));
-    }
-    r->address_tag = std::move(decoded).value();
-  }
+  KVB_RETURN_IF_ERROR(Base64Field(f, "transport_address", SIZE_MAX, &r->transport_address));
+  KVB_RETURN_IF_ERROR(
+      Base64Field(f, "address_tag", RankRecord::kMaxAddressTagBytes, &r->address_tag));
   if (f.HasValue("layout")) KVB_RETURN_IF_ERROR(f.Object("layout", &r->layout));
   return Status::Ok();
 }
