@@ -36,7 +36,8 @@ nlohmann::json StatsToJson(const ManagerStats& s) {
           {"pending_metadata", s.pending_metadata},
           {"rooms_awaiting_restart_check", s.rooms_awaiting_restart_check},
           {"peers_connected", s.peers_connected},
-          {"heartbeat_rounds", s.heartbeat_rounds}};
+          {"heartbeat_rounds", s.heartbeat_rounds},
+          {"failure_records_unpublished", s.failure_records_unpublished}};
 }
 
 nlohmann::json ReportToJson(const RankId& self, const WorkerReport& r) {

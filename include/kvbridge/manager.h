@@ -76,6 +76,11 @@ struct ManagerStats {
   // Liveness rounds the ticker ran (heartbeats sent, silences and deadlines
   // checked): one per heartbeat interval while nothing holds it up.
   uint64_t heartbeat_rounds = 0;
+  // Failure records this rank has for the registry that the registry does
+  // not hold yet (it did not answer: they go in a later round, the oldest
+  // 1024 kept). Always 0 with sglang's server, which keeps no records (the
+  // ranks tell each other).
+  uint64_t failure_records_unpublished = 0;
 };
 
 class KVB_EXPORT KVManager {

@@ -376,9 +376,14 @@ TEST(GroupFailureTest, RoomRecordsQueuedWhileTheRegistryDoesNotAnswerAllReachItA
   ASSERT_TRUE(WaitFor([&] { return !log.Matching("failure record not published").empty(); },
                       std::chrono::seconds(20)))
       << "no publish was tried while the registry did not answer";
+  // The operator sees them wait (those queued and those a publish took).
+  ManagerImpl& decode = ManagerAccess::Of(*cluster.decode[0].manager);
+  EXPECT_EQ(decode.Stats().failure_records_unpublished, 3u);
   proxy->ResumeDroppingHeld();  // the publish that timed out does not land late
   for (uint64_t room = 61; room <= 63; ++room)
     ASSERT_NO_FATAL_FAILURE(AwaitRoomRecord(cluster, room)) << "room " << room;
+  EXPECT_TRUE(WaitFor([&] { return decode.Stats().failure_records_unpublished == 0; }))
+      << decode.Stats().failure_records_unpublished << " still unpublished";
 }
 
 }  // namespace

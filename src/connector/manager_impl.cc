@@ -563,6 +563,7 @@ ManagerStats ManagerImpl::Stats() const {
   s.unauthenticated_messages_dropped = unauth_dropped_;
   s.pending_metadata = inbox_.held_metadata();
   s.heartbeat_rounds = heartbeat_seq_.load();
+  s.failure_records_unpublished = publish_queue_.size() + publishing_;
   for (auto& [key, p] : peers_) {
     s.peers_connected += (p->ready && !p->failed) ? 1 : 0;
     s.handshakes_refused_as_declared_failed += p->refusals;

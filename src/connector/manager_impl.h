@@ -532,10 +532,10 @@ class ManagerImpl {
   std::optional<FailureRecord> recent_rank_failure_ KVB_GUARDED_BY(mu_);
   std::vector<FailureRecord> publish_queue_ KVB_GUARDED_BY(mu_);
   std::deque<FailureRecord> room_records_ KVB_GUARDED_BY(mu_);  // other ranks', latest first
-  std::condition_variable_any room_records_cv_;      // a room record came or a room failed
-  uint64_t failure_seq_ = 0;                         // registry thread only
-  uint64_t restart_checks_ KVB_GUARDED_BY(mu_) = 0;  // the last check a room was given
-  uint64_t restart_checks_settled_ = 0;              // registry thread only
+  std::condition_variable_any room_records_cv_;            // a room record came or a room failed
+  uint64_t failure_seq_ = 0, restart_checks_settled_ = 0;  // registry thread only
+  uint64_t restart_checks_ KVB_GUARDED_BY(mu_) = 0;        // the last check a room was given
+  size_t publishing_ KVB_GUARDED_BY(mu_) = 0;              // records PublishQueued has taken
   SteadyTime last_tick_ KVB_GUARDED_BY(mu_) = Now();
   int64_t stuck_step_logged_ = 0;                  // ticker thread only (WarnStuckDelivery)
   std::optional<SteadyTime> registry_down_since_;  // beat thread only

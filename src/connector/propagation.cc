@@ -45,6 +45,7 @@ constexpr size_t kMaxRoomRecords = 256;
 }  // namespace
 
 void ManagerImpl::PublishLocked(const FailureRecord& record) {
+  if (sglang_registry_) return;  // it keeps none: peers tell each other (TellWitnesses)
   const bool self_record = record.origin.SameRank(Self());
   if (fatal_ && !self_record) return;  // a failed rank blames nobody else
   const bool rank_record = IsRankFailure(record.cause) && record.origin.role != Role::kBootstrap;
@@ -479,6 +480,7 @@ void ManagerImpl::PublishQueued(std::chrono::system_clock::time_point answered_b
   {
     MutexLock lock(mu_);
     to_publish.swap(publish_queue_);
+    publishing_ = to_publish.size();
     fenced = fatal_.has_value();
   }
   // The registry is the arbiter of a partition: the side that still reaches
@@ -522,6 +524,7 @@ void ManagerImpl::PublishQueued(std::chrono::system_clock::time_point answered_b
     }
   }
   MutexLock lock(mu_);
+  publishing_ = 0;
   published_.insert(published.begin(), published.end());  // a rejoin keeps them (rejoin.cc)
   publish_queue_.insert(publish_queue_.begin(), unsent.begin(), unsent.end());
   if (publish_queue_.size() > kMaxQueuedRecords) publish_queue_.resize(kMaxQueuedRecords);

@@ -62,6 +62,8 @@ TEST_P(SglangServerRejoinTest, AStoppedRankIsToldItFailedRejoinsAndServesAgain) 
   auto seen = PeerAt(judge, old);
   ASSERT_TRUE(seen && seen->failed) << old.ShortName() << " was not failed";
   ASSERT_EQ(victim.Stats().rejoins, 0u);
+  // Its record is for peers to tell: none waits for sglang's server.
+  EXPECT_EQ(judge.Stats().failure_records_unpublished, 0u);
 
   // It runs again: its round's heartbeat reaches the judge, which answers
   // with its record; the victim fences itself and rejoins (on its registry
@@ -274,6 +276,33 @@ TEST(SglangServerNoticeTest, OnlyTheDetectorFencesAndOnlyTheProcessItNames) {
   ASSERT_TRUE(dt.SendMessage(to_prefill, notice(p, d, FailureCause::kPeerUnresponsive)).ok());
   EXPECT_TRUE(WaitFor([&] { return prefill.Stats().rejoins == 1; }, seconds(10)));
   EXPECT_NE(prefill.self().incarnation, p.incarnation);
+}
+
+// sglang's server keeps no failure records, so none is queued for it: the
+// ranks tell each other. Before, each failure's record was queued for a
+// publish that never came, held for the life of the process, and from the
+// 1025th on every failure logged that records were waiting for the
+// registry. Here an abort on each side reaches the other (the barrier)
+// and neither rank has a record waiting.
+TEST(SglangServerRecordsTest, NoRecordWaitsForAServerThatKeepsNone) {
+  ClusterOptions o;
+  o.sglang_server = true;
+  auto made = TestCluster::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  TestCluster& c = **made;
+  Request by_decode{.room = 1, .src = {1, 2}, .dst = {3, 4}};
+  Request by_prefill{.room = 2, .src = {5, 6}, .dst = {7, 8}};
+  ASSERT_NO_FATAL_FAILURE(Start(c, by_decode, false));
+  ASSERT_NO_FATAL_FAILURE(Start(c, by_prefill, false));
+  by_decode.receivers[0]->Abort();
+  by_prefill.senders[0]->Abort();
+  KVSender& told = *by_decode.senders[0];
+  ASSERT_TRUE(WaitFor([&] { return told.Poll() == KVPoll::kFailed; }));
+  EXPECT_EQ(told.Failure()->cause, FailureCause::kAborted);
+  ASSERT_TRUE(WaitFor([&] { return by_prefill.receivers[0]->Poll() == KVPoll::kFailed; }));
+  EXPECT_EQ(by_prefill.receivers[0]->Failure()->cause, FailureCause::kAborted);
+  EXPECT_EQ(c.prefill[0].manager->Stats().failure_records_unpublished, 0u);
+  EXPECT_EQ(c.decode[0].manager->Stats().failure_records_unpublished, 0u);
 }
 
 }  // namespace
