@@ -63,7 +63,8 @@ class HttpRequestFramer {
   // The request's bytes (its head, then exactly its body), removed from the
   // buffer; what follows it (a pipelined request) stays. Expect:
   // 100-continue lines are left out (the front answers them, see
-  // TakeContinue). Precondition: Next() returned kRequest.
+  // TakeContinue), and Range and If-Range lines (every answer is whole).
+  // Precondition: Next() returned kRequest.
   std::string TakeRequest();
 
   // True once, when the head asked for 100-continue and its body has yet
@@ -94,7 +95,7 @@ class HttpRequestFramer {
   bool has_length_ = false;
   bool expect_continue_ = false;
   bool continue_sent_ = false;
-  std::vector<std::pair<size_t, size_t>> dropped_;  // Expect lines: [begin, end)
+  std::vector<std::pair<size_t, size_t>> dropped_;  // Expect, Range lines: [begin, end)
   bool refused_ = false;
   HttpRefusal refusal_;
 };

@@ -176,6 +176,16 @@ TEST(HttpRequestFramer, AnswersExpectContinueItselfAndHidesItFromHttplib) {
   EXPECT_EQ(f.TakeRequest(), "PUT /route HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}");
 }
 
+// httplib would build one copy of the answer per range asked for.
+TEST(HttpRequestFramer, LeavesRangeOutSoEveryAnswerIsWhole) {
+  HttpRequestFramer f(Limits());
+  f.Feed(
+      "GET /route HTTP/1.1\r\nRange: bytes=0-,0-,0-\r\nHost: x\r\nrange: bytes=1-2\r\n"
+      "If-Range: \"x\"\r\n\r\n");
+  ASSERT_EQ(f.Next(), Event::kRequest);
+  EXPECT_EQ(f.TakeRequest(), "GET /route HTTP/1.1\r\nHost: x\r\n\r\n");
+}
+
 TEST(HttpRequestFramer, ToleratesAnEmptyLineBeforeARequest) {
   HttpRequestFramer f(Limits());
   f.Feed("\r\nGET / HTTP/1.0\r\n\r\n");
