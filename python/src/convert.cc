@@ -6,6 +6,7 @@
 #include <set>
 #include <vector>
 
+#include "common/text.h"
 #include "kvbridge/errors.h"
 #include "tools/report_json.h"
 
@@ -106,13 +107,16 @@ void RegisterStatusTranslator() {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
       const Status& s = e.status();
+      // A message may quote a peer's bytes; a str must be UTF-8 (else the
+      // KVTransferError became an empty RuntimeError: hostile-input audit).
+      const std::string message = internal::ValidUtf8(s.message());
       try {
         py::object exc = py::module_::import("kvbridge._errors")
-                             .attr("from_status")(static_cast<int>(s.code()), s.message());
+                             .attr("from_status")(static_cast<int>(s.code()), message);
         PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
       } catch (py::error_already_set& nested) {
         // The package is not importable (module used alone): keep the text.
-        PyErr_SetString(PyExc_RuntimeError, s.ToString().c_str());
+        PyErr_SetString(PyExc_RuntimeError, internal::ValidUtf8(s.ToString()).c_str());
       }
     }
   });

@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 
+#include "control/json_fields.h"
 #include "kvbridge/bootstrap.h"
 #include "kvbridge/manager.h"
 #include "kvbridge/receiver.h"
@@ -89,7 +90,7 @@ class RoomHandle {
   std::optional<std::string> FailureJson() const {
     std::optional<FailureRecord> f = room_ ? room_->Failure() : last_failure_;
     if (!f) return std::nullopt;
-    return tools::FailureToJson(*f).dump();
+    return internal::DumpJson(tools::FailureToJson(*f));
   }
   // Why the group failed (Room::GroupFailure); may wait, so without the GIL.
   std::string GroupFailureJson() const {
@@ -105,7 +106,7 @@ class RoomHandle {
     // A rank failure (room 0) or another rank's record answers for this
     // request: its room, message included, is this one.
     f->room = room_id_;
-    return tools::FailureToJson(*f).dump();
+    return internal::DumpJson(tools::FailureToJson(*f));
   }
   uint64_t room() const { return room_id_; }
   bool closed() const { return room_ == nullptr; }
@@ -201,7 +202,7 @@ class PyReceiver : public RoomHandle<KVReceiver> {
       f = r.FailAsGroup();
     }
     f.room = room_id_;
-    return tools::FailureToJson(f).dump();
+    return internal::DumpJson(tools::FailureToJson(f));
   }
   KVPoll PollSettled() const { return room_ ? room_->PollSettled() : Poll(); }
   bool WaitQuiesced(double timeout_s) const {

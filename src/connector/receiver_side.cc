@@ -304,11 +304,16 @@ void ManagerImpl::FailUnresolved(ReceiverRoom& room, const Status& s,
       // A record whose address tag does not check (record_tag.h): about
       // the prefill rank it names, as a layout that does not fit is.
       const bool untagged = s.code() == StatusCode::kUnauthenticated;
+      // The registry answered what no registry would (malformed, or a
+      // server error): about it, not a caller bug of this rank.
+      const bool garbled = s.code() == StatusCode::kInternal;
       FailureCause cause = s.code() == StatusCode::kFailedPrecondition
                                ? FailureCause::kLayoutMismatch
                            : untagged ? FailureCause::kUnauthenticated
+                           : garbled  ? FailureCause::kRegistryLost
                                       : FailureCause::kInvalidRequest;
       RankId origin = Self();
+      if (garbled) origin = RankId{.role = Role::kBootstrap, .host = registry_->address()};
       if (cause == FailureCause::kLayoutMismatch || untagged) {
         // The prefill rank whose layout does not fit; for a mismatch of the
         // two instances' shapes (e.g. pp sizes), the instance's first rank.
@@ -320,7 +325,9 @@ void ManagerImpl::FailUnresolved(ReceiverRoom& room, const Status& s,
       }
       FailReceiverLocked(room,
                          MakeRecord(origin, cause, s.message(), Phase::kBootstrapping,
-                                    untagged ? "registry record check" : "layout check"),
+                                    untagged  ? "registry record check"
+                                    : garbled ? "bootstrap lookup"
+                                              : "layout check"),
                          out);
     } else {
       // A known peer that is dead: fail now instead of waiting for the

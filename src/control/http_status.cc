@@ -76,7 +76,8 @@ nlohmann::json ErrorBody(const Status& status) {
 
 Status StatusFromResponse(int http_status, std::string_view body, std::string_view context) {
   StatusCode code = CodeFromHttp(http_status);
-  std::string message(body);
+  // A stranger's bytes: bounded, and valid UTF-8 (a Python str, a log line).
+  std::string message = Clip(body, 4096);
   Result<nlohmann::json> parsed = ParseJson(body, "error body", size_t{1} << 20);
   const nlohmann::json j = parsed.ok() ? std::move(parsed).value() : nlohmann::json();
   if (j.is_object()) {
@@ -85,7 +86,7 @@ Status StatusFromResponse(int http_status, std::string_view body, std::string_vi
     if (error != j.end() && error->is_string()) {
       if (auto named = CodeFromName(error->get<std::string>())) code = *named;
     }
-    if (msg != j.end() && msg->is_string()) message = msg->get<std::string>();
+    if (msg != j.end() && msg->is_string()) message = Clip(msg->get<std::string>(), 4096);
   }
   if (message.empty()) message = "HTTP " + std::to_string(http_status);
   message = Clip(message, 4096);

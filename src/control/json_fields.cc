@@ -56,9 +56,8 @@ Result<nlohmann::json> ParseJson(std::string_view text, std::string_view what, s
 }
 
 std::string Clip(std::string_view text, size_t max_chars) {
-  if (text.size() <= max_chars) return std::string(text);
-  return std::string(Utf8Prefix(text, max_chars)) + "... (" + std::to_string(text.size()) +
-         " bytes)";
+  if (text.size() <= max_chars) return ValidUtf8(text);
+  return ValidUtf8(Utf8Prefix(text, max_chars)) + "... (" + std::to_string(text.size()) + " bytes)";
 }
 
 Status JsonFields::Error(std::string_view message) const {

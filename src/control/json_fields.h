@@ -28,8 +28,9 @@ inline constexpr int kMaxJsonDepth = 64;
 Result<nlohmann::json> ParseJson(std::string_view text, std::string_view what,
                                  size_t max_bytes = size_t{4} << 20);
 
-// The first `max_chars` of `text`, with "... (N bytes)" when it was longer:
-// for log lines and messages that quote what a peer sent.
+// The first `max_chars` of `text`, with "... (N bytes)" when it was longer,
+// as valid UTF-8 (ValidUtf8): for log lines and messages that quote what a
+// peer sent.
 std::string Clip(std::string_view text, size_t max_chars = 256);
 
 class JsonFields {
