@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "control/json_fields.h"
 #include "tools/cluster.h"
 
 namespace kvbridge::tools {
@@ -206,7 +207,7 @@ int RunBenchFailures(const FailuresFlags& f) {
                           {"results", per},
                           {"errors", errors},
                           {"ok", ok}};
-    std::cout << out.dump() << std::endl;
+    std::cout << internal::DumpJson(out) << std::endl;
   } else {
     std::printf("%-7s %-12s %14s  %s\n", "repeat", "survivor", "detection ms", "mechanism");
     for (const Survivor& s : survivors) {

@@ -4,6 +4,8 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "control/json_fields.h"
+
 namespace kvbridge::tools::bench_requests {
 namespace {
 
@@ -95,7 +97,7 @@ void PrintJson(const RequestsFlags& f, const Figures& m) {
       {"results", results},
       {"ok", m.ok}};
   if (!m.raw_error.empty()) out["raw_error"] = m.raw_error;
-  std::cout << out.dump() << std::endl;
+  std::cout << internal::DumpJson(out) << std::endl;
 }
 
 void PrintText(const RequestsFlags& f, const Figures& m) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "connector/sglang_standin.h"
+#include "control/json_fields.h"
 #include "kvbridge/bootstrap.h"
 #include "tools/cluster.h"
 #include "tools/demo_hosts.h"
@@ -54,7 +55,8 @@ int RunBootstrap(const std::string& host, bool sglang) {
     if (s.ok()) kvbridge = std::move(*s);
   }
   if (!started.ok()) {
-    std::cout << "ERROR " << nlohmann::json{{"error", started.ToString()}}.dump() << std::endl;
+    std::cout << "ERROR " << internal::DumpJson(nlohmann::json{{"error", started.ToString()}})
+              << std::endl;
     return 3;
   }
   const int port = standin ? standin->port() : kvbridge->port();
@@ -498,7 +500,7 @@ int RunDemo(const DemoFlags& flags) {
   if (hosts.fault_host >= 0) run.fault_host = hosts.net->hostname(hosts.fault_host);
   nlohmann::json summary = Summarize(c, run);
   if (f.json) {
-    std::cout << summary.dump() << std::endl;
+    std::cout << internal::DumpJson(summary) << std::endl;
   } else {
     PrintSummary(std::cout, summary);
   }

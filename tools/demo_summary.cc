@@ -8,6 +8,8 @@
 #include <regex>
 #include <set>
 
+#include "control/json_fields.h"
+
 namespace kvbridge::tools {
 namespace {
 
@@ -183,7 +185,7 @@ json Summarize(const Cluster& c, const DemoRun& run) {
       failed_rooms.insert(f.value("room", uint64_t{0}));
       if (Unattributed(f))
         problems.push_back(p.name + " reported a failure without origin or cause: " +
-                           f.value("message", f.dump()));
+                           f.value("message", internal::DumpJson(f)));
       if (victim != nullptr && NamesVictim(f, *victim)) {
         int64_t t = f.value("detected_at_us", int64_t{0});
         if (shown == nullptr || !NamesVictim(*shown, *victim) || t < first_at) {

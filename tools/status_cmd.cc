@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "control/bootstrap_client.h"
+#include "control/json_fields.h"
 #include "control/registry.h"
 #include "tools/auth_flag.h"
 
@@ -66,7 +67,7 @@ std::string FailureLine(const json& record) {
     return record["message"].get<std::string>();
   }
   std::string cause = record.value("cause", std::string("unknown cause"));
-  return fmt::format("{} (no message): {}", cause, record.dump());
+  return fmt::format("{} (no message): {}", cause, internal::DumpJson(record));
 }
 
 uint64_t Seq(const json& record) {
@@ -182,7 +183,9 @@ bool Show(const internal::BootstrapClient& client, const StatusFlags& f, bool cl
   }
   if (!s.ok()) {
     if (f.json && f.watch) {
-      Print(json{{"bootstrap", client.address()}, {"error", s.status().message()}}.dump() + "\n",
+      Print(internal::DumpJson(
+                json{{"bootstrap", client.address()}, {"error", s.status().message()}}) +
+                "\n",
             stdout);
     } else {
       if (!frame.empty()) Print(frame, stdout);

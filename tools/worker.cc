@@ -21,6 +21,7 @@
 #include "connector/api_internal.h"
 #include "connector/kv_pool.h"
 #include "connector/manager_impl.h"
+#include "control/json_fields.h"
 #include "kvbridge/manager.h"
 #include "kvbridge/receiver.h"
 #include "kvbridge/sender.h"
@@ -225,13 +226,14 @@ int RunWorker(const WorkerFlags& f) {
   }
   auto mgr = internal::CreateManager(mo, std::move(transport));
   if (!mgr.ok()) {
-    std::cout << "ERROR " << nlohmann::json{{"error", mgr.status().ToString()}}.dump() << std::endl;
+    std::cout << "ERROR " << internal::DumpJson(nlohmann::json{{"error", mgr.status().ToString()}})
+              << std::endl;
     return 3;
   }
   KVManager& m = **mgr;
   nlohmann::json ready = RankToJson(m.self());
   ready["incarnation"] = m.self().incarnation;
-  std::cout << "READY " << ready.dump() << std::endl;
+  std::cout << "READY " << internal::DumpJson(ready) << std::endl;
 
   const std::vector<RoomPlan> plan = Plan(f);
   PageAllocator alloc(f.pool_pages, f.seed * 7919 + (prefill ? 1 : 2));
@@ -579,7 +581,7 @@ int RunWorker(const WorkerFlags& f) {
     }
     if (hold_at && !held_reported && next == *hold_at && live.empty() && draining.empty()) {
       held_reported = true;
-      std::cout << "HELD " << tally().dump() << std::endl;
+      std::cout << "HELD " << internal::DumpJson(tally()) << std::endl;
     }
     if (f.progress_ms > 0 &&
         Clock::now() - last_progress >= std::chrono::milliseconds(f.progress_ms)) {
@@ -591,7 +593,7 @@ int RunWorker(const WorkerFlags& f) {
       progress["heartbeat_rounds"] = m.Stats().heartbeat_rounds;
       progress["rejoins"] = m.Stats().rejoins;
       progress["at_us"] = WallMicros();
-      std::cout << "PROGRESS " << progress.dump() << std::endl;
+      std::cout << "PROGRESS " << internal::DumpJson(progress) << std::endl;
     }
     // Scheduler step pacing: a real scheduler polls once per forward step.
     if (f.step_us > 0) {
@@ -636,7 +638,7 @@ int RunWorker(const WorkerFlags& f) {
     j["failed"] = p.failed;
     out["peers"].push_back(j);
   }
-  std::cout << "REPORT " << out.dump() << std::endl;
+  std::cout << "REPORT " << internal::DumpJson(out) << std::endl;
   std::string line;
   while (std::getline(std::cin, line) && line != "quit") {
   }
