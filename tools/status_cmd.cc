@@ -60,14 +60,22 @@ std::string Address(const internal::RankRecord& r) {
   return (v6 ? "[" + r.rank_ip + "]" : r.rank_ip) + ":" + std::to_string(r.rank_port);
 }
 
+// A string field of a record the server sent, else `fallback`: the server
+// is a stranger, and a field of another type must not throw (a numeric
+// "cause" aborted `kvbridge status`).
+std::string StringField(const json& record, const char* name, const std::string& fallback) {
+  if (!record.is_object()) return fallback;
+  auto it = record.find(name);
+  return it != record.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
 // A failure record's line: its message when it has one (records published
 // by kvbridge ranks do), else what can be said from its fields.
 std::string FailureLine(const json& record) {
-  if (record.contains("message") && record["message"].is_string()) {
-    return record["message"].get<std::string>();
-  }
-  std::string cause = record.value("cause", std::string("unknown cause"));
-  return fmt::format("{} (no message): {}", cause, internal::DumpJson(record));
+  const std::string message = StringField(record, "message", "");
+  if (!message.empty()) return message;
+  return fmt::format("{} (no message): {}", StringField(record, "cause", "unknown cause"),
+                     internal::DumpJson(record));
 }
 
 uint64_t Seq(const json& record) {
@@ -104,7 +112,7 @@ json ToJson(const std::string& address, const Snapshot& s, int max_failures) {
                      : 0;
   for (size_t i = first; i < records.size(); ++i) {
     failures.push_back({{"seq", Seq(records[i])},
-                        {"cause", records[i].value("cause", std::string("unknown"))},
+                        {"cause", StringField(records[i], "cause", "unknown")},
                         {"message", FailureLine(records[i])},
                         {"record", records[i]}});
   }

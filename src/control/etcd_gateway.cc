@@ -163,6 +163,15 @@ std::string EtcdPrefixEnd(std::string_view prefix) {
 
 std::string EtcdGateway::B64(std::string_view bytes) { return Base64Encode(bytes); }
 
+bool EtcdGateway::BoolField(const json& j, const char* name, bool* out) {
+  *out = false;
+  auto it = j.find(name);
+  if (it == j.end()) return true;
+  if (!it->is_boolean()) return false;
+  *out = it->get<bool>();
+  return true;
+}
+
 bool EtcdGateway::Int64Field(const json& j, const char* name, int64_t* out) {
   *out = 0;
   auto it = j.find(name);

@@ -131,6 +131,8 @@ class EtcdGateway {
   // 0 when absent); false when present but not an integer.
   static std::string B64(std::string_view bytes);
   static bool Int64Field(const nlohmann::json& j, const char* name, int64_t* out);
+  // A JSON bool field (false when absent); false when present but not a bool.
+  static bool BoolField(const nlohmann::json& j, const char* name, bool* out);
 
  private:
   explicit EtcdGateway(EtcdGatewayOptions options);

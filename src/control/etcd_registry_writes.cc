@@ -31,7 +31,10 @@ Result<int64_t> EtcdRegistryClient::State::Txn(const json& compare, const json& 
                                                bool* succeeded) const {
   KVB_ASSIGN_OR_RETURN(
       json a, gateway->Call("/v3/kv/txn", json{{"compare", compare}, {"success", success}}));
-  *succeeded = a.value("succeeded", false);
+  // A stranger's answer: a field of another type is an error, never a throw
+  // (nlohmann's value() threw on the heartbeat thread and aborted the rank).
+  if (!EtcdGateway::BoolField(a, "succeeded", succeeded))
+    return InternalError(gateway->name() + " txn answered a 'succeeded' that is not a bool");
   int64_t rev = 0;
   if (!a.contains("header") || !a["header"].is_object() ||
       !EtcdGateway::Int64Field(a["header"], "revision", &rev)) {

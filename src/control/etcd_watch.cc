@@ -72,7 +72,12 @@ struct WatchLines {
       return false;
     }
     const json& r = (*j)["result"];
-    if (r.value("canceled", false)) {
+    bool canceled = false;
+    if (!EtcdGateway::BoolField(r, "canceled", &canceled)) {
+      failure = InternalError(where + ": 'canceled' is not a bool: " + Clip(line, 160));
+      return false;
+    }
+    if (canceled) {
       int64_t compact = 0;
       EtcdGateway::Int64Field(r, "compact_revision", &compact);
       if (compact > 0) {
@@ -80,7 +85,12 @@ struct WatchLines {
         failure = FailedPreconditionError(where + ": revisions before " + std::to_string(compact) +
                                           " were compacted");
       } else {
-        failure = UnavailableError(where + " canceled: " + Clip(r.value("cancel_reason", ""), 200));
+        auto why = r.find("cancel_reason");
+        failure = UnavailableError(where + " canceled: " +
+                                   Clip(why == r.end()     ? ""
+                                        : why->is_string() ? why->get<std::string>()
+                                                           : DumpJson(*why),
+                                        200));
       }
       return false;
     }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "control/auth.h"
 #include "control/bootstrap_client.h"
@@ -244,6 +245,37 @@ TEST(CliBootstrapStatus, StatusAgainstADeadPortFailsClearly) {
   EXPECT_TRUE(Contains(r.out, "bootstrap server " + address + " unreachable: ")) << r.out;
   CommandOutput js = Cli("status --json --bootstrap " + address);
   EXPECT_EQ(js.exit_status, 1) << js.out;
+}
+
+// The server `status` reads is a stranger: records whose fields have other
+// types than a rank's (a numeric cause aborted the command: terminate,
+// exit 134) are shown as they came, and the command exits 0.
+TEST(CliBootstrapStatus, RecordsOfOtherShapesAreShownNotFatal) {
+  httplib::Server fake;
+  fake.Get("/ranks", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"ranks":[]})", "application/json");
+  });
+  fake.Get("/failures", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"records":[{"cause":5,"seq":1},{"message":9,"cause":["x"]}],)"
+                    R"("latest_seq":2,"truncated":false})",
+                    "application/json");
+  });
+  const int port = fake.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread serving([&] { fake.listen_after_bind(); });  // the socket listens already
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  CommandOutput table = Cli("status --bootstrap " + address);
+  CommandOutput js = Cli("status --json --bootstrap " + address, /*stderr_too=*/false);
+  fake.stop();
+  serving.join();
+  EXPECT_EQ(table.exit_status, 0) << table.out;
+  EXPECT_TRUE(Contains(table.out, "unknown cause (no message)")) << table.out;
+  ASSERT_EQ(js.exit_status, 0) << js.out;
+  const json parsed = json::parse(js.out, nullptr, false);
+  ASSERT_TRUE(parsed.is_object()) << js.out;
+  ASSERT_EQ(parsed["failures"].size(), 2u) << js.out;
+  EXPECT_EQ(parsed["failures"][0]["cause"], "unknown") << js.out;
+  EXPECT_EQ(parsed["failures"][0]["record"]["cause"], 5) << js.out;
 }
 
 // A user who set no secret (issue 12: "with no token configured the user
