@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import json
+import operator
 from typing import Any, Optional
 
 from kvbridge import _kvbridge
@@ -42,6 +43,33 @@ def _mode_name(mode: Any) -> str:
     if name not in ("prefill", "decode"):
         raise invalid_argument(f"mode {mode!r} is not prefill or decode")
     return name
+
+
+def _room_id(bootstrap_room: Any) -> int:
+    """A room id: an integer (Python's or numpy's) in [0, 2**64). A float or a
+    string is refused, not truncated (1.5 became room 1, which may be another
+    request's); past 64 bits pybind raised TypeError, not a KVTransferError."""
+    try:
+        room = operator.index(bootstrap_room)
+    except TypeError:
+        raise invalid_argument(f"bootstrap_room {bootstrap_room!r} is not a room id "
+                               "(an integer from 0 to 2**64 - 1)") from None
+    if not 0 <= room < 1 << 64:
+        raise invalid_argument(f"bootstrap_room {room} is not a room id (0 to 2**64 - 1)")
+    return room
+
+
+def _dp_rank(prefill_dp_rank: Any) -> int:
+    """A prefill dp rank for init(): an integer in [0, 2**31); None is 0."""
+    if prefill_dp_rank is None:
+        return 0
+    try:
+        rank = operator.index(prefill_dp_rank)
+    except TypeError:
+        raise invalid_argument(f"prefill dp rank {prefill_dp_rank!r} is not an integer") from None
+    if not 0 <= rank < 1 << 31:
+        raise invalid_argument(f"prefill dp rank {rank} is out of range (0 to 2**31 - 1)")
+    return rank
 
 
 def _same_addr(a: str, b: str) -> bool:
@@ -115,10 +143,8 @@ class _Room:
     _impl: Any
 
     def __init__(self, mgr: KVManager, bootstrap_room: Optional[int]):
-        if bootstrap_room is None or int(bootstrap_room) < 0:
-            raise invalid_argument(f"bootstrap_room {bootstrap_room!r} is not a room id")
+        self.bootstrap_room = _room_id(bootstrap_room)
         self.kv_mgr = mgr
-        self.bootstrap_room = int(bootstrap_room)
 
     def poll(self) -> KVPoll:
         """The room's state on this rank; one atomic load, never raises."""
@@ -208,7 +234,7 @@ class KVReceiver(_Room):
         """Starts finding and meeting the prefill ranks to read from; never
         waits on the network (the manager's resolver thread does). What it
         finds wrong fails the request: poll() says Failed."""
-        self._call(self._impl.init, int(prefill_dp_rank or 0))
+        self._call(self._impl.init, _dp_rank(prefill_dp_rank))
 
     def send_metadata(self, kv_indices: Any, aux_index: Optional[int] = None,
                       state_indices: Any = None, decode_prefix_len: Optional[int] = 0) -> None:

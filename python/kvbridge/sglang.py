@@ -26,6 +26,7 @@ import dataclasses
 import json
 import logging
 import numbers
+import operator
 import os
 import re
 import sys
@@ -39,7 +40,7 @@ import numpy as np
 import kvbridge
 from kvbridge import _kvbridge
 from kvbridge._api import KVManager as _Manager, KVPoll, KVReceiver as _Receiver
-from kvbridge._api import KVSender as _Sender
+from kvbridge._api import KVSender as _Sender, _dp_rank, _room_id
 from kvbridge._args import KVArgs, KVConfig, ParallelLayout
 from kvbridge._errors import from_record
 from kvbridge import _sglang_mla
@@ -1080,6 +1081,54 @@ def _conclude(poll: int) -> Optional[KVPoll]:
     return KVPoll(poll) if poll in (KVPoll.Failed, KVPoll.Success) else None
 
 
+def _is_room_id(bootstrap_room: Any) -> bool:
+    try:
+        _room_id(bootstrap_room)
+        return True
+    except kvbridge.KVTransferError:
+        return False
+
+
+class _RefusedRoom:
+    """In place of a kvbridge sender whose request cannot be one (its room id
+    is none): Failed from the start with `reason`; everything else a no-op."""
+
+    class _Impl:
+        @staticmethod
+        def decode_prefix_pages() -> int:
+            return 0
+
+        @staticmethod
+        def timing() -> Tuple[Optional[float], Optional[float]]:
+            return None, None
+
+    _impl = _Impl()
+
+    def __init__(self, bootstrap_room: Any):
+        self.error = kvbridge.InvalidArgumentError(
+            None, f"bootstrap_room {bootstrap_room!r} is not a room id (an integer from 0 to "
+            "2**64 - 1): this request is refused")
+
+    def poll(self) -> KVPoll:
+        return KVPoll.Failed
+
+    def failure(self) -> kvbridge.KVTransferError:
+        return self.error
+
+    def failure_exception(self) -> None:
+        raise self.error
+
+    def init(self, *args: Any) -> None:
+        pass
+
+    send = reject = init
+
+    def clear(self) -> None:
+        pass
+
+    abort = clear
+
+
 class _Quiet:
     """sglang reports errors through poll()/failure_exception(), not raises."""
 
@@ -1123,6 +1172,14 @@ class KVBridgeKVSender(_Quiet, BaseKVSender):
         self._first = True
         self._pages = 0
         self._states = 0
+        if not _is_room_id(bootstrap_room):
+            # A room id from the router that is none: this request fails
+            # (sglang builds its sender outside any try: a raise here would
+            # stop its scheduler).
+            self._s = _RefusedRoom(bootstrap_room)
+            self.poll = self._s.poll
+            log.warning("%s", self._s.error)
+            return
         self._s = _Sender(mgr.core(), bootstrap_addr, bootstrap_room, dest_tp_ranks, pp_rank)
         self.poll = self._s.poll  # the C++ method itself: no Python frame per poll
         mgr._rooms[bootstrap_room] = self
@@ -1290,7 +1347,7 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
             # tracks the request under its address from here): an eviction
             # of that epoch fails it, a later one does not.
             self._epoch = mgr._parallel_info_epochs.get(self._addr, 0)
-            if bootstrap_room is not None:
+            if _is_room_id(bootstrap_room):  # else init() fails it, naming the value
                 mgr._rooms[bootstrap_room] = self
         self.require_staging = False
         self.supports_host_destination = False  # see the manager's
@@ -1328,9 +1385,15 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
         """sglang's CommonKVReceiver.query_prefill_dp_ranks: {str(room): dp
         rank} for the rooms whose prefill sender registered one; {} (logged)
         when the registry cannot be asked, as sglang's."""
+        # A room id that is none (from the router) is left out, not the batch:
+        # its request waits for its own timeout, the others get their ranks.
+        rooms = [r for r in bootstrap_rooms if _is_room_id(r)]
+        if len(rooms) < len(bootstrap_rooms):
+            log.warning("querying prefill dp ranks: left out room ids that are none: %s",
+                        [r for r in bootstrap_rooms if not _is_room_id(r)][:8])
         try:
             return dict(_kvbridge.query_dp_ranks(_norm_addr(bootstrap_addr),
-                                                 [int(r) for r in bootstrap_rooms]))
+                                                 [operator.index(r) for r in rooms]))
         except Exception as e:  # noqa: BLE001 -- as sglang's: never into its loop
             log.error("querying prefill dp ranks from %s failed: %s", bootstrap_addr, e)
             return {}
@@ -1351,7 +1414,12 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
             self.fail(f"Lost connection with prefill instance (bootstrap_addr: "
                       f"{self.bootstrap_addr}): evicted before init")
             return
-        self._quiet(self._r.init, prefill_dp_rank)
+        try:
+            dp_rank = _dp_rank(prefill_dp_rank)
+        except kvbridge.KVTransferError as e:  # from the router: fails this request only
+            self.fail(e.failure_reason, refused=True)
+            return
+        self._quiet(self._r.init, dp_rank)
 
     def send_metadata(self, kv_indices: Any, aux_index: Optional[int] = None,
                       state_indices: Optional[List] = None,

@@ -482,7 +482,16 @@ Result<std::map<uint64_t, int>> BootstrapClient::QueryDpRanks(
       return Malformed("POST /query_dp_ranks",
                        InvalidArgumentError("entry '" + Clip(key, 40) + "' is not room: dp_rank"));
     }
-    out[room] = value.get<int>();
+    // get<int>() truncated: 4294967297 read as dp rank 1, a valid-looking
+    // wrong rank (hostile-input audit 2).
+    const int64_t dp_rank =
+        value.is_number_unsigned() && value.get<uint64_t>() > INT64_MAX ? -1 : value.get<int64_t>();
+    if (dp_rank < 0 || dp_rank > INT32_MAX) {
+      return Malformed("POST /query_dp_ranks",
+                       InvalidArgumentError("room " + std::to_string(room) + ": dp rank " +
+                                            DumpJson(value) + " is out of range"));
+    }
+    out[room] = static_cast<int>(dp_rank);
   }
   return out;
 }
