@@ -45,14 +45,30 @@ SenderInbox::MetaVerdict SenderInbox::OnMetaWithoutSender(MetaMsg meta, const Ra
   }
   // A newer use of the room by that decode rank supersedes an old abort.
   if (abort != aborts_.end()) aborts_.erase(abort);
-  if (meta_.size() >= max_pending_ && !meta_.count(key)) return {MetaVerdict::kOverLimit, {}};
-  meta_[key] = PendingMeta{std::move(meta), from, now};
+  auto same = meta_.find(key);
+  const size_t replaced = same == meta_.end() ? 0 : Entries(same->second.meta);
+  if ((meta_.size() >= max_pending_ && same == meta_.end()) ||
+      entries_ - replaced + Entries(meta) > max_entries_)
+    return {MetaVerdict::kOverLimit, {}};
+  Put(key, PendingMeta{std::move(meta), from, now});
   return {MetaVerdict::kHeld, {}};
 }
 
 void SenderInbox::HoldForNextSender(MetaMsg meta, const RankId& from, SteadyTime now) {
   const Key key{meta.room, from.tp};
-  meta_[key] = PendingMeta{std::move(meta), from, now};
+  Put(key, PendingMeta{std::move(meta), from, now});
+}
+
+void SenderInbox::Put(const Key& key, PendingMeta held) {
+  auto [it, added] = meta_.try_emplace(key);
+  if (!added) entries_ -= Entries(it->second.meta);
+  entries_ += Entries(held.meta);
+  it->second = std::move(held);
+}
+
+SenderInbox::Held::iterator SenderInbox::Erase(Held::iterator it) {
+  entries_ -= Entries(it->second.meta);
+  return meta_.erase(it);
 }
 
 std::optional<FailureRecord> SenderInbox::TakeAbortFor(uint64_t room, int decode_tp,
@@ -73,7 +89,7 @@ bool SenderInbox::OnNoticeWithoutFlow(uint64_t room, int decode_tp, uint64_t gen
   if (closed_.Holds(room, decode_tp, generation)) return true;
   const Key key{room, decode_tp};
   auto held = meta_.find(key);
-  if (held != meta_.end() && held->second.meta.generation == generation) meta_.erase(held);
+  if (held != meta_.end() && held->second.meta.generation == generation) Erase(held);
   // Kept even when a live sender exists: the notice may have overtaken its
   // request's metadata (sent by another decode thread just before), which
   // must then not be adopted. Bounded as metadata: past the limit a notice
@@ -92,6 +108,7 @@ SenderInbox::ForNewSender SenderInbox::TakeForNewSender(uint64_t room) {
     a = aborts_.erase(a);
   }
   for (auto m = meta_.lower_bound({room, INT_MIN}); m != meta_.end() && m->first.first == room;) {
+    entries_ -= Entries(m->second.meta);
     out.metas.push_back(std::move(m->second));
     m = meta_.erase(m);
   }
@@ -108,7 +125,7 @@ void SenderInbox::OnSenderReleased(uint64_t room,
 
 void SenderInbox::Expire(SteadyTime now, std::chrono::steady_clock::duration max_age) {
   auto old = [&](SteadyTime at) { return now - at > max_age; };
-  for (auto m = meta_.begin(); m != meta_.end();) m = old(m->second.at) ? meta_.erase(m) : ++m;
+  for (auto m = meta_.begin(); m != meta_.end();) m = old(m->second.at) ? Erase(m) : ++m;
   for (auto f = failures_.begin(); f != failures_.end();)
     f = old(f->second.at) ? failures_.erase(f) : ++f;
   for (auto a = aborts_.begin(); a != aborts_.end();)
@@ -116,8 +133,7 @@ void SenderInbox::Expire(SteadyTime now, std::chrono::steady_clock::duration max
 }
 
 void SenderInbox::DropMetaIf(const std::function<bool(const RankId&)>& from_peer) {
-  for (auto m = meta_.begin(); m != meta_.end();)
-    m = from_peer(m->second.from) ? meta_.erase(m) : ++m;
+  for (auto m = meta_.begin(); m != meta_.end();) m = from_peer(m->second.from) ? Erase(m) : ++m;
 }
 
 }  // namespace kvbridge::internal

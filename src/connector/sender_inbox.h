@@ -51,15 +51,20 @@ class SenderInbox {
  public:
   // `max_pending`: held metadata, and held aborts, each at most this many
   // (ManagerOptions::max_pending_requests). `closed_memory`: ClosedFlows'.
-  explicit SenderInbox(size_t max_pending, size_t closed_memory = 8192)
-      : max_pending_(max_pending), closed_(closed_memory) {}
+  // `max_held_entries`: page and state indices over all held metadata
+  // (each message may carry 2^24 of each: a count alone let a decode peer
+  // hold gigabytes here).
+  static constexpr size_t kMaxHeldEntries = size_t{1} << 24;  // 64 MiB of int32
+  explicit SenderInbox(size_t max_pending, size_t closed_memory = 8192,
+                       size_t max_held_entries = kMaxHeldEntries)
+      : max_pending_(max_pending), max_entries_(max_held_entries), closed_(closed_memory) {}
 
   // Metadata for a room with no live sender.
   struct MetaVerdict {
     enum Kind {
       kHeld,          // kept for the sender to come
       kAnswerFailed,  // this request already failed: answer with `record`
-      kOverLimit,     // max_pending metadata already held: fail the request
+      kOverLimit,     // max_pending metadata, or max_held_entries, held: fail the request
     } kind = kHeld;
     FailureRecord record;  // kAnswerFailed: generation set to the metadata's
   };
@@ -106,9 +111,13 @@ class SenderInbox {
   // Drops held metadata from senders `from_peer` says yes to (a failed
   // peer), or all of it (a rejoin: none is for the new incarnation).
   void DropMetaIf(const std::function<bool(const RankId&)>& from_peer);
-  void DropAllMeta() { meta_.clear(); }
+  void DropAllMeta() {
+    meta_.clear();
+    entries_ = 0;
+  }
 
   size_t held_metadata() const { return meta_.size(); }
+  size_t held_entries() const { return entries_; }  // page and state indices
   size_t held_aborts() const { return aborts_.size(); }
   size_t held_failures() const { return failures_.size(); }
 
@@ -121,8 +130,15 @@ class SenderInbox {
   };
   using Key = std::pair<uint64_t, int>;  // (room, decode tp)
 
+  using Held = std::map<Key, PendingMeta>;
+  static size_t Entries(const MetaMsg& m) { return m.pages.size() + m.state.size(); }
+  void Put(const Key& key, PendingMeta held);  // meta_ and entries_ together
+  Held::iterator Erase(Held::iterator it);
+
   const size_t max_pending_;
-  std::map<Key, PendingMeta> meta_;
+  const size_t max_entries_;
+  Held meta_;
+  size_t entries_ = 0;
   std::map<Key, PendingAbort> aborts_;
   std::map<uint64_t, KeptFailure> failures_;
   ClosedFlows closed_;

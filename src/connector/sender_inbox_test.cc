@@ -174,6 +174,37 @@ TEST(SenderInboxTest, HeldMetadataAndNoticesAreBounded) {
   EXPECT_EQ(inbox.TakeAbortFor(12, 0, 2)->detail, "b2");
 }
 
+// The held page and state indices are bounded too, over every held message
+// and every way one leaves (a decode peer with the secret held 512 MB in
+// 32 messages of 4 Mi pages under the count limit alone).
+TEST(SenderInboxTest, HeldIndicesAreBoundedAcrossMessagesAndFreedAsTheyGo) {
+  SenderInbox inbox(100, 8192, /*max_held_entries=*/10);
+  auto sized = [](uint64_t room, uint64_t generation, int pages, int states) {
+    MetaMsg m = Meta(room, generation);
+    m.pages.assign(pages, 7);
+    m.state.assign(states, 3);
+    return m;
+  };
+  EXPECT_EQ(inbox.OnMetaWithoutSender(sized(1, 1, 4, 2), Decode(0), kT0).kind, Verdict::kHeld);
+  EXPECT_EQ(inbox.OnMetaWithoutSender(sized(2, 1, 3, 0), Decode(0), kT0).kind, Verdict::kHeld);
+  EXPECT_EQ(inbox.held_entries(), 9u);
+  EXPECT_EQ(inbox.OnMetaWithoutSender(sized(3, 1, 2, 0), Decode(0), kT0).kind, Verdict::kOverLimit);
+  // A newer use of room 2 replaces its held metadata: counted once.
+  EXPECT_EQ(inbox.OnMetaWithoutSender(sized(2, 2, 4, 0), Decode(0), kT0).kind, Verdict::kHeld);
+  EXPECT_EQ(inbox.held_entries(), 10u);
+  EXPECT_EQ(inbox.TakeForNewSender(1).metas.size(), 1u);  // adopted: freed
+  EXPECT_EQ(inbox.held_entries(), 4u);
+  EXPECT_EQ(inbox.OnMetaWithoutSender(sized(3, 1, 6, 0), Decode(0), kT0).kind, Verdict::kHeld);
+  inbox.OnNoticeWithoutFlow(3, 0, 1, Record("a"), kT0);  // dropped by its notice
+  EXPECT_EQ(inbox.held_entries(), 4u);
+  inbox.HoldForNextSender(sized(4, 1, 1, 1), Decode(1), kT0);
+  inbox.DropMetaIf([](const RankId& r) { return r.tp == 1; });  // its peer failed
+  EXPECT_EQ(inbox.held_entries(), 4u);
+  inbox.Expire(kT0 + 11s, 10s);
+  EXPECT_EQ(inbox.held_entries(), 0u);
+  EXPECT_EQ(inbox.held_metadata(), 0u);
+}
+
 // Everything held expires after the waiting timeout; closed flows do not.
 TEST(SenderInboxTest, WhatIsHeldExpiresButClosedFlowsStay) {
   SenderInbox inbox(8);

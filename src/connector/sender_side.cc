@@ -422,10 +422,11 @@ void ManagerImpl::OnMeta(const RankId& from, MetaMsg meta, Outbox& out) {
     // frees its pages; the held ones are kept.
     v.record = MakeRecord(
         Self(), FailureCause::kInvalidRequest,
-        fmt::format("{} requests' metadata already wait for a sender on this rank "
-                    "(ManagerOptions::max_pending_requests = {}): is this prefill rank getting the "
-                    "requests decode sends it?",
-                    inbox_.held_metadata(), opts_.max_pending_requests),
+        fmt::format("{} requests' metadata ({} page and state indices) already wait for a "
+                    "sender on this rank (at most ManagerOptions::max_pending_requests = {}, "
+                    "{} indices): is this prefill rank getting the requests decode sends it?",
+                    inbox_.held_metadata(), inbox_.held_entries(), opts_.max_pending_requests,
+                    SenderInbox::kMaxHeldEntries),
         Phase::kWaitingForMetadata, "pending metadata limit");
     v.record.generation = generation;
   }
