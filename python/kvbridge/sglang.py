@@ -23,12 +23,14 @@ soon as it reads the exception; it never asks ``quiesced()``).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import logging
 import numbers
 import operator
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -469,9 +471,35 @@ def advertise_host(server_args: Any) -> str:
     return _wildcard_to_loopback(str(getattr(server_args, "host", None) or ""))
 
 
-def _norm_addr(addr: str) -> str:
-    addr = addr.split("://", 1)[-1].split("/", 1)[0]
-    return addr.replace("localhost:", "127.0.0.1:").replace("0.0.0.0:", "127.0.0.1:")
+def _norm_addr(addr: Any) -> str:
+    """One spelling of a bootstrap address ("host:port", a URL's scheme and
+    path dropped): the port without leading zeros, an IP address in its
+    standard form (inet_aton's short forms too: 127.1), a host name in lower
+    case, localhost and 0.0.0.0 as 127.0.0.1. Decode keeps one kvbridge
+    manager per spelling: a second spelling of one prefill instance (from a
+    router) made a second manager, a new incarnation of the same decode rank
+    that the prefill ranks then fenced the first one for, failing its
+    requests in flight (hostile-input audit 2)."""
+    addr = ("" if addr is None else str(addr)).split("://", 1)[-1].split("/", 1)[0].strip()
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or (":" in host and not host.startswith("[")):
+        return addr  # no port, or not host:port: refused where it is used
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            ip = ipaddress.ip_address(socket.inet_ntoa(socket.inet_aton(host)))
+        except (OSError, ValueError):
+            ip = None
+    if ip is None:
+        host = host.lower()
+        host = "127.0.0.1" if host == "localhost" else host
+    elif ip.version == 6:
+        host = f"[{ip.compressed}]"
+    else:
+        host = "127.0.0.1" if ip.compressed == "0.0.0.0" else ip.compressed
+    return f"{host}:{int(port)}"
 
 
 # sglang's defaults for its two phase timeouts (its environ.py: both 300 s).

@@ -2,8 +2,10 @@
 rank that is none fails that request only. sglang builds its sender, and
 calls the receiver's init, outside any try: before, a room of 2**64 or a dp
 rank of 2**31 raised TypeError out of the adapter (stopping the scheduler),
-a room of 1.5 or "7" was truncated to another request's room, and one bad
-room emptied a whole dp-rank query (hostile-input audit 2)."""
+a room of 1.5 or "7" was truncated to another request's room, one bad room
+emptied a whole dp-rank query, and a second spelling of a prefill address
+made a second decode manager that got the first one fenced (hostile-input
+audit 2)."""
 
 import enum
 import http.server
@@ -15,7 +17,7 @@ import pytest
 import kvbridge
 import kvbridge.sglang as ks
 from kvbridge import KVPoll, KVTransferError, _kvbridge
-from test_sglang_adapter import pools, server_args_for, sglang_args, wait_for
+from test_sglang_adapter import move_request, pools, server_args_for, sglang_args, wait_for
 
 NOT_ROOMS = [-1, None, 2**64, 1.5, "7", float("nan")]
 
@@ -109,3 +111,26 @@ def test_a_dp_rank_answer_out_of_range_is_a_malformed_answer_not_truncated():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_spellings_of_one_prefill_address_share_one_manager(bootstrap):
+    port = bootstrap.rsplit(":", 1)[1]
+    spellings = [f"127.1:0{port}", f"http://LOCALHOST:{port}/x", f"0x7f.0.0.1:00{port}"]
+    server_args = server_args_for(bootstrap, 30021)
+    pkv, paux = pools(fill=True)
+    dkv, daux = pools()
+    pm = ks.KVBridgeKVManager(sglang_args(pkv, paux), Mode.PREFILL, server_args, False)
+    dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE, server_args, False)
+    try:
+        assert dm.try_ensure_parallel_info(bootstrap)
+        first = dm.core(bootstrap)
+        for addr in spellings:
+            assert dm.try_ensure_parallel_info(addr), addr
+            assert dm.core(addr) is first, addr
+        assert len(dm._cores) == 1, list(dm._cores)
+        # Requests under either spelling go through the one decode manager.
+        move_request(pm, dm, bootstrap, 51, dkv)
+        move_request(pm, dm, spellings[0], 52, dkv)
+    finally:
+        dm.close()
+        pm.close()
