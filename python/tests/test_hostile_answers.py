@@ -36,7 +36,7 @@ class HostileServer:
     """Answers GET /route: the parallel info (all -1) with `info_status` and
     `info_body`; a rank's record with 200 and bytes that are not UTF-8."""
 
-    def __init__(self, info_status, info_body):
+    def __init__(self, info_status, info_body, rank_status=200, rank_body=NOT_UTF8):
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -44,7 +44,7 @@ class HostileServer:
                 if "=-1" in self.path:
                     status, body = outer.info_status, outer.info_body
                 else:
-                    status, body = 200, NOT_UTF8
+                    status, body = outer.rank_status, outer.rank_body
                     outer.rank_lookups += 1
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
@@ -55,6 +55,7 @@ class HostileServer:
                 pass
 
         self.info_status, self.info_body, self.rank_lookups = info_status, info_body, 0
+        self.rank_status, self.rank_body = rank_status, rank_body
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.address = f"127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -69,8 +70,8 @@ class HostileServer:
 def hostile():
     servers = []
 
-    def make(info_status, info_body):
-        servers.append(HostileServer(info_status, info_body))
+    def make(info_status, info_body, rank_status=200, rank_body=NOT_UTF8):
+        servers.append(HostileServer(info_status, info_body, rank_status, rank_body))
         return servers[-1]
 
     yield make
@@ -123,3 +124,49 @@ def test_a_rank_record_that_is_not_utf8_fails_the_request_with_its_record(hostil
         assert f"bootstrap server {server.address}" in str(raised.value), str(raised.value)
     finally:
         dm.close()
+
+
+def failed_record(server_address):
+    """A decode request against the prefill instance at `server_address`
+    until it fails; its record."""
+    dkv, daux = pools()
+    dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE,
+                              server_args_for(server_address, 30021), False)
+    try:
+        assert dm.try_ensure_parallel_info(server_address)
+        recv = ks.KVBridgeKVReceiver(dm, server_address, 78)
+        recv.init(0)
+        wait_for("the request's failure", lambda: recv.poll() == KVPoll.Failed)
+        return recv.failure().record
+    finally:
+        dm.close()
+
+
+# Before, every status but 5xx fell to invalid_request of decode itself ("a
+# caller bug"); 401 and 409 named a prefill rank "(host ?, pid 0)" that was
+# never read, as unauthenticated and layout_mismatch.
+@pytest.mark.parametrize("status", [400, 401, 403, 405, 409, 429, 504])
+def test_a_registry_that_answers_a_lookup_with_an_error_is_named(hostile, status):
+    server = hostile(200, json.dumps(INFO).encode(), status, b"{}")
+    record = failed_record(server.address)
+    assert record["cause"] == "registry_lost", record
+    assert record["origin"]["role"] == "bootstrap", record
+    assert record["origin"]["host"] == server.address, record
+    assert record["mechanism"] == "bootstrap lookup", record
+
+
+# With sglang's server the registry lists where a rank is and the rank serves
+# its record: when that endpoint answers wrongly, the rank is named, at the
+# host the registry listed (before: the healthy server, or decode itself).
+@pytest.mark.parametrize("status,body", [(500, b"{}"), (200, b"<html>"), (400, b"{}"),
+                                         (401, b"{}")])
+def test_a_listed_rank_endpoint_that_answers_wrongly_is_named(hostile, status, body):
+    endpoint = hostile(200, b"{}", status, body)
+    port = int(endpoint.address.rsplit(":", 1)[1])
+    where = json.dumps({"rank_ip": "127.0.0.1", "rank_port": port}).encode()
+    server = hostile(200, json.dumps(INFO).encode(), 200, where)
+    record = failed_record(server.address)
+    assert record["cause"] == "peer_unreachable", record
+    assert record["origin"]["role"] == "prefill", record
+    assert record["origin"]["host"] == "127.0.0.1", record
+    assert record["mechanism"] == "bootstrap lookup", record

@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "connector/deadline_rule.h"
 #include "connector/manager_impl.h"
+#include "connector/record_tag.h"
 
 namespace kvbridge::internal {
 
@@ -123,7 +124,7 @@ void ManagerImpl::RetryUnresolved() {
   // Every room needs prefill's parallel info: while the registry cannot
   // give it, one lookup says so for all (not one wait per room).
   if (Result<ParallelInfo> info = PrefillParallelInfo(); !info.ok()) {
-    for (auto& room : todo) FailUnresolved(*room, info.status(), std::nullopt);
+    for (auto& room : todo) FailUnresolved(*room, AnsweredWrongly(info.status()), std::nullopt);
     return;
   }
   for (auto& room : todo) {

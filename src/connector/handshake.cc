@@ -397,22 +397,28 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
     // One retired by this rank's rejoin is connected again, whatever it is now.
     if (p != nullptr && p->failed && !p->retired) failed_incarnation = p->id->incarnation;
   }
-  std::string unanswered;  // the rank's own endpoint, with sglang's server
+  // With sglang's server: the rank's own endpoint, if it did not answer;
+  // where it is, whenever the server listed it.
+  std::string unanswered, listed;
+  Result<RankRecord> rec =
+      registry_->LookUpRank(pos.dp, pos.cp, pos.tp, pos.pp, &unanswered, &listed);
+  if (!rec.ok()) {
+    if (!unanswered.empty() || !listed.empty()) {
+      *registered = pos;
+      registered->host = unanswered.empty() ? listed : unanswered;
+    }
+    return AnsweredWrongly(rec.status()).WithContext(key);
+  }
   // Registries answer anyone: nothing in the record is taken unless its
   // tag checks (record_tag.h), not even to name the rank.
-  Result<RankRecord> rec =
-      LookUpTaggedRank(*registry_, *handshake_, pos.dp, pos.cp, pos.tp, pos.pp, &unanswered);
-  if (!rec.ok()) {
-    if (!unanswered.empty()) {
-      *registered = pos;
-      registered->host = unanswered;
-    }
-    return rec.status().WithContext(key);
-  }
+  KVB_RETURN_IF_ERROR(
+      CheckRankAddressTag(*handshake_, *rec, registry_->address()).WithContext(key));
   *registered = RankIdOf(*rec);
   const bool same = failed_incarnation != 0 && rec->incarnation == failed_incarnation;
   if (same && notice == nullptr) return UnavailableError(key + " failed and has not restarted");
-  KVB_ASSIGN_OR_RETURN(RankLayout layout, LayoutFromJson(rec->layout));
+  Result<RankLayout> read = LayoutFromJson(rec->layout);  // a rank of another build
+  if (!read.ok()) return FailedPreconditionError(key + ": its layout: " + read.status().message());
+  RankLayout layout = std::move(read).value();
   KVB_RETURN_IF_ERROR(CheckCompatible(layout, layout_));
   std::unique_ptr<Peer> peer = PrefillPeerOf(key, *rec, std::move(layout));
   KVB_ASSIGN_OR_RETURN(peer->tpeer, transport_->Connect(rec->transport_address));

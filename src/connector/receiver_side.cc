@@ -128,7 +128,9 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
   std::lock_guard<std::mutex> resolve(resolve_mu_);
   std::optional<RankId> about;  // the prefill rank that does not fit or did not answer
   Status s = [&]() -> Status {
-    KVB_ASSIGN_OR_RETURN(const ParallelInfo info, PrefillParallelInfo());
+    Result<ParallelInfo> asked = PrefillParallelInfo();
+    if (!asked.ok()) return AnsweredWrongly(asked.status());  // the registry's answer
+    const ParallelInfo info = std::move(asked).value();
     KVB_RETURN_IF_ERROR(FailIfSourceInstanceDead(room));
     KVB_ASSIGN_OR_RETURN(std::vector<SourcePosition> positions, SourcePositions(*room, info));
     std::vector<ReceiverSource> sources;
@@ -137,10 +139,11 @@ Status ManagerImpl::ResolveSources(const std::shared_ptr<ReceiverRoom>& room) {
       Result<std::string> key = EnsurePrefillPeer(at.position, &registered);
       if (!key.ok()) {
         // About that prefill rank: its layout does not fit, or the registry
-        // answered (it has a host) and the rank did not.
+        // answered (it has a host) and the rank did not, or not as a rank.
         const StatusCode code = key.status().code();
         if (code == StatusCode::kFailedPrecondition || code == StatusCode::kUnauthenticated ||
-            (code == StatusCode::kUnavailable && !registered.host.empty()))
+            ((code == StatusCode::kUnavailable || code == StatusCode::kDataLoss) &&
+             !registered.host.empty()))
           about = registered;
         return key.status();
       }
@@ -304,17 +307,20 @@ void ManagerImpl::FailUnresolved(ReceiverRoom& room, const Status& s,
       // A record whose address tag does not check (record_tag.h): about
       // the prefill rank it names, as a layout that does not fit is.
       const bool untagged = s.code() == StatusCode::kUnauthenticated;
-      // The registry answered what no registry would (malformed, or a
-      // server error): about it, not a caller bug of this rank.
-      const bool garbled = s.code() == StatusCode::kInternal;
+      // The registry, or the rank endpoint it listed (`about` has its host),
+      // answered what no registry or rank would (AnsweredWrongly): about
+      // that one, never a caller bug of this rank.
+      const bool garbled = s.code() == StatusCode::kDataLoss;
+      const bool by_rank = garbled && about && !about->host.empty();
       FailureCause cause = s.code() == StatusCode::kFailedPrecondition
                                ? FailureCause::kLayoutMismatch
                            : untagged ? FailureCause::kUnauthenticated
+                           : by_rank  ? FailureCause::kPeerUnreachable
                            : garbled  ? FailureCause::kRegistryLost
                                       : FailureCause::kInvalidRequest;
       RankId origin = Self();
       if (garbled) origin = RankId{.role = Role::kBootstrap, .host = registry_->address()};
-      if (cause == FailureCause::kLayoutMismatch || untagged) {
+      if (cause == FailureCause::kLayoutMismatch || untagged || by_rank) {
         // The prefill rank whose layout does not fit; for a mismatch of the
         // two instances' shapes (e.g. pp sizes), the instance's first rank.
         // Never this decode rank's tp/pp under a prefill role: that names a

@@ -45,4 +45,12 @@ Result<RankRecord> LookUpTaggedRank(const RegistryClient& registry, const Handsh
   return r;
 }
 
+Status AnsweredWrongly(const Status& lookup) {
+  const StatusCode c = lookup.code();
+  if (lookup.ok() || c == StatusCode::kUnavailable || c == StatusCode::kNotFound ||
+      c == StatusCode::kCancelled)
+    return lookup;
+  return Status(StatusCode::kDataLoss, lookup.message());
+}
+
 }  // namespace kvbridge::internal

@@ -41,4 +41,11 @@ Result<RankRecord> LookUpTaggedRank(const RegistryClient& registry, const Handsh
                                     int dp, int cp, int tp, int pp,
                                     std::string* unanswered = nullptr);
 
+// A lookup's failure other than no answer (Unavailable) or no such rank
+// (NotFound): the registry, or the rank endpoint it listed, answered what no
+// registry would (an HTTP error status, a malformed answer). DataLoss, so
+// that the request fails naming who answered, never as a caller bug of this
+// rank (ManagerImpl::FailUnresolved); others as they are.
+Status AnsweredWrongly(const Status& lookup);
+
 }  // namespace kvbridge::internal

@@ -333,7 +333,7 @@ Result<RankRecord> BootstrapClient::GetRank(int dp, int cp, int tp, int pp) cons
 }
 
 Result<RankRecord> BootstrapClient::LookUpRank(int dp, int cp, int tp, int pp,
-                                               std::string* unanswered) const {
+                                               std::string* unanswered, std::string* listed) const {
   if (dp < 0 || cp < 0 || tp < 0 || pp < 0) {
     return InvalidArgumentError("GetRank: ranks must be >= 0, got " +
                                 RankKey{dp, cp, tp, pp}.ToString());
@@ -345,14 +345,15 @@ Result<RankRecord> BootstrapClient::LookUpRank(int dp, int cp, int tp, int pp,
   // sglang's own server keeps only where the rank is; the rank itself
   // serves the rest of its record there (RankEndpoint).
   if (j.is_object() && !j.contains("attn_tp_size") && j.contains("rank_ip"))
-    return RecordFromRank(j, RankKey{dp, cp, tp, pp}, unanswered);
+    return RecordFromRank(j, RankKey{dp, cp, tp, pp}, unanswered, listed);
   Result<RankRecord> r = RankRecord::FromJson(j);
   if (!r.ok()) return Malformed("GET " + path, r.status());
   return r;
 }
 
 Result<RankRecord> BootstrapClient::RecordFromRank(const json& where, const RankKey& key,
-                                                   std::string* unanswered) const {
+                                                   std::string* unanswered,
+                                                   std::string* listed) const {
   JsonFields f(where, "rank location");
   std::string ip;
   int port = 0;
@@ -361,6 +362,7 @@ Result<RankRecord> BootstrapClient::RecordFromRank(const json& where, const Rank
   if (s.ok()) s = f.Int("rank_port", 1, 65535, &port);
   if (!s.ok()) return Malformed("GET /route for rank " + key.ToString(), s);
   const std::string at = JoinHostPort(ip, port);
+  if (listed != nullptr) *listed = ip;
   bool no_answer = false;
   Result<std::string> text =
       CallAt(ip, port, "rank " + at, "GET", kRankEndpointPath, "", /*auth=*/false, "", nullptr,

@@ -71,8 +71,8 @@ class BootstrapClient final : public RegistryClient {
   Status RegisterRank(const RankRecord& record) const override;
   // GET /route for one prefill rank; ranks must be >= 0.
   Result<RankRecord> GetRank(int dp, int cp, int tp, int pp) const override;
-  Result<RankRecord> LookUpRank(int dp, int cp, int tp, int pp,
-                                std::string* unanswered) const override;
+  Result<RankRecord> LookUpRank(int dp, int cp, int tp, int pp, std::string* unanswered,
+                                std::string* listed = nullptr) const override;
   // GET /route with every rank -1.
   Result<ParallelInfo> GetParallelInfo() const override;
   // GET /health.
@@ -141,7 +141,7 @@ class BootstrapClient final : public RegistryClient {
   // A rank sglang's server listed by its location only: its record, read
   // from the rank itself (RankEndpoint) and checked to be at `key`.
   Result<RankRecord> RecordFromRank(const nlohmann::json& where, const RankKey& key,
-                                    std::string* unanswered) const;
+                                    std::string* unanswered, std::string* listed) const;
   // Call() and parse the answer as JSON (Internal when it is not).
   Result<nlohmann::json> CallJson(const char* method, const std::string& path,
                                   const std::string& body, const std::string& credential = "",

@@ -46,8 +46,10 @@ class RegistryClient {
   // serves the rest of its record itself; when the registry answered and
   // that rank did not, `*unanswered` is the rank's endpoint's host (else
   // left as it was). A registry that holds whole records has no such step.
-  virtual Result<RankRecord> LookUpRank(int dp, int cp, int tp, int pp,
-                                        std::string* /*unanswered*/) const {
+  // `*listed`: that endpoint's host whenever the registry named one (so a
+  // failure after it is the rank's, not the registry's).
+  virtual Result<RankRecord> LookUpRank(int dp, int cp, int tp, int pp, std::string* /*unanswered*/,
+                                        std::string* /*listed*/ = nullptr) const {
     return GetRank(dp, cp, tp, pp);
   }
   // The prefill layout once every prefill rank registered (Unavailable before).
