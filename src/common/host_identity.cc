@@ -15,15 +15,10 @@ namespace {
 
 HostIdentity* MutableThisHost() {
   static HostIdentity* id = [] {
-    auto* h = new HostIdentity();  // never destroyed: usable during exit
-    char buf[256] = {};
-    if (gethostname(buf, sizeof(buf) - 1) == 0) h->host = buf;
-    std::ifstream in("/proc/sys/kernel/random/boot_id");
-    std::getline(in, h->boot_id);
+    auto* h = new HostIdentity(ReadThisHost());  // never destroyed: usable during exit
     if (h->host.empty() || h->boot_id.empty()) {
       KVB_LOG_WARN("cannot read host name or boot id; every peer is judged as on another host");
     }
-    h->pid = getpid();
     // A forked child is another process: keep pid current without a syscall
     // on every call. The child runs this before any other thread exists.
     pthread_atfork(nullptr, nullptr, [] { MutableThisHost()->pid = getpid(); });
@@ -33,6 +28,26 @@ HostIdentity* MutableThisHost() {
 }
 
 }  // namespace
+
+HostIdentity ReadThisHost() {
+  HostIdentity h;
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) == 0) h.host = buf;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, h.boot_id);
+  // PID namespaces of one kernel share its boot id, and containers with the
+  // host's network its name too; a pid and /proc mean nothing across them
+  // (a stopped peer read as exited). Each is a host of its own to kvbridge.
+  char ns[64] = {};
+  const ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
+  if (!h.boot_id.empty() && n > 0) h.boot_id += "/" + std::string(ns, static_cast<size_t>(n));
+  h.pid = getpid();
+  return h;
+}
+
+std::string_view KernelBootId(std::string_view boot_id) {
+  return boot_id.substr(0, boot_id.find('/'));
+}
 
 const HostIdentity& ThisHost() { return *MutableThisHost(); }
 

@@ -1,11 +1,10 @@
 // Who and where a process is, and the one rule for "same host": two
 // processes share a host when their host names are equal and their boot ids
-// are equal and known. A host name alone is not enough (two machines may
-// both be called "debian", two containers may share a name), and a boot id
-// alone is not either (network namespaces on one kernel are separate hosts
-// to kvbridge: each has its own name). The transport (choosing a path) and
-// the connector (asking /proc about a peer, choosing a grant's reach) both
-// ask SameHost; neither compares names by hand.
+// (which name the PID namespace too) are equal and known. A host name alone is not enough (two
+// machines may both be called "debian", two containers may share a name), and a boot id alone is
+// not either (network namespaces on one kernel are separate hosts to kvbridge: each has its own
+// name). The transport (choosing a path) and the connector (asking /proc about a peer, choosing a
+// grant's reach) both ask SameHost; neither compares names by hand.
 #pragma once
 
 #include <string>
@@ -16,13 +15,19 @@
 namespace kvbridge::internal {
 
 struct HostIdentity {
-  std::string host;     // gethostname()
-  std::string boot_id;  // /proc/sys/kernel/random/boot_id; empty: unknown
+  std::string host;  // gethostname()
+  // /proc/sys/kernel/random/boot_id, "/", the PID namespace
+  // (/proc/self/ns/pid: "pid:[4026531836]"); empty: unknown.
+  std::string boot_id;
   int pid = 0;
 };
 
 // This process; pid stays current across fork().
 const HostIdentity& ThisHost();
+// Read afresh (ThisHost keeps the first reading).
+HostIdentity ReadThisHost();
+// The kernel's boot id of a `boot_id` (without its PID namespace).
+std::string_view KernelBootId(std::string_view boot_id);
 
 // Same host name and the same boot id, which must be known.
 bool SameHost(const HostIdentity& a, const HostIdentity& b);

@@ -1,8 +1,11 @@
 #include "common/host_identity.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <string>
 
 namespace kvbridge::internal {
 namespace {
@@ -22,12 +25,47 @@ HostIdentity OnAnotherMachineOfTheSameName(HostIdentity h) {
 TEST(HostIdentityTest, NamesThisHostAndFollowsFork) {
   const HostIdentity& me = ThisHost();
   EXPECT_FALSE(me.host.empty());
-  ASSERT_EQ(me.boot_id.size(), 36u) << me.boot_id;
+  ASSERT_EQ(KernelBootId(me.boot_id).size(), 36u) << me.boot_id;
+  EXPECT_NE(me.boot_id.find("/pid:["), std::string::npos) << me.boot_id;
   EXPECT_EQ(me.pid, getpid());
   pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) _exit(ThisHost().pid == getpid() ? 0 : 1);
   EXPECT_EQ(ExitCodeOf(child), 0) << "ThisHost().pid is stale in a forked child";
+}
+
+// Containers with the host's network share its name and kernel boot id, not
+// its PID namespace: a pid and /proc mean nothing across them (a stopped
+// peer there was reported as exited). A process in another PID namespace is
+// on another host to kvbridge. Needs root (CLONE_NEWPID): skipped without.
+TEST(HostIdentityTest, AnotherPidNamespaceOfThisMachineIsAnotherHost) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(fds[0]);
+    if (unshare(CLONE_NEWPID) != 0) _exit(77);
+    pid_t inner = fork();  // the first process of the new namespace
+    if (inner == 0) {
+      const std::string b = ReadThisHost().boot_id;
+      _exit(write(fds[1], b.data(), b.size()) == static_cast<ssize_t>(b.size()) ? 0 : 1);
+    }
+    _exit(ExitCodeOf(inner));
+  }
+  close(fds[1]);
+  char buf[128] = {};
+  const ssize_t n = read(fds[0], buf, sizeof(buf));
+  close(fds[0]);
+  const int code = ExitCodeOf(child);
+  if (code == 77) GTEST_SKIP() << "unshare(CLONE_NEWPID) not permitted (needs root)";
+  ASSERT_EQ(code, 0);
+  ASSERT_GT(n, 0);
+  HostIdentity there = ThisHost();
+  there.boot_id.assign(buf, static_cast<size_t>(n));
+  EXPECT_EQ(KernelBootId(there.boot_id), KernelBootId(ThisHost().boot_id));
+  EXPECT_NE(there.boot_id, ThisHost().boot_id);
+  EXPECT_FALSE(SameHost(ThisHost(), there));
 }
 
 TEST(HostIdentityTest, SameHostNeedsTheNameAndAKnownBootIdToMatch) {
