@@ -60,7 +60,8 @@ struct KVB_EXPORT RankId {
   int pp = 0;
   int cp = 0;
   std::string host;
-  // Its host's /proc/sys/kernel/random/boot_id; empty when not known (a
+  // Its host's /proc/sys/kernel/random/boot_id and, after a '/', its PID
+  // namespace ("pid:[4026531836]"); empty when not known (a
   // rank that registered through sglang's protocol). Two ranks are on the
   // same host when host and a known boot_id are both equal.
   std::string boot_id;

@@ -50,6 +50,8 @@ def _room_id(bootstrap_room: Any) -> int:
     string is refused, not truncated (1.5 became room 1, which may be another
     request's); past 64 bits pybind raised TypeError, not a KVTransferError."""
     try:
+        if isinstance(bootstrap_room, bool):
+            raise TypeError("a bool")
         room = operator.index(bootstrap_room)
     except TypeError:
         raise invalid_argument(f"bootstrap_room {bootstrap_room!r} is not a room id "

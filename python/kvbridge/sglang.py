@@ -482,16 +482,26 @@ def _norm_addr(addr: Any) -> str:
     requests in flight (hostile-input audit 2)."""
     addr = ("" if addr is None else str(addr)).split("://", 1)[-1].split("/", 1)[0].strip()
     host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit() or (":" in host and not host.startswith("[")):
+    if not sep or not (port.isascii() and port.isdigit()) or (":" in host and
+                                                               not host.startswith("[")):
         return addr  # no port, or not host:port: refused where it is used
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
+    if host.startswith("["):  # only an IPv6 address goes in brackets
         try:
-            ip = ipaddress.ip_address(socket.inet_ntoa(socket.inet_aton(host)))
-        except (OSError, ValueError):
+            ip = ipaddress.ip_address(host[1:-1]) if host.endswith("]") else None
+        except ValueError:
             ip = None
+        if ip is None or ip.version != 6:
+            return addr
+    else:
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            try:  # inet_aton's short forms (127.1, 0x7f.1), and nothing else
+                numeric = re.fullmatch(r"[0-9a-fA-FxX.]+", host) is not None
+                ip = ipaddress.ip_address(socket.inet_ntoa(socket.inet_aton(host))) if numeric \
+                    else None
+            except (OSError, ValueError):
+                ip = None
     if ip is None:
         host = host.lower()
         host = "127.0.0.1" if host == "localhost" else host
@@ -850,7 +860,10 @@ class KVBridgeKVManager(BaseKVManager):
         origin = record.get("origin") or {}
         if cause in _RANK_GONE_CAUSES and origin.get("role") == "prefill":
             why = f"{origin.get('name')} (pid {origin.get('pid')}): {cause}"
-        elif cause in _REGISTRY_GONE_CAUSES:
+        elif cause in _REGISTRY_GONE_CAUSES and record.get("mechanism") != "bootstrap lookup":
+            # Not a registry that answered a lookup wrongly (a 429 from a
+            # proxy): it is there; evicting would make a new decode manager,
+            # whose incarnation gets this one fenced.
             why = str(cause)
         else:
             return
@@ -1144,7 +1157,7 @@ class _RefusedRoom:
         return self.error
 
     def failure_exception(self) -> None:
-        raise self.error
+        raise type(self.error)(None, self.error.failure_reason)  # a new one: no traceback kept
 
     def init(self, *args: Any) -> None:
         pass
@@ -1415,11 +1428,12 @@ class KVBridgeKVReceiver(_Quiet, BaseKVReceiver):
         when the registry cannot be asked, as sglang's."""
         # A room id that is none (from the router) is left out, not the batch:
         # its request waits for its own timeout, the others get their ranks.
-        rooms = [r for r in bootstrap_rooms if _is_room_id(r)]
-        if len(rooms) < len(bootstrap_rooms):
-            log.warning("querying prefill dp ranks: left out room ids that are none: %s",
-                        [r for r in bootstrap_rooms if not _is_room_id(r)][:8])
         try:
+            asked = list(bootstrap_rooms)
+            rooms = [r for r in asked if _is_room_id(r)]
+            if len(rooms) < len(asked):
+                log.warning("querying prefill dp ranks: left out room ids that are none: %s",
+                            [r for r in asked if not _is_room_id(r)][:8])
             return dict(_kvbridge.query_dp_ranks(_norm_addr(bootstrap_addr),
                                                  [operator.index(r) for r in rooms]))
         except Exception as e:  # noqa: BLE001 -- as sglang's: never into its loop

@@ -170,3 +170,25 @@ def test_a_listed_rank_endpoint_that_answers_wrongly_is_named(hostile, status, b
     assert record["origin"]["role"] == "prefill", record
     assert record["origin"]["host"] == "127.0.0.1", record
     assert record["mechanism"] == "bootstrap lookup", record
+
+
+# registry_lost about a server that answered (wrongly) is no lost registry:
+# sglang's reading of the failure must not evict the instance (eviction
+# makes a new decode manager, a new incarnation that gets this one fenced).
+def test_a_lookup_answered_with_an_error_evicts_no_instance(hostile):
+    server = hostile(200, json.dumps(INFO).encode(), 429, b"{}")
+    dkv, daux = pools()
+    dm = ks.KVBridgeKVManager(sglang_args(dkv, daux), Mode.DECODE,
+                              server_args_for(server.address, 30021), False)
+    try:
+        assert dm.try_ensure_parallel_info(server.address)
+        core = dm.core(server.address)
+        recv = ks.KVBridgeKVReceiver(dm, server.address, 79)
+        recv.init(0)
+        wait_for("the request's failure", lambda: recv.poll() == KVPoll.Failed)
+        with pytest.raises(KVTransferError):
+            recv.failure_exception()  # where sglang's reading evicts
+        assert dm.parallel_info_epoch(server.address) == 0
+        assert dm.core(server.address) is core
+    finally:
+        dm.close()

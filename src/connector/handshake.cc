@@ -386,6 +386,34 @@ PeerId ManagerImpl::RetirePrefillPeerLocked(Peer& old, Peer& fresh, bool same, O
   return old.tpeer;
 }
 
+namespace {
+
+// The registry's record of the rank at `pos` (named `key`), only when its
+// tag checks. When the rank did not answer, or answered as no rank would
+// (DataLoss, AnsweredWrongly), *registered is its position at the host the
+// registry listed: the failure is about it. A 503 from its endpoint (its
+// record not set yet) is neither.
+Result<RankRecord> LookUpForPeer(const RegistryClient& registry, const HandshakeAuth& auth,
+                                 const RankId& pos, const std::string& key, RankId* registered) {
+  std::string unanswered, listed;  // with sglang's server: the rank's own endpoint
+  Result<RankRecord> rec =
+      registry.LookUpRank(pos.dp, pos.cp, pos.tp, pos.pp, &unanswered, &listed);
+  if (!rec.ok()) {
+    const Status s = AnsweredWrongly(rec.status());
+    if (!unanswered.empty() || (!listed.empty() && s.code() == StatusCode::kDataLoss)) {
+      *registered = pos;
+      registered->host = unanswered.empty() ? listed : unanswered;
+    }
+    return s.WithContext(key);
+  }
+  // Registries answer anyone: nothing in the record is taken unless its
+  // tag checks (record_tag.h), not even to name the rank.
+  KVB_RETURN_IF_ERROR(CheckRankAddressTag(auth, *rec, registry.address()).WithContext(key));
+  return rec;
+}
+
+}  // namespace
+
 Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* registered,
                                                    const FailureRecord* notice) {
   const std::string key = PeerKey(pos);
@@ -397,22 +425,9 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
     // One retired by this rank's rejoin is connected again, whatever it is now.
     if (p != nullptr && p->failed && !p->retired) failed_incarnation = p->id->incarnation;
   }
-  // With sglang's server: the rank's own endpoint, if it did not answer;
-  // where it is, whenever the server listed it.
-  std::string unanswered, listed;
-  Result<RankRecord> rec =
-      registry_->LookUpRank(pos.dp, pos.cp, pos.tp, pos.pp, &unanswered, &listed);
-  if (!rec.ok()) {
-    if (!unanswered.empty() || !listed.empty()) {
-      *registered = pos;
-      registered->host = unanswered.empty() ? listed : unanswered;
-    }
-    return AnsweredWrongly(rec.status()).WithContext(key);
-  }
-  // Registries answer anyone: nothing in the record is taken unless its
-  // tag checks (record_tag.h), not even to name the rank.
-  KVB_RETURN_IF_ERROR(
-      CheckRankAddressTag(*handshake_, *rec, registry_->address()).WithContext(key));
+  KVB_ASSIGN_OR_RETURN(RankRecord found,
+                       LookUpForPeer(*registry_, *handshake_, pos, key, registered));
+  const RankRecord* rec = &found;
   *registered = RankIdOf(*rec);
   const bool same = failed_incarnation != 0 && rec->incarnation == failed_incarnation;
   if (same && notice == nullptr) return UnavailableError(key + " failed and has not restarted");

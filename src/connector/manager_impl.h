@@ -365,8 +365,8 @@ class ManagerImpl {
   // fails once, with its first record). The caller then tells the peers.
   template <typename Room>
   bool MarkRoomFailedLocked(Room& room, FailureRecord& record) KVB_REQUIRES(mu_);
-  // Prefill internals (sender_side.cc).
-  void OnMeta(const RankId& from, MetaMsg meta, Outbox& out) KVB_REQUIRES(mu_);
+  void OnMeta(const RankId& from, MetaMsg meta, Outbox& out) KVB_REQUIRES(mu_);  // sender_side.cc
+  void HoldForNextSenderLocked(MetaMsg meta, Peer& peer, Outbox& out) KVB_REQUIRES(mu_);
   void AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg meta, Outbox& out)
       KVB_REQUIRES(mu_);
   // AdoptMetaLocked's steps: whether the request already failed (an abort

@@ -88,7 +88,9 @@ std::string ManagerImpl::RemoteSilence(const RankId& id, const std::string& sile
   if (id.host == self_.host && id.boot_id != self_.boot_id) {
     where = id.boot_id.empty() || self_.boot_id.empty()
                 ? fmt::format("on host {}, whose boot id is not known here", id.host)
-            : KernelBootId(id.boot_id) == KernelBootId(self_.boot_id)
+            : KernelBootId(id.boot_id) == KernelBootId(self_.boot_id) &&
+                    id.boot_id.find('/') != std::string::npos &&
+                    self_.boot_id.find('/') != std::string::npos
                 ? fmt::format(
                       "on host {} in another PID namespace ('{}'; this rank's is '{}': "
                       "a container of the same machine)",

@@ -45,18 +45,23 @@ SenderInbox::MetaVerdict SenderInbox::OnMetaWithoutSender(MetaMsg meta, const Ra
   }
   // A newer use of the room by that decode rank supersedes an old abort.
   if (abort != aborts_.end()) aborts_.erase(abort);
-  auto same = meta_.find(key);
-  const size_t replaced = same == meta_.end() ? 0 : Entries(same->second.meta);
-  if ((meta_.size() >= max_pending_ && same == meta_.end()) ||
-      entries_ - replaced + Entries(meta) > max_entries_)
-    return {MetaVerdict::kOverLimit, {}};
+  if (!Fits(key, meta)) return {MetaVerdict::kOverLimit, {}};
   Put(key, PendingMeta{std::move(meta), from, now});
   return {MetaVerdict::kHeld, {}};
 }
 
-void SenderInbox::HoldForNextSender(MetaMsg meta, const RankId& from, SteadyTime now) {
+bool SenderInbox::HoldForNextSender(MetaMsg meta, const RankId& from, SteadyTime now) {
   const Key key{meta.room, from.tp};
+  if (!Fits(key, meta)) return false;
   Put(key, PendingMeta{std::move(meta), from, now});
+  return true;
+}
+
+bool SenderInbox::Fits(const Key& key, const MetaMsg& meta) const {
+  auto same = meta_.find(key);
+  const size_t replaced = same == meta_.end() ? 0 : Entries(same->second.meta);
+  return (meta_.size() < max_pending_ || same != meta_.end()) &&
+         entries_ - replaced + Entries(meta) <= max_entries_;
 }
 
 void SenderInbox::Put(const Key& key, PendingMeta held) {

@@ -71,9 +71,10 @@ class SenderInbox {
   MetaVerdict OnMetaWithoutSender(MetaMsg meta, const RankId& from, SteadyTime now);
 
   // Metadata of a newer use of a room whose live sender already has a flow
-  // from that rank: kept for the room's next sender (not bounded: the
-  // sender holds at most one per decode rank).
-  void HoldForNextSender(MetaMsg meta, const RankId& from, SteadyTime now);
+  // from that rank: kept for the room's next sender (one per room and decode
+  // rank), within the same bounds as OnMetaWithoutSender; false: not kept
+  // (over a bound: the caller fails that request).
+  bool HoldForNextSender(MetaMsg meta, const RankId& from, SteadyTime now);
 
   // A live sender is about to adopt this metadata: a held abort from that
   // rank is used up. Its record when it is about this very request (the
@@ -132,7 +133,8 @@ class SenderInbox {
 
   using Held = std::map<Key, PendingMeta>;
   static size_t Entries(const MetaMsg& m) { return m.pages.size() + m.state.size(); }
-  void Put(const Key& key, PendingMeta held);  // meta_ and entries_ together
+  bool Fits(const Key& key, const MetaMsg& meta) const;  // within both bounds, replacing key's
+  void Put(const Key& key, PendingMeta held);            // meta_ and entries_ together
   Held::iterator Erase(Held::iterator it);
 
   const size_t max_pending_;

@@ -197,7 +197,9 @@ TEST(SenderInboxTest, HeldIndicesAreBoundedAcrossMessagesAndFreedAsTheyGo) {
   EXPECT_EQ(inbox.OnMetaWithoutSender(sized(3, 1, 6, 0), Decode(0), kT0).kind, Verdict::kHeld);
   inbox.OnNoticeWithoutFlow(3, 0, 1, Record("a"), kT0);  // dropped by its notice
   EXPECT_EQ(inbox.held_entries(), 4u);
-  inbox.HoldForNextSender(sized(4, 1, 1, 1), Decode(1), kT0);
+  EXPECT_TRUE(inbox.HoldForNextSender(sized(4, 1, 1, 1), Decode(1), kT0));
+  EXPECT_FALSE(inbox.HoldForNextSender(sized(5, 1, 7, 0), Decode(1), kT0));  // 6 + 7 > 10
+  EXPECT_EQ(inbox.held_entries(), 6u);
   inbox.DropMetaIf([](const RankId& r) { return r.tp == 1; });  // its peer failed
   EXPECT_EQ(inbox.held_entries(), 4u);
   inbox.Expire(kT0 + 11s, 10s);

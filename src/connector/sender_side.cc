@@ -29,6 +29,14 @@ static Status CheckDestinationCount(int rank, const SenderFlow& flow, int64_t nu
 
 namespace {
 
+std::string PendingLimitDetail(const SenderInbox& inbox, size_t max_pending) {
+  return fmt::format(
+      "{} requests' metadata ({} page and state indices) already wait for a sender on this rank "
+      "(at most ManagerOptions::max_pending_requests = {}, {} indices): is this prefill rank "
+      "getting the requests decode sends it?",
+      inbox.held_metadata(), inbox.held_entries(), max_pending, SenderInbox::kMaxHeldEntries);
+}
+
 // KVSender::Timing(): the system's steady clock, which the application
 // compares with its own (not the core's Clock).
 int64_t SteadyNs() {
@@ -420,17 +428,24 @@ void ManagerImpl::OnMeta(const RankId& from, MetaMsg meta, Outbox& out) {
   if (v.kind == SenderInbox::MetaVerdict::kOverLimit) {
     // Bounded: this request fails now, with what to change, and decode
     // frees its pages; the held ones are kept.
-    v.record = MakeRecord(
-        Self(), FailureCause::kInvalidRequest,
-        fmt::format("{} requests' metadata ({} page and state indices) already wait for a "
-                    "sender on this rank (at most ManagerOptions::max_pending_requests = {}, "
-                    "{} indices): is this prefill rank getting the requests decode sends it?",
-                    inbox_.held_metadata(), inbox_.held_entries(), opts_.max_pending_requests,
-                    SenderInbox::kMaxHeldEntries),
-        Phase::kWaitingForMetadata, "pending metadata limit");
+    v.record = MakeRecord(Self(), FailureCause::kInvalidRequest,
+                          PendingLimitDetail(inbox_, opts_.max_pending_requests),
+                          Phase::kWaitingForMetadata, "pending metadata limit");
     v.record.generation = generation;
   }
   Send(out, *peer, RoomFailedMsg{room, generation, true, std::move(v.record)});
+}
+
+// Held for the room's next sender, within the inbox's bounds; past them
+// that request fails now, as metadata without a sender does.
+void ManagerImpl::HoldForNextSenderLocked(MetaMsg meta, Peer& peer, Outbox& out) {
+  const uint64_t room = meta.room, generation = meta.generation;
+  if (inbox_.HoldForNextSender(std::move(meta), peer.id, Now())) return;
+  FailureRecord r = MakeRecord(Self(), FailureCause::kInvalidRequest,
+                               PendingLimitDetail(inbox_, opts_.max_pending_requests),
+                               Phase::kWaitingForMetadata, "pending metadata limit");
+  r.generation = generation;
+  Send(out, peer, RoomFailedMsg{room, generation, true, std::move(r)});
 }
 
 void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg meta, Outbox& out) {
@@ -439,7 +454,7 @@ void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg 
   if (!OfRoomDecodeGroup(room, from)) {
     if (room.failure || room.poll() == KVPoll::kSuccess) {
       // A next use of the room id, by another group: for the next sender.
-      inbox_.HoldForNextSender(std::move(meta), from, Now());
+      HoldForNextSenderLocked(std::move(meta), *peer, out);
       return;
     }
     // The room id of a request another decode instance or dp reads here,
@@ -462,7 +477,7 @@ void ManagerImpl::AdoptMetaLocked(SenderRoom& room, const RankId& from, MetaMsg 
   if (existing != room.flows.end()) {
     if (existing->second.meta.generation != meta.generation) {
       // A newer use of the room by decode: keep it for the next sender.
-      inbox_.HoldForNextSender(std::move(meta), from, Now());
+      HoldForNextSenderLocked(std::move(meta), *peer, out);
     }
     return;
   }

@@ -76,8 +76,7 @@ nlohmann::json ErrorBody(const Status& status) {
 
 Status StatusFromResponse(int http_status, std::string_view body, std::string_view context) {
   StatusCode code = CodeFromHttp(http_status);
-  // A stranger's bytes: bounded, and valid UTF-8 (a Python str, a log line).
-  std::string message = Clip(body, 4096);
+  std::string message(body);
   Result<nlohmann::json> parsed = ParseJson(body, "error body", size_t{1} << 20);
   const nlohmann::json j = parsed.ok() ? std::move(parsed).value() : nlohmann::json();
   if (j.is_object()) {
@@ -86,10 +85,10 @@ Status StatusFromResponse(int http_status, std::string_view body, std::string_vi
     if (error != j.end() && error->is_string()) {
       if (auto named = CodeFromName(error->get<std::string>())) code = *named;
     }
-    if (msg != j.end() && msg->is_string()) message = Clip(msg->get<std::string>(), 4096);
+    if (msg != j.end() && msg->is_string()) message = msg->get<std::string>();
   }
   if (message.empty()) message = "HTTP " + std::to_string(http_status);
-  message = Clip(message, 4096);
+  message = Clip(message, 4096);  // a stranger's bytes: bounded, valid UTF-8 (ValidUtf8)
   return Status(code, std::string(context) + ": " + message);
 }
 

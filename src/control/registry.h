@@ -62,7 +62,8 @@ inline constexpr const char* kRankCredentialHeader = "X-Kvbridge-Rank-Credential
 
 // Upper bound on attn_tp * attn_cp * attn_dp * pp of one instance.
 inline constexpr int64_t kMaxRanksPerInstance = 65536;
-// A boot id is a 36-character UUID; a record may carry at most this many.
+// A boot id is a 36-character UUID and its PID namespace (at most 53 bytes
+// in all, host_identity.h); a record may carry at most this many.
 inline constexpr size_t kMaxBootIdBytes = 64;
 
 // What a rank registers (PUT /route). Field names follow sglang, and
