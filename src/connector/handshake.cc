@@ -425,18 +425,17 @@ Result<std::string> ManagerImpl::EnsurePrefillPeer(const RankId& pos, RankId* re
     // One retired by this rank's rejoin is connected again, whatever it is now.
     if (p != nullptr && p->failed && !p->retired) failed_incarnation = p->id->incarnation;
   }
-  KVB_ASSIGN_OR_RETURN(RankRecord found,
+  KVB_ASSIGN_OR_RETURN(const RankRecord rec,
                        LookUpForPeer(*registry_, *handshake_, pos, key, registered));
-  const RankRecord* rec = &found;
-  *registered = RankIdOf(*rec);
-  const bool same = failed_incarnation != 0 && rec->incarnation == failed_incarnation;
+  *registered = RankIdOf(rec);
+  const bool same = failed_incarnation != 0 && rec.incarnation == failed_incarnation;
   if (same && notice == nullptr) return UnavailableError(key + " failed and has not restarted");
-  Result<RankLayout> read = LayoutFromJson(rec->layout);  // a rank of another build
+  Result<RankLayout> read = LayoutFromJson(rec.layout);  // a rank of another build
   if (!read.ok()) return FailedPreconditionError(key + ": its layout: " + read.status().message());
   RankLayout layout = std::move(read).value();
   KVB_RETURN_IF_ERROR(CheckCompatible(layout, layout_));
-  std::unique_ptr<Peer> peer = PrefillPeerOf(key, *rec, std::move(layout));
-  KVB_ASSIGN_OR_RETURN(peer->tpeer, transport_->Connect(rec->transport_address));
+  std::unique_ptr<Peer> peer = PrefillPeerOf(key, rec, std::move(layout));
+  KVB_ASSIGN_OR_RETURN(peer->tpeer, transport_->Connect(rec.transport_address));
   const PeerId tpeer = peer->tpeer;
   Peer* const mine = peer.get();
   PeerId stale = 0;
